@@ -1,0 +1,15 @@
+# The two commands of the README. Everything they need is installed by scripts/setup.sh
+# into .venv/ and .cache/ (both ignored), so second runs are fast.
+.PHONY: run test setup lint
+
+run:  ## start a local Kafka and the proxy in front of it
+	scripts/run.sh $(ARGS)
+
+test:  ## install everything and run the whole test suite
+	scripts/test.sh $(ARGS)
+
+setup:
+	scripts/setup.sh --minio
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .

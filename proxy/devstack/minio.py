@@ -1,0 +1,136 @@
+"""MinIO, built from source at a pinned version, as the S3 server of tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import botocore.session
+from botocore.config import Config
+
+from proxy.devstack.paths import DevstackError, free_port, minio_binary
+from proxy.devstack.process import ManagedProcess
+
+ACCESS_KEY = "tierproxy"
+SECRET_KEY = "tierproxy-secret"  # a throwaway credential of a loopback-only test server
+
+
+class MinioServer:
+    """One MinIO server on a free loopback port with its own data dir and a bucket."""
+
+    def __init__(
+        self, bucket: str = "tierproxy", base_dir: Path | None = None, name: str = "minio"
+    ) -> None:
+        self.bucket = bucket
+        self.port = free_port()
+        self.console_port = free_port()
+        self._owns_dir = base_dir is None
+        self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix=f"tierproxy-{name}-"))
+        env = dict(os.environ)
+        env.update(
+            MINIO_ROOT_USER=ACCESS_KEY,
+            MINIO_ROOT_PASSWORD=SECRET_KEY,
+            MINIO_BROWSER="off",
+            MINIO_UPDATE="off",
+        )
+        self.process = ManagedProcess(
+            name,
+            [
+                str(minio_binary()),
+                "server",
+                "--quiet",
+                "--address",
+                f"127.0.0.1:{self.port}",
+                "--console-address",
+                f"127.0.0.1:{self.console_port}",
+                str(self.base_dir / "data"),
+            ],
+            log_path=self.base_dir / "minio.log",
+            env=env,
+        )
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def access_key(self) -> str:
+        return ACCESS_KEY
+
+    @property
+    def secret_key(self) -> str:
+        return SECRET_KEY
+
+    def client_kwargs(self) -> dict[str, str]:
+        """Keyword arguments for a botocore/aiobotocore `create_client("s3", ...)`."""
+        return {
+            "endpoint_url": self.endpoint,
+            "aws_access_key_id": ACCESS_KEY,
+            "aws_secret_access_key": SECRET_KEY,
+            "region_name": "us-east-1",
+        }
+
+    def start(self, timeout: float = 60.0) -> MinioServer:
+        try:
+            self.process.start()
+            self.wait_ready(timeout)
+            self._create_bucket()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+        if self._owns_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def pause_service(self) -> None:
+        """Stop the server but keep its data, for outage tests; `resume_service` restarts it."""
+        self.process.stop()
+
+    def resume_service(self, timeout: float = 60.0) -> None:
+        self.process.start()
+        self.wait_ready(timeout)
+
+    def __enter__(self) -> MinioServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if not self.process.running():
+                raise DevstackError(
+                    f"minio exited with {self.process.returncode()}:\n{self.process.tail()}"
+                )
+            try:
+                url = f"{self.endpoint}/minio/health/ready"
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as exc:
+                last_error = str(exc)
+            time.sleep(0.2)
+        raise DevstackError(
+            f"minio not ready after {timeout}s ({last_error}):\n{self.process.tail()}"
+        )
+
+    def _create_bucket(self) -> None:
+        client = botocore.session.get_session().create_client(
+            "s3", config=Config(retries={"max_attempts": 3}), **self.client_kwargs()
+        )
+        try:
+            client.create_bucket(Bucket=self.bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        finally:
+            client.close()

@@ -1,0 +1,61 @@
+"""Where the devstack finds its pinned versions and its cache."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from pathlib import Path
+
+_VERSIONS_FILE = Path(__file__).with_name("versions.env")
+
+
+class DevstackError(RuntimeError):
+    """A component of the local runtime is missing or would not start."""
+
+
+@functools.cache
+def versions() -> dict[str, str]:
+    """The pinned versions, from versions.env (the one place they are written)."""
+    pins: dict[str, str] = {}
+    for line in _VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            pins[key.strip()] = value.strip()
+    return pins
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    """The ignored folder holding downloads and builds; TIERPROXY_CACHE overrides it."""
+    override = os.environ.get("TIERPROXY_CACHE")
+    return Path(override) if override else repo_root() / ".cache"
+
+
+def kafka_libs() -> Path:
+    pins = versions()
+    libs = cache_dir() / f"kafka-{pins['KAFKA_VERSION']}" / "libs"
+    if not any(libs.glob("kafka_*.jar")):
+        raise DevstackError(
+            f"Kafka jars not found in {libs}: run `scripts/setup.sh` (or `make test`) first"
+        )
+    return libs
+
+
+def minio_binary() -> Path:
+    binary = cache_dir() / "bin" / "minio"
+    if not binary.exists():
+        raise DevstackError(f"MinIO binary not found at {binary}: run `scripts/setup.sh --minio`")
+    return binary
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now. Callers bind it soon after; the kernel hands out
+    ephemeral ports in sequence, so a collision needs a wrap-around in between."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

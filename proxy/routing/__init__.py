@@ -1,0 +1,1 @@
+"""Zone-aware routing of clients to proxies and of requests to upstream brokers."""

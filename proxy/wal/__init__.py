@@ -1,0 +1,1 @@
+"""The proxy's write-ahead log."""
