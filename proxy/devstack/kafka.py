@@ -7,7 +7,6 @@ Nodes carry `broker.rack` when racks are given: the zone tests use zone-a/b/c.
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import socket
@@ -21,13 +20,10 @@ from pathlib import Path
 
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v12.response import MetadataResponse
-from kio.schema.request_header.v2.header import RequestHeader
-from kio.schema.response_header.v1.header import ResponseHeader
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i16, i32
 
 from proxy.devstack.paths import DevstackError, free_port, kafka_libs
 from proxy.devstack.process import ManagedProcess
+from proxy.protocol.messages import decode_response, encode_request
 
 _LOG4J2 = """\
 status = error
@@ -292,37 +288,15 @@ def _kafka_uuid() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-_write_header = entity_writer(RequestHeader)
-_write_metadata = entity_writer(MetadataRequest)
-_read_header = entity_reader(ResponseHeader)
-_read_metadata = entity_reader(MetadataResponse)
-
-
 def describe_brokers(host: str, port: int, timeout: float = 3.0) -> dict[int, tuple[str, int]]:
     """Ask one broker for Metadata v12 (no topics): {node_id: (host, port)} of live brokers."""
-    body = io.BytesIO()
-    _write_header(
-        body,
-        RequestHeader(
-            request_api_key=i16(3),
-            request_api_version=i16(12),
-            correlation_id=i32(1),
-            client_id="tierproxy-devstack",
-        ),
+    request = MetadataRequest(
+        topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
     )
-    _write_metadata(
-        body,
-        MetadataRequest(
-            topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
-        ),
-    )
-    payload = body.getvalue()
     with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        sock.sendall(encode_request(request, correlation_id=1, client_id="tierproxy-devstack"))
         size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-        frame = _recv_exactly(sock, size)
-    _, offset = _read_header(frame, 0)
-    response, _ = _read_metadata(frame, offset)
+        _, response = decode_response(_recv_exactly(sock, size), MetadataResponse)
     return {int(b.node_id): (b.host, int(b.port)) for b in response.brokers}
 
 

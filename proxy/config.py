@@ -1,0 +1,265 @@
+"""The proxy's configuration: a YAML file validated at start.
+
+Every error names the key, the value and the reason, e.g.
+`config error at listeners.broker_port_base: 70000 is not a port (1..65535)`.
+Secrets may come from the environment: a string value `${ENV_NAME}` is replaced by that
+variable, and an unset variable is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or wrong; the message names the key."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"config error at {key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    enabled: bool = False
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    ca_file: Path | None = None
+    # client listener: require client certificates; upstream: verify the broker's name
+    client_auth: bool = False
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    bootstrap: tuple[tuple[str, int], ...] = ()
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    connect_timeout_s: float = 10.0
+    metadata_refresh_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    bind_host: str = "127.0.0.1"
+    advertised_host: str = "127.0.0.1"
+    bootstrap_port: int = 19092
+    # the listener standing for upstream broker N is at broker_port_base + N
+    broker_port_base: int = 19100
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_frame_bytes: int = 100 * 1024 * 1024  # like Kafka's socket.request.max.bytes
+    max_inflight_requests: int = 1000
+    buffer_bytes: int = 1024 * 1024  # per direction, before backpressure
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    upstream: UpstreamConfig
+    listeners: ListenerConfig = field(default_factory=ListenerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    log_level: str = "info"
+
+
+def load_config(path: Path) -> ProxyConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError("--config", f"{path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", f"{path} is not valid YAML: {exc}") from None
+    return parse_config(raw or {})
+
+
+def parse_config(raw: Any) -> ProxyConfig:
+    root = _Section(raw, "")
+    upstream = root.section("upstream", required=True)
+    config = ProxyConfig(
+        upstream=UpstreamConfig(
+            bootstrap=upstream.addresses("bootstrap"),
+            tls=_tls(upstream.section("tls"), listener=False),
+            connect_timeout_s=upstream.number("connect_timeout_s", 10.0, minimum=0.1),
+            metadata_refresh_s=upstream.number("metadata_refresh_s", 30.0, minimum=1.0),
+        ),
+        listeners=_listeners(root.section("listeners")),
+        limits=_limits(root.section("limits")),
+        log_level=root.choice("log_level", "info", ("debug", "info", "warning", "error")),
+    )
+    upstream.reject_unknown()
+    root.reject_unknown()
+    return config
+
+
+def _listeners(section: _Section) -> ListenerConfig:
+    defaults = ListenerConfig()
+    bind_host = section.string("bind_host", defaults.bind_host)
+    try:
+        ipaddress.ip_address(bind_host)
+    except ValueError:
+        raise ConfigError(section.key("bind_host"), f"{bind_host!r} is not an IP address") from None
+    config = ListenerConfig(
+        bind_host=bind_host,
+        advertised_host=section.string("advertised_host", bind_host),
+        bootstrap_port=section.port("bootstrap_port", defaults.bootstrap_port),
+        broker_port_base=section.port("broker_port_base", defaults.broker_port_base),
+        tls=_tls(section.section("tls"), listener=True),
+    )
+    section.reject_unknown()
+    return config
+
+
+def _limits(section: _Section) -> LimitsConfig:
+    defaults = LimitsConfig()
+    config = LimitsConfig(
+        max_frame_bytes=section.integer("max_frame_bytes", defaults.max_frame_bytes, minimum=1024),
+        max_inflight_requests=section.integer(
+            "max_inflight_requests", defaults.max_inflight_requests, minimum=1
+        ),
+        buffer_bytes=section.integer("buffer_bytes", defaults.buffer_bytes, minimum=4096),
+    )
+    section.reject_unknown()
+    return config
+
+
+def _tls(section: _Section, listener: bool) -> TlsConfig:
+    enabled = section.boolean("enabled", False)
+    config = TlsConfig(
+        enabled=enabled,
+        cert_file=section.path("cert_file"),
+        key_file=section.path("key_file"),
+        ca_file=section.path("ca_file"),
+        client_auth=section.boolean("client_auth", False),
+        check_hostname=section.boolean("check_hostname", True),
+    )
+    if enabled and listener and (config.cert_file is None or config.key_file is None):
+        missing = "cert_file" if config.cert_file is None else "key_file"
+        raise ConfigError(section.key(missing), "required when TLS is enabled on a listener")
+    if config.client_auth and config.ca_file is None:
+        raise ConfigError(section.key("ca_file"), "required when client_auth is on")
+    section.reject_unknown()
+    return config
+
+
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+class _Section:
+    """One mapping of the YAML document, remembering its dotted key for errors."""
+
+    def __init__(self, raw: Any, prefix: str) -> None:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ConfigError(prefix or "(top level)", f"expected a mapping, got {raw!r}")
+        self.raw = raw
+        self.prefix = prefix
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def get(self, name: str, required: bool = False) -> Any:
+        self.used.add(name)
+        if name not in self.raw or self.raw[name] is None:
+            if required:
+                raise ConfigError(self.key(name), "is required")
+            return None
+        value = self.raw[name]
+        if isinstance(value, str):
+            match = _ENV_REF.match(value)
+            if match:
+                if match.group(1) not in os.environ:
+                    raise ConfigError(self.key(name), f"environment variable {value} is not set")
+                value = os.environ[match.group(1)]
+        return value
+
+    def section(self, name: str, required: bool = False) -> _Section:
+        return _Section(self.get(name, required), self.key(name))
+
+    def string(self, name: str, default: str) -> str:
+        value = self.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, str) or not value:
+            raise ConfigError(self.key(name), f"{value!r} is not a non-empty string")
+        return value
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.string(name, default)
+        if value not in choices:
+            raise ConfigError(self.key(name), f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(self.key(name), f"{value!r} is not true or false")
+        return value
+
+    def integer(self, name: str, default: int, minimum: int) -> int:
+        value = self.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(self.key(name), f"{value!r} is not a whole number")
+        if value < minimum:
+            raise ConfigError(self.key(name), f"{value} is below the minimum {minimum}")
+        return value
+
+    def number(self, name: str, default: float, minimum: float) -> float:
+        value = self.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(self.key(name), f"{value!r} is not a number")
+        if value < minimum:
+            raise ConfigError(self.key(name), f"{value} is below the minimum {minimum}")
+        return float(value)
+
+    def port(self, name: str, default: int) -> int:
+        value = self.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+            raise ConfigError(self.key(name), f"{value!r} is not a port (0..65535)")
+        return value
+
+    def path(self, name: str) -> Path | None:
+        value = self.get(name)
+        if value is None:
+            return None
+        path = Path(str(value))
+        if not path.exists():
+            raise ConfigError(self.key(name), f"file {path} does not exist")
+        return path
+
+    def addresses(self, name: str) -> tuple[tuple[str, int], ...]:
+        value = self.get(name, required=True)
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not items:
+            raise ConfigError(self.key(name), f"{value!r} is not a list of host:port")
+        parsed = []
+        for item in items:
+            host, sep, port = str(item).strip().rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ConfigError(self.key(name), f"{item!r} is not host:port")
+            parsed.append((host.strip("[]"), int(port)))
+        return tuple(parsed)
+
+    def reject_unknown(self) -> None:
+        unknown = sorted(set(self.raw) - self.used)
+        if unknown:
+            raise ConfigError(self.key(unknown[0]), "is not a known setting")
+

@@ -1,0 +1,63 @@
+"""Which upstream broker each proxy listener stands for, and what clients are told.
+
+The listener for upstream broker N listens on `broker_port_base + N`: the mapping needs
+no state to agree on, so every proxy of a fleet and every restart of one tell clients the
+same port for the same broker. Upstream addresses are learnt from the proxy's own
+metadata requests and from every response that names a broker, so a broker added at run
+time gets its listener the first time a client hears of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamBroker:
+    node_id: int
+    host: str
+    port: int
+
+
+class BrokerDirectory:
+    def __init__(
+        self,
+        advertised_host: str,
+        broker_port_base: int,
+        on_new_broker: Callable[[UpstreamBroker], None] | None = None,
+    ) -> None:
+        self.advertised_host = advertised_host
+        self.broker_port_base = broker_port_base
+        self._on_new_broker = on_new_broker
+        self._brokers: dict[int, UpstreamBroker] = {}
+
+    def proxy_port(self, node_id: int) -> int:
+        port = self.broker_port_base + node_id
+        if not 0 < port <= 65535:
+            raise ValueError(
+                f"broker id {node_id} gives port {port}: lower listeners.broker_port_base"
+            )
+        return port
+
+    def upstream(self, node_id: int) -> UpstreamBroker | None:
+        return self._brokers.get(node_id)
+
+    def brokers(self) -> list[UpstreamBroker]:
+        return sorted(self._brokers.values(), key=lambda broker: broker.node_id)
+
+    def learn(self, node_id: int, host: str, port: int) -> None:
+        known = self._brokers.get(node_id)
+        if known is not None and (known.host, known.port) == (host, port):
+            return
+        broker = UpstreamBroker(node_id, host, port)
+        self._brokers[node_id] = broker
+        if known is None and self._on_new_broker is not None:
+            self._on_new_broker(broker)
+
+    def advertise(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """The `Advertise` callback of the response rewriters: upstream in, proxy out."""
+        if node_id < 0:  # "no node" in error answers: nothing to hide, nothing to learn
+            return host, port
+        self.learn(node_id, host, port)
+        return self.advertised_host, self.proxy_port(node_id)

@@ -1,0 +1,241 @@
+"""The proxy process: its listeners, its view of the upstream cluster, its metrics.
+
+A bootstrap listener plus one listener per upstream broker (`broker_port_base + id`).
+A client connection on broker N's listener is served by its own connection to broker N,
+so per-connection state that Kafka keeps (SASL authentication, in-flight ordering,
+throttling) is the client's own. The bootstrap listener picks any live broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import struct
+from collections.abc import Callable, Iterable
+
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.api_versions.v3.response import ApiVersionsResponse
+from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v12.response import MetadataResponse
+
+from proxy.apis.api18_api_versions import intersect, proxy_supported_ranges
+from proxy.config import ProxyConfig
+from proxy.metrics import ProxyMetrics
+from proxy.protocol.apis import CAPPED_VERSIONS
+from proxy.protocol.messages import decode_response, encode_request
+from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
+from proxy.server.connection import ClientConnection
+from proxy.server.tls import client_context, server_context
+
+log = logging.getLogger("tierproxy.proxy")
+_SIZE = struct.Struct(">i")
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.metrics = ProxyMetrics()
+        # Sees every byte sent to clients (tests use it to prove no upstream address leaks).
+        self.tap: Callable[[bytes], None] | None = None
+        self.brokers = BrokerDirectory(
+            config.listeners.advertised_host,
+            config.listeners.broker_port_base,
+            on_new_broker=self._on_new_broker,
+        )
+        self._upstream_ranges: dict[int, tuple[int, int]] | None = None
+        self._api_ranges: dict[int, tuple[int, int]] = {}
+        self._servers: dict[int | None, asyncio.Server] = {}
+        self._listening: dict[int | None, asyncio.Task[None]] = {}
+        self._connections: set[asyncio.Task[None]] = set()
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._server_ssl = server_context(config.listeners.tls)
+        self._upstream_ssl = client_context(config.upstream.tls)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.refresh_upstream()
+        await self._listen(None, self.config.listeners.bootstrap_port)
+        for broker in self.brokers.brokers():
+            await self._listen(broker.node_id, self.brokers.proxy_port(broker.node_id))
+        self._refresh_task = asyncio.create_task(self._refresh_forever())
+
+    async def stop(self) -> None:
+        if self._refresh_task is not None:
+            self._refresh_task.cancel()
+        for server in self._servers.values():
+            server.close()
+        for task in list(self._connections) + list(self._listening.values()):
+            task.cancel()
+        await asyncio.gather(*self._connections, *self._listening.values(), return_exceptions=True)
+        for server in self._servers.values():
+            await server.wait_closed()
+
+    async def __aenter__(self) -> Proxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        host = self.config.listeners.advertised_host
+        return f"{host}:{self.bound_port(None)}"
+
+    def bound_port(self, node_id: int | None) -> int:
+        return self._servers[node_id].sockets[0].getsockname()[1]
+
+    # -- listeners -----------------------------------------------------------------------
+
+    async def _listen(self, node_id: int | None, port: int) -> None:
+        if node_id in self._servers:
+            return
+        name = "bootstrap" if node_id is None else f"broker-{node_id}"
+        limits = self.config.limits
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
+            connection = ClientConnection(self, reader, writer, node_id, name)
+            task = asyncio.current_task()
+            assert task is not None
+            self._connections.add(task)
+            try:
+                await connection.serve()
+            finally:
+                self._connections.discard(task)
+
+        self._servers[node_id] = await asyncio.start_server(
+            accept,
+            self.config.listeners.bind_host,
+            port,
+            ssl=self._server_ssl,
+            limit=limits.buffer_bytes,
+            reuse_address=True,
+        )
+        log.info("listening for %s on %s:%d", name, self.config.listeners.bind_host, port)
+
+    def _on_new_broker(self, broker: UpstreamBroker) -> None:
+        """A broker first heard of in a response: open its listener before clients come."""
+        if broker.node_id in self._servers or broker.node_id in self._listening:
+            return
+        port = self.brokers.proxy_port(broker.node_id)
+        task = asyncio.get_running_loop().create_task(self._listen(broker.node_id, port))
+        self._listening[broker.node_id] = task
+        task.add_done_callback(lambda _: self._listening.pop(broker.node_id, None))
+
+    # -- upstream --------------------------------------------------------------------------
+
+    def upstream_address_for(self, node_id: int | None) -> tuple[str, int]:
+        if node_id is not None:
+            broker = self.brokers.upstream(node_id)
+            if broker is None:
+                raise OSError(f"upstream broker {node_id} is not known (yet)")
+            return broker.host, broker.port
+        known = self.brokers.brokers()
+        if known:
+            broker = random.choice(known)
+            return broker.host, broker.port
+        return random.choice(self.config.upstream.bootstrap)
+
+    async def open_upstream(
+        self, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        limits = self.config.limits
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                host,
+                port,
+                ssl=self._upstream_ssl,
+                server_hostname=host if self._upstream_ssl else None,
+                limit=limits.buffer_bytes,
+            ),
+            self.config.upstream.connect_timeout_s,
+        )
+        writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
+        return reader, writer
+
+    def api_ranges(self) -> dict[int, tuple[int, int]]:
+        return self._api_ranges
+
+    async def refresh_upstream(self) -> None:
+        """Ask upstream for its API versions and brokers, through each bootstrap address
+        in turn until one answers. Metadata may be refused on a SASL listener (the proxy
+        has no credentials of its own); brokers are then learnt from client traffic."""
+        errors = []
+        for host, port in self._bootstrap_candidates():
+            try:
+                await self._query_upstream(host, port)
+                return
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+                errors.append(f"{host}:{port}: {exc or exc.__class__.__name__}")
+        if self._upstream_ranges is None:
+            raise ConnectionError("no upstream broker answered: " + "; ".join(errors))
+        log.warning("upstream refresh failed: %s", "; ".join(errors))
+
+    def _bootstrap_candidates(self) -> Iterable[tuple[str, int]]:
+        seen = [(b.host, b.port) for b in self.brokers.brokers()]
+        return seen + [a for a in self.config.upstream.bootstrap if a not in seen]
+
+    async def _query_upstream(self, host: str, port: int) -> None:
+        reader, writer = await self.open_upstream(host, port)
+        try:
+            timeout = self.config.upstream.connect_timeout_s
+            versions = await asyncio.wait_for(
+                _call(
+                    reader,
+                    writer,
+                    ApiVersionsRequest(
+                        client_software_name="tierproxy", client_software_version="0.1.0"
+                    ),
+                    ApiVersionsResponse,
+                ),
+                timeout,
+            )
+            if versions.error_code != 0:
+                raise OSError(f"ApiVersions failed with error code {versions.error_code}")
+            self._set_upstream_ranges(
+                {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
+            )
+            try:
+                metadata = await asyncio.wait_for(
+                    _call(
+                        reader,
+                        writer,
+                        MetadataRequest(
+                            topics=(),
+                            allow_auto_topic_creation=False,
+                            include_topic_authorized_operations=False,
+                        ),
+                        MetadataResponse,
+                    ),
+                    timeout,
+                )
+            except (asyncio.IncompleteReadError, ConnectionError):
+                log.info("upstream %s:%d refused Metadata (authentication needed?)", host, port)
+                return
+            for broker in metadata.brokers:
+                self.brokers.learn(int(broker.node_id), broker.host, int(broker.port))
+        finally:
+            writer.close()
+
+    def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
+        self._upstream_ranges = upstream
+        self._api_ranges = intersect(upstream, proxy_supported_ranges(), CAPPED_VERSIONS)
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.upstream.metadata_refresh_s)
+            try:
+                await self.refresh_upstream()
+            except ConnectionError as exc:
+                log.warning("%s", exc)
+
+
+async def _call(reader, writer, request, response_type):
+    writer.write(encode_request(request, correlation_id=0))
+    await writer.drain()
+    (size,) = _SIZE.unpack(await reader.readexactly(4))
+    _, response = decode_response(await reader.readexactly(size), response_type)
+    return response

@@ -1,0 +1,39 @@
+"""Running a proxy until it is told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+
+import uvloop
+
+from proxy.config import ProxyConfig
+from proxy.server.app import Proxy
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+async def serve(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = None) -> None:
+    proxy = Proxy(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await proxy.start()
+    try:
+        if on_ready is not None:
+            on_ready(proxy)
+        await stop.wait()
+    finally:
+        await proxy.stop()
+
+
+def run(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = None) -> None:
+    configure_logging(config.log_level)
+    uvloop.run(serve(config, on_ready))

@@ -1,0 +1,72 @@
+"""A bad config names the key and the reason; a good one gives typed settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import ConfigError, load_config, parse_config
+
+
+def test_minimal_config_gets_defaults():
+    config = parse_config({"upstream": {"bootstrap": "kafka-1:9092, kafka-2:9093"}})
+    assert config.upstream.bootstrap == (("kafka-1", 9092), ("kafka-2", 9093))
+    assert config.limits.max_frame_bytes == 100 * 1024 * 1024
+    assert config.listeners.bootstrap_port == 19092
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "reason"),
+    [
+        ({}, "upstream", "is required"),
+        ({"upstream": {}}, "upstream.bootstrap", "is required"),
+        ({"upstream": {"bootstrap": "nohost"}}, "upstream.bootstrap", "'nohost' is not host:port"),
+        (
+            {"upstream": {"bootstrap": "k:1"}, "listeners": {"bootstrap_port": 70000}},
+            "listeners.bootstrap_port",
+            "70000 is not a port",
+        ),
+        (
+            {"upstream": {"bootstrap": "k:1"}, "limits": {"max_frame_bytes": "big"}},
+            "limits.max_frame_bytes",
+            "'big' is not a whole number",
+        ),
+        (
+            {"upstream": {"bootstrap": "k:1"}, "listeners": {"tls": {"enabled": True}}},
+            "listeners.tls.cert_file",
+            "required when TLS is enabled",
+        ),
+        ({"upstream": {"bootstrap": "k:1", "bootstrapp": 1}}, "upstream.bootstrapp", "not a known"),
+        ({"upstream": {"bootstrap": "k:1"}, "log_level": "loud"}, "log_level", "not one of"),
+        (
+            {"upstream": {"bootstrap": "k:1"}, "listeners": {"bind_host": "example"}},
+            "listeners.bind_host",
+            "not an IP address",
+        ),
+        (
+            {"upstream": {"bootstrap": "${TIERPROXY_TEST_UNSET_VARIABLE}"}},
+            "upstream.bootstrap",
+            "is not set",
+        ),
+    ],
+)
+def test_bad_config_names_key_and_reason(raw, key, reason):
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw)
+    assert caught.value.key == key
+    assert reason in caught.value.reason
+    assert key in str(caught.value)
+
+
+def test_environment_reference_is_resolved(monkeypatch):
+    monkeypatch.setenv("TIERPROXY_TEST_BOOTSTRAP_ADDR", "secret-host:9092")
+    config = parse_config({"upstream": {"bootstrap": "${TIERPROXY_TEST_BOOTSTRAP_ADDR}"}})
+    assert config.upstream.bootstrap == (("secret-host", 9092),)
+
+
+def test_load_config_reports_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("upstream: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
