@@ -22,7 +22,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from proxy.apis.api18_api_versions import intersect, proxy_supported_ranges
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
-from proxy.protocol.apis import CAPPED_VERSIONS
+from proxy.apis import CAPPED_VERSIONS
 from proxy.protocol.messages import decode_response, encode_request
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.server.connection import ClientConnection
@@ -55,10 +55,9 @@ class Proxy:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.refresh_upstream()
+        await self.refresh_upstream()  # opens a listener per broker it learns of
         await self._listen(None, self.config.listeners.bootstrap_port)
-        for broker in self.brokers.brokers():
-            await self._listen(broker.node_id, self.brokers.proxy_port(broker.node_id))
+        await asyncio.gather(*self._listening.values())
         self._refresh_task = asyncio.create_task(self._refresh_forever())
 
     async def stop(self) -> None:
@@ -103,6 +102,8 @@ class Proxy:
             self._connections.add(task)
             try:
                 await connection.serve()
+            except asyncio.CancelledError:
+                pass  # the proxy is stopping; ending quietly keeps asyncio from logging it
             finally:
                 self._connections.discard(task)
 
@@ -123,7 +124,13 @@ class Proxy:
         port = self.brokers.proxy_port(broker.node_id)
         task = asyncio.get_running_loop().create_task(self._listen(broker.node_id, port))
         self._listening[broker.node_id] = task
-        task.add_done_callback(lambda _: self._listening.pop(broker.node_id, None))
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._listening.pop(broker.node_id, None)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("cannot listen for broker %d: %s", broker.node_id, task.exception())
+
+        task.add_done_callback(done)
 
     # -- upstream --------------------------------------------------------------------------
 
