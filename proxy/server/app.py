@@ -19,10 +19,10 @@ from kio.schema.api_versions.v3.response import ApiVersionsResponse
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v12.response import MetadataResponse
 
+from proxy.apis import CAPPED_VERSIONS
 from proxy.apis.api18_api_versions import intersect, proxy_supported_ranges
 from proxy.config import ProxyConfig
 from proxy.metrics import ProxyMetrics
-from proxy.apis import CAPPED_VERSIONS
 from proxy.protocol.messages import decode_response, encode_request
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.server.connection import ClientConnection
@@ -175,7 +175,7 @@ class Proxy:
             try:
                 await self._query_upstream(host, port)
                 return
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 errors.append(f"{host}:{port}: {exc or exc.__class__.__name__}")
         if self._upstream_ranges is None:
             raise ConnectionError("no upstream broker answered: " + "; ".join(errors))
@@ -188,44 +188,42 @@ class Proxy:
     async def _query_upstream(self, host: str, port: int) -> None:
         reader, writer = await self.open_upstream(host, port)
         try:
-            timeout = self.config.upstream.connect_timeout_s
-            versions = await asyncio.wait_for(
-                _call(
-                    reader,
-                    writer,
-                    ApiVersionsRequest(
-                        client_software_name="tierproxy", client_software_version="0.1.0"
-                    ),
-                    ApiVersionsResponse,
-                ),
-                timeout,
-            )
-            if versions.error_code != 0:
-                raise OSError(f"ApiVersions failed with error code {versions.error_code}")
-            self._set_upstream_ranges(
-                {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
-            )
+            ranges = [await self._api_versions(reader, writer)]
             try:
                 metadata = await asyncio.wait_for(
-                    _call(
-                        reader,
-                        writer,
-                        MetadataRequest(
-                            topics=(),
-                            allow_auto_topic_creation=False,
-                            include_topic_authorized_operations=False,
-                        ),
-                        MetadataResponse,
-                    ),
-                    timeout,
+                    _call(reader, writer, _METADATA_REQUEST, MetadataResponse),
+                    self.config.upstream.connect_timeout_s,
                 )
             except (asyncio.IncompleteReadError, ConnectionError):
                 log.info("upstream %s:%d refused Metadata (authentication needed?)", host, port)
-                return
-            for broker in metadata.brokers:
-                self.brokers.learn(int(broker.node_id), broker.host, int(broker.port))
+                metadata = None
         finally:
             writer.close()
+        if metadata is not None:
+            for broker in metadata.brokers:
+                self.brokers.learn(int(broker.node_id), broker.host, int(broker.port))
+        others = [b for b in self.brokers.brokers() if (b.host, b.port) != (host, port)]
+        answers = await asyncio.gather(
+            *(self._api_versions_of(b.host, b.port) for b in others), return_exceptions=True
+        )
+        ranges += [answer for answer in answers if isinstance(answer, dict)]
+        self._set_upstream_ranges(_common_ranges(ranges))
+
+    async def _api_versions_of(self, host: str, port: int) -> dict[int, tuple[int, int]]:
+        reader, writer = await self.open_upstream(host, port)
+        try:
+            return await self._api_versions(reader, writer)
+        finally:
+            writer.close()
+
+    async def _api_versions(self, reader, writer) -> dict[int, tuple[int, int]]:
+        versions = await asyncio.wait_for(
+            _call(reader, writer, _API_VERSIONS_REQUEST, ApiVersionsResponse),
+            self.config.upstream.connect_timeout_s,
+        )
+        if versions.error_code != 0:
+            raise OSError(f"ApiVersions failed with error code {versions.error_code}")
+        return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in versions.api_keys}
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream
@@ -238,6 +236,30 @@ class Proxy:
                 await self.refresh_upstream()
             except ConnectionError as exc:
                 log.warning("%s", exc)
+
+
+_API_VERSIONS_REQUEST = ApiVersionsRequest(
+    client_software_name="tierproxy", client_software_version="0.1.0"
+)
+_METADATA_REQUEST = MetadataRequest(
+    topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
+)
+
+
+def _common_ranges(answers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
+    """What every broker supports: during a rolling upgrade brokers differ."""
+    common = dict(answers[0])
+    for answer in answers[1:]:
+        for key in list(common):
+            if key not in answer:
+                del common[key]
+                continue
+            low, high = max(common[key][0], answer[key][0]), min(common[key][1], answer[key][1])
+            if low > high:
+                del common[key]
+            else:
+                common[key] = (low, high)
+    return common
 
 
 async def _call(reader, writer, request, response_type):
