@@ -2,7 +2,9 @@
 
 The proxy's control connections (ApiVersions and Metadata towards upstream) and the
 devstack's readiness probe build complete requests here; client traffic never goes
-through this module.
+through this module. `decode_response` uses kio's native reader, which trusts array
+counts (a corrupt one can exhaust memory) and refuses unknown tagged fields: it is for
+tests and the devstack only; the proxy reads network bytes with proxy.protocol.wire.
 """
 
 from __future__ import annotations

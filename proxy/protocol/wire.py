@@ -1,0 +1,129 @@
+"""Primitive readers and writers of the Kafka encoding, on memoryviews, raising FrameError.
+
+Only what the proxy reads by hand (headers, a few leading fields, tagged-field sections);
+whole messages go through kio (see `codec`).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from proxy.protocol.frames import FrameError
+
+INT8 = struct.Struct(">b")
+INT16 = struct.Struct(">h")
+INT32 = struct.Struct(">i")
+
+
+def read_int16(buf: memoryview, offset: int) -> tuple[int, int]:
+    """(value, offset after it)."""
+    if offset + 2 > len(buf):
+        raise FrameError(f"truncated: int16 at byte {offset} of {len(buf)}")
+    return INT16.unpack_from(buf, offset)[0], offset + 2
+
+
+def read_int32(buf: memoryview, offset: int) -> tuple[int, int]:
+    if offset + 4 > len(buf):
+        raise FrameError(f"truncated: int32 at byte {offset} of {len(buf)}")
+    return INT32.unpack_from(buf, offset)[0], offset + 4
+
+
+def read_uvarint(buf: memoryview, offset: int) -> tuple[int, int]:
+    """An unsigned varint of at most 5 bytes (a uint32), as used for lengths and tags."""
+    if offset < len(buf) and buf[offset] < 0x80:  # the usual case: one byte
+        return buf[offset], offset + 1
+    value = 0
+    for shift in range(0, 35, 7):
+        if offset >= len(buf):
+            raise FrameError(f"truncated: varint at byte {offset} of {len(buf)}")
+        byte = buf[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, offset
+    raise FrameError(f"varint longer than 5 bytes ending at byte {offset}")
+
+
+def write_uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def skip(buf: memoryview, offset: int, n: int) -> int:
+    """The offset n bytes on, checked against the end of buf."""
+    end = offset + n
+    if end > len(buf):
+        raise FrameError(f"truncated: {n} bytes at byte {offset} of {len(buf)}")
+    return end
+
+
+def read_string(buf: memoryview, offset: int, compact: bool) -> tuple[str | None, int]:
+    """A nullable string: int16 length (-1 null), or uvarint length + 1 (0 null) if compact."""
+    if compact:
+        length, offset = read_uvarint(buf, offset)
+        length -= 1
+    else:
+        length, offset = read_int16(buf, offset)
+    if length < 0:
+        return None, offset
+    end = skip(buf, offset, length)
+    return bytes(buf[offset:end]).decode("utf-8", errors="replace"), end
+
+
+def write_string(value: str, compact: bool) -> bytes:
+    encoded = value.encode()
+    if compact:
+        return write_uvarint(len(encoded) + 1) + encoded
+    if len(encoded) > 0x7FFF:
+        raise ValueError(f"string of {len(encoded)} bytes does not fit an int16 length")
+    return INT16.pack(len(encoded)) + encoded
+
+
+def read_array_length(buf: memoryview, offset: int, compact: bool) -> tuple[int, int]:
+    """An array's item count, -1 for null: int32, or uvarint count + 1 (0 null) if compact."""
+    if compact:
+        count, offset = read_uvarint(buf, offset)
+        return count - 1, offset
+    return read_int32(buf, offset)
+
+
+def write_array_length(count: int, compact: bool) -> bytes:
+    return write_uvarint(count + 1) if compact else INT32.pack(count)
+
+
+def skip_nullable_string(buf: memoryview, offset: int, compact: bool) -> int:
+    """Past a (nullable) string: int16 length, or uvarint length + 1 when compact."""
+    if compact:
+        length, offset = read_uvarint(buf, offset)
+        length -= 1
+    else:
+        length, offset = read_int16(buf, offset)
+    return skip(buf, offset, length) if length > 0 else offset
+
+
+def read_tagged_fields(buf: memoryview, offset: int) -> tuple[list[tuple[int, int, int]], int]:
+    """A tagged-field section: ([(tag, value start, value end), ...], offset after it)."""
+    count, offset = read_uvarint(buf, offset)
+    fields = []
+    for _ in range(count):
+        tag, offset = read_uvarint(buf, offset)
+        size, offset = read_uvarint(buf, offset)
+        end = skip(buf, offset, size)
+        fields.append((tag, offset, end))
+        offset = end
+    return fields, offset
+
+
+def skip_tagged_fields(buf: memoryview, offset: int) -> int:
+    if offset < len(buf) and buf[offset] == 0:  # the usual case: no tagged field
+        return offset + 1
+    count, offset = read_uvarint(buf, offset)
+    for _ in range(count):
+        _tag, offset = read_uvarint(buf, offset)
+        size, offset = read_uvarint(buf, offset)
+        offset = skip(buf, offset, size)
+    return offset
