@@ -262,4 +262,3 @@ class _Section:
         unknown = sorted(set(self.raw) - self.used)
         if unknown:
             raise ConfigError(self.key(unknown[0]), "is not a known setting")
-

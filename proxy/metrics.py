@@ -42,5 +42,15 @@ class ProxyMetrics:
             "tierproxy_client_bytes_out", "Bytes sent to clients", registry=self.registry
         )
 
+        self._requests_by_key: dict[int, object] = {}
+
+    def request(self, api_key: int) -> None:
+        """Count one request; the labelled child is looked up once per API key, not per
+        request (`labels()` takes a lock and builds a tuple)."""
+        child = self._requests_by_key.get(api_key)
+        if child is None:
+            child = self._requests_by_key[api_key] = self.requests.labels(str(api_key))
+        child.inc()
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

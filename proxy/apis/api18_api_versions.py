@@ -25,7 +25,7 @@ from proxy.protocol.codec import encode, load_response_types, response_type
 from proxy.protocol.frames import FrameError
 from proxy.protocol.headers import response_header
 from proxy.protocol.schema_walk import field_offset, skip_entity
-from proxy.protocol.wire import read_array_length, read_int16
+from proxy.protocol.wire import read_array_length, read_int16, read_string, skip_tagged_fields
 
 API_KEY = API_VERSIONS
 NONE = 0
@@ -126,3 +126,18 @@ def _read_ranges(response: type, body: memoryview) -> Ranges:
         ranges[api_key] = (low, high)
         offset = skip_entity(entry, body, offset)
     return ranges
+
+
+def check_api_versions_request(api_version: int, body: memoryview) -> None:
+    """An ApiVersions request body, read by hand as Kafka reads it (kio's reader is kept
+    off bytes from the network): empty up to v2; from v3 the client software's name and
+    version, compact strings, then tagged fields, whatever their tags; nothing after."""
+    offset = 0
+    if api_version >= 3:
+        for field in ("client_software_name", "client_software_version"):
+            value, offset = read_string(body, offset, compact=True)
+            if value is None:
+                raise FrameError(f"{field} is null")
+        offset = skip_tagged_fields(body, offset)
+    if offset != len(body):
+        raise FrameError(f"{len(body) - offset} bytes after its end")

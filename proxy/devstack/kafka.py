@@ -7,6 +7,7 @@ Nodes carry `broker.rack` when racks are given: the zone tests use zone-a/b/c.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import socket
@@ -282,10 +283,12 @@ class KafkaCluster:
 
 
 def _kafka_uuid() -> str:
-    """A cluster id the way Kafka prints them: url-safe base64 of 16 random bytes."""
-    import base64
-
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A cluster id the way Kafka prints them: url-safe base64 of 16 random bytes, drawn
+    again when it starts with "-" (the storage tool would read it as an option)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def describe_brokers(host: str, port: int, timeout: float = 3.0) -> dict[int, tuple[str, int]]:

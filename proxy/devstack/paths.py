@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -59,3 +60,33 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """A base port such that base+1 .. base+count are free now.
+
+    Chosen below the kernel's ephemeral range, where no outgoing connection takes a
+    port: on a busy machine thousands of ephemeral ports sit in TIME_WAIT, so a block
+    next to a `free_port()` is often not free.
+    """
+    low = 10_000
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32_768
+    for _ in range(attempts):
+        base = random.randrange(low, high - count - 1)
+        sockets = []
+        try:
+            for port in range(base + 1, base + count + 1):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no block of {count} free ports found")

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from proxy.protocol.apis import (
     API_VERSIONS,
+    APIS,
     is_flexible,
+    is_known,
     request_header_version,
     response_header_version,
     spec,
@@ -104,3 +106,15 @@ def produce_acks(api_version: int, body: memoryview | bytes) -> int:
     except FrameError as exc:
         raise FrameError(f"truncated Produce v{api_version} request: {exc}") from None
     return acks
+
+
+def header_rejection_reason(frame: memoryview) -> str:
+    """The metric label for a request header `parse_request_header` refused."""
+    if len(frame) < 8:
+        return "truncated_header"
+    api_key, api_version = struct.unpack_from(">hh", frame)
+    if api_key not in APIS:
+        return "unknown_api_key"
+    if api_key != API_VERSIONS and not is_known(api_key, api_version):
+        return "unsupported_version"
+    return "truncated_header"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest
 
-from proxy.apis import RESPONSE_REWRITERS
+from proxy.apis import CAPPED_VERSIONS, RESPONSE_REWRITERS
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
     encode_api_versions_response,
@@ -35,7 +35,13 @@ from proxy.server.connection import ClientConnection
 from proxy.server.tls import client_context, server_context
 
 log = logging.getLogger("tierproxy.proxy")
+API_FETCH = 1
 API_METADATA = 3
+# Fetch stays below v16: a v16+ answer may name brokers in a tagged field after all its
+# partitions, so it would have to be held whole to be rewritten, while a v15 answer
+# streams through a buffer at a time. Clients lose only KIP-951's shortcut to a moved
+# leader (they refresh metadata instead). Produce answers are small: v10+ is rewritten.
+_VERSION_CAPS = {API_FETCH: CAPPED_VERSIONS[API_FETCH]}
 _SIZE = struct.Struct(">i")
 
 
@@ -69,15 +75,17 @@ class Proxy:
         self._refresh_task = asyncio.create_task(self._refresh_forever())
 
     async def stop(self) -> None:
-        if self._refresh_task is not None:
-            self._refresh_task.cancel()
         for server in self._servers.values():
             server.close()
-        for task in list(self._connections) + list(self._listening.values()):
+        # Every accepted connection is in _connections from the moment it is accepted.
+        refresh = [self._refresh_task] if self._refresh_task is not None else []
+        tasks = refresh + list(self._listening.values()) + list(self._connections)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._connections, *self._listening.values(), return_exceptions=True)
-        for server in self._servers.values():
-            await server.wait_closed()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for server in list(self._servers.values()):
+            server.close()  # again: a listener may have opened while the tasks ended
+            await server.wait_closed()  # uvloop's waits for every accepted connection
 
     async def __aenter__(self) -> Proxy:
         await self.start()
@@ -102,18 +110,27 @@ class Proxy:
         name = "bootstrap" if node_id is None else f"broker-{node_id}"
         limits = self.config.limits
 
-        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
-            connection = ClientConnection(self, reader, writer, node_id, name)
-            task = asyncio.current_task()
-            assert task is not None
-            self._connections.add(task)
+        async def serve(connection: ClientConnection) -> None:
             try:
                 await connection.serve()
             except asyncio.CancelledError:
                 pass  # the proxy is stopping; ending quietly keeps asyncio from logging it
-            finally:
+
+        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # A plain callback, not a coroutine: the connection is registered as it is
+            # accepted, so stop() cancels it even if its task never got to run (a task
+            # cancelled before its first step runs no `finally`: the abort below).
+            writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
+            connection = ClientConnection(self, reader, writer, node_id, name)
+            task = asyncio.get_running_loop().create_task(serve(connection))
+            self._connections.add(task)
+
+            def done(task: asyncio.Task[None]) -> None:
                 self._connections.discard(task)
+                if not writer.transport.is_closing():
+                    writer.transport.abort()
+
+            task.add_done_callback(done)
 
         self._servers[node_id] = await asyncio.start_server(
             accept,
@@ -215,7 +232,7 @@ class Proxy:
                 log.info("upstream %s:%d refused Metadata (authentication needed?)", host, port)
                 metadata = None
         finally:
-            writer.close()
+            await _close_stream(writer, self.config.upstream.connect_timeout_s)
         if metadata is not None:
             # The rewriter reads brokers by hand; kio's reader is kept off network bytes.
             RESPONSE_REWRITERS[API_METADATA](
@@ -233,7 +250,7 @@ class Proxy:
         try:
             return await self._api_versions(reader, writer)
         finally:
-            writer.close()
+            await _close_stream(writer, self.config.upstream.connect_timeout_s)
 
     async def _api_versions(self, reader, writer) -> dict[int, tuple[int, int]]:
         body = await asyncio.wait_for(
@@ -250,8 +267,7 @@ class Proxy:
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream
-        # No caps: the KIP-951 node endpoints of Produce v10+ / Fetch v16+ are rewritten.
-        self._api_ranges = intersect(upstream, proxy_supported_ranges(), caps={})
+        self._api_ranges = intersect(upstream, proxy_supported_ranges(), _VERSION_CAPS)
         self._api_versions_bodies = {}
 
     async def _refresh_forever(self) -> None:
@@ -294,3 +310,18 @@ async def _call(reader, writer, request) -> memoryview:
     (size,) = _SIZE.unpack(await reader.readexactly(4))
     frame = memoryview(await reader.readexactly(size))
     return frame[response_header_size(request.__api_key__, request.__version__, frame) :]
+
+
+async def _close_stream(writer: asyncio.StreamWriter, grace_s: float) -> None:
+    """Close and wait for it: a TLS close is an exchange with the peer, and one still
+    under way when the proxy stops outlives the event loop. A peer that does not take
+    part within `grace_s`, an error or a cancellation cuts the connection at once."""
+    writer.close()
+    try:
+        async with asyncio.timeout(grace_s):
+            await writer.wait_closed()
+    except (OSError, TimeoutError):
+        writer.transport.abort()
+    except asyncio.CancelledError:
+        writer.transport.abort()
+        raise

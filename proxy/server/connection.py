@@ -5,12 +5,22 @@ Two loops per connection, each owning one direction:
 - the client loop reads request frames, decides from the header alone (answer here,
   forward, expect no answer for acks=0), and writes them upstream;
 - the upstream loop reads response frames, rewrites the few that name brokers, and hands
-  them to the writer, which sends answers strictly in request order.
+  them to the writer, which sends answers strictly in request order. An answer that is
+  not rewritten (Fetch, Produce and every other API that names no broker) is passed on
+  as it arrives, a buffer at a time, never held whole.
 
 Backpressure comes from awaiting `drain()` on each side: a client that stops reading
-stops the upstream loop, the upstream socket fills, and the broker stops sending. The
-number of requests awaiting an answer is bounded too. Any decode error closes this
-connection only, with one warning naming the client and the reason.
+stops the upstream loop, the upstream socket fills, and the broker stops sending; the
+client loop awaits `drain()` after answering ApiVersions itself, so a client that sends
+those without reading stops being read. The number of requests awaiting an answer is
+bounded too.
+
+Bad input (a frame size out of range, a connection closed mid-frame, a header the proxy
+cannot read, an unknown API key or version, an ApiVersions body that does not parse)
+closes this connection only, with one warning naming the client and the reason and
+`tierproxy_rejected_frames{reason}` counting it. Requests read before the bad frame are
+still answered first, as Kafka does: it reads a connection's next request only once it
+has answered the last.
 """
 
 from __future__ import annotations
@@ -21,15 +31,16 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
-from proxy.apis import RESPONSE_REWRITERS
+from proxy.apis import NODE_ENDPOINTS_SINCE, RESPONSE_REWRITERS
 from proxy.apis.api18_api_versions import (
-    encode_api_versions_response,
+    check_api_versions_request,
     unsupported_version_response,
 )
 from proxy.protocol.apis import is_known
 from proxy.protocol.frames import FrameError
 from proxy.protocol.headers import (
     RequestHeader,
+    header_rejection_reason,
     parse_request_header,
     produce_acks,
     response_header,
@@ -44,20 +55,35 @@ API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
 MAX_RESPONSE_BYTES = 1 << 30
+# After bad input, how long the answers to the requests read before it may take.
+OWED_ANSWERS_TIMEOUT_S = 10.0
 
 
 class UpstreamClosed(Exception):
     """The broker closed the connection or answered out of turn."""
 
 
+class _ClientGone(Exception):
+    """Writing to the client failed: it went away while an answer was on its way."""
+
+
+class RejectedFrame(FrameError):
+    """Bad input from the client; `reason` is the label of `tierproxy_rejected_frames`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(slots=True)
 class _Slot:
-    """A request awaiting its answer; `data` is the framed answer once it is known."""
+    """A request awaiting its answer; `data` is the framed answer, in pieces written one
+    after the other, once it is known."""
 
     correlation_id: int
     api_key: int
     api_version: int
-    data: bytes | None = None
+    data: tuple[bytes | bytearray | memoryview, ...] | None = None
 
 
 class ClientConnection:
@@ -82,9 +108,12 @@ class ClientConnection:
         self._awaiting_upstream: deque[_Slot] = deque()
         self._room = asyncio.Event()  # set while fewer than max in-flight requests
         self._room.set()
+        self._all_answered = asyncio.Event()  # set while no answer is owed
+        self._all_answered.set()
         self._upstream_task: asyncio.Task[None] | None = None
         self._max_frame = proxy.config.limits.max_frame_bytes
         self._max_inflight = proxy.config.limits.max_inflight_requests
+        self._chunk_bytes = proxy.config.limits.buffer_bytes
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -94,13 +123,13 @@ class ClientConnection:
         metrics.connections_accepted.labels(self.listener).inc()
         try:
             await self._client_loop()
-        except FrameError as exc:
-            self._reject(str(exc), exc.__class__.__name__)
+        except RejectedFrame as exc:
+            self._reject(exc)
+            await self._answer_owed()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client went away; nothing to report
-        except UpstreamClosed as exc:
-            metrics.upstream_errors.labels("closed").inc()
-            log.info("client %s: upstream closed: %s", self.peer, exc)
+        except UpstreamClosed:
+            pass  # counted and logged by the upstream loop
         except OSError as exc:
             metrics.upstream_errors.labels("connect").inc()
             log.warning("client %s: cannot reach upstream: %s", self.peer, exc)
@@ -108,15 +137,31 @@ class ClientConnection:
             metrics.connections.dec()
             await self._close()
 
-    def _reject(self, reason: str, kind: str) -> None:
-        self.proxy.metrics.rejected_frames.labels(kind).inc()
-        log.warning("closing client %s: %s", self.peer, reason)
+    def _reject(self, exc: RejectedFrame) -> None:
+        self.proxy.metrics.rejected_frames.labels(exc.reason).inc()
+        log.warning("closing client %s on %s: %s", self.peer, self.listener, exc)
+
+    async def _answer_owed(self) -> None:
+        """Send the answers owed for requests read before the bad frame, then return."""
+        answered = asyncio.ensure_future(self._all_answered.wait())
+        waits: set[asyncio.Future] = {answered}
+        if self._upstream_task is not None:
+            waits.add(self._upstream_task)  # ends early if upstream goes away
+        try:
+            async with asyncio.timeout(OWED_ANSWERS_TIMEOUT_S):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if self._all_answered.is_set():
+                    await self.client_writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            answered.cancel()
 
     async def _close(self) -> None:
         task = self._upstream_task
         if task is not None:
-            if task.done() and not task.cancelled() and task.exception() is not None:
-                log.info("client %s: upstream closed: %s", self.peer, task.exception())
+            if task.done() and not task.cancelled():
+                task.exception()  # already logged by the upstream loop; mark it retrieved
             task.cancel()
         for writer in (self.upstream_writer, self.client_writer):
             if writer is not None:
@@ -126,36 +171,48 @@ class ClientConnection:
                 try:
                     await writer.wait_closed()
                 except (OSError, asyncio.CancelledError):
-                    pass
+                    # Cut it now: a TLS close left under way when the proxy stops would
+                    # outlive the event loop (unclosed transport, EBUSY on loop close).
+                    writer.transport.abort()
 
     # -- client to upstream ------------------------------------------------------------
 
     async def _client_loop(self) -> None:
-        reader = self.client_reader
         metrics = self.proxy.metrics
         while True:
-            size_bytes = await reader.readexactly(4)
+            size_bytes = await self._read_client(4, between_frames=True)
             (size,) = _SIZE.unpack(size_bytes)
             if size < 0:
-                raise FrameError(f"negative frame size {size}")
-            if size > self._max_frame:
-                raise FrameError(f"frame size {size} exceeds limit {self._max_frame}")
-            frame = memoryview(await reader.readexactly(size))
-            header = parse_request_header(frame)
-            metrics.requests.labels(str(header.api_key)).inc()
+                raise RejectedFrame("negative_frame_size", f"negative frame size {size}")
+            if size > self._max_frame:  # before reading any of the body
+                raise RejectedFrame(
+                    "oversized_frame", f"frame size {size} exceeds limit {self._max_frame}"
+                )
+            frame = memoryview(await self._read_client(size, between_frames=False))
+            try:
+                header = parse_request_header(frame)
+            except FrameError as exc:
+                raise RejectedFrame(header_rejection_reason(frame), str(exc)) from None
+            metrics.request(header.api_key)
             metrics.bytes_in.inc(size + 4)
             if not self._room.is_set():
                 await self._room.wait()
             if header.api_key == API_VERSIONS:
-                self._answer_api_versions(header)
+                self._answer_api_versions(header, frame[header.size :])
+                await self.client_writer.drain()  # a client not reading stops being read
                 continue
+            if not is_known(header.api_key, header.api_version):  # never forward the unknown
+                raise RejectedFrame(
+                    "unsupported_version",
+                    f"unsupported version {header.api_version} of api key {header.api_key}",
+                )
             expects_answer = True
             if header.api_key == API_PRODUCE:
-                expects_answer = produce_acks(header.api_version, frame[header.size :]) != 0
-            if not is_known(header.api_key, header.api_version):
-                raise FrameError(
-                    f"unsupported version {header.api_version} of api key {header.api_key}"
-                )
+                try:
+                    acks = produce_acks(header.api_version, frame[header.size :])
+                except FrameError as exc:
+                    raise RejectedFrame("malformed_request", str(exc)) from None
+                expects_answer = acks != 0
             if self.upstream_writer is None:
                 await self._connect_upstream()
             if expects_answer:
@@ -163,26 +220,46 @@ class ClientConnection:
                 self._enqueue(slot)
                 self._awaiting_upstream.append(slot)
             assert self.upstream_writer is not None
-            self.upstream_writer.write(size_bytes)
-            self.upstream_writer.write(frame)
+            self.upstream_writer.writelines((size_bytes, frame))  # one send, not two
             await self.upstream_writer.drain()
             if self._upstream_task is not None and self._upstream_task.done():
                 self._upstream_task.result()  # re-raise why upstream stopped
 
-    def _answer_api_versions(self, header: RequestHeader) -> None:
-        ranges = self.proxy.api_ranges()
+    async def _read_client(self, n: int, between_frames: bool) -> bytes:
+        try:
+            return await self.client_reader.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            upstream = self._upstream_task
+            if upstream is not None and upstream.done():
+                upstream.result()  # the proxy closed the client: upstream went away
+            if between_frames and not exc.partial:
+                raise  # a clean end: the client went away between frames
+            part = "frame size" if between_frames else "frame"
+            raise RejectedFrame(
+                "truncated_frame",
+                f"connection closed after {len(exc.partial)} of the {n} bytes of a {part}",
+            ) from None
+
+    def _answer_api_versions(self, header: RequestHeader, body: memoryview) -> None:
         if is_known(API_VERSIONS, header.api_version):
+            try:
+                check_api_versions_request(header.api_version, body)
+            except FrameError as exc:  # Kafka closes on a body it cannot read
+                raise RejectedFrame(
+                    "malformed_request", f"ApiVersions v{header.api_version} request: {exc}"
+                ) from None
             payload = response_header(header.correlation_id, API_VERSIONS, header.api_version)
-            payload += encode_api_versions_response(header.api_version, ranges)
+            payload += self.proxy.api_versions_body(header.api_version)
         else:  # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
-            payload = unsupported_version_response(header.correlation_id, ranges)
+            payload = unsupported_version_response(header.correlation_id, self.proxy.api_ranges())
         slot = _Slot(header.correlation_id, API_VERSIONS, header.api_version)
-        slot.data = _SIZE.pack(len(payload)) + payload
+        slot.data = (_SIZE.pack(len(payload)) + payload,)
         self._enqueue(slot)
         self._flush()
 
     def _enqueue(self, slot: _Slot) -> None:
         self._pending.append(slot)
+        self._all_answered.clear()
         if len(self._pending) >= self._max_inflight:
             self._room.clear()
 
@@ -205,45 +282,159 @@ class ClientConnection:
                 (size,) = _SIZE.unpack(size_bytes)
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
                     raise UpstreamClosed(f"response frame size {size} out of range")
-                frame = await reader.readexactly(size)
                 if not self._awaiting_upstream:
                     raise UpstreamClosed("an answer to no request")
-                slot = self._awaiting_upstream.popleft()
-                (correlation_id,) = _SIZE.unpack_from(frame, 0)
-                if correlation_id != slot.correlation_id:
-                    raise UpstreamClosed(
-                        f"correlation id {correlation_id}, expected {slot.correlation_id}"
-                    )
-                rewrite = RESPONSE_REWRITERS.get(slot.api_key)
-                if rewrite is None:
-                    slot.data = size_bytes + frame
+                slot = self._awaiting_upstream[0]  # popped once answered in full
+                if _rewrites(slot):
+                    frame = await _read_whole(reader, size, self._chunk_bytes)
+                    _check_correlation_id(slot, frame)
+                    slot.data = self._rewritten(slot, size_bytes, frame)
+                    self._awaiting_upstream.popleft()
+                    self._flush()
+                    await self._drain_client()
                 else:
-                    view = memoryview(frame)
-                    head = response_header_size(slot.api_key, slot.api_version, view)
-                    body = rewrite(slot.api_version, view[head:], self.proxy.brokers.advertise)
-                    slot.data = _SIZE.pack(head + len(body)) + frame[:head] + body
-                self._flush()
-                await self.client_writer.drain()
-        except (UpstreamClosed, ConnectionError, asyncio.IncompleteReadError) as exc:
-            if not isinstance(exc, UpstreamClosed):
-                exc = UpstreamClosed(str(exc) or exc.__class__.__name__)
+                    correlation_id = await _read_exactly(reader, 4)
+                    _check_correlation_id(slot, correlation_id)
+                    await self._pass_through(slot, size_bytes + correlation_id, size - 4)
+                    self._awaiting_upstream.popleft()
+        except _ClientGone:
+            # Not upstream's fault: the client loop sees the connection end and closes.
+            raise ConnectionResetError("the client went away") from None
+        except (UpstreamClosed, FrameError, ConnectionError, asyncio.IncompleteReadError) as exc:
+            # FrameError here is a response a rewriter could not read: upstream's fault.
+            reason = str(exc) or exc.__class__.__name__
+            self._upstream_lost(reason)
             # Stop the client loop too: the client sees its connection close and retries.
             self.client_writer.close()
-            raise exc from None
+            raise UpstreamClosed(reason) from None
+
+    def _rewritten(
+        self, slot: _Slot, size_bytes: bytes, frame: bytearray
+    ) -> tuple[bytes | bytearray | memoryview, ...]:
+        """The framed answer with the brokers it names replaced by the proxy's listeners,
+        in pieces: an answer that names none (most Fetch answers) is not copied."""
+        view = memoryview(frame)
+        head = response_header_size(slot.api_key, slot.api_version, view)
+        body = view[head:]
+        rewritten = RESPONSE_REWRITERS[slot.api_key](
+            slot.api_version, body, self.proxy.brokers.advertise
+        )
+        if rewritten is body:
+            return size_bytes, frame
+        return _SIZE.pack(head + len(rewritten)), view[:head], rewritten
+
+    async def _pass_through(self, slot: _Slot, head: bytes, remaining: int) -> None:
+        """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens
+        of MiB, and the proxy holds no more of it than its buffers, however large."""
+        self._flush()  # every answer owed before this one is ready (upstream answers in order)
+        assert self._pending[0] is slot
+        reader = self.upstream_reader
+        assert reader is not None
+        unsent_head: bytes | None = head  # sent with the first chunk, in one system call
+        while remaining:
+            chunk = await reader.read(min(remaining, self._chunk_bytes))
+            if not chunk:
+                raise UpstreamClosed(f"connection closed by the broker, {remaining} bytes short")
+            if unsent_head is None:
+                self._write(chunk)
+            else:
+                self._write(unsent_head, chunk)
+                unsent_head = None
+            remaining -= len(chunk)
+            await self._drain_client()
+        if unsent_head is not None:  # an answer of nothing but its correlation id
+            self._write(unsent_head)
+        self._pending.popleft()
+        self._flush()  # the local answers queued behind this one
+
+    async def _drain_client(self) -> None:
+        try:
+            await self.client_writer.drain()
+        except ConnectionError:
+            raise _ClientGone from None
+
+    def _upstream_lost(self, reason: str) -> None:
+        self.proxy.metrics.upstream_errors.labels("closed").inc()
+        if not self._awaiting_upstream:  # e.g. the broker closed an idle connection
+            log.info("client %s: upstream closed: %s", self.peer, reason)
+            return
+        # Often a request the broker could not parse: the proxy forwards bodies unread.
+        oldest = self._awaiting_upstream[0]
+        log.warning(
+            "closing client %s on %s: upstream closed with %d request(s) unanswered, "
+            "the oldest api key %d v%d correlation id %d: %s",
+            self.peer,
+            self.listener,
+            len(self._awaiting_upstream),
+            oldest.api_key,
+            oldest.api_version,
+            oldest.correlation_id,
+            reason,
+        )
 
     def _flush(self) -> None:
         """Send every answer that is ready, in request order."""
         pending = self._pending
-        tap = self.proxy.tap
-        sent = 0
         while pending and pending[0].data is not None:
             data = pending.popleft().data
             assert data is not None
-            self.client_writer.write(data)
-            sent += len(data)
-            if tap is not None:
-                tap(data)
-        if sent:
-            self.proxy.metrics.bytes_out.inc(sent)
+            self._write(*data)
         if len(pending) < self._max_inflight:
             self._room.set()
+        if not pending:
+            self._all_answered.set()
+
+    def _write(self, *pieces: bytes | bytearray | memoryview) -> None:
+        """Queue pieces of an answer for the client: one send for all of them (uvloop
+        tries to send on every `write`, so two writes would be two system calls)."""
+        if len(pieces) == 1:
+            self.client_writer.write(pieces[0])
+        else:
+            self.client_writer.writelines(pieces)
+        self.proxy.metrics.bytes_out.inc(sum(len(piece) for piece in pieces))
+        tap = self.proxy.tap
+        if tap is not None:
+            for piece in pieces:
+                tap(piece)
+
+
+def _rewrites(slot: _Slot) -> bool:
+    """Whether this answer is rewritten (read whole) or passed through as it comes.
+
+    Produce and Fetch answers name brokers only from the version that added KIP-951
+    node endpoints; below it their rewriters return the body untouched.
+    """
+    if slot.api_key not in RESPONSE_REWRITERS:
+        return False
+    since = NODE_ENDPOINTS_SINCE.get(slot.api_key)
+    return since is None or slot.api_version >= since
+
+
+async def _read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
+    try:
+        return await reader.readexactly(n)
+    except asyncio.IncompleteReadError as exc:
+        raise UpstreamClosed(
+            f"connection closed by the broker, {n - len(exc.partial)} bytes short"
+        ) from None
+
+
+async def _read_whole(reader: asyncio.StreamReader, n: int, chunk_bytes: int) -> bytearray:
+    """n bytes in one allocation, read a buffer at a time: `readexactly` would gather
+    them in the reader's buffer and copy them out, holding two or three times as much."""
+    frame = bytearray(n)
+    got = 0
+    with memoryview(frame) as view:
+        while got < n:
+            chunk = await reader.read(min(n - got, chunk_bytes))
+            if not chunk:
+                raise UpstreamClosed(f"connection closed by the broker, {n - got} bytes short")
+            view[got : got + len(chunk)] = chunk
+            got += len(chunk)
+    return frame
+
+
+def _check_correlation_id(slot: _Slot, frame: bytes | bytearray) -> None:
+    (correlation_id,) = _SIZE.unpack_from(frame, 0)
+    if correlation_id != slot.correlation_id:
+        raise UpstreamClosed(f"correlation id {correlation_id}, expected {slot.correlation_id}")

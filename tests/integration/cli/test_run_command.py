@@ -12,7 +12,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
 
-from proxy.devstack.paths import free_port
+from proxy.devstack.paths import free_port, free_port_block
 
 TIERPROXY = [sys.executable, "-m", "proxy.cli"]
 
@@ -32,7 +32,7 @@ def test_bad_config_exits_nonzero_naming_key_and_reason(tmp_path):
 
 @pytest.mark.kafka
 def test_run_serves_clients_and_stops_on_sigterm(kafka_cluster, tmp_path: Path):
-    base = free_port()
+    base = free_port_block(3)
     config = tmp_path / "proxy.yaml"
     config.write_text(
         yaml.safe_dump(
