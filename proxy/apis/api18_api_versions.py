@@ -141,3 +141,19 @@ def check_api_versions_request(api_version: int, body: memoryview) -> None:
         offset = skip_tagged_fields(body, offset)
     if offset != len(body):
         raise FrameError(f"{len(body) - offset} bytes after its end")
+
+
+def common_ranges(answers: list[Ranges]) -> Ranges:
+    """What every broker supports: during a rolling upgrade brokers differ."""
+    common = dict(answers[0])
+    for answer in answers[1:]:
+        for key in list(common):
+            if key not in answer:
+                del common[key]
+                continue
+            low, high = max(common[key][0], answer[key][0]), min(common[key][1], answer[key][1])
+            if low > high:
+                del common[key]
+            else:
+                common[key] = (low, high)
+    return common

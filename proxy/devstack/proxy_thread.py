@@ -67,11 +67,18 @@ class ProxyThread:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(fn)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop the proxy and wait for its thread; TimeoutError if it is still running."""
         if self._loop is not None and self._stopped is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._stopped.set)
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the proxy did not stop within {timeout} s")
 
     def __enter__(self) -> ProxyThread:
         return self.start()

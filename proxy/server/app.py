@@ -20,6 +20,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from proxy.apis import CAPPED_VERSIONS, RESPONSE_REWRITERS
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
+    common_ranges,
     encode_api_versions_response,
     intersect,
     parse_api_versions_response,
@@ -243,7 +244,7 @@ class Proxy:
             *(self._api_versions_of(b.host, b.port) for b in others), return_exceptions=True
         )
         ranges += [answer for answer in answers if isinstance(answer, dict)]
-        self._set_upstream_ranges(_common_ranges(ranges))
+        self._set_upstream_ranges(common_ranges(ranges))
 
     async def _api_versions_of(self, host: str, port: int) -> dict[int, tuple[int, int]]:
         reader, writer = await self.open_upstream(host, port)
@@ -285,22 +286,6 @@ _API_VERSIONS_REQUEST = ApiVersionsRequest(
 _METADATA_REQUEST = MetadataRequest(
     topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
 )
-
-
-def _common_ranges(answers: list[dict[int, tuple[int, int]]]) -> dict[int, tuple[int, int]]:
-    """What every broker supports: during a rolling upgrade brokers differ."""
-    common = dict(answers[0])
-    for answer in answers[1:]:
-        for key in list(common):
-            if key not in answer:
-                del common[key]
-                continue
-            low, high = max(common[key][0], answer[key][0]), min(common[key][1], answer[key][1])
-            if low > high:
-                del common[key]
-            else:
-                common[key] = (low, high)
-    return common
 
 
 async def _call(reader, writer, request) -> memoryview:

@@ -360,7 +360,7 @@ async def _close(good) -> None:
 def test_proxy_survives_100k_malformed_frames(fuzzed_proxy, kafka_cluster, counted_logs):
     thread = fuzzed_proxy
     proxy = thread.proxy
-    assert proxy is not None and thread._thread is not None
+    assert proxy is not None and thread.alive
     host, _, port = thread.bootstrap.rpartition(":")
     address = (host, int(port))
     loop = uvloop.new_event_loop()
@@ -383,7 +383,7 @@ def test_proxy_survives_100k_malformed_frames(fuzzed_proxy, kafka_cluster, count
         closed = thrower.throw(batch)
         kept_open = [case for case, ok in zip(batch, closed, strict=True) if not ok]
         assert not kept_open, f"the proxy kept {len(kept_open)} open, e.g. {kept_open[:3]}"
-        assert thread._thread.is_alive()
+        assert thread.alive
         thrown["frames"] += len(batch)
         thrown["connections"] += len(batch)
 
@@ -412,7 +412,7 @@ def test_proxy_survives_100k_malformed_frames(fuzzed_proxy, kafka_cluster, count
         f"Kafka closed {upstream_closed:.0f}; {warnings} warnings"
     )
     assert thrown["frames"] >= FRAMES
-    assert thread._thread.is_alive()
+    assert thread.alive
     assert not counted_logs.errors, counted_logs.errors[:5]
     # All but a few are refused by the proxy itself; the rest were forwarded (Kafka
     # answered or closed) or ApiVersions bodies that happened to be valid.

@@ -110,3 +110,13 @@ def test_validate_an_api_versions_request_body():
         validate(ApiVersionsRequest, body[:-2])
     with pytest.raises(FrameError, match=r"^1 bytes after the end of ApiVersionsRequest v3$"):
         validate(ApiVersionsRequest, body + b"\x00")
+
+
+def test_common_ranges_keeps_what_every_broker_supports():
+    from proxy.apis.api18_api_versions import common_ranges
+
+    old = {0: (3, 11), 1: (4, 16), 3: (0, 12), 68: (0, 0)}
+    new = {0: (3, 12), 1: (4, 17), 3: (0, 13), 50: (0, 1)}
+    assert common_ranges([old, new]) == {0: (3, 11), 1: (4, 16), 3: (0, 12)}
+    assert common_ranges([{0: (3, 5)}, {0: (6, 9)}]) == {}  # no version in common
+    assert common_ranges([old]) == old
