@@ -46,7 +46,11 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tierproxy: {exc}", file=sys.stderr)
         return 2
-    run(config, on_ready=lambda proxy: print(f"proxy ready at {proxy.bootstrap}", flush=True))
+    try:
+        run(config, on_ready=lambda proxy: print(f"proxy ready at {proxy.bootstrap}", flush=True))
+    except OSError as exc:  # upstream unreachable, credentials refused, port taken
+        print(f"tierproxy: cannot start: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from proxy.protocol.sasl import MECHANISMS as SASL_MECHANISMS
+
 
 class ConfigError(ValueError):
     """A configuration value is missing or wrong; the message names the key."""
@@ -39,9 +41,20 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class SaslConfig:
+    """The proxy's own credentials, for its control connection only (Metadata refresh).
+    Clients authenticate themselves, through the proxy, with their own."""
+
+    mechanism: str
+    username: str
+    password: str = field(repr=False)  # never printed, never logged
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     bootstrap: tuple[tuple[str, int], ...] = ()
     tls: TlsConfig = field(default_factory=TlsConfig)
+    sasl: SaslConfig | None = None
     connect_timeout_s: float = 10.0
     metadata_refresh_s: float = 30.0
 
@@ -88,6 +101,7 @@ def parse_config(raw: Any) -> ProxyConfig:
         upstream=UpstreamConfig(
             bootstrap=upstream.addresses("bootstrap"),
             tls=_tls(upstream.section("tls"), listener=False),
+            sasl=_sasl(upstream.section("sasl")),
             connect_timeout_s=upstream.number("connect_timeout_s", 10.0, minimum=0.1),
             metadata_refresh_s=upstream.number("metadata_refresh_s", 30.0, minimum=1.0),
         ),
@@ -126,6 +140,21 @@ def _limits(section: _Section) -> LimitsConfig:
             "max_inflight_requests", defaults.max_inflight_requests, minimum=1
         ),
         buffer_bytes=section.integer("buffer_bytes", defaults.buffer_bytes, minimum=4096),
+    )
+    section.reject_unknown()
+    return config
+
+
+def _sasl(section: _Section) -> SaslConfig | None:
+    if not section.raw:
+        return None
+    for name in ("mechanism", "username", "password"):
+        if section.raw.get(name) in (None, ""):
+            raise ConfigError(section.key(name), "is required with sasl")
+    config = SaslConfig(
+        mechanism=section.choice("mechanism", "", SASL_MECHANISMS),
+        username=section.string("username", ""),
+        password=section.string("password", ""),
     )
     section.reject_unknown()
     return config

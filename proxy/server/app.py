@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
 from proxy.apis import CAPPED_VERSIONS, RESPONSE_REWRITERS
 from proxy.apis.api18_api_versions import (
@@ -31,6 +33,13 @@ from proxy.metrics import ProxyMetrics
 from proxy.protocol.frames import FrameError
 from proxy.protocol.headers import response_header_size
 from proxy.protocol.messages import encode_request
+from proxy.protocol.sasl import (
+    SaslError,
+    ScramClient,
+    parse_authenticate_response,
+    parse_handshake_response,
+    plain_message,
+)
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.server.connection import ClientConnection
 from proxy.server.tls import client_context, server_context
@@ -44,6 +53,10 @@ API_METADATA = 3
 # leader (they refresh metadata instead). Produce answers are small: v10+ is rewritten.
 _VERSION_CAPS = {API_FETCH: CAPPED_VERSIONS[API_FETCH]}
 _SIZE = struct.Struct(">i")
+
+
+class SaslFailed(ConnectionError):
+    """The proxy's own credentials (`upstream.sasl`) were refused: a configuration error."""
 
 
 class Proxy:
@@ -203,13 +216,16 @@ class Proxy:
 
     async def refresh_upstream(self) -> None:
         """Ask upstream for its API versions and brokers, through each bootstrap address
-        in turn until one answers. Metadata may be refused on a SASL listener (the proxy
-        has no credentials of its own); brokers are then learnt from client traffic."""
+        in turn until one answers. On a SASL listener the proxy authenticates with
+        `upstream.sasl`; without it, Metadata is refused and brokers are learnt from
+        client traffic instead. Refused credentials raise SaslFailed at once."""
         errors = []
         for host, port in self._bootstrap_candidates():
             try:
                 await self._query_upstream(host, port)
                 return
+            except SaslFailed:
+                raise
             except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 errors.append(f"{host}:{port}: {exc or exc.__class__.__name__}")
         if self._upstream_ranges is None:
@@ -224,6 +240,10 @@ class Proxy:
         reader, writer = await self.open_upstream(host, port)
         try:
             ranges = [await self._api_versions(reader, writer)]
+            if self.config.upstream.sasl is not None:
+                await asyncio.wait_for(
+                    self._authenticate(reader, writer), self.config.upstream.connect_timeout_s
+                )
             try:
                 metadata = await asyncio.wait_for(
                     _call(reader, writer, _METADATA_REQUEST),
@@ -261,6 +281,35 @@ class Proxy:
             return parse_api_versions_response(_API_VERSIONS_REQUEST.__version__, body)
         except (ApiVersionsError, FrameError) as exc:
             raise OSError(f"upstream ApiVersions: {exc}") from None
+
+    async def _authenticate(self, reader, writer) -> None:
+        """SASL on the proxy's own control connection (`upstream.sasl`); SaslFailed names
+        the mechanism and the broker's message, never the password."""
+        sasl = self.config.upstream.sasl
+        assert sasl is not None
+        answer = await _call(reader, writer, SaslHandshakeRequest(mechanism=sasl.mechanism))
+        error_code, enabled = parse_handshake_response(answer)
+        if error_code != 0:
+            raise SaslFailed(
+                f"upstream does not enable {sasl.mechanism} (it offers {', '.join(enabled)})"
+            )
+
+        async def authenticate(token: bytes) -> bytes:
+            body = await _call(reader, writer, SaslAuthenticateRequest(auth_bytes=token))
+            code, message, auth_bytes = parse_authenticate_response(body)
+            if code != 0:
+                raise SaslFailed(f"{sasl.mechanism} as {sasl.username!r} refused: {message}")
+            return auth_bytes
+
+        if sasl.mechanism == "PLAIN":
+            await authenticate(plain_message(sasl.username, sasl.password))
+            return
+        scram = ScramClient(sasl.mechanism, sasl.username, sasl.password)
+        try:
+            server_first = await authenticate(scram.first_message())
+            scram.verify(await authenticate(scram.final_message(server_first)))
+        except SaslError as exc:
+            raise SaslFailed(f"{sasl.mechanism} as {sasl.username!r}: {exc}") from None
 
     def _learn_broker(self, node_id: int, host: str, port: int) -> tuple[str, int]:
         self.brokers.learn(node_id, host, port)

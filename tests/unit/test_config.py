@@ -70,3 +70,36 @@ def test_load_config_reports_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("upstream: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_sasl_settings_are_checked_and_the_password_never_printed(monkeypatch):
+    monkeypatch.setenv("TIERPROXY_TEST_SASL_PASSWORD", "s3cret-value")
+    config = parse_config(
+        {
+            "upstream": {
+                "bootstrap": "k:1",
+                "sasl": {
+                    "mechanism": "SCRAM-SHA-512",
+                    "username": "proxy",
+                    "password": "${TIERPROXY_TEST_SASL_PASSWORD}",
+                },
+            }
+        }
+    )
+    assert config.upstream.sasl is not None
+    assert config.upstream.sasl.password == "s3cret-value"
+    assert "s3cret-value" not in repr(config)
+    with pytest.raises(ConfigError) as missing:
+        parse_config({"upstream": {"bootstrap": "k:1", "sasl": {"mechanism": "PLAIN"}}})
+    assert missing.value.key == "upstream.sasl.username"
+    with pytest.raises(ConfigError) as unknown:
+        parse_config(
+            {
+                "upstream": {
+                    "bootstrap": "k:1",
+                    "sasl": {"mechanism": "GSSAPI", "username": "u", "password": "p"},
+                }
+            }
+        )
+    assert unknown.value.key == "upstream.sasl.mechanism"
+    assert "'GSSAPI' is not one of PLAIN" in unknown.value.reason

@@ -155,12 +155,17 @@ def tapped_proxy(
     brokers: int,
     listener_tls: dict | None = None,
     upstream_tls: dict | None = None,
+    upstream_sasl: dict | None = None,
 ) -> Iterator[TappedProxy]:
     """A proxy in front of `upstream_bootstrap`; on exit, the leak check."""
     base = free_port_block(brokers + 2)  # room for a broker learnt late
     config = parse_config(
         {
-            "upstream": {"bootstrap": upstream_bootstrap, "tls": upstream_tls or {}},
+            "upstream": {
+                "bootstrap": upstream_bootstrap,
+                "tls": upstream_tls or {},
+                "sasl": upstream_sasl or {},
+            },
             "listeners": {
                 "bootstrap_port": free_port(),
                 "broker_port_base": base,
@@ -189,17 +194,21 @@ def proxy(kafka_cluster):
 
 @pytest.fixture
 def start_proxy():
-    """start_proxy(cluster, listener=None, listener_tls=None, upstream_tls=None): a proxy
-    in front of the cluster's `listener` (PLAINTEXT by default), stopped and checked
-    for leaks when the test ends."""
+    """start_proxy(cluster, listener=None, listener_tls=None, upstream_tls=None,
+    upstream_sasl=None): a proxy in front of the cluster's `listener` (PLAINTEXT by
+    default), stopped and checked for leaks when the test ends."""
     with contextlib.ExitStack() as stack:
 
-        def start(cluster, listener=None, listener_tls=None, upstream_tls=None) -> TappedProxy:
+        def start(
+            cluster, listener=None, listener_tls=None, upstream_tls=None, upstream_sasl=None
+        ) -> TappedProxy:
             bootstrap = cluster.listener_bootstrap(listener) if listener else cluster.bootstrap
             addresses = upstream_addresses(cluster)
             brokers = getattr(cluster, "size", 3)
             return stack.enter_context(
-                tapped_proxy(bootstrap, addresses, brokers, listener_tls, upstream_tls)
+                tapped_proxy(
+                    bootstrap, addresses, brokers, listener_tls, upstream_tls, upstream_sasl
+                )
             )
 
         yield start

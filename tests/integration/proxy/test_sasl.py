@@ -73,3 +73,48 @@ def test_wrong_password_is_refused_through_the_proxy(secured_cluster, start_prox
     admin.poll(1)  # serves error_cb
     codes = {error.code() for error in errors}
     assert KafkaError._AUTHENTICATION in codes, [str(error) for error in errors]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_proxy_with_its_own_credentials_learns_brokers_at_start(
+    secured_cluster, start_proxy, compat, mechanism
+):
+    """With `upstream.sasl`, the proxy's control connection authenticates, so it knows
+    the brokers (and opens their listeners) before any client comes."""
+    sasl = {"mechanism": mechanism, "username": "alice", "password": "alice-secret"}
+    proxy = start_proxy(secured_cluster, LISTENER, upstream_sasl=sasl)
+    state = proxy.thread.proxy
+    assert state is not None
+    [learnt] = state.brokers.brokers()
+    assert (learnt.node_id, learnt.port) == (1, secured_cluster.nodes[0].extra_ports[LISTENER])
+    # clients still authenticate as themselves, here as another user
+    conf = sasl_conf(proxy.bootstrap, "PLAIN", "bob", "bob-secret")
+    topic = compat.create_topic(conf, partitions=1, replication=1)
+    records = compat.records(f"own-{mechanism}", 200)
+    compat.produce(conf, topic, records)
+    compat.assert_exactly_once(compat.read_all(conf, topic, len(records), partitions=1), records)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_refused_proxy_credentials_stop_the_start_with_a_clear_error(secured_cluster, mechanism):
+    from proxy.config import parse_config
+    from proxy.devstack.paths import free_port, free_port_block
+    from proxy.devstack.proxy_thread import ProxyThread
+    from proxy.server.app import SaslFailed
+
+    config = parse_config(
+        {
+            "upstream": {
+                "bootstrap": secured_cluster.listener_bootstrap(LISTENER),
+                "sasl": {"mechanism": mechanism, "username": "alice", "password": "wrong-pw"},
+            },
+            "listeners": {"bootstrap_port": free_port(), "broker_port_base": free_port_block(2)},
+        }
+    )
+    thread = ProxyThread(config)
+    with pytest.raises(SaslFailed) as refused:
+        thread.start()
+    thread.stop()
+    message = str(refused.value)
+    assert mechanism in message and "'alice'" in message
+    assert "wrong-pw" not in message
