@@ -103,3 +103,14 @@ def test_sasl_settings_are_checked_and_the_password_never_printed(monkeypatch):
         )
     assert unknown.value.key == "upstream.sasl.mechanism"
     assert "'GSSAPI' is not one of PLAIN" in unknown.value.reason
+
+
+def test_shipped_example_configs_parse(monkeypatch):
+    root = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
+    local = load_config(root / "local.yaml")
+    assert local.upstream.bootstrap == (("127.0.0.1", 9092),)
+    # the production example names files of a real deployment: here they are missing
+    monkeypatch.setenv("TIERPROXY_SASL_PASSWORD", "x")
+    with pytest.raises(ConfigError) as missing:
+        load_config(root / "tls-sasl.yaml")
+    assert missing.value.key == "upstream.tls.ca_file"
