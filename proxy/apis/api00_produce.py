@@ -7,18 +7,10 @@ is rewritten in place; an answer without it (the usual case) is returned as it c
 
 from __future__ import annotations
 
-from proxy.protocol.codec import load_response_types, response_type
-from proxy.protocol.rewrite import Advertise, rewrite_tagged_address_array
+from proxy.protocol.codec import load_response_types
+from proxy.protocol.rewrite import node_endpoints_rewriter
 
 API_KEY = 0
 FIRST_NODE_ENDPOINTS_VERSION = 10
 RESPONSES = load_response_types(API_KEY)
-
-
-def rewrite_response(
-    api_version: int, body: memoryview, advertise: Advertise
-) -> bytes | memoryview:
-    response = response_type(RESPONSES, API_KEY, api_version)
-    if api_version < FIRST_NODE_ENDPOINTS_VERSION:
-        return body
-    return rewrite_tagged_address_array(response, "node_endpoints", body, advertise)
+rewrite_response = node_endpoints_rewriter(API_KEY, FIRST_NODE_ENDPOINTS_VERSION, RESPONSES)

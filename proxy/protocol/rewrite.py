@@ -19,7 +19,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, get_args
 
-from proxy.protocol.codec import describe
+from proxy.protocol.codec import describe, response_type
 from proxy.protocol.frames import FrameError
 from proxy.protocol.schema_walk import field_offset, field_span, skip_entity, tagged_fields_offset
 from proxy.protocol.wire import (
@@ -181,3 +181,18 @@ def _check_triple(entity_type: type, id_field: str) -> None:
     layout = [(f.name, f.metadata.get("kafka_type")) for f in fields[at : at + 3]]
     if layout != [(id_field, "int32"), ("host", "string"), ("port", "int32")]:
         raise TypeError(f"{entity_type.__name__}: no ({id_field}, host, port) triple: {layout}")
+
+
+def node_endpoints_rewriter(api_key: int, first_version: int, responses: dict) -> Rewriter:
+    """The rewriter of an answer whose only broker addresses are KIP-951 node endpoints
+    (Produce, Fetch): a top-level tagged field present from `first_version` on."""
+
+    def rewrite_response(
+        api_version: int, body: memoryview, advertise: Advertise
+    ) -> bytes | memoryview:
+        response = response_type(responses, api_key, api_version)  # checks the version
+        if api_version < first_version:
+            return body
+        return rewrite_tagged_address_array(response, "node_endpoints", body, advertise)
+
+    return rewrite_response

@@ -4,7 +4,8 @@ Rendezvous (highest-random-weight) hashing with bounded loads: each broker ranks
 zone's live proxies by a hash of (broker, proxy) and goes to the first one not yet full,
 where full is ceil((1 + epsilon) * brokers / proxies). The result depends only on the
 sets of brokers and live proxies, so every proxy of the fleet computes the same mapping
-with no coordination, and when a proxy leaves, mostly the brokers it hosted move.
+with no coordination. When a proxy leaves, the brokers it hosted move; where the bound
+binds, a few others may move as well, since the bound changes with the number of proxies.
 """
 
 from __future__ import annotations

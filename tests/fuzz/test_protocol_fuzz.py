@@ -6,7 +6,6 @@ so every reader is fed random bytes and mutated valid messages.
 
 import random
 import struct
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +21,7 @@ from proxy.apis.api18_api_versions import (
     parse_api_versions_response,
 )
 from proxy.protocol.apis import APIS
-from proxy.protocol.codec import encode
+from proxy.protocol.codec import encode, load_response_types
 from proxy.protocol.frames import FrameDecoder, FrameError
 from proxy.protocol.headers import parse_request_header, produce_acks, response_header_size
 
@@ -111,7 +110,7 @@ def test_response_header_size_on_random_bytes(case, frame):
 @pytest.mark.parametrize(("api_key", "version"), REWRITTEN)
 def test_rewriters_on_random_and_mutated_bodies(api_key, version):
     rewrite = RESPONSE_REWRITERS[api_key]
-    response = sys.modules[rewrite.__module__].RESPONSES[version]
+    response = load_response_types(api_key)[version]
 
     @settings(
         max_examples=10,

@@ -29,16 +29,19 @@ def test_every_broker_placed_within_the_bound_whatever_the_order(brokers, proxie
     assert place_brokers(sorted(brokers, reverse=True), sorted(proxies, reverse=True)) == placement
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(brokers_st, proxies_st.filter(lambda p: len(p) >= 2))
-def test_losing_a_proxy_moves_mostly_its_own_brokers(brokers, proxies):
-    before = place_brokers(brokers, proxies, epsilon=1.0)
+def test_losing_a_proxy_moves_only_its_own_brokers_when_loads_are_not_bound(brokers, proxies):
+    """Plain rendezvous hashing (a bound no proxy reaches): exactly the brokers of the
+    proxy that left move. With a tight bound others may move too, as the bound changes
+    with the number of proxies (e.g. 3 brokers over 6 proxies, then over 5)."""
+    unbounded = float(len(proxies))  # (1 + e) * brokers / proxies >= brokers: never full
+    before = place_brokers(brokers, proxies, epsilon=unbounded)
     gone = sorted(proxies)[0]
-    after = place_brokers(brokers, proxies - {gone}, epsilon=1.0)
+    after = place_brokers(brokers, proxies - {gone}, epsilon=unbounded)
     assert gone not in after.values()
-    moved = [b for b in brokers if before[b] != gone and after[b] != before[b]]
-    # bounded loads may push a few others along; never most of them
-    assert len(moved) <= max(1, len(brokers) // 2)
+    moved = {b for b in brokers if after[b] != before[b]}
+    assert moved == {b for b in brokers if before[b] == gone}
 
 
 def test_spread_over_three_proxies_of_a_zone():
