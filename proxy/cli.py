@@ -33,6 +33,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     dev.set_defaults(func=_dev)
 
+    fleet = commands.add_parser("fleet", help="look at a proxy fleet")
+    fleet_commands = fleet.add_subparsers(dest="fleet_command", required=True)
+    status = fleet_commands.add_parser(
+        "status",
+        help="the fleet's members and its cross-zone bytes",
+        description="Reads the fleet's membership topic in the upstream Kafka and prints "
+        "each proxy, whether it is alive, and the client bytes the fleet carried by "
+        "(client zone, proxy zone, upstream broker zone), with the cross-zone total.",
+    )
+    where = status.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", type=Path, help="a proxy's YAML configuration")
+    where.add_argument("--bootstrap", help="the upstream Kafka's bootstrap servers")
+    status.add_argument("--topic", default=None, help="the membership topic (fleet.topic)")
+    status.add_argument(
+        "--member-timeout", type=float, default=None, help="seconds before a member is dead"
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=_fleet_status)
+
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -50,6 +69,38 @@ def _run(args: argparse.Namespace) -> int:
         run(config, on_ready=lambda proxy: print(f"proxy ready at {proxy.bootstrap}", flush=True))
     except OSError as exc:  # upstream unreachable, credentials refused, port taken
         print(f"tierproxy: cannot start: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _fleet_status(args: argparse.Namespace) -> int:
+    from proxy.config import ConfigError, FleetConfig, load_config
+    from proxy.fleet_status import fleet_status
+
+    fleet = FleetConfig()
+    kafka = {"bootstrap_servers": args.bootstrap}
+    if args.config is not None:
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            print(f"tierproxy: {exc}", file=sys.stderr)
+            return 2
+        from proxy.server.membership import kafka_settings
+        from proxy.server.tls import client_context
+
+        fleet = config.fleet
+        kafka = kafka_settings(config, client_context(config.upstream.tls))
+    try:
+        print(
+            fleet_status(
+                kafka,
+                args.topic or fleet.topic,
+                args.member_timeout or fleet.member_timeout_s,
+                args.json,
+            )
+        )
+    except (LookupError, OSError, TimeoutError) as exc:
+        print(f"tierproxy fleet status: {exc}", file=sys.stderr)
         return 1
     return 0
 

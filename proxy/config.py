@@ -59,6 +59,10 @@ class UpstreamConfig:
     metadata_refresh_s: float = 30.0
 
 
+PROXY_PROTOCOL_MODES = ("off", "optional", "required")
+_PROXY_SIGNATURE_AS_SIZE = 0x0D0A0D0A  # the PROXY v2 signature read as a frame size
+
+
 @dataclass(frozen=True)
 class ListenerConfig:
     bind_host: str = "127.0.0.1"
@@ -67,6 +71,39 @@ class ListenerConfig:
     # the listener standing for upstream broker N is at broker_port_base + N
     broker_port_base: int = 19100
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # HAProxy PROXY protocol v1/v2 from a load balancer in front: off, optional (a
+    # connection may start with a PROXY header), required (every connection must)
+    proxy_protocol: str = "off"
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """This proxy's place in the fleet. `membership: none` is a proxy alone: every broker
+    is shown at its own address. `kafka` finds the others through heartbeats on `topic`."""
+
+    name: str = ""  # unique in the fleet; default advertised_host:bootstrap_port
+    zone: str = "default"
+    membership: str = "none"
+    topic: str = "__tierproxy_fleet"
+    heartbeat_interval_s: float = 1.0
+    member_timeout_s: float = 5.0
+    forget_after_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    # source network -> zone, for clients whose client.id names no zone
+    cidr_zones: tuple[tuple[str, str], ...] = ()
+    # how unevenly brokers may spread over a zone's proxies (bounded-load hashing)
+    placement_epsilon: float = 0.25
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """A Prometheus endpoint (GET /metrics); port 0 or absent: none."""
+
+    bind_host: str = "127.0.0.1"
+    port: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +118,9 @@ class ProxyConfig:
     upstream: UpstreamConfig
     listeners: ListenerConfig = field(default_factory=ListenerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log_level: str = "info"
 
 
@@ -97,16 +137,28 @@ def load_config(path: Path) -> ProxyConfig:
 def parse_config(raw: Any) -> ProxyConfig:
     root = _Section(raw, "")
     upstream = root.section("upstream", required=True)
+    upstream_config = UpstreamConfig(
+        bootstrap=upstream.addresses("bootstrap"),
+        tls=_tls(upstream.section("tls"), listener=False),
+        sasl=_sasl(upstream.section("sasl")),
+        connect_timeout_s=upstream.number("connect_timeout_s", 10.0, minimum=0.1),
+        metadata_refresh_s=upstream.number("metadata_refresh_s", 30.0, minimum=1.0),
+    )
+    listeners = _listeners(root.section("listeners"))
+    limits = _limits(root.section("limits"))
+    if listeners.proxy_protocol != "off" and limits.max_frame_bytes >= _PROXY_SIGNATURE_AS_SIZE:
+        raise ConfigError(
+            "limits.max_frame_bytes",
+            f"must be below {_PROXY_SIGNATURE_AS_SIZE} with listeners.proxy_protocol on: "
+            "a PROXY header's first bytes read as a frame size that large",
+        )
     config = ProxyConfig(
-        upstream=UpstreamConfig(
-            bootstrap=upstream.addresses("bootstrap"),
-            tls=_tls(upstream.section("tls"), listener=False),
-            sasl=_sasl(upstream.section("sasl")),
-            connect_timeout_s=upstream.number("connect_timeout_s", 10.0, minimum=0.1),
-            metadata_refresh_s=upstream.number("metadata_refresh_s", 30.0, minimum=1.0),
-        ),
-        listeners=_listeners(root.section("listeners")),
-        limits=_limits(root.section("limits")),
+        upstream=upstream_config,
+        listeners=listeners,
+        limits=limits,
+        fleet=_fleet(root.section("fleet"), listeners),
+        routing=_routing(root.section("routing")),
+        metrics=_metrics(root.section("metrics")),
         log_level=root.choice("log_level", "info", ("debug", "info", "warning", "error")),
     )
     upstream.reject_unknown()
@@ -127,9 +179,82 @@ def _listeners(section: _Section) -> ListenerConfig:
         bootstrap_port=section.port("bootstrap_port", defaults.bootstrap_port),
         broker_port_base=section.port("broker_port_base", defaults.broker_port_base),
         tls=_tls(section.section("tls"), listener=True),
+        proxy_protocol=section.choice("proxy_protocol", "off", PROXY_PROTOCOL_MODES),
     )
     section.reject_unknown()
     return config
+
+
+def _fleet(section: _Section, listeners: ListenerConfig) -> FleetConfig:
+    defaults = FleetConfig()
+    # A fleet section means a fleet: membership through Kafka unless told otherwise.
+    membership_default = "kafka" if section.raw else "none"
+    config = FleetConfig(
+        name=section.string("name", f"{listeners.advertised_host}:{listeners.bootstrap_port}"),
+        zone=_zone_name(section, "zone", defaults.zone),
+        membership=section.choice("membership", membership_default, ("none", "kafka")),
+        topic=section.string("topic", defaults.topic),
+        heartbeat_interval_s=section.number(
+            "heartbeat_interval_s", defaults.heartbeat_interval_s, minimum=0.05
+        ),
+        member_timeout_s=section.number("member_timeout_s", defaults.member_timeout_s, minimum=0.1),
+        forget_after_s=section.number("forget_after_s", defaults.forget_after_s, minimum=1.0),
+    )
+    if config.member_timeout_s < 2 * config.heartbeat_interval_s:
+        raise ConfigError(
+            section.key("member_timeout_s"),
+            f"{config.member_timeout_s} is under two heartbeat intervals "
+            f"({config.heartbeat_interval_s} s each): live members would flap",
+        )
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", config.topic):
+        raise ConfigError(section.key("topic"), f"{config.topic!r} is not a Kafka topic name")
+    section.reject_unknown()
+    return config
+
+
+def _routing(section: _Section) -> RoutingConfig:
+    raw = section.get("cidr_zones")
+    key = section.key("cidr_zones")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(key, f"expected a mapping of network to zone, got {raw!r}")
+    entries = []
+    for cidr, zone in raw.items():
+        try:
+            ipaddress.ip_network(str(cidr), strict=False)
+        except ValueError as exc:
+            raise ConfigError(f"{key}.{cidr}", f"not a network: {exc}") from None
+        if not isinstance(zone, str) or not _ZONE.fullmatch(zone):
+            raise ConfigError(f"{key}.{cidr}", f"{zone!r} is not a zone name")
+        entries.append((str(cidr), zone))
+    config = RoutingConfig(
+        cidr_zones=tuple(entries),
+        placement_epsilon=section.number("placement_epsilon", 0.25, minimum=0.0),
+    )
+    section.reject_unknown()
+    return config
+
+
+def _metrics(section: _Section) -> MetricsConfig:
+    config = MetricsConfig(
+        bind_host=section.string("bind_host", MetricsConfig.bind_host),
+        port=section.port("port", 0),
+    )
+    section.reject_unknown()
+    return config
+
+
+_ZONE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def _zone_name(section: _Section, name: str, default: str) -> str:
+    value = section.string(name, default)
+    if not _ZONE.fullmatch(value):
+        raise ConfigError(
+            section.key(name), f"{value!r} is not a zone name (letters, digits, ._:-)"
+        )
+    return value
 
 
 def _limits(section: _Section) -> LimitsConfig:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 
 
 class ProxyMetrics:
@@ -41,6 +43,32 @@ class ProxyMetrics:
         self.bytes_out = Counter(
             "tierproxy_client_bytes_out", "Bytes sent to clients", registry=self.registry
         )
+        self.zone_bytes = Counter(
+            "tierproxy_zone_bytes",
+            "Client traffic by (client zone, proxy zone, upstream broker zone) and direction "
+            "(to_broker: requests, to_client: answers)",
+            ["client_zone", "proxy_zone", "broker_zone", "direction"],
+            registry=self.registry,
+        )
+        self.client_zones = Counter(
+            "tierproxy_client_zone_resolutions",
+            "Client connections by resolved zone and where the zone came from",
+            ["zone", "source"],
+            registry=self.registry,
+        )
+        self.zone_fallbacks = Counter(
+            "tierproxy_zone_fallbacks",
+            "Answers naming brokers for a client zone with no live proxy, by client zone "
+            "and the zone served instead",
+            ["client_zone", "serving_zone"],
+            registry=self.registry,
+        )
+        self.fleet_members = Gauge(
+            "tierproxy_fleet_live_members",
+            "Live proxies of the fleet, by zone, as this proxy sees them",
+            ["zone"],
+            registry=self.registry,
+        )
 
         self._requests_by_key: dict[int, object] = {}
 
@@ -54,3 +82,25 @@ class ProxyMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def zone_bytes_totals(self) -> dict[tuple[str, str, str, str], int]:
+        """(client zone, proxy zone, broker zone, direction) -> bytes, for the heartbeat."""
+        totals = {}
+        for metric in self.zone_bytes.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    labels = sample.labels
+                    key = (
+                        labels["client_zone"],
+                        labels["proxy_zone"],
+                        labels["broker_zone"],
+                        labels["direction"],
+                    )
+                    totals[key] = int(sample.value)
+        return totals
+
+
+def serve_metrics(metrics: ProxyMetrics, host: str, port: int) -> WSGIServer:
+    """GET /metrics on host:port, from a thread of its own; `shutdown()` stops it."""
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    return server

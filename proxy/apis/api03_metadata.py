@@ -7,8 +7,13 @@ so leader, replica and controller ids need no change.
 
 from __future__ import annotations
 
+from typing import get_args
+
 from proxy.protocol.codec import load_response_types, response_type
+from proxy.protocol.frames import FrameError
 from proxy.protocol.rewrite import Advertise, rewrite_address_array
+from proxy.protocol.schema_walk import field_offset, skip_entity
+from proxy.protocol.wire import read_array_length, read_int32, read_string
 
 API_KEY = 3
 RESPONSES = load_response_types(API_KEY)
@@ -19,3 +24,25 @@ def rewrite_response(
 ) -> bytes | memoryview:
     response = response_type(RESPONSES, API_KEY, api_version)
     return rewrite_address_array(response, "brokers", body, advertise)
+
+
+def read_brokers(api_version: int, body: memoryview) -> list[tuple[int, str, int, str | None]]:
+    """(node id, host, port, rack) of every broker of an answer: the proxy's own Metadata
+    requests learn each broker's zone from its `broker.rack` (None before v1 or unset)."""
+    response = response_type(RESPONSES, API_KEY, api_version)
+    item = get_args(response.__dataclass_fields__["brokers"].type)[0]
+    flexible = response.__flexible__
+    has_rack = "rack" in item.__dataclass_fields__
+    try:
+        count, offset = read_array_length(body, field_offset(response, body, "brokers"), flexible)
+        brokers = []
+        for _ in range(max(count, 0)):
+            node_id, pos = read_int32(body, field_offset(item, body, "node_id", offset))
+            host, pos = read_string(body, pos, flexible)
+            port, pos = read_int32(body, pos)
+            rack = read_string(body, pos, flexible)[0] if has_rack else None
+            brokers.append((node_id, host or "", port, rack or None))
+            offset = skip_entity(item, body, offset)
+    except FrameError as exc:
+        raise FrameError(f"malformed Metadata v{api_version} brokers: {exc}") from None
+    return brokers

@@ -18,6 +18,7 @@ class UpstreamBroker:
     node_id: int
     host: str
     port: int
+    rack: str | None = None  # broker.rack: the broker's zone, if Kafka was told it
 
 
 class BrokerDirectory:
@@ -46,11 +47,19 @@ class BrokerDirectory:
     def brokers(self) -> list[UpstreamBroker]:
         return sorted(self._brokers.values(), key=lambda broker: broker.node_id)
 
-    def learn(self, node_id: int, host: str, port: int) -> None:
+    def zone_of(self, node_id: int | None) -> str | None:
+        broker = self._brokers.get(node_id) if node_id is not None else None
+        return broker.rack if broker is not None else None
+
+    def learn(self, node_id: int, host: str, port: int, rack: str | None = None) -> None:
+        """Record a broker's address; `rack` only comes from Metadata answers, so an
+        address learnt elsewhere keeps the rack already known."""
         known = self._brokers.get(node_id)
-        if known is not None and (known.host, known.port) == (host, port):
+        if rack is None and known is not None:
+            rack = known.rack
+        if known is not None and (known.host, known.port, known.rack) == (host, port, rack):
             return
-        broker = UpstreamBroker(node_id, host, port)
+        broker = UpstreamBroker(node_id, host, port, rack)
         self._brokers[node_id] = broker
         if known is None and self._on_new_broker is not None:
             self._on_new_broker(broker)

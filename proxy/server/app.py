@@ -4,14 +4,20 @@ A bootstrap listener plus one listener per upstream broker (`broker_port_base + 
 A client connection on broker N's listener is served by its own connection to broker N,
 so per-connection state that Kafka keeps (SASL authentication, in-flight ordering,
 throttling) is the client's own. The bootstrap listener picks any live broker.
+
+Every proxy listens for every broker; which proxy a client is sent to for broker N is
+the fleet's decision (`routing.router`): one of the live proxies of the client's zone,
+the same answer from every member (`server.membership` keeps the fleet view).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import struct
+import time
 from collections.abc import Callable, Iterable
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
@@ -19,7 +25,8 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from proxy.apis import CAPPED_VERSIONS, RESPONSE_REWRITERS
+from proxy.apis import CAPPED_VERSIONS
+from proxy.apis.api03_metadata import read_brokers
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
     common_ranges,
@@ -29,7 +36,7 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.protocol.frames import FrameError
 from proxy.protocol.headers import response_header_size
 from proxy.protocol.messages import encode_request
@@ -41,12 +48,15 @@ from proxy.protocol.sasl import (
     plain_message,
 )
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
+from proxy.routing.fleet import FleetView, Heartbeat, Member
+from proxy.routing.router import ZoneRouter
+from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
+from proxy.server.membership import Membership
 from proxy.server.tls import client_context, server_context
 
 log = logging.getLogger("tierproxy.proxy")
 API_FETCH = 1
-API_METADATA = 3
 # Fetch stays below v16: a v16+ answer may name brokers in a tagged field after all its
 # partitions, so it would have to be held whole to be rewritten, while a v15 answer
 # streams through a buffer at a time. Clients lose only KIP-951's shortcut to a moved
@@ -70,6 +80,7 @@ class Proxy:
             config.listeners.broker_port_base,
             on_new_broker=self._on_new_broker,
         )
+
         self._upstream_ranges: dict[int, tuple[int, int]] | None = None
         self._api_ranges: dict[int, tuple[int, int]] = {}
         self._api_versions_bodies: dict[int, bytes] = {}  # version -> encoded answer body
@@ -79,6 +90,23 @@ class Proxy:
         self._refresh_task: asyncio.Task[None] | None = None
         self._server_ssl = server_context(config.listeners.tls)
         self._upstream_ssl = client_context(config.upstream.tls)
+        listeners, fleet = config.listeners, config.fleet
+        self.fleet = FleetView(
+            Member(
+                fleet.name,
+                fleet.zone,
+                listeners.advertised_host,
+                listeners.bootstrap_port or 1,  # the bound port, once bound
+                listeners.broker_port_base,
+            ),
+            fleet.member_timeout_s,
+        )
+        self.router = ZoneRouter(self.fleet, config.routing.placement_epsilon)
+        cidr_zones = config.routing.cidr_zones
+        self.cidr_zones = CidrZones(cidr_zones) if cidr_zones else None
+        self.started_at = time.time()
+        self._membership: Membership | None = None
+        self._metrics_server = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -86,9 +114,43 @@ class Proxy:
         await self.refresh_upstream()  # opens a listener per broker it learns of
         await self._listen(None, self.config.listeners.bootstrap_port)
         await asyncio.gather(*self._listening.values())
+        self._set_self_port(self.bound_port(None))
+        if self.config.fleet.membership == "kafka":
+            self._membership = Membership(
+                self.config, self.fleet, self.heartbeat, self._fleet_changed, self._upstream_ssl
+            )
+            await self._membership.start()
+        self._fleet_changed()
+        if self.config.metrics.port:
+            self._metrics_server = serve_metrics(
+                self.metrics, self.config.metrics.bind_host, self.config.metrics.port
+            )
         self._refresh_task = asyncio.create_task(self._refresh_forever())
 
+    def heartbeat(self) -> Heartbeat:
+        """What this proxy tells the fleet about itself."""
+        return Heartbeat(self.fleet.self_member, self.started_at, self.metrics.zone_bytes_totals())
+
+    def _set_self_port(self, port: int) -> None:
+        member = self.fleet.self_member
+        if member.bootstrap_port != port:
+            self.fleet.self_member = dataclasses.replace(member, bootstrap_port=port)
+            self.fleet.expire(time.time())
+
+    def _fleet_changed(self) -> None:
+        zones: dict[str, int] = {}
+        for member in self.fleet.live():
+            zones[member.zone] = zones.get(member.zone, 0) + 1
+        self.metrics.fleet_members.clear()
+        for zone, count in zones.items():
+            self.metrics.fleet_members.labels(zone).set(count)
+
     async def stop(self) -> None:
+        if self._membership is not None:  # leave first, so peers stop sending clients here
+            await self._membership.stop()
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.shutdown)
+            self._metrics_server.server_close()
         for server in self._servers.values():
             server.close()
         # Every accepted connection is in _connections from the moment it is accepted.
@@ -158,6 +220,7 @@ class Proxy:
 
     def _on_new_broker(self, broker: UpstreamBroker) -> None:
         """A broker first heard of in a response: open its listener before clients come."""
+        self.router.add_broker(broker.node_id)
         if broker.node_id in self._servers or broker.node_id in self._listening:
             return
         port = self.brokers.proxy_port(broker.node_id)
@@ -173,17 +236,22 @@ class Proxy:
 
     # -- upstream --------------------------------------------------------------------------
 
-    def upstream_address_for(self, node_id: int | None) -> tuple[str, int]:
+    def upstream_address_for(self, node_id: int | None) -> tuple[int | None, str, int]:
+        """(node id, host, port) of the broker to serve a connection for `node_id`; for
+        the bootstrap listener (None) a broker of the proxy's own zone if there is one, so
+        a client's first requests do not cross zones either."""
         if node_id is not None:
             broker = self.brokers.upstream(node_id)
             if broker is None:
                 raise OSError(f"upstream broker {node_id} is not known (yet)")
-            return broker.host, broker.port
+            return broker.node_id, broker.host, broker.port
         known = self.brokers.brokers()
-        if known:
-            broker = random.choice(known)
-            return broker.host, broker.port
-        return random.choice(self.config.upstream.bootstrap)
+        local = [b for b in known if b.rack == self.fleet.self_member.zone]
+        if local or known:
+            broker = random.choice(local or known)
+            return broker.node_id, broker.host, broker.port
+        host, port = random.choice(self.config.upstream.bootstrap)
+        return None, host, port
 
     async def open_upstream(
         self, host: str, port: int
@@ -255,10 +323,15 @@ class Proxy:
         finally:
             await _close_stream(writer, self.config.upstream.connect_timeout_s)
         if metadata is not None:
-            # The rewriter reads brokers by hand; kio's reader is kept off network bytes.
-            RESPONSE_REWRITERS[API_METADATA](
-                _METADATA_REQUEST.__version__, metadata, self._learn_broker
-            )
+            # Read by hand (kio's reader is kept off network bytes), racks included: a
+            # broker's rack is its zone, for the byte accounting and the bootstrap choice.
+            try:
+                brokers = read_brokers(_METADATA_REQUEST.__version__, metadata)
+            except FrameError as exc:
+                raise OSError(f"upstream Metadata: {exc}") from None
+            for node_id, broker_host, broker_port, rack in brokers:
+                self.brokers.learn(node_id, broker_host, broker_port, rack)
+            self.router.set_brokers({node_id for node_id, *_ in brokers})
         others = [b for b in self.brokers.brokers() if (b.host, b.port) != (host, port)]
         answers = await asyncio.gather(
             *(self._api_versions_of(b.host, b.port) for b in others), return_exceptions=True
@@ -310,10 +383,6 @@ class Proxy:
             scram.verify(await authenticate(scram.final_message(server_first)))
         except SaslError as exc:
             raise SaslFailed(f"{sasl.mechanism} as {sasl.username!r}: {exc}") from None
-
-    def _learn_broker(self, node_id: int, host: str, port: int) -> tuple[str, int]:
-        self.brokers.learn(node_id, host, port)
-        return host, port
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream

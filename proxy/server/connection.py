@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from proxy.apis import NODE_ENDPOINTS_SINCE, RESPONSE_REWRITERS
+from proxy.apis.api01_fetch import request_rack_id
 from proxy.apis.api18_api_versions import (
     check_api_versions_request,
     unsupported_version_response,
@@ -46,21 +47,27 @@ from proxy.protocol.headers import (
     response_header,
     response_header_size,
 )
+from proxy.protocol.proxy_header import detect
+from proxy.protocol.proxy_header import parse as parse_proxy_header
+from proxy.server.streams import (
+    UpstreamClosed,
+    check_correlation_id,
+    read_exactly,
+    read_whole,
+)
+from proxy.server.zoning import ConnectionZone
 
 log = logging.getLogger("tierproxy.connection")
 
 _SIZE = struct.Struct(">i")
 API_PRODUCE = 0
+API_FETCH = 1
 API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
 MAX_RESPONSE_BYTES = 1 << 30
 # After bad input, how long the answers to the requests read before it may take.
 OWED_ANSWERS_TIMEOUT_S = 10.0
-
-
-class UpstreamClosed(Exception):
-    """The broker closed the connection or answered out of turn."""
 
 
 class _ClientGone(Exception):
@@ -84,6 +91,7 @@ class _Slot:
     api_key: int
     api_version: int
     data: tuple[bytes | bytearray | memoryview, ...] | None = None
+    local: bool = False  # answered by the proxy itself, not by a broker
 
 
 class ClientConnection:
@@ -102,6 +110,7 @@ class ClientConnection:
         self.listener = listener
         peer = client_writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "unknown"
+        self.zone = ConnectionZone(proxy, self.peer, peer[0] if peer else None, listener)
         self.upstream_reader: asyncio.StreamReader | None = None
         self.upstream_writer: asyncio.StreamWriter | None = None
         self._pending: deque[_Slot] = deque()  # every answer owed, in request order
@@ -179,8 +188,14 @@ class ClientConnection:
 
     async def _client_loop(self) -> None:
         metrics = self.proxy.metrics
+        read_ahead = None  # a first frame size read while looking for a PROXY header
+        if self.proxy.config.listeners.proxy_protocol != "off":
+            read_ahead = await self._read_proxy_header()
         while True:
-            size_bytes = await self._read_client(4, between_frames=True)
+            if read_ahead is None:
+                size_bytes = await self._read_client(4, between_frames=True)
+            else:
+                size_bytes, read_ahead = read_ahead, None
             (size,) = _SIZE.unpack(size_bytes)
             if size < 0:
                 raise RejectedFrame("negative_frame_size", f"negative frame size {size}")
@@ -195,6 +210,7 @@ class ClientConnection:
                 raise RejectedFrame(header_rejection_reason(frame), str(exc)) from None
             metrics.request(header.api_key)
             metrics.bytes_in.inc(size + 4)
+            self.zone.on_client_id(header.client_id)
             if not self._room.is_set():
                 await self._room.wait()
             if header.api_key == API_VERSIONS:
@@ -213,6 +229,12 @@ class ClientConnection:
                 except FrameError as exc:
                     raise RejectedFrame("malformed_request", str(exc)) from None
                 expects_answer = acks != 0
+            elif header.api_key == API_FETCH and self.zone.wants_fetch_rack:
+                try:
+                    rack = request_rack_id(header.api_version, frame[header.size :])
+                except FrameError:
+                    rack = None  # forwarded as it is: the broker judges the request
+                self.zone.on_fetch_rack(rack)
             if self.upstream_writer is None:
                 await self._connect_upstream()
             if expects_answer:
@@ -221,9 +243,31 @@ class ClientConnection:
                 self._awaiting_upstream.append(slot)
             assert self.upstream_writer is not None
             self.upstream_writer.writelines((size_bytes, frame))  # one send, not two
+            self.zone.count_to_broker(size + 4)
             await self.upstream_writer.drain()
             if self._upstream_task is not None and self._upstream_task.done():
                 self._upstream_task.result()  # re-raise why upstream stopped
+
+    async def _read_proxy_header(self) -> bytes | None:
+        """Take the client's real address from a PROXY header, if the connection starts
+        with one; return the 4 bytes read if it does not (the first frame's size)."""
+        first = await self._read_client(4, between_frames=True)
+        if detect(first) == "none":
+            if self.proxy.config.listeners.proxy_protocol == "required":
+                raise RejectedFrame("missing_proxy_header", "no PROXY protocol header")
+            return first
+        buffer = first
+        try:
+            while (parsed := parse_proxy_header(buffer))[0] is None:
+                buffer += await self._read_client(parsed[1], between_frames=False)
+        except FrameError as exc:
+            raise RejectedFrame("malformed_proxy_header", str(exc)) from None
+        header = parsed[0]
+        if header.source_address is not None:  # None: the balancer's own health check
+            self.peer = f"{header.source_address}:{header.source_port} (via {self.peer})"
+            self.zone.peer = self.peer
+            self.zone.source_address = header.source_address
+        return None
 
     async def _read_client(self, n: int, between_frames: bool) -> bytes:
         try:
@@ -252,7 +296,7 @@ class ClientConnection:
             payload += self.proxy.api_versions_body(header.api_version)
         else:  # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
             payload = unsupported_version_response(header.correlation_id, self.proxy.api_ranges())
-        slot = _Slot(header.correlation_id, API_VERSIONS, header.api_version)
+        slot = _Slot(header.correlation_id, API_VERSIONS, header.api_version, local=True)
         slot.data = (_SIZE.pack(len(payload)) + payload,)
         self._enqueue(slot)
         self._flush()
@@ -264,7 +308,8 @@ class ClientConnection:
             self._room.clear()
 
     async def _connect_upstream(self) -> None:
-        host, port = self.proxy.upstream_address_for(self.target_node)
+        node_id, host, port = self.proxy.upstream_address_for(self.target_node)
+        self.zone.on_upstream(node_id)
         self.upstream_reader, self.upstream_writer = await self.proxy.open_upstream(host, port)
         self._upstream_task = asyncio.create_task(self._upstream_loop())
 
@@ -286,15 +331,15 @@ class ClientConnection:
                     raise UpstreamClosed("an answer to no request")
                 slot = self._awaiting_upstream[0]  # popped once answered in full
                 if _rewrites(slot):
-                    frame = await _read_whole(reader, size, self._chunk_bytes)
-                    _check_correlation_id(slot, frame)
+                    frame = await read_whole(reader, size, self._chunk_bytes)
+                    check_correlation_id(slot.correlation_id, frame)
                     slot.data = self._rewritten(slot, size_bytes, frame)
                     self._awaiting_upstream.popleft()
                     self._flush()
                     await self._drain_client()
                 else:
-                    correlation_id = await _read_exactly(reader, 4)
-                    _check_correlation_id(slot, correlation_id)
+                    correlation_id = await read_exactly(reader, 4)
+                    check_correlation_id(slot.correlation_id, correlation_id)
                     await self._pass_through(slot, size_bytes + correlation_id, size - 4)
                     self._awaiting_upstream.popleft()
         except _ClientGone:
@@ -316,9 +361,7 @@ class ClientConnection:
         view = memoryview(frame)
         head = response_header_size(slot.api_key, slot.api_version, view)
         body = view[head:]
-        rewritten = RESPONSE_REWRITERS[slot.api_key](
-            slot.api_version, body, self.proxy.brokers.advertise
-        )
+        rewritten = RESPONSE_REWRITERS[slot.api_key](slot.api_version, body, self.zone.advertise)
         if rewritten is body:
             return size_bytes, frame
         return _SIZE.pack(head + len(rewritten)), view[:head], rewritten
@@ -376,22 +419,25 @@ class ClientConnection:
         """Send every answer that is ready, in request order."""
         pending = self._pending
         while pending and pending[0].data is not None:
-            data = pending.popleft().data
-            assert data is not None
-            self._write(*data)
+            slot = pending.popleft()
+            assert slot.data is not None
+            self._write(*slot.data, local=slot.local)
         if len(pending) < self._max_inflight:
             self._room.set()
         if not pending:
             self._all_answered.set()
 
-    def _write(self, *pieces: bytes | bytearray | memoryview) -> None:
+    def _write(self, *pieces: bytes | bytearray | memoryview, local: bool = False) -> None:
         """Queue pieces of an answer for the client: one send for all of them (uvloop
         tries to send on every `write`, so two writes would be two system calls)."""
         if len(pieces) == 1:
             self.client_writer.write(pieces[0])
         else:
             self.client_writer.writelines(pieces)
-        self.proxy.metrics.bytes_out.inc(sum(len(piece) for piece in pieces))
+        size = sum(len(piece) for piece in pieces)
+        self.proxy.metrics.bytes_out.inc(size)
+        if not local:  # a broker's answer: it crossed the proxy-to-broker hop too
+            self.zone.count_to_client(size)
         tap = self.proxy.tap
         if tap is not None:
             for piece in pieces:
@@ -408,33 +454,3 @@ def _rewrites(slot: _Slot) -> bool:
         return False
     since = NODE_ENDPOINTS_SINCE.get(slot.api_key)
     return since is None or slot.api_version >= since
-
-
-async def _read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
-    try:
-        return await reader.readexactly(n)
-    except asyncio.IncompleteReadError as exc:
-        raise UpstreamClosed(
-            f"connection closed by the broker, {n - len(exc.partial)} bytes short"
-        ) from None
-
-
-async def _read_whole(reader: asyncio.StreamReader, n: int, chunk_bytes: int) -> bytearray:
-    """n bytes in one allocation, read a buffer at a time: `readexactly` would gather
-    them in the reader's buffer and copy them out, holding two or three times as much."""
-    frame = bytearray(n)
-    got = 0
-    with memoryview(frame) as view:
-        while got < n:
-            chunk = await reader.read(min(n - got, chunk_bytes))
-            if not chunk:
-                raise UpstreamClosed(f"connection closed by the broker, {n - got} bytes short")
-            view[got : got + len(chunk)] = chunk
-            got += len(chunk)
-    return frame
-
-
-def _check_correlation_id(slot: _Slot, frame: bytes | bytearray) -> None:
-    (correlation_id,) = _SIZE.unpack_from(frame, 0)
-    if correlation_id != slot.correlation_id:
-        raise UpstreamClosed(f"correlation id {correlation_id}, expected {slot.correlation_id}")

@@ -114,3 +114,59 @@ def test_shipped_example_configs_parse(monkeypatch):
     with pytest.raises(ConfigError) as missing:
         load_config(root / "tls-sasl.yaml")
     assert missing.value.key == "upstream.tls.ca_file"
+
+
+def test_fleet_routing_and_metrics_sections():
+    config = parse_config(
+        {
+            "upstream": {"bootstrap": "k:1"},
+            "listeners": {"advertised_host": "proxy-a1", "proxy_protocol": "optional"},
+            "fleet": {"zone": "eu-west-1a", "heartbeat_interval_s": 0.5},
+            "routing": {"cidr_zones": {"10.1.0.0/16": "eu-west-1a", "10.2.0.0/16": "eu-west-1b"}},
+            "metrics": {"port": 9404},
+        }
+    )
+    assert config.fleet.membership == "kafka"  # a fleet section means a fleet
+    assert config.fleet.name == "proxy-a1:19092"
+    assert config.fleet.zone == "eu-west-1a"
+    assert config.routing.cidr_zones == (
+        ("10.1.0.0/16", "eu-west-1a"),
+        ("10.2.0.0/16", "eu-west-1b"),
+    )
+    assert config.listeners.proxy_protocol == "optional"
+    assert config.metrics.port == 9404
+    alone = parse_config({"upstream": {"bootstrap": "k:1"}})
+    assert alone.fleet.membership == "none" and alone.metrics.port == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "key", "reason"),
+    [
+        ({"fleet": {"zone": "a b"}}, "fleet.zone", "is not a zone name"),
+        ({"fleet": {"membership": "zk"}}, "fleet.membership", "is not one of none, kafka"),
+        (
+            {"fleet": {"heartbeat_interval_s": 2, "member_timeout_s": 3}},
+            "fleet.member_timeout_s",
+            "under two heartbeat intervals",
+        ),
+        ({"fleet": {"topic": "bad topic"}}, "fleet.topic", "is not a Kafka topic name"),
+        (
+            {"routing": {"cidr_zones": {"10.0.0.0/33": "a"}}},
+            "routing.cidr_zones.10.0.0.0/33",
+            "not a network",
+        ),
+        ({"routing": {"cidr_zones": ["10.0.0.0/8"]}}, "routing.cidr_zones", "expected a mapping"),
+        ({"listeners": {"proxy_protocol": "v3"}}, "listeners.proxy_protocol", "is not one of"),
+        (
+            {"listeners": {"proxy_protocol": "optional"}, "limits": {"max_frame_bytes": 1 << 30}},
+            "limits.max_frame_bytes",
+            "must be below",
+        ),
+        ({"metrics": {"port": 70000}}, "metrics.port", "is not a port"),
+    ],
+)
+def test_bad_fleet_settings_name_the_key(settings, key, reason):
+    with pytest.raises(ConfigError) as error:
+        parse_config({"upstream": {"bootstrap": "k:1"}, **settings})
+    assert error.value.key == key
+    assert reason in error.value.reason
