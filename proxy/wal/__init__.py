@@ -1,1 +1,40 @@
-"""The proxy's write-ahead log."""
+"""The proxy's write-ahead log (docs/wal.md).
+
+- `entry`: the entry codec, pure (`encode_entry`, `read_entries`);
+- `fs` / `memfs`: the filesystem interface, the real one and a fault-injecting twin;
+- `segments`: segment files, the trim checkpoint, `recover`;
+- `log`: `WriteAheadLog`, the one task that owns the files (group commit, trimming,
+  capacity backpressure).
+"""
+
+from proxy.wal.fs import Filesystem, OsFilesystem
+from proxy.wal.log import WriteAheadLog
+from proxy.wal.segments import Recovery, Segment
+from proxy.wal.types import (
+    WalBrokenError,
+    WalClosedError,
+    WalConfig,
+    WalCorruptError,
+    WalEntry,
+    WalError,
+    WalOffsetOutOfRange,
+    WalPosition,
+    WalStats,
+)
+
+__all__ = [
+    "Filesystem",
+    "OsFilesystem",
+    "Recovery",
+    "Segment",
+    "WalBrokenError",
+    "WalClosedError",
+    "WalConfig",
+    "WalCorruptError",
+    "WalEntry",
+    "WalError",
+    "WalOffsetOutOfRange",
+    "WalPosition",
+    "WalStats",
+    "WriteAheadLog",
+]

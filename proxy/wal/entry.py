@@ -1,0 +1,163 @@
+"""The WAL entry codec: pure, no I/O, no asyncio (docs/wal.md, "Entry format").
+
+One entry is one Kafka record batch the owner of a stream appended, framed so that a
+reader can tell a whole entry from a torn or corrupt one:
+
+    offset  size  field
+    0       4     length       u32 BE: bytes after the crc field (version + payload)
+    4       4     crc          u32 BE: CRC-32C (Castagnoli) of those `length` bytes
+    8       1     version      u8: 1
+    9       8     stream_id    i64 BE: the stream (tiered partition) the batch belongs to
+    17      8     base_offset  i64 BE: the first offset the sequencer assigned to the batch
+    25      n     batch        the record batch, verbatim (n = length - 17)
+
+`read_entries` walks a buffer and stops at the first entry that is incomplete (torn),
+fails its CRC, announces an impossible length, or carries a version this code does not
+know; it never raises on garbage and returns how many leading bytes were whole entries.
+`classify_stop` says which of those it was, so that recovery can cut a torn tail but
+refuse to cut entries a newer writer left.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum
+
+from crc32c import crc32c
+
+VERSION = 1
+
+_FRAME = struct.Struct(">II")  # length, crc
+_BODY_HEADER = struct.Struct(">Bqq")  # version, stream_id, base_offset
+_HEADER = struct.Struct(">IIBqq")
+
+FRAME_HEADER_SIZE = _FRAME.size  # 8
+HEADER_SIZE = _HEADER.size  # 25: everything before the batch
+MIN_LENGTH = _BODY_HEADER.size  # 17: a body with an empty batch
+MAX_LENGTH = 0xFFFF_FFFF
+MAX_BATCH_SIZE = MAX_LENGTH - MIN_LENGTH
+
+_I64_MIN = -(1 << 63)
+_I64_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedEntry:
+    """One whole entry found in a buffer. `batch` is a slice of that buffer, not a copy."""
+
+    offset: int  # where the entry starts in the buffer read
+    size: int  # its whole framed size: HEADER_SIZE + len(batch)
+    stream_id: int
+    base_offset: int
+    batch: memoryview
+
+
+class Stop(Enum):
+    """Why `read_entries` stopped where it did."""
+
+    END = "end"  # the buffer ended exactly after a whole entry
+    TORN = "torn"  # the buffer ends inside an entry's header or body
+    CORRUPT = "corrupt"  # impossible length or CRC mismatch
+    UNKNOWN_VERSION = "unknown_version"  # the CRC holds but the version is not one we read
+
+
+def entry_size(batch_size: int) -> int:
+    """The framed size of an entry holding a batch of `batch_size` bytes."""
+    return HEADER_SIZE + batch_size
+
+
+def encode_header(stream_id: int, base_offset: int, batch: bytes | memoryview) -> bytes:
+    """The 25 bytes that go before `batch` on disk. The batch itself is written as it is
+    (writev), so it is never copied to be framed."""
+    if not _I64_MIN <= stream_id <= _I64_MAX:
+        raise ValueError(f"stream_id {stream_id} does not fit in an int64")
+    if not _I64_MIN <= base_offset <= _I64_MAX:
+        raise ValueError(f"base_offset {base_offset} does not fit in an int64")
+    size = len(batch)
+    if size > MAX_BATCH_SIZE:
+        raise ValueError(f"a batch of {size} bytes is larger than a WAL entry can hold")
+    body_header = _BODY_HEADER.pack(VERSION, stream_id, base_offset)
+    crc = crc32c(batch, crc32c(body_header))
+    return _FRAME.pack(MIN_LENGTH + size, crc) + body_header
+
+
+def encode_entry(stream_id: int, base_offset: int, batch: bytes | memoryview) -> bytes:
+    """A whole entry as one bytes object (tests and tools; the WAL writes header and batch
+    as two buffers)."""
+    return encode_header(stream_id, base_offset, batch) + bytes(batch)
+
+
+def announced_size(buf: bytes | bytearray | memoryview) -> int | None:
+    """The framed size the entry at the start of `buf` announces, or None when fewer than
+    4 bytes are there. It is only a claim: the entry may still be corrupt."""
+    if len(buf) < 4:
+        return None
+    (length,) = struct.unpack_from(">I", buf, 0)
+    return FRAME_HEADER_SIZE + length
+
+
+def read_entries(buf: bytes | bytearray | memoryview) -> tuple[list[DecodedEntry], int]:
+    """The whole, valid entries at the start of `buf`, in order, and the number of bytes
+    they take. Never raises on content: the walk ends at the first entry that is torn,
+    corrupt or of an unknown version (see `classify_stop`)."""
+    view = memoryview(buf).cast("B")
+    entries: list[DecodedEntry] = []
+    pos = 0
+    end = len(view)
+    while True:
+        size = _whole_entry_size(view, pos, end)
+        if size is None:
+            return entries, pos
+        version, stream_id, base_offset = _BODY_HEADER.unpack_from(view, pos + FRAME_HEADER_SIZE)
+        entries.append(
+            DecodedEntry(
+                offset=pos,
+                size=size,
+                stream_id=stream_id,
+                base_offset=base_offset,
+                batch=view[pos + HEADER_SIZE : pos + size],
+            )
+        )
+        pos += size
+
+
+def classify_stop(buf: bytes | bytearray | memoryview, valid: int) -> Stop:
+    """Why a walk of `buf` that found `valid` good bytes stopped there."""
+    view = memoryview(buf).cast("B")
+    end = len(view)
+    if valid >= end:
+        return Stop.END
+    if end - valid < FRAME_HEADER_SIZE:
+        return Stop.TORN
+    length, crc = _FRAME.unpack_from(view, valid)
+    if length < 1:
+        return Stop.CORRUPT
+    body_end = valid + FRAME_HEADER_SIZE + length
+    if body_end > end:
+        # Too short to check the CRC. A length that could never be a valid entry is
+        # corruption, not a tear (it cannot be fixed by reading further).
+        return Stop.TORN if length >= MIN_LENGTH else Stop.CORRUPT
+    if crc32c(view[valid + FRAME_HEADER_SIZE : body_end]) != crc:
+        return Stop.CORRUPT
+    if view[valid + FRAME_HEADER_SIZE] != VERSION:
+        return Stop.UNKNOWN_VERSION
+    # A version-1 body that is too short for its own header.
+    return Stop.CORRUPT
+
+
+def _whole_entry_size(view: memoryview, pos: int, end: int) -> int | None:
+    """The framed size of the valid version-1 entry at `pos`, or None."""
+    if end - pos < HEADER_SIZE:
+        return None
+    length, crc = _FRAME.unpack_from(view, pos)
+    if length < MIN_LENGTH:
+        return None
+    body_end = pos + FRAME_HEADER_SIZE + length
+    if body_end > end:
+        return None
+    if view[pos + FRAME_HEADER_SIZE] != VERSION:
+        return None
+    if crc32c(view[pos + FRAME_HEADER_SIZE : body_end]) != crc:
+        return None
+    return FRAME_HEADER_SIZE + length

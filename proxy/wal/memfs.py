@@ -1,0 +1,221 @@
+"""An in-memory twin of `OsFilesystem` that can misbehave on purpose, for unit tests.
+
+It keeps what the real one promises, and no more:
+- a file's bytes become durable at its `fsync`; `crash()` keeps only those (plus, if asked,
+  some of the bytes written after them: a torn tail);
+- a directory's entries (creations, renames, removals) become durable at `fsync_dir`;
+  `crash()` brings back the directory as it was then;
+- an open file keeps its contents after it was renamed or removed, as on POSIX.
+
+Faults, each for the next call only: `fail_next_fsync()`, `fail_next_write()`,
+`tear_next_write(keep)` (writes `keep` bytes, then fails). `hold_fsyncs()` makes fsyncs
+wait until `release_fsyncs()`, so a test can pile appends up behind one fsync.
+
+Thread-safe: the WAL calls it from a worker thread while the test runs on the loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.wal.fs import Buffer, OpenMode
+
+
+@dataclass(eq=False)
+class _Inode:
+    data: bytearray = field(default_factory=bytearray)
+    synced: int = 0  # data[:synced] is durable
+
+
+def _eio(what: str) -> OSError:
+    return OSError(errno.EIO, f"injected fault: {what}")
+
+
+class MemoryFile:
+    def __init__(self, fs: MemoryFilesystem, inode: _Inode, writable: bool) -> None:
+        self._fs = fs
+        self._inode = inode
+        self._writable = writable
+        self._closed = False
+
+    def write(self, buffers: Sequence[Buffer]) -> None:
+        self._check(write=True)
+        data = b"".join(bytes(b) for b in buffers)
+        with self._fs._lock:
+            fault = self._fs._write_fault
+            self._fs._write_fault = None
+            if fault is None:
+                self._inode.data += data
+                return
+            keep = min(fault, len(data))
+            self._inode.data += data[:keep]
+        raise _eio(f"write failed after {keep} of {len(data)} bytes")
+
+    def fsync(self) -> None:
+        self._check(write=False)
+        self._fs._wait_for_fsync_release()
+        with self._fs._lock:
+            self._fs.fsync_calls += 1
+            if self._fs._fail_fsync:
+                self._fs._fail_fsync = False
+                raise _eio("fsync failed")
+            self._inode.synced = len(self._inode.data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        self._check(write=False)
+        with self._fs._lock:
+            return bytes(self._inode.data[offset : offset + size])
+
+    def size(self) -> int:
+        self._check(write=False)
+        with self._fs._lock:
+            return len(self._inode.data)
+
+    def truncate(self, size: int) -> None:
+        self._check(write=True)
+        with self._fs._lock:
+            del self._inode.data[size:]
+            self._inode.synced = min(self._inode.synced, size)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _check(self, *, write: bool) -> None:
+        if self._closed:
+            raise ValueError("I/O on a closed file")
+        if write and not self._writable:
+            raise OSError(errno.EBADF, "file not open for writing")
+
+
+class MemoryFilesystem:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dirs: dict[str, dict[str, _Inode]] = {}
+        self._durable_dirs: dict[str, dict[str, _Inode]] = {}
+        self._fail_fsync = False
+        self._write_fault: int | None = None
+        self._fsync_gate: threading.Event | None = None
+        self.fsync_calls = 0
+        self.fsync_dir_calls = 0
+
+    # -- faults ---------------------------------------------------------------------
+
+    def fail_next_fsync(self) -> None:
+        with self._lock:
+            self._fail_fsync = True
+
+    def fail_next_write(self) -> None:
+        self.tear_next_write(0)
+
+    def tear_next_write(self, keep: int) -> None:
+        """The next write puts only its first `keep` bytes in the file, then fails."""
+        with self._lock:
+            self._write_fault = keep
+
+    def hold_fsyncs(self) -> None:
+        with self._lock:
+            self._fsync_gate = threading.Event()
+
+    def release_fsyncs(self) -> None:
+        with self._lock:
+            gate, self._fsync_gate = self._fsync_gate, None
+        if gate is not None:
+            gate.set()
+
+    def crash(self, keep_unsynced: int = 0) -> MemoryFilesystem:
+        """What a machine that lost power now would find after a reboot: the directories
+        as of their last `fsync_dir`, each file's bytes as of its last `fsync`, plus up
+        to `keep_unsynced` of the bytes written after that."""
+        after = MemoryFilesystem()
+        with self._lock:
+            for path, entries in self._durable_dirs.items():
+                after._dirs[path] = {}
+                for name, inode in entries.items():
+                    kept = inode.data[: inode.synced + keep_unsynced]
+                    after._dirs[path][name] = _Inode(bytearray(kept), len(kept))
+            after._durable_dirs = {path: dict(names) for path, names in after._dirs.items()}
+        return after
+
+    # -- the Filesystem interface ---------------------------------------------------
+
+    def open(self, path: str, mode: OpenMode) -> MemoryFile:
+        parent, name = self._split(path)
+        with self._lock:
+            entries = self._entries(parent)
+            inode = entries.get(name)
+            if mode == "create":
+                if inode is not None:
+                    raise FileExistsError(errno.EEXIST, "file exists", path)
+                inode = entries[name] = _Inode()
+            elif inode is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return MemoryFile(self, inode, writable=mode != "read")
+
+    def list_dir(self, path: str) -> list[str]:
+        with self._lock:
+            return sorted(self._entries(posixpath.normpath(path)))
+
+    def make_dirs(self, path: str) -> None:
+        path = posixpath.normpath(path)
+        with self._lock:
+            if path not in self._dirs:
+                self._dirs[path] = {}
+                # the directory itself survives a crash (its parents are not modelled)
+                self._durable_dirs.setdefault(path, {})
+
+    def rename(self, src: str, dst: str) -> None:
+        src_dir, src_name = self._split(src)
+        dst_dir, dst_name = self._split(dst)
+        with self._lock:
+            entries = self._entries(src_dir)
+            if src_name not in entries:
+                raise FileNotFoundError(errno.ENOENT, "no such file", src)
+            self._entries(dst_dir)[dst_name] = entries.pop(src_name)
+
+    def unlink(self, path: str) -> None:
+        parent, name = self._split(path)
+        with self._lock:
+            if self._entries(parent).pop(name, None) is None:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+
+    def fsync_dir(self, path: str) -> None:
+        path = posixpath.normpath(path)
+        with self._lock:
+            self.fsync_dir_calls += 1
+            self._durable_dirs[path] = dict(self._entries(path))
+
+    # -- test helpers ---------------------------------------------------------------
+
+    def file_bytes(self, path: str) -> bytes:
+        parent, name = self._split(path)
+        with self._lock:
+            return bytes(self._entries(parent)[name].data)
+
+    def append_bytes(self, path: str, data: bytes, *, durable: bool = True) -> None:
+        """Add bytes to a file behind the WAL's back (a torn tail, garbage)."""
+        parent, name = self._split(path)
+        with self._lock:
+            inode = self._entries(parent)[name]
+            inode.data += data
+            if durable:
+                inode.synced = len(inode.data)
+
+    def _entries(self, directory: str) -> dict[str, _Inode]:
+        try:
+            return self._dirs[directory]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", directory) from None
+
+    def _split(self, path: str) -> tuple[str, str]:
+        parent, name = posixpath.split(posixpath.normpath(path))
+        return parent, name
+
+    def _wait_for_fsync_release(self) -> None:
+        with self._lock:
+            gate = self._fsync_gate
+        if gate is not None:
+            gate.wait()
