@@ -179,10 +179,17 @@ def _listeners(section: _Section) -> ListenerConfig:
         bootstrap_port=section.port("bootstrap_port", defaults.bootstrap_port),
         broker_port_base=section.port("broker_port_base", defaults.broker_port_base),
         tls=_tls(section.section("tls"), listener=True),
-        proxy_protocol=section.choice("proxy_protocol", "off", PROXY_PROTOCOL_MODES),
+        proxy_protocol=_proxy_protocol(section),
     )
     section.reject_unknown()
     return config
+
+
+def _proxy_protocol(section: _Section) -> str:
+    if section.raw.get("proxy_protocol") is False:  # YAML reads a bare `off` as false
+        section.get("proxy_protocol")
+        return "off"
+    return section.choice("proxy_protocol", "off", PROXY_PROTOCOL_MODES)
 
 
 def _fleet(section: _Section, listeners: ListenerConfig) -> FleetConfig:

@@ -109,6 +109,10 @@ def test_shipped_example_configs_parse(monkeypatch):
     root = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
     local = load_config(root / "local.yaml")
     assert local.upstream.bootstrap == (("127.0.0.1", 9092),)
+    fleet = load_config(root / "fleet.yaml")
+    assert fleet.fleet.membership == "kafka" and fleet.fleet.zone == "eu-west-1a"
+    assert dict(fleet.routing.cidr_zones)["10.0.2.0/24"] == "eu-west-1b"
+    assert fleet.listeners.proxy_protocol == "off"
     # the production example names files of a real deployment: here they are missing
     monkeypatch.setenv("TIERPROXY_SASL_PASSWORD", "x")
     with pytest.raises(ConfigError) as missing:
