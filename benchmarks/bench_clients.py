@@ -9,6 +9,7 @@ records per second, so latency is measured below saturation and is not queueing 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -284,3 +285,53 @@ def librdkafka_consume(bootstrap: str, topic: str, records: int, group: str) -> 
         consumer.close()
     seconds = last - assigned_at[0]
     return ConsumeResult(count, nbytes / MIB / seconds, seconds)
+
+
+# -- librdkafka's own byte counts, per connection -----------------------------------------
+
+
+@dataclass
+class Handle:
+    """One librdkafka broker handle (one connection, reconnects included) of a client."""
+
+    role: str  # what the client does: produce, consume, ...
+    zone: str  # where the client is
+    name: str  # librdkafka's: host:port/<node id>, GroupCoordinator, ...
+    address: str  # host:port it connected to ("" if it never did)
+    sent: int  # txbytes: request bytes written to the socket
+    received: int  # rxbytes: answer bytes read from it
+
+
+class Traffic:
+    """A client's bytes per broker handle, from librdkafka's statistics: pass `on_stats`
+    as `stats_cb` with `statistics.interval.ms` = INTERVAL_MS. Counts are cumulative, so
+    the last emission seen of each handle is kept. librdkafka 2.16 drops its bootstrap
+    handles, with their counts, before the first emission: those bytes (ApiVersions and
+    Metadata, about a kilobyte per client) are never seen."""
+
+    INTERVAL_MS = 1000
+
+    def __init__(self) -> None:
+        self.handles: dict[str, dict] = {}
+        self.emissions = 0
+
+    def on_stats(self, text: str) -> None:
+        for name, broker in json.loads(text)["brokers"].items():
+            address = broker["nodename"] or self.handles.get(name, {}).get("address", "")
+            self.handles[name] = {
+                "address": address,
+                "sent": broker["txbytes"],
+                "received": broker["rxbytes"],
+            }
+        self.emissions += 1
+
+    def settle(self, serve, role: str, zone: str) -> list[Handle]:
+        """Call `serve(timeout)` (poll, consume) until two more emissions are in (the
+        first may have been gathered before the last bytes moved); the handles then."""
+        target = self.emissions + 2
+        deadline = time.monotonic() + 20 * self.INTERVAL_MS / 1000
+        while self.emissions < target:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{role} client in {zone}: no librdkafka statistics")
+            serve(0.1)
+        return [Handle(role, zone, name, **h) for name, h in sorted(self.handles.items())]

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -196,6 +197,32 @@ class ProxyProcess:
 
     def stop(self) -> None:
         self.process.stop(timeout=10)
+
+
+# -- threads ---------------------------------------------------------------------------
+
+
+def in_threads(calls, meanwhile=None) -> list:
+    """Each call in a daemon thread of its own and `meanwhile(threads)`, if given, in this
+    one; the results in order, or the first error raised again once all have ended."""
+    results, errors = [None] * len(calls), []
+
+    def body(i: int, call) -> None:
+        try:
+            results[i] = call()
+        except BaseException as exc:  # noqa: BLE001 - raised again below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=item, daemon=True) for item in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    if meanwhile is not None:
+        meanwhile(threads)
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 # -- one-shot tools (the Java performance tools) ---------------------------------------

@@ -25,6 +25,7 @@ ZoneKey = tuple[str, str, str, str]
 TO_BROKER = "to_broker"  # requests: client -> proxy -> broker
 TO_CLIENT = "to_client"  # answers: broker -> proxy -> client
 UNKNOWN_ZONE = "unknown"
+NO_BROKER = "none"  # as broker zone: answered by the proxy itself, no broker hop
 
 
 class HeartbeatError(ValueError):
@@ -168,11 +169,13 @@ class FleetView:
 def cross_zone_bytes(zone_bytes: Iterable[tuple[ZoneKey, int]]) -> int:
     """Bytes that crossed a zone boundary: each byte crosses the client-to-proxy hop when
     the client's zone is not the proxy's, and the proxy-to-broker hop when the broker's is
-    not the proxy's. An unknown zone is counted as crossing (the conservative reading)."""
+    not the proxy's (`NO_BROKER`: the proxy answered, there is no such hop). An unknown
+    zone is counted as crossing (the conservative reading)."""
     total = 0
     for (client_zone, proxy_zone, broker_zone, _), count in zone_bytes:
-        hops = (client_zone != proxy_zone or client_zone == UNKNOWN_ZONE) + (
+        client_hop = client_zone != proxy_zone or client_zone == UNKNOWN_ZONE
+        broker_hop = broker_zone != NO_BROKER and (
             broker_zone != proxy_zone or broker_zone == UNKNOWN_ZONE
         )
-        total += hops * count
+        total += (client_hop + broker_hop) * count
     return total

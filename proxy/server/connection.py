@@ -214,7 +214,8 @@ class ClientConnection:
             if not self._room.is_set():
                 await self._room.wait()
             if header.api_key == API_VERSIONS:
-                self._answer_api_versions(header, frame[header.size :])
+                answer = self._answer_api_versions(header, frame[header.size :])
+                self.zone.count_local(size + 4, answer)
                 await self.client_writer.drain()  # a client not reading stops being read
                 continue
             if not is_known(header.api_key, header.api_version):  # never forward the unknown
@@ -284,7 +285,8 @@ class ClientConnection:
                 f"connection closed after {len(exc.partial)} of the {n} bytes of a {part}",
             ) from None
 
-    def _answer_api_versions(self, header: RequestHeader, body: memoryview) -> None:
+    def _answer_api_versions(self, header: RequestHeader, body: memoryview) -> int:
+        """Answer here (queued behind earlier answers); the answer's size."""
         if is_known(API_VERSIONS, header.api_version):
             try:
                 check_api_versions_request(header.api_version, body)
@@ -300,6 +302,7 @@ class ClientConnection:
         slot.data = (_SIZE.pack(len(payload)) + payload,)
         self._enqueue(slot)
         self._flush()
+        return len(payload) + 4
 
     def _enqueue(self, slot: _Slot) -> None:
         self._pending.append(slot)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.routing.fleet import TO_BROKER, TO_CLIENT, UNKNOWN_ZONE
+from proxy.routing.fleet import NO_BROKER, TO_BROKER, TO_CLIENT, UNKNOWN_ZONE
 from proxy.routing.zones import ClientZone, ZoneSource, resolve_client_zone
 
 access_log = logging.getLogger("tierproxy.access")
@@ -26,12 +26,14 @@ class ConnectionZone:
         self.source_address = source_address
         self.listener = listener
         self.upstream_node: int | None = None
+        self.upstream_connected = False
         self.client_id: str | None = None
         self.fetch_rack: str | None = None
         self.rack_checked = False  # a Fetch was looked at (once per connection)
         self.zone: ClientZone | None = None
         self._fallback_seen: object = None  # the route last counted as a fallback
         self._to_broker = self._to_client = None
+        self._local_in = self._local_out = None  # requests the proxy answers itself
 
     @property
     def wants_fetch_rack(self) -> bool:
@@ -53,6 +55,7 @@ class ConnectionZone:
 
     def on_upstream(self, node_id: int | None) -> None:
         self.upstream_node = node_id
+        self.upstream_connected = True
         self._counters()
 
     def _resolve(self) -> None:
@@ -83,11 +86,20 @@ class ConnectionZone:
     def _counters(self) -> None:
         if self.zone is None:
             return
-        proxy = self.proxy
-        broker_zone = proxy.brokers.zone_of(self.upstream_node) or UNKNOWN_ZONE
-        labels = (self.zone.zone, proxy.fleet.self_member.zone, broker_zone)
-        self._to_broker = proxy.metrics.zone_bytes.labels(*labels, TO_BROKER)
-        self._to_client = proxy.metrics.zone_bytes.labels(*labels, TO_CLIENT)
+        zone_bytes = self.proxy.metrics.zone_bytes
+        zones = (self.zone.zone, self.proxy.fleet.self_member.zone)
+        self._local_in = zone_bytes.labels(*zones, NO_BROKER, TO_BROKER)
+        self._local_out = zone_bytes.labels(*zones, NO_BROKER, TO_CLIENT)
+        if self.upstream_connected:  # no row for a broker zone not known yet
+            broker_zone = self.proxy.brokers.zone_of(self.upstream_node) or UNKNOWN_ZONE
+            self._to_broker = zone_bytes.labels(*zones, broker_zone, TO_BROKER)
+            self._to_client = zone_bytes.labels(*zones, broker_zone, TO_CLIENT)
+
+    def count_local(self, request_bytes: int, answer_bytes: int) -> None:
+        """A request the proxy answered itself (ApiVersions): only the client hop."""
+        if self._local_in is not None:
+            self._local_in.inc(request_bytes)
+            self._local_out.inc(answer_bytes)
 
     def count_to_broker(self, n: int) -> None:
         if self._to_broker is not None:

@@ -157,3 +157,11 @@ def test_cross_zone_bytes_counts_each_hop_that_crosses():
         ("zone-a", "zone-a", "unknown", TO_CLIENT): 5,  # unknown counts as crossing
     }
     assert cross_zone_bytes(totals.items()) == 10 + 1 + 2000 + 5
+
+
+def test_answers_of_the_proxy_itself_cross_only_the_client_hop():
+    totals = {
+        ("zone-a", "zone-a", "none", TO_CLIENT): 400,  # in zone, no broker: 0
+        ("zone-b", "zone-a", "none", TO_CLIENT): 400,  # client hop only: 400
+    }
+    assert cross_zone_bytes(totals.items()) == 400
