@@ -48,6 +48,18 @@ class Membership:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        """Join: create the topic if needed, read it to its end, send a first heartbeat.
+        ConnectionError (an OSError, as for the proxy's other upstream failures) if the
+        upstream cannot be used for membership."""
+        try:
+            await self._join()
+        except (KafkaError, TimeoutError) as exc:
+            await self._close_clients()
+            raise ConnectionError(
+                f"fleet membership through topic {self._topic.topic}: {exc!r}"
+            ) from None
+
+    async def _join(self) -> None:
         await self._create_topic()
         self._producer = AIOKafkaProducer(**self._kafka, acks=1, linger_ms=0)
         self._consumer = AIOKafkaConsumer(
@@ -84,9 +96,13 @@ class Membership:
                     )
             except (KafkaError, TimeoutError, OSError) as exc:
                 log.warning("could not leave the fleet cleanly: %s", exc)
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
         for client in (self._consumer, self._producer):
             if client is not None:
                 await client.stop()
+        self._consumer = self._producer = None
 
     # -- the loops -----------------------------------------------------------------------
 
@@ -96,21 +112,30 @@ class Membership:
         while True:
             await asyncio.sleep(interval)
             try:
-                await self._send_heartbeat()
-                for name in self.view.forgettable(time.time(), forget_after):
-                    log.info("forgetting fleet member %s, silent for %.0f s", name, forget_after)
-                    await self._producer.send_and_wait(
-                        self._topic.topic, key=name.encode(), value=None
-                    )
-            except KafkaError as exc:
-                log.warning("fleet heartbeat failed: %s", exc)
+                async with asyncio.timeout(max(interval, 1.0) * 5):
+                    await self._send_heartbeat()
+                    for name in self.view.forgettable(time.time(), forget_after):
+                        log.info(
+                            "forgetting fleet member %s, silent for %.0f s", name, forget_after
+                        )
+                        await self._producer.send_and_wait(
+                            self._topic.topic, key=name.encode(), value=None
+                        )
+            except (KafkaError, TimeoutError, OSError) as exc:
+                # Keep beating: others drop this proxy only if it stays silent.
+                log.warning("fleet heartbeat failed: %r", exc)
             if self.view.expire(time.time()):
                 self._changed()
 
     async def _read_forever(self) -> None:
         assert self._consumer is not None
         while True:
-            batches = await self._consumer.getmany(timeout_ms=200)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=200)
+            except KafkaError as exc:  # e.g. the topic's leader moving: try again
+                log.warning("reading the fleet topic failed: %r", exc)
+                await asyncio.sleep(self.config.fleet.heartbeat_interval_s)
+                continue
             self._apply(batches, catching_up=False)
 
     async def _catch_up(self) -> None:
