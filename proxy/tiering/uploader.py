@@ -1,0 +1,402 @@
+"""The uploader: WAL data to the object store, committed, then trimmed (docs/uploader.md).
+
+One task owns the uploader's state (STYLE.md rule 3). It waits for a trigger (the WAL
+holds `upload_bytes` not yet uploaded, or its oldest such byte is `upload_interval_s`
+old, or someone calls `flush`), reads the WAL from where it got to, plans objects
+(`upload_plan.py`), PUTs them, hands them to `commit`, and only then trims the WAL. At
+most one upload is in flight and uploads start at least `min_upload_interval_s` apart, so
+the PUT rate is bounded whatever the number of partitions.
+
+- A failed PUT (the store has already retried) is retried, same objects and same keys,
+  after a backoff, until it succeeds or the uploader is closed. Nothing is trimmed.
+- A commit that raises (refused, fenced, unknown outcome) stops the uploader with
+  `UploadError`: nothing is trimmed, the data stays in the WAL.
+- After a restart the uploader starts at `wal.trimmed_to`. Entries a crash left between
+  commit and trim are skipped by `committed_end(stream)`, the stream's committed end in
+  the metadata, so nothing is uploaded twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, fields, replace
+
+from proxy.tiering.objectformat import BuiltObject
+from proxy.tiering.objectkeys import ObjectKind
+from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
+from proxy.tiering.upload_plan import (
+    MiB,
+    ObjectIdAllocator,
+    PlanLimits,
+    UploadedObject,
+    UploadPlan,
+    build_object,
+    plan_upload,
+)
+from proxy.wal.log import WriteAheadLog
+from proxy.wal.types import WalBrokenError, WalCorruptError, WalEntry
+
+__all__ = [
+    "CommitRefused",
+    "ObjectIdAllocator",
+    "UploadError",
+    "UploadedObject",
+    "Uploader",
+    "UploaderConfig",
+    "UploaderStats",
+]
+
+log = logging.getLogger(__name__)
+
+Commit = Callable[[Sequence[UploadedObject]], Awaitable[object]]
+CommittedEnd = Callable[[int], int | None]
+
+
+class UploadError(Exception):
+    """The uploader stopped. What was not committed stays in the WAL."""
+
+
+class CommitRefused(Exception):
+    """What a commit callback raises to refuse a commit (any exception counts the same)."""
+
+
+@dataclass(frozen=True, slots=True)
+class UploaderConfig:
+    """Triggers, limits and retry backoff. Errors name the key."""
+
+    upload_bytes: int = 8 * MiB  # WAL bytes not yet uploaded that start an upload
+    upload_interval_s: float = 1.0  # the oldest such byte's age that starts one
+    min_upload_interval_s: float = 0.1  # between the starts of two uploads
+    max_upload_bytes: int = 64 * MiB  # WAL bytes one upload reads at most
+    max_object_bytes: int = 16 * MiB  # <= S3Store's multipart_threshold: one PUT each
+    stream_object_threshold: int = 16 * MiB
+    max_block_bytes: int = 1 * MiB
+    poll_interval_s: float = 0.05  # how often the WAL's durable end is looked at
+    retry_backoff_s: float = 0.5  # first wait after a failed PUT, doubled each time
+    retry_backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"uploader config error at {spec.name}: {value!r} not positive")
+        PlanLimits(self.max_object_bytes, self.stream_object_threshold, self.max_block_bytes)
+
+    @property
+    def limits(self) -> PlanLimits:
+        return PlanLimits(self.max_object_bytes, self.stream_object_threshold, self.max_block_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class UploaderStats:
+    uploads: int = 0  # uploads done: put, committed and trimmed
+    objects: int = 0
+    stream_set_objects: int = 0
+    stream_objects: int = 0
+    object_bytes: int = 0  # bytes of the objects put
+    puts: int = 0  # successful `store.put` calls (one per object)
+    put_failures: int = 0  # failed ones, retried
+    skipped_entries: int = 0  # already committed before a restart
+    trim_failures: int = 0
+    last_upload_seconds: float = 0.0  # read to trim
+    max_upload_seconds: float = 0.0
+    total_upload_seconds: float = 0.0
+    uploaded_to: int = 0  # the WAL offset up to which everything is committed
+    backlog_bytes: int = 0  # WAL bytes acknowledged and not yet committed
+
+
+class Uploader:
+    """`start()` (or `async with`), then `flush()` when needed, `close(flush=...)` at the end."""
+
+    def __init__(
+        self,
+        wal: WriteAheadLog,
+        store: ObjectStore,
+        commit: Commit,
+        allocate_id: Callable[[], int],
+        *,
+        committed_end: CommittedEnd | None = None,
+        config: UploaderConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config or UploaderConfig()
+        self._wal, self._store, self._commit = wal, store, commit
+        self._allocate_id, self._committed_end = allocate_id, committed_end
+        self._clock, self._rng = clock, rng or random.Random()
+        # owned by the task
+        self._position = wal.trimmed_to  # an entry's start: everything before is committed
+        self._backlog_since: float | None = None
+        self._last_start = float("-inf")
+        self._stats = UploaderStats()
+        self._failed: UploadError | None = None
+        # written by callers, read by the task
+        self._flushes: list[tuple[int, asyncio.Future[None]]] = []
+        self._wakeup = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what callers see ----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="uploader")
+
+    async def __aenter__(self) -> Uploader:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def stats(self) -> UploaderStats:
+        backlog = max(0, self._wal.durable_end - self._position)
+        return replace(self._stats, uploaded_to=self._position, backlog_bytes=backlog)
+
+    @property
+    def failed(self) -> UploadError | None:
+        return self._failed
+
+    def wake(self) -> None:
+        """Look at the WAL now rather than at the next poll (e.g. after an append)."""
+        self._wakeup.set()
+
+    async def flush(self) -> None:
+        """Upload, commit and trim everything acknowledged so far. Retries failed PUTs as
+        long as it takes (bound it with a timeout); raises UploadError if the uploader
+        stopped."""
+        self._check_running()
+        target = self._wal.durable_end
+        if target <= self._position:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._flushes.append((target, future))
+        self._wakeup.set()
+        await future
+
+    async def close(self, *, flush: bool = False) -> None:
+        """Stop; with `flush`, upload what the WAL holds first. An upload in flight
+        finishes unless it is waiting to retry a PUT. Raises the UploadError that stopped
+        the uploader, if `flush` could not do its job because of it."""
+        try:
+            if flush and self._task is not None:
+                await self.flush()
+        finally:
+            self._closing.set()
+            self._wakeup.set()
+            if self._task is not None:
+                try:
+                    await asyncio.shield(self._task)
+                except asyncio.CancelledError:
+                    self._task.cancel()
+                    raise
+
+    async def stopped(self) -> UploadError | None:
+        """Wait for the task to end; the error that stopped it, None after `close`."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        return self._failed
+
+    def _check_running(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+        if self._task is None or self._task.done():
+            raise UploadError("the uploader is not running")
+
+    # -- the task ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._find_start()
+            while await self._wait_for_trigger():
+                await self._upload()
+                self._settle_flushes()
+        except _Closed:
+            pass
+        except UploadError as error:
+            self._failed = error
+            log.error("uploader stopped: %s", error)
+        except Exception as exc:
+            self._failed = UploadError(f"uploader failed: {exc!r}; the data stays in the WAL")
+            self._failed.__cause__ = exc
+            log.exception("uploader stopped")
+        finally:
+            error = self._failed or UploadError("the uploader was closed before this flush")
+            for _, future in self._flushes:
+                if not future.done():
+                    future.set_exception(error)
+            self._flushes.clear()
+
+    async def _find_start(self) -> None:
+        """`trim_to` need not cut at an entry boundary; the entry it cuts is kept. Start
+        at it: scan the trim point's segment for the first entry ending after it."""
+        trimmed = self._wal.trimmed_to
+        try:
+            await self._wal.read(trimmed, 1)
+            return
+        except WalCorruptError:
+            pass
+        bases = [segment.base for segment in self._wal.segments]
+        offset = bases[max(0, bisect.bisect_right(bases, trimmed) - 1)]
+        while entries := await self._wal.read(offset):
+            for entry in entries:
+                if entry.position.end > trimmed:
+                    self._position = entry.position.start
+                    return
+            offset = entries[-1].position.end
+        self._position = offset
+
+    async def _wait_for_trigger(self) -> bool:
+        config = self.config
+        while not self._closing.is_set():
+            now = self._clock()
+            backlog = self._wal.durable_end - self._position
+            if backlog <= 0:
+                self._backlog_since = None
+                self._settle_flushes()
+                timeout = config.poll_interval_s
+            else:
+                if self._backlog_since is None:
+                    self._backlog_since = now
+                due_at = self._backlog_since + config.upload_interval_s
+                if self._flushes or backlog >= config.upload_bytes:
+                    due_at = now
+                due_at = max(due_at, self._last_start + config.min_upload_interval_s)
+                if due_at <= now:
+                    return True
+                timeout = min(config.poll_interval_s, due_at - now)
+            await self._wait(self._wakeup, timeout)
+            self._wakeup.clear()
+        return False
+
+    async def _upload(self) -> None:
+        started = self._last_start = self._clock()
+        entries = await self._read()
+        ends = self._committed_ends(entries)
+        # planning and building are per-batch work and copies: off the event loop
+        plan = await asyncio.to_thread(plan_upload, entries, self.config.limits, ends.get)
+        uploaded: list[UploadedObject] = []
+        if plan.objects:
+            ids = [self._allocate_id() for _ in plan.objects]
+            built = await asyncio.to_thread(self._build, plan, ids)
+            await self._put_all([b for b, _ in built])
+            uploaded = [u for _, u in built]
+            await self._commit_all(uploaded)
+        if plan.wal_end is not None:
+            await self._trim(plan.wal_end)
+            self._position = plan.wal_end
+        self._backlog_since = started if self._wal.durable_end > self._position else None
+        self._count(plan, uploaded, self._clock() - started)
+
+    async def _read(self) -> list[WalEntry]:
+        entries: list[WalEntry] = []
+        offset, size = self._position, 0
+        while size < self.config.max_upload_bytes:
+            got = await self._wal.read(offset, self.config.max_upload_bytes - size)
+            if not got:
+                break
+            entries.extend(got)
+            offset = got[-1].position.end
+            size += sum(entry.position.size for entry in got)
+        return entries
+
+    def _committed_ends(self, entries: list[WalEntry]) -> dict[int, int | None]:
+        # asked here, on the loop: the metadata state changes on the loop
+        if self._committed_end is None:
+            return {}
+        return {s: self._committed_end(s) for s in {entry.stream_id for entry in entries}}
+
+    def _build(self, plan: UploadPlan, ids: list[int]) -> list[tuple[BuiltObject, UploadedObject]]:
+        return [build_object(p, i) for p, i in zip(plan.objects, ids, strict=True)]
+
+    async def _put_all(self, objects: list[BuiltObject]) -> None:
+        delay = self.config.retry_backoff_s
+        while True:
+            results = await asyncio.gather(
+                *(self._store.put(o.key, o.pieces) for o in objects), return_exceptions=True
+            )
+            failed = []
+            for built, result in zip(objects, results, strict=True):
+                if isinstance(result, ObjectStoreError):
+                    failed.append(built)
+                    log.warning("uploader: put failed, will retry: %s", result)
+                elif isinstance(result, BaseException):
+                    raise UploadError(f"put of {built.key} failed: {result!r}") from result
+            self._stats = replace(
+                self._stats,
+                puts=self._stats.puts + len(objects) - len(failed),
+                put_failures=self._stats.put_failures + len(failed),
+            )
+            if not failed:
+                return
+            objects = failed
+            await self._wait(self._closing, self._rng.uniform(delay / 2, delay))
+            if self._closing.is_set():
+                raise _Closed
+            delay = min(2 * delay, self.config.retry_backoff_max_s)
+
+    async def _commit_all(self, objects: list[UploadedObject]) -> None:
+        try:
+            await self._commit(objects)
+        except Exception as exc:
+            keys = ", ".join(o.key for o in objects)
+            raise UploadError(
+                f"commit of {keys} failed: {exc}; nothing trimmed, the data stays in the WAL "
+                f"from offset {self._position}"
+            ) from exc
+
+    async def _trim(self, offset: int) -> None:
+        try:
+            await self._wal.trim_to(offset)
+        except WalBrokenError as exc:
+            # acknowledged entries stay readable: keep moving them to S3; a restart skips
+            # the committed ones (committed_end)
+            self._stats = replace(self._stats, trim_failures=self._stats.trim_failures + 1)
+            log.warning("uploader: WAL broken, not trimming (uploads go on): %s", exc)
+        except OSError as exc:
+            # the trim point moved; removing the segment is retried by the next trim
+            self._stats = replace(self._stats, trim_failures=self._stats.trim_failures + 1)
+            log.warning("uploader: trimming the WAL to %d: %s", offset, exc)
+
+    def _count(self, plan: UploadPlan, objects: list[UploadedObject], seconds: float) -> None:
+        s = self._stats
+        sets = sum(1 for o in objects if o.kind is ObjectKind.STREAM_SET)
+        self._stats = replace(
+            s,
+            uploads=s.uploads + 1,
+            objects=s.objects + len(objects),
+            stream_set_objects=s.stream_set_objects + sets,
+            stream_objects=s.stream_objects + len(objects) - sets,
+            object_bytes=s.object_bytes + sum(o.size for o in objects),
+            skipped_entries=s.skipped_entries + plan.skipped_entries,
+            last_upload_seconds=seconds,
+            max_upload_seconds=max(s.max_upload_seconds, seconds),
+            total_upload_seconds=s.total_upload_seconds + seconds,
+        )
+
+    def _settle_flushes(self) -> None:
+        waiting = []
+        for target, future in self._flushes:
+            if target > self._position and not future.done():
+                waiting.append((target, future))
+            elif not future.done():
+                future.set_result(None)
+        self._flushes = waiting
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, seconds: float) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+
+class _Closed(Exception):
+    """close() was called while a PUT waited to be retried."""
