@@ -1,0 +1,380 @@
+"""The Kafka adapter of the fleet's metadata (docs/metadata.md, "The Kafka adapter").
+
+The pure modules judge records; this one moves them. A `ShardReader` follows one partition with
+read_committed into a `MetadataState`: every proxy runs one per shard. A `ShardOwner` is
+a shard's one writer: a transactional producer whose transactional.id is the shard's, so
+that starting it fences the previous owner; it reads the partition to its end, claims a
+new epoch, and writes what the rules accept, one transaction per write. Who owns which
+shard is the consumer group's answer, and the topic is created there (metagroup.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+
+from proxy.tiering.metacodec import encode
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metarecords import Record, ShardClaim
+from proxy.tiering.metarules import Outcome, Verdict, refuse
+from proxy.tiering.metastreams import transactional_id
+
+log = logging.getLogger("tierproxy.metadata")
+
+
+class ShardFenced(Exception):
+    """This owner no longer writes its shard: Kafka fenced its producer (another owner
+    started), a newer claim was read, it was closed, or a write failed midway. A write
+    that raises this was not committed, unless it failed or was cancelled after its commit
+    was sent; the next owner's read to the end settles that."""
+
+    def __init__(self, shard: int, reason: str) -> None:
+        super().__init__(f"shard {shard}: no longer its owner: {reason}")
+        self.shard = shard
+        self.reason = reason
+
+
+class ShardReader:
+    """Partition `shard` of the metadata topic, followed with read_committed into `state`.
+
+    One task reads and applies; `state` holds every record below the consumer's position.
+    Any number of callers may wait in `caught_up`, `read_to_end` or `read_to`."""
+
+    def __init__(
+        self,
+        kafka_settings: dict,
+        topic: str,
+        shard: int,
+        shard_count: int,
+        *,
+        on_record: Callable[[int, Verdict], None] | None = None,
+        recheck_s: float = 0.05,
+        fetch_max_wait_ms: int = 500,
+    ) -> None:
+        self.state = MetadataState(shard, shard_count)
+        self.topic = topic
+        self.shard = shard
+        self._kafka = kafka_settings
+        self._tp = TopicPartition(topic, shard)
+        self._on_record = on_record
+        self._recheck_s = recheck_s
+        self._fetch_max_wait_ms = fetch_max_wait_ms
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._progress = asyncio.Event()
+        self._end_at_start = 0
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(
+            **self._kafka,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            fetch_max_wait_ms=self._fetch_max_wait_ms,
+        )
+        self._consumer = consumer
+        await consumer.start()
+        consumer.assign([self._tp])
+        await consumer.seek_to_beginning(self._tp)
+        self._end_at_start = await self._end()
+        self._task = asyncio.create_task(self._follow(), name=f"metadata-reader-{self.shard}")
+
+    async def caught_up(self) -> None:
+        """Wait until the state holds everything committed when the reader started."""
+        await self.read_to(self._end_at_start)
+
+    async def read_to_end(self) -> int:
+        """Wait until the state holds everything committed now; returns that end offset
+        (the last stable offset: no open transaction is below it)."""
+        end = await self._end()
+        await self.read_to(end)
+        return end
+
+    async def read_to(self, offset: int) -> None:
+        """Wait until every record below `offset` is applied, or skipped (aborted, a
+        transaction marker, compacted away)."""
+        assert self._consumer is not None, "start the reader first"
+        while self.state.next_offset < offset:
+            if self._task is None or self._task.done():
+                raise RuntimeError(f"the reader of metadata shard {self.shard} stopped")
+            if await self._consumer.position(self._tp) >= offset:
+                return
+            progress = self._progress  # set by the next getmany; markers move no state
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._recheck_s):
+                    await progress.wait()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _end(self) -> int:
+        assert self._consumer is not None
+        return (await self._consumer.end_offsets([self._tp]))[self._tp]
+
+    async def _follow(self) -> None:
+        assert self._consumer is not None
+        while True:
+            try:
+                batches = await self._consumer.getmany(self._tp, timeout_ms=1000)
+            except KafkaError as exc:
+                log.warning("reading metadata shard %d: %s; retrying", self.shard, exc)
+                await asyncio.sleep(1.0)
+                continue
+            # applied in the step that moved the consumer's position: `read_to` relies on it
+            for record in batches.get(self._tp, ()):
+                verdict = self.state.apply(record.key or b"", record.value, record.offset)
+                if verdict.outcome is Outcome.REFUSE:
+                    log.info(
+                        "metadata shard %d offset %d refused: %s",
+                        self.shard,
+                        record.offset,
+                        verdict.reason,
+                    )
+                if self._on_record is not None:
+                    self._on_record(record.offset, verdict)
+            self._progress.set()
+            self._progress = asyncio.Event()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _retrieve_transaction_failure(producer: AIOKafkaProducer) -> None:
+    # After a fatal error (fencing) aiokafka fails the transaction's future and each
+    # pending batch's drain future, which nothing awaits unless a commit or a flush runs;
+    # retrieve them so that asyncio does not log "Future exception was never retrieved".
+    # These are aiokafka's internals: found by getattr, left alone if they are not there.
+    manager = getattr(producer, "_txn_manager", None)
+    futures = [manager.wait_for_transaction_end()] if manager is not None else []
+    accumulator = getattr(producer, "_message_accumulator", None)
+    for batches in getattr(accumulator, "_batches", {}).values():
+        futures += [getattr(batch, "_drain_waiter", None) for batch in batches]
+    for future in futures:
+        if isinstance(future, asyncio.Future):
+            _retrieve(future)
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if future.done() and not future.cancelled():
+        future.exception()
+
+
+class ShardOwner:
+    """The one writer of shard `shard`, named `name` in its claim.
+
+    `start` becomes the owner: the producer's InitProducerId fences the previous owner
+    (Kafka bumps the epoch of the transactional.id and aborts its open transaction), the
+    reader reads the partition to its end, and a ShardClaim of a new epoch is written and
+    read back. `write` then checks records with the rules and writes the accepted ones in
+    one transaction. Writes run one at a time; `close` waits for the one in flight."""
+
+    def __init__(
+        self,
+        kafka_settings: dict,
+        topic: str,
+        shard: int,
+        shard_count: int,
+        name: str,
+        *,
+        clock: Callable[[], int] = _now_ms,
+        transaction_timeout_ms: int = 60000,
+    ) -> None:
+        self.shard = shard
+        self.name = name
+        self.epoch = 0  # the epoch of this owner's claim
+        self.reader = ShardReader(
+            kafka_settings, topic, shard, shard_count, on_record=self._observed
+        )
+        self._kafka = kafka_settings
+        self._clock = clock
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+        self._lost: str | None = "not started"
+        self._lost_event = asyncio.Event()
+        self._awaited: dict[int, Verdict | None] = {}  # offsets written, verdicts read back
+        self._written_to = 0  # the offset after this owner's last committed record
+        self._abort_on_close = False
+        self._closing: asyncio.Future[None] | None = None
+
+    @property
+    def state(self) -> MetadataState:
+        return self.reader.state
+
+    @property
+    def owning(self) -> bool:
+        return self._lost is None
+
+    async def lost(self) -> str:
+        """Wait until this owner stops being the owner; returns why."""
+        await self._lost_event.wait()
+        assert self._lost is not None
+        return self._lost
+
+    async def start(self) -> None:
+        async with self._lock:
+            await self.reader.start()
+            self._producer = AIOKafkaProducer(
+                **self._kafka,
+                transactional_id=transactional_id(self.shard),
+                enable_idempotence=True,
+                acks="all",
+                linger_ms=0,
+                transaction_timeout_ms=self._transaction_timeout_ms,
+            )
+            await self._producer.start()  # InitProducerId: the previous owner is fenced
+            await self.reader.read_to_end()  # everything the previous owner committed
+            state = self.state
+            claim = ShardClaim(state.generation, state.epoch + 1, self.name, self._clock())
+            self.epoch, self._lost = claim.epoch, None
+            [verdict] = await self._commit([encode(claim)])
+            if not verdict.accepted:
+                self._lose(f"its claim of epoch {claim.epoch} was refused: {verdict.reason}")
+                raise ShardFenced(self.shard, self._lost or "")
+            log.info("%s owns metadata shard %d at epoch %d", self.name, self.shard, self.epoch)
+
+    async def write(self, records: Sequence[Record]) -> list[Verdict]:
+        """Check each record against the state (and the accepted records before it), write
+        the accepted ones in one transaction, and return each record's verdict once the
+        transaction is committed and read back: the verdict every reader reaches."""
+        async with self._lock:
+            self._check_owning()
+            await self.reader.read_to(self._written_to)  # a read-back cut short by a cancel
+            for record in records:
+                epoch = getattr(record, "epoch", self.epoch)
+                if isinstance(record, ShardClaim) or epoch != self.epoch:
+                    raise ValueError(
+                        f"{type(record).__name__} of epoch {epoch}: shard {self.shard}'s "
+                        f"owner writes at its epoch {self.epoch} and claims only at start"
+                    )
+            verdicts = self._judge(records)
+            accepted = [encode(r) for r, v in zip(records, verdicts, strict=True) if v.accepted]
+            if not accepted:
+                return verdicts
+            read_back = iter(await self._commit(accepted))
+            return [next(read_back) if v.accepted else v for v in verdicts]
+
+    async def checkpoint(self) -> int:
+        """Rewrite the live state as the next generation (one transaction), then tombstone
+        the retired generations' keys (another). Returns the generation now current."""
+        async with self._lock:
+            self._check_owning()
+            await self.reader.read_to(self._written_to)
+            records = self.state.checkpoint_records(self.name, self.epoch, self._clock())
+            verdicts = await self._commit(records)
+            if not verdicts[-1].accepted:
+                raise RuntimeError(f"shard {self.shard}: checkpoint refused: {verdicts[-1].reason}")
+            retired = sorted(self.state.retired_keys())
+            if retired:
+                await self._commit([(key, None) for key in retired])
+            return self.state.generation
+
+    async def close(self) -> None:
+        """Stop being the owner: wait for a write in flight, then stop the clients. Safe to
+        call twice, or from a task being cancelled (the closing goes on regardless)."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
+        async with self._lock:  # a write in flight ends first
+            self._lose("closed")
+        if self._producer is not None:
+            if self._abort_on_close:  # a write was cancelled before its commit
+                try:
+                    async with asyncio.timeout(5):
+                        await self._producer.abort_transaction()
+                except Exception as exc:  # best effort: the next owner's start aborts it too
+                    log.warning("shard %d: could not abort a transaction: %r", self.shard, exc)
+            _retrieve_transaction_failure(self._producer)
+            await self._producer.stop()
+        await self.reader.close()
+
+    def _check_owning(self) -> None:
+        if self._lost is None and self.state.epoch > self.epoch:  # its reader saw a claim
+            self._lose(f"claimed at epoch {self.state.epoch} by {self.state.owner}")
+        if self._lost is not None:
+            raise ShardFenced(self.shard, self._lost)
+
+    def _lose(self, reason: str) -> None:
+        if self._lost is None:
+            self._lost = reason
+            log.warning("%s lost metadata shard %d: %s", self.name, self.shard, reason)
+        self._lost_event.set()
+
+    def _judge(self, records: Sequence[Record]) -> list[Verdict]:
+        """Each record's verdict against the state after the accepted records before it.
+        Several records are judged on a copy, where the accepted ones are applied."""
+        state = self.state
+        if len(records) == 1:
+            return [state.check(records[0])]
+        scratch = copy.deepcopy(state)
+        verdicts = []
+        for record in records:
+            verdict = scratch.check(record)
+            if verdict.accepted:
+                scratch.apply(*encode(record), scratch.next_offset)
+            verdicts.append(verdict)
+        return verdicts
+
+    async def _commit(self, pairs: Sequence[tuple[bytes, bytes | None]]) -> list[Verdict]:
+        """Write (key, value) pairs in one transaction; their verdicts as read back."""
+        producer = self._producer
+        assert producer is not None
+        phase = "begin"
+        try:
+            await producer.begin_transaction()
+            phase = "send"
+            futures = []
+            for key, value in pairs:
+                future = await producer.send(self.reader.topic, value, key, partition=self.shard)
+                future.add_done_callback(_retrieve)  # a failed send fails the others too
+                futures.append(future)
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:
+                raise failure
+            offsets = [r.offset for r in results]
+            self._awaited = dict.fromkeys(offsets)
+            phase = "commit"
+            await producer.commit_transaction()
+            self._written_to = offsets[-1] + 1
+        except asyncio.CancelledError:
+            self._abort_on_close = phase == "send"
+            self._lose(f"a write was cancelled ({phase} of its transaction)")
+            raise
+        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            self._lose(
+                f"Kafka fenced its producer ({type(exc).__name__}): another one started with "
+                f"transactional.id {transactional_id(self.shard)}, or its transaction timed out"
+            )
+            raise ShardFenced(self.shard, self._lost or "") from exc
+        except Exception as exc:
+            self._lose(f"its transaction failed at {phase}: {exc!r}")
+            raise ShardFenced(self.shard, self._lost or "") from exc
+        await self.reader.read_to(self._written_to)
+        missing = refuse("not read back")
+        verdicts = [self._awaited.get(offset) or missing for offset in offsets]
+        self._awaited = {}
+        if self.state.epoch > self.epoch:  # a claim of a newer epoch was read
+            self._lose(f"claimed at epoch {self.state.epoch} by {self.state.owner}")
+            if any(v.outcome is Outcome.REFUSE for v in verdicts):
+                raise ShardFenced(self.shard, f"{self._lost}; this write was refused")
+        return verdicts
+
+    def _observed(self, offset: int, verdict: Verdict) -> None:
+        if offset in self._awaited:
+            self._awaited[offset] = verdict

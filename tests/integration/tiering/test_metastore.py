@@ -1,0 +1,322 @@
+"""The metadata's Kafka adapter against the real Kafka: the topic, readers, owners, the
+fencing of a previous owner, and the consumer group that assigns shards
+(docs/metadata.md, "The Kafka adapter").
+
+Each test has a metadata topic and a group of its own. A group uses the shortest session
+timeout a default broker allows (group.min.session.timeout.ms = 6 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from proxy.tiering.metacodec import encode
+from proxy.tiering.metagroup import MetadataTopicError, ShardAssignment, ensure_metadata_topic
+from proxy.tiering.metarecords import ObjectCommit, OffsetRange, StreamCutover
+from proxy.tiering.metarules import Outcome
+from proxy.tiering.metastore import ShardFenced, ShardOwner, ShardReader
+from proxy.tiering.metastreams import shard_of, stream_id, transactional_id
+from proxy.tiering.objectkeys import ObjectKind
+
+pytestmark = pytest.mark.kafka
+
+SHARDS = 4
+SESSION_MS = 6000  # the broker's default group.min.session.timeout.ms
+CHILD = Path(__file__).with_name("shard_member.py")
+TOPIC_ID = uuid.UUID("5f0c6b3e-8d1a-4c59-9a57-3c1de2b0a001")
+
+
+@pytest.fixture
+def kafka(kafka_cluster) -> dict:
+    return {"bootstrap_servers": kafka_cluster.bootstrap, "request_timeout_ms": 15000}
+
+
+@pytest.fixture
+async def topic(kafka) -> str:
+    name = f"meta-{uuid.uuid4().hex[:10]}"
+    await ensure_metadata_topic(kafka, name, SHARDS)
+    return name
+
+
+def stream_in(shard: int) -> tuple[int, int]:
+    """(partition, stream id) of the first partition of TOPIC_ID whose stream is in shard."""
+    for partition in range(10_000):
+        stream = stream_id(TOPIC_ID, partition)
+        if shard_of(stream, SHARDS) == shard:
+            return partition, stream
+    raise AssertionError("no stream in that shard")
+
+
+def cutover(owner: ShardOwner, at: int = 100) -> StreamCutover:
+    partition, stream = stream_in(owner.shard)
+    return StreamCutover(0, stream, 1, owner.epoch, TOPIC_ID, partition, 0, at, at, 1)
+
+
+def commit(owner: ShardOwner, object_id: int, start: int, end: int) -> ObjectCommit:
+    _, stream = stream_in(owner.shard)
+    ranges = (OffsetRange(stream, start, end),)
+    return ObjectCommit(0, object_id, ObjectKind.STREAM_SET, 4096, owner.epoch, 2, ranges)
+
+
+async def started_owner(kafka: dict, topic: str, shard: int, name: str) -> ShardOwner:
+    owner = ShardOwner(kafka, topic, shard, SHARDS, name)
+    try:
+        async with asyncio.timeout(60):
+            await owner.start()
+    except BaseException:
+        await owner.close()
+        raise
+    return owner
+
+
+async def eventually(condition: Callable[[], bool], within: float, what: str) -> float:
+    """Seconds until `condition()` holds, polled every 50 ms."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > within:
+            raise AssertionError(f"not within {within} s: {what}")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def committed_keys(kafka: dict, topic: str) -> set[bytes]:
+    """Every key in the topic, read with read_committed to the end."""
+    consumer = AIOKafkaConsumer(
+        **kafka, group_id=None, isolation_level="read_committed", auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, k) for k in range(SHARDS)]
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        keys = set()
+        async with asyncio.timeout(30):
+            for tp in partitions:
+                await consumer.seek_to_beginning(tp)
+                while await consumer.position(tp) < ends[tp]:
+                    batches = await consumer.getmany(tp, timeout_ms=200)
+                    keys.update(r.key for r in batches.get(tp, ()))
+    finally:
+        await consumer.stop()
+    return keys
+
+
+async def test_the_metadata_topic_is_created_once_and_checked(kafka, topic):
+    await ensure_metadata_topic(kafka, topic, SHARDS)  # exists already: checked only
+    with pytest.raises(MetadataTopicError, match=rf"{topic} has 4 partitions.* shard count is 3"):
+        await ensure_metadata_topic(kafka, topic, 3)
+    deleting = f"meta-delete-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(**kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(deleting, SHARDS, 1)])
+    finally:
+        await admin.close()
+    with pytest.raises(MetadataTopicError, match=rf"{deleting} has cleanup.policy=delete"):
+        await ensure_metadata_topic(kafka, deleting, SHARDS)
+
+
+async def test_a_second_reader_rebuilds_the_owners_state(kafka, topic):
+    owner = await started_owner(kafka, topic, 1, "proxy-a")
+    reader = ShardReader(kafka, topic, 1, SHARDS)
+    try:
+        assert (owner.epoch, owner.state.owner) == (1, "proxy-a")
+        # a cutover and a tail commit judged together, then one more tail commit
+        verdicts = await owner.write([cutover(owner), commit(owner, 10, 100, 150)])
+        assert [v.outcome for v in verdicts] == [Outcome.ACCEPT, Outcome.ACCEPT]
+        [verdict] = await owner.write([commit(owner, 11, 150, 220)])
+        assert verdict.outcome is Outcome.ACCEPT
+        _, stream = stream_in(1)
+        assert owner.state.stream_end(stream) == 220
+        assert [r.object_id for r in owner.state.objects_for(stream, 120)] == [10, 11]
+
+        await reader.start()
+        async with asyncio.timeout(30):
+            await reader.caught_up()
+        assert reader.state.image() == owner.state.image()
+        assert reader.state.refused_count == 0
+
+        # a checkpoint rewrites the state as generation 1 and tombstones generation 0
+        async with asyncio.timeout(30):
+            assert await owner.checkpoint() == 1
+            await reader.read_to_end()
+        assert owner.state.generation == 1 and not owner.state.retired_keys()
+        assert reader.state.image() == owner.state.image()
+    finally:
+        await reader.close()
+        await owner.close()
+
+
+async def test_a_commit_with_a_gap_is_refused_and_not_written(kafka, topic):
+    owner = await started_owner(kafka, topic, 2, "proxy-a")
+    try:
+        await owner.write([cutover(owner), commit(owner, 20, 100, 150)])
+        end = await owner.reader.read_to_end()
+        [verdict] = await owner.write([commit(owner, 21, 160, 200)])
+        assert verdict.outcome is Outcome.REFUSE
+        assert "[160, 200) leaves a gap after the stream's end 150" in verdict.reason
+        assert await owner.reader.read_to_end() == end  # nothing written
+
+        # with a good commit in the same write: only the good one is written
+        gap, good = commit(owner, 22, 151, 160), commit(owner, 23, 150, 170)
+        verdicts = await owner.write([gap, good])
+        assert [v.outcome for v in verdicts] == [Outcome.REFUSE, Outcome.ACCEPT]
+        assert await owner.reader.read_to_end() == end + 2  # one record, one commit marker
+        keys = await committed_keys(kafka, topic)
+        assert encode(good)[0] in keys and encode(gap)[0] not in keys
+    finally:
+        await owner.close()
+
+
+async def test_a_new_owner_fences_the_old_one_and_reads_what_it_committed(kafka, topic):
+    a = await started_owner(kafka, topic, 0, "proxy-a")
+    owners = [a]
+    try:
+        await a.write([cutover(a), commit(a, 30, 100, 130)])
+        # Kafka's layer alone: a producer with the shard's transactional.id starts (its
+        # InitProducerId bumps the epoch) and writes nothing, not even a claim
+        fencer = AIOKafkaProducer(**kafka, transactional_id=transactional_id(0))
+        await fencer.start()
+        await fencer.stop()
+        late = commit(a, 31, 130, 160)
+        with pytest.raises(ShardFenced, match="shard 0: no longer its owner") as fenced:
+            await a.write([late])
+        assert "Kafka fenced its producer (ProducerFenced)" in fenced.value.reason
+        assert not a.owning
+        with pytest.raises(ShardFenced):  # and it stays fenced
+            await a.write([late])
+
+        b = await started_owner(kafka, topic, 0, "proxy-b")
+        owners.append(b)
+        assert (b.epoch, b.state.owner) == (a.epoch + 1, "proxy-b")
+        _, stream = stream_in(0)
+        assert b.state.stream_end(stream) == 130  # what a committed, and not `late`
+        [verdict] = await b.write([commit(b, 32, 130, 160)])
+        assert verdict.outcome is Outcome.ACCEPT
+
+        # a full owner start fences b: by Kafka, or by c's claim if b's reader read it
+        c = await started_owner(kafka, topic, 0, "proxy-c")
+        owners.append(c)
+        later = commit(b, 33, 160, 190)
+        with pytest.raises(ShardFenced, match="Kafka fenced|claimed at epoch 3 by proxy-c"):
+            await b.write([later])
+        assert c.state.stream_end(stream) == 160
+        keys = await committed_keys(kafka, topic)
+        assert encode(late)[0] not in keys and encode(later)[0] not in keys
+    finally:
+        for owner in owners:
+            await owner.close()
+
+
+async def test_the_group_splits_the_shards_and_moves_them_when_a_member_stops(kafka, topic):
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    members = [
+        ShardAssignment(kafka, topic, SHARDS, name, group_id=group, session_timeout_ms=SESSION_MS)
+        for name in ("proxy-a", "proxy-b")
+    ]
+    a, b = members
+    try:
+        await a.start()
+        await eventually(lambda: a.owned() == [0, 1, 2, 3], 60, "a owns every shard")
+        await b.start()
+        await eventually(
+            lambda: len(a.owned()) == len(b.owned()) == 2, 60, "a and b own two shards each"
+        )
+        assert sorted(a.owned() + b.owned()) == [0, 1, 2, 3]
+
+        stop = time.monotonic()
+        await a.close()
+        await eventually(lambda: b.owned() == [0, 1, 2, 3], 60, "b owns every shard")
+        took = time.monotonic() - stop
+        print(f"b owned all shards {took:.1f} s after a stopped")
+        assert took < SESSION_MS / 1000
+        for shard in range(SHARDS):
+            owner = b.owner(shard)
+            assert owner is not None and owner.state.owner == "proxy-b"
+    finally:
+        for member in members:
+            await member.close()
+
+
+async def read_line(child: asyncio.subprocess.Process, wanted: Callable[[str], bool]) -> str:
+    assert child.stdout is not None
+    async with asyncio.timeout(60):
+        while True:
+            line = (await child.stdout.readline()).decode().strip()
+            if not line:
+                raise AssertionError("the child exited")
+            if wanted(line):
+                return line
+
+
+async def test_a_paused_owner_is_fenced(kafka, kafka_cluster, topic, tmp_path):
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    args = [kafka_cluster.bootstrap, topic, str(SHARDS), group, "paused", str(SESSION_MS)]
+    log = (tmp_path / "child.log").open("w")
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(CHILD),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+    )
+    assert child.stdin is not None
+    other = ShardAssignment(
+        kafka, topic, SHARDS, "other", group_id=group, session_timeout_ms=SESSION_MS
+    )
+    try:
+        await read_line(child, lambda line: line == "owned 0 1 2 3")
+        await other.start()
+        await read_line(child, lambda line: line.startswith("owned") and len(line.split()) == 3)
+        await eventually(lambda: len(other.owned()) == 2, 60, "the other member owns two shards")
+        child.stdin.write(b"hold\n")
+        held = [
+            int(s)
+            for s in (await read_line(child, lambda line: line.startswith("held"))).split()[1:]
+        ]
+        assert sorted(held + other.owned()) == [0, 1, 2, 3]
+
+        os.kill(child.pid, signal.SIGSTOP)
+        took = await eventually(
+            lambda: other.owned() == [0, 1, 2, 3], 60, "the other member owns every shard"
+        )
+        print(f"the other member owned every shard {took:.1f} s after the pause")
+        child.stdin.write(b"write\n")  # read as soon as it runs again
+        await child.stdin.drain()
+        os.kill(child.pid, signal.SIGCONT)
+
+        tried, outcomes = set(), []
+        for _ in range(2 * len(held)):
+            line = await read_line(
+                child, lambda line: line.split()[0] in ("tried", "fenced", "wrote")
+            )
+            if line.startswith("tried"):
+                tried.add(bytes.fromhex(line.split()[2]))
+            else:
+                outcomes.append(line)
+        print("\n".join(outcomes))
+        assert all(line.startswith("fenced") for line in outcomes), outcomes
+        # fenced by Kafka, or by the other's claim if the reader read it first
+        assert all("Kafka fenced" in line or "claimed at epoch" in line for line in outcomes)
+        assert not tried & await committed_keys(kafka, topic)
+        child.stdin.write(b"quit\n")
+        await read_line(child, lambda line: line == "bye")
+    finally:
+        if child.returncode is None:
+            os.kill(child.pid, signal.SIGCONT)
+            child.kill()
+        await child.wait()
+        log.close()
+        await other.close()
