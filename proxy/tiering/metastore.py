@@ -192,6 +192,7 @@ class ShardOwner:
         clock: Callable[[], int] = _now_ms,
         transaction_timeout_ms: int = 60000,
     ) -> None:
+        self.topic = topic
         self.shard = shard
         self.name = name
         self.epoch = 0  # the epoch of this owner's claim
@@ -229,7 +230,7 @@ class ShardOwner:
             await self.reader.start()
             self._producer = AIOKafkaProducer(
                 **self._kafka,
-                transactional_id=transactional_id(self.shard),
+                transactional_id=transactional_id(self.shard, self.topic),
                 enable_idempotence=True,
                 acks="all",
                 linger_ms=0,
@@ -359,7 +360,8 @@ class ShardOwner:
         except (ProducerFenced, InvalidProducerEpoch) as exc:
             self._lose(
                 f"Kafka fenced its producer ({type(exc).__name__}): another one started with "
-                f"transactional.id {transactional_id(self.shard)}, or its transaction timed out"
+                f"transactional.id {transactional_id(self.shard, self.topic)}, "
+                "or its transaction timed out"
             )
             raise ShardFenced(self.shard, self._lost or "") from exc
         except Exception as exc:

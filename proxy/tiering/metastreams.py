@@ -2,7 +2,7 @@
 
 A stream is one tiered partition. Its id is a hash of (topic id, partition), its shard the
 id modulo the shard count, and shard k's records live in partition k of the metadata topic,
-written by the producer whose transactional.id is `transactional_id(k)`. Pure: no I/O.
+written by the producer whose transactional.id is `transactional_id(k, topic)`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -46,9 +46,12 @@ def topic_shard(topic_id: UUID, shard_count: int) -> int:
     return int.from_bytes(digest, "big") % shard_count
 
 
-def transactional_id(shard: int) -> str:
-    """The transactional.id of the producer that writes a shard's partition."""
-    return f"tierproxy-shard-{shard}"
+def transactional_id(shard: int, topic: str) -> str:
+    """The transactional.id of the producer that writes partition `shard` of the metadata
+    `topic`. Named after the topic: transactional ids are unique per Kafka cluster, and
+    two fleets sharing an upstream (each with its own metadata topic) must not fence
+    each other."""
+    return f"tierproxy-{topic}-shard-{shard}"
 
 
 def offload_object_id(stream: int, start_offset: int, end_offset: int) -> int:

@@ -186,7 +186,7 @@ async def test_a_new_owner_fences_the_old_one_and_reads_what_it_committed(kafka,
         await a.write([cutover(a), commit(a, 30, 100, 130)])
         # Kafka's layer alone: a producer with the shard's transactional.id starts (its
         # InitProducerId bumps the epoch) and writes nothing, not even a claim
-        fencer = AIOKafkaProducer(**kafka, transactional_id=transactional_id(0))
+        fencer = AIOKafkaProducer(**kafka, transactional_id=transactional_id(0, topic))
         await fencer.start()
         await fencer.stop()
         late = commit(a, 31, 130, 160)

@@ -246,7 +246,8 @@ def test_stream_ids_are_63_bit_hashes_of_topic_id_and_partition():
 def test_shards_and_transactional_ids():
     assert shard_of(S, 16) == S % 16 and shard_of(S, 1) == 0
     assert topic_shard(TOPIC, 16) == 12
-    assert transactional_id(3) == "tierproxy-shard-3"
+    assert transactional_id(3, "__meta") == "tierproxy-__meta-shard-3"
+    assert transactional_id(3, "fleet-a") != transactional_id(3, "fleet-b")
     with pytest.raises(ValueError):
         shard_of(S, 0)
 
