@@ -1,0 +1,390 @@
+"""The owner of a tiered partition on a real WAL (files in tmp_path, or the fault-injecting
+twin): real Kafka v2 batches from kafka-python's producer code, sequenced, made durable
+with group commit, answered after the fsync; retries answered with their original
+offsets; a failed fsync fences the partition and loses nothing acknowledged; idempotence
+survives a restart through the WAL replay, the producer snapshot and the objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator
+from uuid import UUID
+
+import pytest
+
+from proxy.tiering.batches import iter_batches, with_base_offset
+from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.tiering.metacodec import encode
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metarecords import ObjectCommit, ProducerSnapshot, ShardClaim, StreamCutover
+from proxy.tiering.metastreams import stream_id
+from proxy.tiering.objectformat import read_block, read_object
+from proxy.tiering.partition import (
+    PartitionConfig,
+    PartitionSet,
+    ProduceResult,
+    RecoveryError,
+    TieredPartition,
+)
+from proxy.tiering.producer_state import ErrorCode
+from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
+from proxy.wal.memfs import MemoryFilesystem
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+TOPIC = UUID("5b1e0c7a-2d4f-4a9b-8e3c-6f7a8b9c0d1e")
+STREAMS = [stream_id(TOPIC, p) for p in range(2)]
+S0 = STREAMS[0]
+CUTOVER = 1000  # the upstream log end at the cutover: the proxy's offsets start here
+NOW_MS = 1_700_000_000_000
+RECORDS = 3  # per batch
+
+
+def batch(pid: int, seq: int, *, epoch: int = 0, transactional: bool = False) -> bytes:
+    """An idempotent producer's batch as kafka-python writes it (base offset 0)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=transactional,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=seq,
+        batch_size=1 << 20,
+    )
+    for i in range(RECORDS):
+        value = f"{pid}:{seq + i}:".encode() * 8
+        builder.append(i, timestamp=NOW_MS + i, key=b"k", value=value, headers=[])
+    return bytes(builder.build())
+
+
+def nth(pid: int, n: int) -> bytes:
+    return batch(pid, n * RECORDS)
+
+
+class Shard:
+    """One metadata shard in memory: both streams tiered at CUTOVER; commits as an owner
+    writes them (the commit callback of the uploader)."""
+
+    def __init__(self) -> None:
+        self.state = MetadataState(0, 1)
+        self.write(ShardClaim(0, 1, "proxy-a", NOW_MS))
+        for p, s in enumerate(STREAMS):
+            self.write(StreamCutover(0, s, 1, 1, TOPIC, p, 0, CUTOVER, CUTOVER, NOW_MS))
+
+    def write(self, record: object) -> None:
+        key, value = encode(record)
+        verdict = self.state.apply(key, value, self.state.next_offset)
+        assert verdict.accepted, verdict.reason
+
+    async def commit(self, objects) -> None:
+        for o in objects:
+            self.write(ObjectCommit(0, o.object_id, o.kind, o.size, 1, NOW_MS, o.ranges))
+
+
+def config_for(directory) -> WalConfig:
+    return WalConfig(str(directory), segment_bytes=64 * 1024)
+
+
+async def until(predicate, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.002)):
+        if predicate():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("condition not met in time")
+
+
+def ok(result: ProduceResult | None, base_offset: int) -> None:
+    assert result is not None and result.error_code == 0, result
+    assert result.base_offset == base_offset, result
+    assert (result.log_append_time_ms, result.log_start_offset) == (-1, 0)
+
+
+async def wal_batches(wal: WriteAheadLog) -> dict[tuple[int, int], tuple[bytes, int]]:
+    """(stream, base offset) -> (batch bytes, WAL end of its entry), from a replay."""
+    return {
+        (e.stream_id, e.base_offset): (bytes(e.batch), e.position.end) async for e in wal.replay()
+    }
+
+
+@contextlib.asynccontextmanager
+async def held_fsyncs(fs: MemoryFilesystem) -> AsyncIterator[None]:
+    fs.hold_fsyncs()
+    try:
+        yield
+    finally:
+        fs.release_fsyncs()
+
+
+async def test_ten_producers_get_contiguous_offsets_answered_after_a_group_fsync(tmp_path):
+    shard = Shard()
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal)
+        await partitions.recover(STREAMS, shard.state)
+        answers: dict[tuple[int, int], tuple[int, ProduceResult | None, int]] = {}
+
+        async def send(stream: int, pid: int, n: int) -> None:
+            result = await partitions.produce(stream, memoryview(nth(pid, n)), acks=-1)
+            answers[pid, n] = (stream, result, wal.durable_end)  # what the producer saw
+
+        async def producer(i: int) -> None:  # up to 5 requests in flight, as Kafka's
+            window: deque[asyncio.Task[None]] = deque()
+            for n in range(200):
+                if len(window) == 5:
+                    await window.popleft()
+                window.append(asyncio.create_task(send(STREAMS[i % 2], 100 + i, n)))
+            await asyncio.gather(*window)
+
+        await asyncio.gather(*(producer(i) for i in range(10)))
+        written = await wal_batches(wal)
+        stats = wal.stats
+        for s in STREAMS:
+            partition = partitions.get(s)
+            assert partition.high_watermark == partition.log_end_offset == CUTOVER + 3000
+        await partitions.close()
+
+    assert len(answers) == 2000
+    for s in STREAMS:
+        bases = sorted(r.base_offset for stream, r, _ in answers.values() if stream == s)
+        assert bases == list(range(CUTOVER, CUTOVER + 3000, RECORDS))  # contiguous, no dup
+    for (pid, n), (stream, result, durable_end) in answers.items():
+        assert result.error_code == 0 and result.log_start_offset == 0
+        data, entry_end = written[stream, result.base_offset]
+        assert durable_end >= entry_end  # answered only once its entry was durable
+        assert data[8:] == nth(pid, n)[8:]  # the producer's bytes, offsets assigned
+        if n:
+            assert result.base_offset > answers[pid, n - 1][1].base_offset
+    assert stats.appends == 2000 and len(written) == 2000
+    assert stats.fsyncs * 4 <= stats.appends, stats  # group commit
+
+
+async def test_retries_get_their_original_offsets_and_write_nothing(tmp_path):
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
+            # a retry sent while its original is in flight waits for the original's fsync
+            first, retry = await asyncio.gather(
+                partition.produce(nth(7, 0), -1), partition.produce(nth(7, 0), -1)
+            )
+            ok(first, CUTOVER)
+            ok(retry, CUTOVER)
+            assert wal.stats.appends == 1
+            for n in range(1, 6):
+                ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+            appends, end = wal.stats.appends, partition.log_end_offset
+            for n in range(1, 6):  # any of the last 5 batches
+                ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+            assert await partition.produce(nth(7, 1), acks=0) is None
+            assert (wal.stats.appends, partition.log_end_offset) == (appends, end)
+            # older than the last 5: not recognised, so out of order
+            result = await partition.produce(nth(7, 0), -1)
+            assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
+            ok(await partition.produce(batch(7, 0), -1), CUTOVER)
+            result = await partition.produce(batch(7, 10), -1)  # expected 3
+            assert result.error_code == 45 == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+            assert result.base_offset == -1
+            assert "10 (incoming seq. number), 2 (current end sequence number)" in (
+                result.error_message
+            )
+            assert wal.stats.appends == 1 and partition.log_end_offset == CUTOVER + 3
+            ok(await partition.produce(batch(7, 3), -1), CUTOVER + 3)  # the right one goes on
+
+
+async def test_a_transactional_batch_is_refused_with_42_and_a_clear_message(tmp_path):
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
+            result = await partition.produce(batch(7, 0, transactional=True), -1)
+            assert result.error_code == 42 == ErrorCode.INVALID_REQUEST
+            assert "transactional produce to a tiered topic is not supported" in (
+                result.error_message
+            )
+            assert wal.stats.appends == 0 and partition.log_end_offset == CUTOVER
+            ok(await partition.produce(batch(7, 0), -1), CUTOVER)
+
+
+async def test_a_full_queue_makes_callers_wait_in_order_and_drops_nothing():
+    fs = MemoryFilesystem()
+    config = PartitionConfig(queue_size=2, max_in_flight=2)
+    async with await WriteAheadLog.open(WalConfig("/wal"), fs=fs) as wal:
+        partition = await TieredPartition.recover(S0, wal, Shard().state, config=config)
+        async with partition:
+            long_poll = asyncio.create_task(partition.wait_for_append(CUTOVER, 5000))
+            async with held_fsyncs(fs):
+                sends = [
+                    asyncio.create_task(partition.produce(nth(7, n), 0 if n == 9 else -1))
+                    for n in range(10)
+                ]
+                await until(lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS)
+                await asyncio.sleep(0.05)
+                # 2 in flight, 2 queued, 6 waiting to be queued (the acks=0 one too)
+                assert partition.log_end_offset == CUTOVER + 6 and wal.durable_end == 0
+                assert not any(t.done() for t in sends) and not long_poll.done()
+            results = await asyncio.gather(*sends)
+            assert await long_poll >= CUTOVER + RECORDS
+        for n, result in enumerate(results[:9]):
+            ok(result, CUTOVER + RECORDS * n)  # in the order of the calls
+        assert results[9] is None
+        assert partition.high_watermark == CUTOVER + 30 and wal.stats.appends == 10
+
+
+async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledged():
+    fs = MemoryFilesystem()
+    config = WalConfig("/wal")
+    shard = Shard()
+    broken: list[tuple[int, BaseException]] = []
+    wal = await WriteAheadLog.open(config, fs=fs)
+    partitions = PartitionSet(wal, on_broken=lambda s, e: broken.append((s, e)))
+    await partitions.recover(STREAMS, shard.state)
+    partition = partitions.get(S0)
+    acked = [await partitions.produce(S0, nth(7, n), -1) for n in range(10)]
+    async with held_fsyncs(fs):
+        in_flight = [
+            asyncio.create_task(partitions.produce(S0, nth(7, n), -1)) for n in range(10, 15)
+        ]
+        await until(lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS)
+        fs.fail_next_fsync()  # the held fsync fails
+    results = await asyncio.gather(*in_flight)
+    assert [r.error_code for r in results] == [56] * 5
+    assert "the WAL write failed" in results[0].error_message
+    assert broken == [(S0, partition.broken)] and isinstance(partition.broken, WalBrokenError)
+    assert partitions.broken == {S0: partition.broken}
+    assert partition.high_watermark == CUTOVER + 30
+    # later requests, retries included, get 56 too (retriable: the client moves on)
+    for records in (nth(7, 15), nth(7, 9), nth(8, 0)):
+        result = await partitions.produce(S0, records, -1)
+        assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result
+    await partitions.close()
+    await wal.close()
+
+    # a power loss now: every acknowledged batch is on disk
+    async with await WriteAheadLog.open(config, fs=fs.crash()) as wal:
+        written = await wal_batches(wal)
+        for n, result in enumerate(acked):
+            ok(result, CUTOVER + RECORDS * n)
+            assert written[S0, result.base_offset][0][8:] == nth(7, n)[8:]
+        async with await TieredPartition.recover(S0, wal, shard.state) as recovered:
+            assert recovered.log_end_offset == CUTOVER + 30
+            ok(await recovered.produce(nth(7, 9), -1), CUTOVER + 27)  # a retry: duplicate
+            ok(await recovered.produce(nth(7, 10), -1), CUTOVER + 30)
+    # no power loss: the failed appends were written after all; the rebuild settles it
+    async with await WriteAheadLog.open(config, fs=fs) as wal:
+        async with await TieredPartition.recover(S0, wal, shard.state) as recovered:
+            assert recovered.log_end_offset == CUTOVER + 45
+            ok(await recovered.produce(nth(7, 12), -1), CUTOVER + 36)
+            assert wal.stats.appends == 0
+
+
+@pytest.mark.parametrize("ending", ["close", "abandon"])
+async def test_idempotence_survives_a_restart_through_the_wal_replay(tmp_path, ending):
+    shard = Shard()
+    directory = tmp_path / "wal"
+    old_wal = await WriteAheadLog.open(config_for(directory))
+    old = PartitionSet(old_wal)
+    await old.recover(STREAMS, shard.state)
+    sends = [old.produce(S0, nth(pid, n), -1) for n in range(20) for pid in (7, 8)]
+    sends += [old.produce(STREAMS[1], nth(9, n), -1) for n in range(3)]
+    results = await asyncio.gather(*sends)
+    assert all(r.error_code == 0 for r in results)
+    last = {7: results[38].base_offset, 8: results[39].base_offset}
+    if ending == "close":
+        await old.close()
+        await old_wal.close()
+    # "abandon": the old process's state is gone, its files are what it left
+
+    async with await WriteAheadLog.open(config_for(directory)) as wal:
+        partitions = PartitionSet(wal)
+        await partitions.recover(STREAMS, shard.state)
+        partition = partitions.get(S0)
+        assert partition.log_end_offset == partition.high_watermark == CUTOVER + 40 * RECORDS
+        assert partitions.get(STREAMS[1]).log_end_offset == CUTOVER + 9
+        for pid in (7, 8):  # a retry of each producer's last batch is a duplicate
+            ok(await partitions.produce(S0, nth(pid, 19), -1), last[pid])
+        result = await partitions.produce(S0, nth(7, 21), -1)  # a gap is still a gap
+        assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert wal.stats.appends == 0
+        ok(await partitions.produce(S0, nth(7, 20), -1), CUTOVER + 120)
+        await partitions.close()
+    await old.close()
+    await old_wal.close()
+
+
+def objects_reader(store: LocalDirectoryStore, state: MetadataState):
+    """`read_committed` over the committed objects: each batch header of the stream."""
+
+    async def read_committed(stream: int, start: int, end: int):
+        for r in state.objects_for(stream, start):
+            if r.start_offset >= end:
+                break
+            data = await store.get(r.object_key)
+            _, index = read_object(data, r.object_key)
+            for entry in index:
+                if entry.stream_id == stream:
+                    for header, _ in iter_batches(read_block(data, entry, r.object_key)):
+                        yield header
+
+    return read_committed
+
+
+@pytest.mark.parametrize("source", ["snapshot", "objects"])
+async def test_recovery_takes_the_committed_part_from_metadata_and_the_tail_from_the_wal(
+    tmp_path, source
+):
+    """Uploaded up to E (the WAL trimmed to there), then more acknowledged: the rebuild
+    takes the producer state below E from the snapshot, or replays it from the objects,
+    and the log from E on from the WAL."""
+    shard = Shard()
+    quiet = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)
+    async with LocalDirectoryStore(tmp_path / "objects") as store:
+        async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+            async with Uploader(wal, store, shard.commit, ObjectIdAllocator(1), config=quiet) as up:
+                async with await TieredPartition.recover(S0, wal, shard.state) as partition:
+                    for n in range(10):
+                        ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+                    await up.flush()
+                    end = shard.state.stream_end(S0)
+                    assert end == CUTOVER + 30 == partition.high_watermark
+                    if source == "snapshot":
+                        snapshot = partition.snapshot()
+                        shard.write(ProducerSnapshot(0, S0, 1, end, NOW_MS, snapshot))
+                    for n in (10, 11):
+                        ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+        assert shard.state.stream_end(S0) == CUTOVER + 30  # the tail is only in the WAL
+
+        asked: list[tuple[int, int]] = []
+        read_objects = objects_reader(store, shard.state)
+
+        def reader(stream: int, start: int, end: int):
+            asked.append((start, end))
+            return read_objects(stream, start, end)
+
+        async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+            assert [e.base_offset async for e in wal.replay()] == [1030, 1033]
+            if source == "objects":
+                with pytest.raises(RecoveryError, match=r"\[1000, 1030\).*read_committed"):
+                    await TieredPartition.recover(S0, wal, shard.state)
+            partition = await TieredPartition.recover(S0, wal, shard.state, read_committed=reader)
+            assert asked == ([] if source == "snapshot" else [(1000, 1030)])
+            async with partition:
+                assert partition.log_end_offset == partition.high_watermark == CUTOVER + 36
+                ok(await partition.produce(nth(7, 11), -1), CUTOVER + 33)  # from the WAL
+                ok(await partition.produce(nth(7, 8), -1), CUTOVER + 24)  # committed, below E
+                assert wal.stats.appends == 0
+                ok(await partition.produce(nth(7, 12), -1), CUTOVER + 36)
+
+
+async def test_a_gap_in_the_wal_above_the_committed_end_is_refused(tmp_path):
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        for base in (CUTOVER, CUTOVER + 6):  # the batch at 1003 is missing
+            await wal.append(S0, base, with_base_offset(nth(7, (base - CUTOVER) // 3), base))
+        with pytest.raises(RecoveryError, match=r"offsets \[1003, 1006\) are missing"):
+            await TieredPartition.recover(S0, wal, Shard().state)
