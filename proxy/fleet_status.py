@@ -16,10 +16,10 @@ from collections import defaultdict
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from proxy.routing.fleet import (
-    UNKNOWN_ZONE,
     Heartbeat,
     HeartbeatError,
     cross_zone_bytes,
+    crossing_hops,
     decode_heartbeat,
 )
 
@@ -95,9 +95,7 @@ def summarize(members: dict[str, tuple[Heartbeat, float]], member_timeout_s: flo
         "total_bytes": total_bytes,
         "cross_zone_bytes": crossing,
         "client_proxy_cross_zone_bytes": sum(
-            count
-            for (client, proxy, _, _), count in totals.items()
-            if client != proxy or client == UNKNOWN_ZONE
+            count for key, count in totals.items() if crossing_hops(key)[0]
         ),
     }
 

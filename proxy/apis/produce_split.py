@@ -33,9 +33,10 @@ from proxy.protocol.wire import (
     read_array_length,
     read_int16,
     read_int32,
+    read_int64,
+    read_nullable_bytes,
     read_string,
     read_tagged_fields,
-    read_uvarint,
     skip,
     skip_tagged_fields,
     write_array_length,
@@ -46,7 +47,6 @@ Span = slice  # of the request body
 NO_LEADER = (-1, -1)  # (leader_id, leader_epoch): kio's default, not written
 
 _PARTITION_HEAD = struct.Struct(">ihqq")  # index, error_code, base_offset, log_append_time
-_INT64 = struct.Struct(">q")
 _LEADER = struct.Struct(">ii")  # leader_id, leader_epoch
 _UUID_SIZE = 16
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -146,7 +146,7 @@ def _read_request(layout: _Layout, body: memoryview) -> ProduceRequestView:
         for _ in range(partition_count):
             start = offset
             index, offset = read_int32(body, offset)
-            records, offset = _read_records(body, offset, flexible)
+            records, offset = read_nullable_bytes(body, offset, flexible)
             offset = skip_tagged_fields(body, offset) if flexible else offset
             partitions.append(PartitionView(index, records, slice(start, offset)))
         tags_start = offset
@@ -279,8 +279,7 @@ def _read_partition_result(
     offset = end
     log_start_offset, error_message, record_errors = -1, None, []
     if layout.log_start_offset:
-        end = skip(buf, offset, _INT64.size)
-        log_start_offset, offset = _INT64.unpack_from(buf, offset)[0], end
+        log_start_offset, offset = read_int64(buf, offset)
     if layout.record_errors:
         count, offset = _count(buf, offset, flexible, "record_errors")
         for _ in range(count):
@@ -418,19 +417,6 @@ def _read_topic_key(layout: _Layout, buf: memoryview, offset: int) -> tuple[Topi
     if name is None:
         raise FrameError(f"null topic name at byte {offset}")
     return name, end
-
-
-def _read_records(buf: memoryview, offset: int, compact: bool) -> tuple[memoryview | None, int]:
-    """Nullable bytes: int32 length, or uvarint length + 1 if compact; negative is null."""
-    if compact:
-        length, offset = read_uvarint(buf, offset)
-        length -= 1
-    else:
-        length, offset = read_int32(buf, offset)
-    if length < 0:
-        return None, offset
-    end = skip(buf, offset, length)
-    return buf[offset:end], end
 
 
 def _expect_end(buf: memoryview, offset: int) -> None:

@@ -13,6 +13,7 @@ from proxy.protocol.frames import FrameError
 INT8 = struct.Struct(">b")
 INT16 = struct.Struct(">h")
 INT32 = struct.Struct(">i")
+INT64 = struct.Struct(">q")
 
 
 def read_int16(buf: memoryview, offset: int) -> tuple[int, int]:
@@ -26,6 +27,28 @@ def read_int32(buf: memoryview, offset: int) -> tuple[int, int]:
     if offset + 4 > len(buf):
         raise FrameError(f"truncated: int32 at byte {offset} of {len(buf)}")
     return INT32.unpack_from(buf, offset)[0], offset + 4
+
+
+def read_int64(buf: memoryview, offset: int) -> tuple[int, int]:
+    if offset + 8 > len(buf):
+        raise FrameError(f"truncated: int64 at byte {offset} of {len(buf)}")
+    return INT64.unpack_from(buf, offset)[0], offset + 8
+
+
+def read_nullable_bytes(
+    buf: memoryview, offset: int, compact: bool
+) -> tuple[memoryview | None, int]:
+    """(a view of the bytes, no copy, or None if null; offset after them): int32 length,
+    or uvarint length + 1 if compact; a negative length is null."""
+    if compact:
+        length, offset = read_uvarint(buf, offset)
+        length -= 1
+    else:
+        length, offset = read_int32(buf, offset)
+    if length < 0:
+        return None, offset
+    end = skip(buf, offset, length)
+    return buf[offset:end], end
 
 
 def read_uvarint(buf: memoryview, offset: int) -> tuple[int, int]:

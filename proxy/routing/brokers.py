@@ -1,10 +1,11 @@
-"""Which upstream broker each proxy listener stands for, and what clients are told.
+"""Which upstream broker each proxy listener stands for, and where that broker is.
 
 The listener for upstream broker N listens on `broker_port_base + N`: the mapping needs
 no state to agree on, so every proxy of a fleet and every restart of one tell clients the
 same port for the same broker. Upstream addresses are learnt from the proxy's own
 metadata requests and from every response that names a broker, so a broker added at run
-time gets its listener the first time a client hears of it.
+time gets its listener the first time a client hears of it. What a client is told about
+a broker is the zone router's decision (`routing.router`, `server.zoning`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ class UpstreamBroker:
 class BrokerDirectory:
     def __init__(
         self,
-        advertised_host: str,
         broker_port_base: int,
         on_new_broker: Callable[[UpstreamBroker], None] | None = None,
     ) -> None:
-        self.advertised_host = advertised_host
         self.broker_port_base = broker_port_base
         self._on_new_broker = on_new_broker
         self._brokers: dict[int, UpstreamBroker] = {}
@@ -63,10 +62,3 @@ class BrokerDirectory:
         self._brokers[node_id] = broker
         if known is None and self._on_new_broker is not None:
             self._on_new_broker(broker)
-
-    def advertise(self, node_id: int, host: str, port: int) -> tuple[str, int]:
-        """The `Advertise` callback of the response rewriters: upstream in, proxy out."""
-        if node_id < 0:  # "no node" in error answers: nothing to hide, nothing to learn
-            return host, port
-        self.learn(node_id, host, port)
-        return self.advertised_host, self.proxy_port(node_id)

@@ -166,16 +166,18 @@ class FleetView:
         ]
 
 
+def crossing_hops(key: ZoneKey) -> tuple[bool, bool]:
+    """(client-to-proxy hop crosses zones, proxy-to-broker hop crosses zones) for bytes
+    counted under `key`. `NO_BROKER`: the proxy answered, there is no broker hop. An
+    unknown zone is counted as crossing (the conservative reading)."""
+    client_zone, proxy_zone, broker_zone, _ = key
+    client_hop = client_zone != proxy_zone or client_zone == UNKNOWN_ZONE
+    broker_hop = broker_zone != NO_BROKER and (
+        broker_zone != proxy_zone or broker_zone == UNKNOWN_ZONE
+    )
+    return client_hop, broker_hop
+
+
 def cross_zone_bytes(zone_bytes: Iterable[tuple[ZoneKey, int]]) -> int:
-    """Bytes that crossed a zone boundary: each byte crosses the client-to-proxy hop when
-    the client's zone is not the proxy's, and the proxy-to-broker hop when the broker's is
-    not the proxy's (`NO_BROKER`: the proxy answered, there is no such hop). An unknown
-    zone is counted as crossing (the conservative reading)."""
-    total = 0
-    for (client_zone, proxy_zone, broker_zone, _), count in zone_bytes:
-        client_hop = client_zone != proxy_zone or client_zone == UNKNOWN_ZONE
-        broker_hop = broker_zone != NO_BROKER and (
-            broker_zone != proxy_zone or broker_zone == UNKNOWN_ZONE
-        )
-        total += (client_hop + broker_hop) * count
-    return total
+    """Bytes that crossed a zone boundary, each crossing hop counted."""
+    return sum(sum(crossing_hops(key)) * count for key, count in zone_bytes)

@@ -76,7 +76,6 @@ class Proxy:
         # Sees every byte sent to clients (tests use it to prove no upstream address leaks).
         self.tap: Callable[[bytes], None] | None = None
         self.brokers = BrokerDirectory(
-            config.listeners.advertised_host,
             config.listeners.broker_port_base,
             on_new_broker=self._on_new_broker,
         )

@@ -219,6 +219,26 @@ def set_base_offset(buffer: bytearray | memoryview, pos: int, base_offset: int) 
     _BASE_OFFSET.pack_into(buffer, pos, base_offset)
 
 
+_MAX_TIMESTAMP_POSITION = 35
+_ATTRIBUTES = struct.Struct(">h")
+_TIMESTAMP = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+
+
+def set_log_append_time(
+    buffer: bytearray | memoryview, pos: int, header: BatchHeader, now_ms: int
+) -> None:
+    """Stamp the batch at `pos` in place as Kafka does on a LogAppendTime topic: the
+    timestamp-type bit and the max timestamp. Both are under the CRC, so it is
+    recomputed: one pass over the batch, never per record."""
+    with memoryview(buffer) as view:
+        attributes = header.attributes | _LOG_APPEND_TIME_BIT
+        _ATTRIBUTES.pack_into(view, pos + ATTRIBUTES_POSITION, attributes)
+        _TIMESTAMP.pack_into(view, pos + _MAX_TIMESTAMP_POSITION, now_ms)
+        crc = crc32c.crc32c(view[pos + ATTRIBUTES_POSITION : pos + header.size])
+        _CRC.pack_into(view, pos + CRC_POSITION, crc)
+
+
 def assign_offsets(buffer: bytearray | memoryview, base_offset: int) -> int:
     """Give the run of batches in `buffer` consecutive offsets from `base_offset`, in place,
     as a partition's sequencer does; returns the next offset to assign."""

@@ -37,22 +37,18 @@ a new owner; `expire(now_ms)` drops producer ids unused for `producer_id_expirat
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from types import MappingProxyType
 
-import crc32c
-
 from proxy.tiering.batches import (
-    ATTRIBUTES_POSITION,
-    CRC_POSITION,
     BatchHeader,
     CorruptBatchError,
     assign_offsets,
     iter_batches,
+    set_log_append_time,
     validate_batch,
 )
 from proxy.tiering.producer_state import (
@@ -76,12 +72,6 @@ __all__ = [
     "PendingAppend",
     "Rejected",
 ]
-
-_LOG_APPEND_TIME_BIT = 0x08
-_MAX_TIMESTAMP_POSITION = 35
-_ATTRIBUTES = struct.Struct(">h")
-_TIMESTAMP = struct.Struct(">q")
-_CRC = struct.Struct(">I")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -394,14 +384,7 @@ class PartitionSequencer:
 
 
 def _set_log_append_time(out: bytearray, headers: list[BatchHeader], now_ms: int) -> None:
-    """Stamp each batch as Kafka does on a LogAppendTime topic: the timestamp-type bit and
-    the max timestamp (both under the CRC, so it is recomputed: one pass per batch)."""
     position = 0
-    with memoryview(out) as view:
-        for header in headers:
-            attributes = header.attributes | _LOG_APPEND_TIME_BIT
-            _ATTRIBUTES.pack_into(view, position + ATTRIBUTES_POSITION, attributes)
-            _TIMESTAMP.pack_into(view, position + _MAX_TIMESTAMP_POSITION, now_ms)
-            crc = crc32c.crc32c(view[position + ATTRIBUTES_POSITION : position + header.size])
-            _CRC.pack_into(view, position + CRC_POSITION, crc)
-            position += header.size
+    for header in headers:
+        set_log_append_time(out, position, header, now_ms)
+        position += header.size
