@@ -1,0 +1,447 @@
+"""The peer protocol on asyncio sockets; the messages and frames are `tiering/peer_codec.py`.
+
+`PeerServer` answers other proxies: appends for the tiered partitions this proxy owns and
+admin requests for the metadata shards it owns. Each request runs in its own task and its
+answer is written as soon as it is ready, so one slow partition does not hold up the others
+on the connection (answers carry the correlation id). `PeerClients` keeps one pipelined
+connection per peer address, opened on first use and opened again after it breaks.
+
+Errors: a Kafka error code travels in the answer; bytes that are not a frame close that
+connection (server) or fail every call waiting on it with `PeerUnavailable` (client);
+arguments that cannot make a message raise ValueError before any I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.peer_codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    AdminRequest,
+    AdminResponse,
+    AppendRequest,
+    AppendResponse,
+    PeerFrameReader,
+    PeerMessage,
+    PeerProtocolError,
+    encode,
+)
+from proxy.tiering.producer_state import ErrorCode
+from proxy.wal.s3walobject import S3WalLocation
+
+__all__ = ["Address", "PeerClients", "PeerServer", "PeerUnavailable"]
+
+log = logging.getLogger("tierproxy.peers")
+
+Address = tuple[str, int]
+OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
+OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
+
+KAFKA_STORAGE_ERROR = int(ErrorCode.KAFKA_STORAGE_ERROR)  # retriable: the producer retries
+UNKNOWN_SERVER_ERROR = -1
+_READ_BYTES = 256 * 1024
+_MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
+
+
+class PeerUnavailable(ConnectionError):
+    """The connection to a peer could not be opened, or broke while the call waited. The
+    next call opens a new one."""
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:_MAX_MESSAGE_CHARS]
+
+
+def _name(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
+# -- server --------------------------------------------------------------------------------
+
+
+class PeerServer:
+    """Serves appends (`on_append`) and admin requests (`on_admin`) to other proxies.
+
+    Handlers start in the order their requests arrive (each one's first step runs before the
+    next one's), so an owner can queue one stream's batches in the order they were sent.
+    At most `max_inflight` requests per connection are handled at once; past that the
+    connection is not read, so a peer that sends faster than the owner appends (or stops
+    reading answers) is slowed by TCP. A connection that ends or sends a bad frame gets the
+    answers already owed for up to `linger_s` before it is closed."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        on_append: OnAppend,
+        on_admin: OnAdmin,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_inflight: int = 1024,
+        linger_s: float = 10.0,
+    ) -> None:
+        self.host = host
+        self._requested_port = port
+        self._on_append = on_append
+        self._on_admin = on_admin
+        self.max_frame_bytes = max_frame_bytes
+        self.max_inflight = max_inflight
+        self.linger_s = linger_s
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self._requested_port, reuse_address=True
+        )
+        log.info("peer protocol listening on %s:%d", self.host, self.port)
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one the OS chose when started with port 0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the peer server is not started")
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        """Stop listening and end every connection now; requests in flight are cancelled."""
+        if self._server is None:
+            return
+        self._server.close()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain callback, so the connection is registered the moment it is accepted and
+        # close() cancels it even before its task first runs (then no `finally` runs: the
+        # abort below closes the socket).
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._connections.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._connections.discard(task)
+            if not writer.transport.is_closing():
+                writer.transport.abort()
+
+        task.add_done_callback(done)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = _name(writer.get_extra_info("peername"))
+        frames = PeerFrameReader(self.max_frame_bytes)
+        inflight: set[asyncio.Task[None]] = set()
+        slots = asyncio.Semaphore(self.max_inflight)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            inflight.discard(task)
+            slots.release()
+            if not task.cancelled() and task.exception() is not None:
+                log.error("peer %s: answering failed", peer, exc_info=task.exception())
+
+        try:
+            while data := await reader.read(_READ_BYTES):
+                frames.feed(data)
+                while (request := frames.next_message()) is not None:
+                    if not isinstance(request, AppendRequest | AdminRequest):
+                        raise PeerProtocolError(f"a {type(request).__name__} is not a request")
+                    await slots.acquire()
+                    task = asyncio.create_task(self._handle(request, writer, peer))
+                    inflight.add(task)
+                    task.add_done_callback(finished)
+        except PeerProtocolError as exc:
+            log.warning("peer %s: closing its connection: %s", peer, exc)
+        except OSError as exc:
+            log.info("peer %s: connection lost: %s", peer, exc)
+        except asyncio.CancelledError:
+            for task in inflight:
+                task.cancel()
+            raise
+        finally:
+            await self._finish(inflight, writer)
+
+    async def _finish(
+        self, inflight: set[asyncio.Task[None]], writer: asyncio.StreamWriter
+    ) -> None:
+        if inflight:
+            _, late = await asyncio.wait(set(inflight), timeout=self.linger_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        writer.close()
+        with suppress(OSError, TimeoutError):
+            async with asyncio.timeout(self.linger_s):
+                await writer.wait_closed()
+
+    async def _handle(
+        self, request: AppendRequest | AdminRequest, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        response: AppendResponse | AdminResponse
+        if isinstance(request, AppendRequest):
+            response = await self._append(request, peer)
+            if request.acks == 0:
+                return
+        else:
+            response = await self._admin(request, peer)
+        if writer.is_closing():
+            return
+        writer.writelines(encode(response))
+        with suppress(ConnectionError):  # the read loop sees the connection go
+            await writer.drain()
+
+    async def _append(self, request: AppendRequest, peer: str) -> AppendResponse:
+        cid = request.correlation_id
+        try:
+            result = await self._on_append(request)
+            return AppendResponse.from_result(cid, result)
+        except Exception as exc:
+            log.exception("append to stream %d from peer %s failed", request.stream_id, peer)
+            return AppendResponse(cid, KAFKA_STORAGE_ERROR, error_message=_describe(exc))
+
+    async def _admin(self, request: AdminRequest, peer: str) -> AdminResponse:
+        cid = request.correlation_id
+        try:
+            code, message = await self._on_admin(request)
+            return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            log.exception("admin %s of %s from peer %s failed", request.op, request.topic, peer)
+            return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+
+
+# -- clients -------------------------------------------------------------------------------
+
+
+class _PeerConnection:
+    """One pipelined connection: requests are written as they come, answers are matched to
+    their callers by correlation id. Once failed it stays failed; the pool opens another."""
+
+    def __init__(self, address: Address, connect_timeout_s: float, max_frame_bytes: int) -> None:
+        self.address = address
+        self.name = _name(address)
+        self._connect_timeout_s = connect_timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._pending: dict[int, tuple[asyncio.Future[PeerMessage], type]] = {}
+        self._next_cid = 0
+        self._failure: str | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        # Shared by every caller waiting for it: one connect per address, whoever asked.
+        self._opening = asyncio.get_running_loop().create_task(self._open())
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    async def _open(self) -> None:
+        host, port = self.address
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_connection(host, port)
+        except TimeoutError:
+            self._fail(f"cannot connect within {self._connect_timeout_s} s")
+            return
+        except OSError as exc:
+            self._fail(f"cannot connect: {exc}")
+            return
+        self._writer = writer
+        if self._failure is not None:  # closed while connecting
+            writer.close()
+            return
+        self._reading = asyncio.get_running_loop().create_task(self._read(reader))
+
+    async def call(
+        self, request: AppendRequest | AdminRequest, expect: type | None, timeout_s: float
+    ) -> PeerMessage | None:
+        """Send `request` under a correlation id of this connection; wait for its answer of
+        type `expect`, or only until it is written when `expect` is None."""
+        cid = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                # Shared, so a timeout here leaves the connect to the others; and it always
+                # yields once, even when open, so calls that waited for the connect resume
+                # first: requests are written in the order of the calls.
+                await asyncio.wait((self._opening,))
+                if self._failure is not None or self._writer is None:
+                    raise self._unavailable()
+                cid = self._new_cid()
+                pieces = encode(
+                    dataclasses.replace(request, correlation_id=cid),
+                    max_frame_bytes=self._max_frame_bytes,
+                )
+                waiter = None
+                if expect is not None:
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._pending[cid] = (waiter, expect)
+                try:
+                    await self._send(pieces)
+                    return None if waiter is None else await waiter
+                finally:
+                    self._pending.pop(cid, None)  # a late answer to it is dropped
+        except TimeoutError:
+            what = type(request).__name__ + ("" if cid is None else f" {cid}")
+            raise TimeoutError(
+                f"peer {self.name}: {what} not answered within {timeout_s} s"
+            ) from None
+
+    async def _send(self, pieces: list) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.writelines(pieces)
+            await self._writer.drain()  # backpressure: a peer that stops reading stops us
+        except ConnectionError as exc:
+            self._fail(f"connection lost: {exc}")
+            raise self._unavailable() from None
+
+    def _new_cid(self) -> int:
+        cid = self._next_cid
+        while cid in self._pending:  # only after 2**32 calls, with one still waiting
+            cid = (cid + 1) & 0xFFFF_FFFF
+        self._next_cid = (cid + 1) & 0xFFFF_FFFF
+        return cid
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        frames = PeerFrameReader(self._max_frame_bytes)
+        try:
+            while data := await reader.read(_READ_BYTES):
+                frames.feed(data)
+                while (message := frames.next_message()) is not None:
+                    self._answer(message)
+            self._fail("the peer closed the connection")
+        except PeerProtocolError as exc:
+            log.warning("peer %s: closing the connection: %s", self.name, exc)
+            self._fail(f"bad frame: {exc}")
+        except OSError as exc:
+            self._fail(f"connection lost: {exc}")
+
+    def _answer(self, message: PeerMessage) -> None:
+        if not isinstance(message, AppendResponse | AdminResponse):
+            raise PeerProtocolError(f"a {type(message).__name__} is not an answer")
+        entry = self._pending.get(message.correlation_id)
+        if entry is None:
+            return  # the call timed out or was cancelled
+        waiter, expect = entry
+        if not isinstance(message, expect):
+            raise PeerProtocolError(
+                f"a {type(message).__name__} answers correlation id {message.correlation_id}, "
+                f"which expects a {expect.__name__}"
+            )
+        del self._pending[message.correlation_id]
+        if not waiter.done():
+            waiter.set_result(message)
+
+    def _unavailable(self) -> PeerUnavailable:
+        return PeerUnavailable(f"peer {self.name}: {self._failure}")
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is not None:
+            return
+        self._failure = reason
+        for waiter, _ in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(self._unavailable())
+        self._pending.clear()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def close(self) -> None:
+        self._fail("the client is closed")
+        tasks = [task for task in (self._opening, self._reading) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._writer is not None:
+            with suppress(OSError, TimeoutError):
+                async with asyncio.timeout(self._connect_timeout_s):
+                    await self._writer.wait_closed()
+
+
+class PeerClients:
+    """Calls to other proxies: one pipelined connection per (host, port), opened on demand.
+
+    A connection that fails fails every call waiting on it with PeerUnavailable; the next
+    call opens a new one. A call that times out raises TimeoutError and leaves the
+    connection to the others."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        timeout_margin_s: float = 5.0,
+        admin_timeout_s: float = 30.0,
+    ) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.timeout_margin_s = timeout_margin_s
+        self.admin_timeout_s = admin_timeout_s
+        self._connections: dict[Address, _PeerConnection] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def append(
+        self,
+        address: Address,
+        stream_id: int,
+        acks: int,
+        timeout_ms: int,
+        *,
+        records: bytes | bytearray | memoryview | None = None,
+        location: S3WalLocation | None = None,
+        timeout_s: float | None = None,
+    ) -> ProduceResult | None:
+        """The owner's answer to appending `records` (direct) or the batches at `location`
+        (s3) to `stream_id`; None for acks=0, once the request is written. The default
+        timeout is the request's own `timeout_ms` plus `timeout_margin_s`."""
+        request = AppendRequest(0, stream_id, acks, timeout_ms, records, location)
+        if timeout_s is None:
+            timeout_s = max(timeout_ms, 0) / 1000 + self.timeout_margin_s
+        expect = None if acks == 0 else AppendResponse
+        response = await self._connection(address).call(request, expect, timeout_s)
+        assert response is None or isinstance(response, AppendResponse)
+        return None if response is None else response.result()
+
+    async def admin(
+        self,
+        address: Address,
+        op: str,
+        topic: str,
+        topic_id: uuid.UUID,
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, str]:
+        """(error code, message) from the owner of the topic's metadata shard."""
+        request = AdminRequest(0, op, topic, topic_id)
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    def _connection(self, address: Address) -> _PeerConnection:
+        if self._closed:
+            raise RuntimeError("the peer clients are closed")
+        connection = self._connections.get(address)
+        if connection is None or connection.failed:
+            if connection is not None:
+                task = asyncio.get_running_loop().create_task(connection.close())
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+            connection = _PeerConnection(address, self.connect_timeout_s, self.max_frame_bytes)
+            self._connections[address] = connection
+        return connection
+
+    async def close(self) -> None:
+        """Close every connection; calls still waiting fail with PeerUnavailable."""
+        self._closed = True
+        connections = list(self._connections.values())
+        self._connections.clear()
+        await asyncio.gather(*(c.close() for c in connections), *self._retiring)

@@ -1,0 +1,282 @@
+"""The peer protocol over real sockets on 127.0.0.1: a PeerServer and PeerClients.
+
+Concurrent appends answered out of order each get their own result; acks=0 is not
+answered; a bad frame closes only its connection; a server that goes away fails the calls
+waiting on it and a restarted one is reached again; a call that times out leaves the
+connection to the others. Nothing here needs Kafka or MinIO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+
+import pytest
+
+from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
+from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.peer_codec import AdminRequest, AppendRequest
+from proxy.wal.s3walobject import S3WalLocation
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC_ID = uuid.UUID("0e4f6c1a-2b3c-4d5e-8f90-a1b2c3d4e5f6")
+
+
+class Owner:
+    """Handlers standing in for an owner proxy. Each answer is computed from its request,
+    so an answer matched to the wrong call shows; each comes after a random small delay."""
+
+    def __init__(self, seed: int = 7) -> None:
+        self.rng = random.Random(seed)
+        self.max_delay_s = 0.02
+        self.arrived: list[int] = []  # stream ids, in the order handlers started
+        self.answered: list[int] = []
+        self.running = 0
+        self.gate: asyncio.Event | None = None  # while unset, appends wait
+        self.fail: Exception | None = None
+        self.slow: dict[int, float] = {}  # stream id -> delay
+        self._change = asyncio.Event()
+
+    def _changed(self) -> None:
+        self._change.set()
+        self._change = asyncio.Event()
+
+    async def wait_for(self, condition, timeout_s: float = 5.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                await self._change.wait()
+
+    async def on_append(self, request: AppendRequest) -> ProduceResult:
+        self.arrived.append(request.stream_id)
+        payload = payload_of(request)
+        self.running += 1
+        self._changed()
+        try:
+            await asyncio.sleep(
+                self.slow.get(request.stream_id, self.rng.uniform(0, self.max_delay_s))
+            )
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail is not None:
+                raise self.fail
+        finally:
+            self.running -= 1
+        self.answered.append(request.stream_id)
+        self._changed()
+        return expected_result(request.stream_id, payload)
+
+    async def on_admin(self, request: AdminRequest) -> tuple[int, str]:
+        if self.fail is not None:
+            raise self.fail
+        return 0, f"{request.op} {request.topic} {request.topic_id}"
+
+
+def payload_of(request: AppendRequest) -> str:
+    if request.records is not None:
+        return bytes(request.records).decode()
+    assert request.location is not None
+    return f"{request.location.object_key}[{request.location.start}:{request.location.end}]"
+
+
+def expected_result(stream_id: int, payload: str) -> ProduceResult:
+    return ProduceResult(0, stream_id * 100, 1_700_000_000_000 + stream_id, stream_id, payload)
+
+
+def location(stream_id: int) -> S3WalLocation:
+    return S3WalLocation(
+        f"wal/0001/proxy-b/{stream_id:016x}", stream_id, stream_id + 61, stream_id, 99
+    )
+
+
+@pytest.fixture
+async def owner():
+    return Owner()
+
+
+@pytest.fixture
+async def server(owner):
+    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin)
+    await server.start()
+    yield server
+    await server.close()
+
+
+@pytest.fixture
+async def clients():
+    clients = PeerClients(connect_timeout_s=2.0)
+    yield clients
+    await clients.close()
+
+
+async def test_200_concurrent_appends_get_their_own_results_answered_out_of_order(
+    owner, server, clients
+):
+    address = ("127.0.0.1", server.port)
+
+    async def one(i: int) -> tuple[int, ProduceResult | None]:
+        if i % 2:
+            return i, await clients.append(address, i, -1, 5000, location=location(i))
+        return i, await clients.append(address, i, -1, 5000, records=f"batch-{i}".encode())
+
+    results = await asyncio.gather(*(one(i) for i in range(200)))
+    for i, result in results:
+        payload = f"{location(i).object_key}[{i}:{i + 61}]" if i % 2 else f"batch-{i}"
+        assert result == expected_result(i, payload)
+    assert owner.arrived == list(range(200))  # written in call order, handled in arrival order
+    assert sorted(owner.answered) == list(range(200))
+    assert owner.answered != list(range(200))  # the delays put the answers out of order
+
+
+async def test_a_large_direct_payload_arrives_whole(owner, server, clients):
+    records = bytes(range(256)) * 32 * 1024  # 8 MiB: many reads, joined once
+    seen = []
+
+    async def keep(request: AppendRequest) -> ProduceResult:
+        seen.append(bytes(request.records))
+        return ProduceResult(0, 1)
+
+    big = PeerServer("127.0.0.1", 0, keep, owner.on_admin)
+    await big.start()
+    try:
+        result = await clients.append(("127.0.0.1", big.port), 1, -1, 1000, records=records)
+    finally:
+        await big.close()
+    assert result == ProduceResult(0, 1)
+    assert seen == [records]
+
+
+async def test_a_frame_over_the_limit_is_refused_before_any_io(server):
+    small = PeerClients(max_frame_bytes=1024)
+    try:
+        with pytest.raises(ValueError, match="over the limit 1024"):
+            await small.append(("127.0.0.1", server.port), 1, -1, 1000, records=b"x" * 2000)
+        result = await small.append(("127.0.0.1", server.port), 1, -1, 1000, records=b"fits")
+        assert result == expected_result(1, "fits")
+    finally:
+        await small.close()
+
+
+async def test_acks_0_gets_no_answer_but_the_handler_runs(owner, server, clients):
+    address = ("127.0.0.1", server.port)
+    owner.max_delay_s = 0
+    assert await clients.append(address, 3, 0, 1000, records=b"fire-and-forget") is None
+    await owner.wait_for(lambda: owner.answered == [3])
+    # No stray answer arrives to confuse the next call on the connection.
+    assert await clients.append(address, 4, 1, 1000, records=b"next") == expected_result(4, "next")
+
+
+async def test_admin_round_trip(server, clients):
+    code, message = await clients.admin(("127.0.0.1", server.port), "untier", "orders", TOPIC_ID)
+    assert (code, message) == (0, f"untier orders {TOPIC_ID}")
+
+
+async def test_a_failing_handler_answers_an_error_and_is_logged(owner, server, clients, caplog):
+    address = ("127.0.0.1", server.port)
+    owner.fail = RuntimeError("disk on fire")
+    with caplog.at_level(logging.ERROR, logger="tierproxy.peers"):
+        result = await clients.append(address, 5, -1, 1000, records=b"x")
+        code, message = await clients.admin(address, "tier", "orders", TOPIC_ID)
+    assert result is not None and result.error_code == 56
+    assert result.error_message == "RuntimeError: disk on fire"
+    assert (code, message) == (-1, "RuntimeError: disk on fire")
+    assert [r.exc_info[1] for r in caplog.records] == [owner.fail, owner.fail]
+
+
+async def test_a_bad_frame_closes_only_its_own_connection(server, clients, caplog):
+    address = ("127.0.0.1", server.port)
+    assert await clients.append(address, 1, -1, 1000, records=b"before")
+    reader, writer = await asyncio.open_connection(*address)
+    local = "{}:{}".format(*writer.get_extra_info("sockname"))
+    with caplog.at_level(logging.WARNING, logger="tierproxy.peers"):
+        writer.write(b"\x00\x00\x00\x10" + b"\xab" * 20)  # a frame whose crc does not hold
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # closed by the server
+    writer.close()
+    await writer.wait_closed()
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert local in warning.getMessage() and "bad crc" in warning.getMessage()
+    assert await clients.append(address, 2, -1, 1000, records=b"after") == expected_result(
+        2, "after"
+    )
+
+
+async def test_server_gone_mid_call_fails_the_calls_and_a_restart_is_reached_again(owner, clients):
+    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin)
+    await server.start()
+    address = ("127.0.0.1", server.port)
+    owner.gate = asyncio.Event()
+    calls = [
+        asyncio.create_task(clients.append(address, i, -1, 1000, records=b"held")) for i in range(3)
+    ]
+    await owner.wait_for(lambda: owner.running == 3)
+    await server.close()
+    for call in calls:
+        with pytest.raises(PeerUnavailable, match=f"peer 127.0.0.1:{address[1]}: "):
+            await call
+    with pytest.raises(PeerUnavailable, match="cannot connect"):
+        await clients.append(address, 9, -1, 1000, records=b"refused")
+
+    owner.gate = None
+    again = PeerServer("127.0.0.1", address[1], owner.on_append, owner.on_admin)
+    await again.start()
+    try:
+        assert await clients.append(address, 7, -1, 1000, records=b"back") == expected_result(
+            7, "back"
+        )
+    finally:
+        await again.close()
+
+
+async def test_a_call_that_times_out_leaves_the_connection_to_the_others(
+    owner, server, clients, caplog
+):
+    address = ("127.0.0.1", server.port)
+    owner.slow[1] = 0.3
+    slow = asyncio.create_task(
+        clients.append(address, 1, -1, 1000, records=b"slow", timeout_s=0.05)
+    )
+    fast = await clients.append(address, 2, -1, 1000, records=b"fast")
+    assert fast == expected_result(2, "fast")
+    with pytest.raises(
+        TimeoutError,
+        match=rf"peer 127.0.0.1:{address[1]}: AppendRequest \d+ not answered within 0.05 s",
+    ):
+        await slow
+    with caplog.at_level(logging.WARNING, logger="tierproxy.peers"):
+        await owner.wait_for(lambda: owner.answered == [2, 1])  # the late answer arrives, dropped
+        assert await clients.append(address, 3, -1, 1000, records=b"then") == expected_result(
+            3, "then"
+        )
+    assert caplog.records == []
+
+
+async def test_a_connection_holds_at_most_max_inflight_requests(owner, clients):
+    owner.gate = asyncio.Event()
+    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin, max_inflight=4)
+    await server.start()
+    try:
+        address = ("127.0.0.1", server.port)
+        calls = [
+            asyncio.create_task(clients.append(address, i, -1, 5000, records=b"r"))
+            for i in range(20)
+        ]
+        await owner.wait_for(lambda: owner.running == 4)
+        await asyncio.sleep(0.05)
+        assert len(owner.arrived) == 4  # the rest wait in the socket, unread
+        owner.gate.set()
+        results = await asyncio.gather(*calls)
+        assert results == [expected_result(i, "r") for i in range(20)]
+    finally:
+        await server.close()
+
+
+async def test_an_unreachable_peer_fails_fast_with_its_address(clients):
+    free = PeerServer("127.0.0.1", 0, Owner().on_append, Owner().on_admin)
+    await free.start()
+    port = free.port
+    await free.close()
+    with pytest.raises(PeerUnavailable, match=f"peer 127.0.0.1:{port}: cannot connect"):
+        await clients.admin(("127.0.0.1", port), "tier", "orders", TOPIC_ID)

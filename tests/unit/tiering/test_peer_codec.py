@@ -1,0 +1,234 @@
+"""The peer protocol codec: each message round trips, the frame layout is as documented,
+records decode as a view of the received bytes, and every kind of bad frame is refused with
+a PeerProtocolError naming what is wrong."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+import pytest
+from crc32c import crc32c
+
+from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.peer_codec import (
+    HEADER_SIZE,
+    AdminRequest,
+    AdminResponse,
+    AppendRequest,
+    AppendResponse,
+    PeerFrameReader,
+    PeerProtocolError,
+    decode_frame,
+    encode,
+    encode_frame,
+    read_frame,
+)
+from proxy.wal.s3walobject import S3WalLocation
+
+TOPIC_ID = uuid.UUID("5f0c6a57-1c1e-4b7a-9d0e-1f2a3b4c5d6e")
+LOCATION = S3WalLocation("wal/00ab/proxy-a/0000000000000007", 100, 4196, 42, 0xDEADBEEF)
+
+MESSAGES = [
+    AppendRequest(1, 42, -1, 30_000, records=b"\x00" * 61 + b"batch"),
+    AppendRequest(2, 42, 1, 0, location=LOCATION),
+    AppendRequest(0xFFFF_FFFF, (1 << 64) - 1, 0, -1, records=b""),
+    AppendResponse(3, 0, 1000, 1_700_000_000_000, 0),
+    AppendResponse(4, 56, error_message="WAL fenced: fsync failed ✗"),
+    AppendResponse(5, 6, error_message=""),
+    AdminRequest(6, "tier", "orders", TOPIC_ID),
+    AdminRequest(7, "untier", "ünïcode.topic", TOPIC_ID),
+    AdminResponse(8, 0, "tiered"),
+    AdminResponse(9, -1, ""),
+]
+
+
+def reframe(body: bytes) -> bytes:
+    """`body` (version onwards) with a correct length and crc in front."""
+    return struct.pack(">II", len(body), crc32c(body)) + body
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_each_message_round_trips(message):
+    frame = encode_frame(message)
+    assert decode_frame(frame) == message
+    assert read_frame(frame + b"next") == (message, len(frame))
+
+
+def test_frame_layout_is_length_crc_version_type_correlation_id_body():
+    frame = encode_frame(AdminResponse(0x01020304, 3, "ok"))
+    length, crc = struct.unpack_from(">II", frame)
+    assert length == len(frame) - 8
+    assert crc == crc32c(frame[8:])
+    assert frame[8:14] == b"\x01\x04\x01\x02\x03\x04"  # version 1, type 4, correlation id
+    assert frame[14:] == b"\x00\x03\x00\x02ok"  # error code i16, message u16 + UTF-8
+
+
+def test_null_and_empty_error_messages_differ_on_the_wire():
+    null = encode_frame(AppendResponse(1, 0))
+    empty = encode_frame(AppendResponse(1, 0, error_message=""))
+    assert null[-2:] == b"\xff\xff" and empty[-2:] == b"\x00\x00"
+    assert decode_frame(null).error_message is None
+    assert decode_frame(empty).error_message == ""
+
+
+def test_direct_records_are_written_as_given_and_decoded_as_a_view_of_the_buffer():
+    records = memoryview(bytearray(b"R" * 1000))
+    pieces = encode(AppendRequest(1, 7, -1, 1000, records=records))
+    assert pieces[-1] is records  # not copied into the frame
+    buf = bytearray(b"".join(pieces))
+    decoded = decode_frame(buf)
+    assert isinstance(decoded.records, memoryview)
+    assert decoded.records.obj is buf
+    buf[-1:] = b"X"  # the view sees the buffer it was read from
+    assert bytes(decoded.records[-1:]) == b"X"
+
+
+def test_location_round_trips_with_the_request_stream_id():
+    decoded = decode_frame(encode_frame(AppendRequest(9, 42, -1, 100, location=LOCATION)))
+    assert decoded.location == LOCATION
+    assert decoded.records is None
+
+
+def test_append_response_mirrors_produce_result():
+    result = ProduceResult(0, base_offset=5, log_append_time_ms=-1, log_start_offset=2)
+    response = AppendResponse.from_result(17, result)
+    assert response == AppendResponse(17, 0, 5, -1, 2, None)
+    assert decode_frame(encode_frame(response)).result() == result
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({}, "exactly one of records"),
+        ({"records": b"x", "location": LOCATION}, "exactly one of records"),
+        ({"records": b"x", "acks": 2}, "acks 2"),
+        ({"records": b"x", "stream_id": -1}, "stream_id"),
+        ({"records": b"x", "timeout_ms": 1 << 31}, "timeout_ms"),
+        ({"location": S3WalLocation("k", 0, 1, 43, 0)}, "location of stream 43"),
+        ({"location": S3WalLocation("k", 5, 4, 42, 0)}, "location.end"),
+    ],
+)
+def test_an_append_that_cannot_be_built_is_a_value_error(kwargs, error):
+    args = {"correlation_id": 1, "stream_id": 42, "acks": -1, "timeout_ms": 10, **kwargs}
+    with pytest.raises(ValueError, match=error) as info:
+        AppendRequest(**args)
+    assert not isinstance(info.value, PeerProtocolError)
+
+
+def test_other_misuse_is_a_value_error():
+    with pytest.raises(ValueError, match="admin op 'delete'"):
+        AdminRequest(1, "delete", "t", TOPIC_ID)
+    with pytest.raises(ValueError, match="correlation_id"):
+        AdminResponse(-1, 0, "")
+    with pytest.raises(ValueError, match="error_message"):
+        AppendResponse(1, 56, error_message="x" * 40_000)
+    with pytest.raises(ValueError, match="over the limit 100"):
+        encode(AppendRequest(1, 1, -1, 10, records=b"x" * 100), max_frame_bytes=100)
+
+
+def test_bad_crc_is_refused():
+    frame = bytearray(encode_frame(MESSAGES[0]))
+    frame[-1] ^= 0x01
+    with pytest.raises(PeerProtocolError, match="bad crc"):
+        decode_frame(frame)
+
+
+def test_unknown_type_and_version_are_refused():
+    body = bytearray(encode_frame(MESSAGES[8])[8:])
+    body[1] = 9
+    with pytest.raises(PeerProtocolError, match="unknown message type 9"):
+        decode_frame(reframe(bytes(body)))
+    body[0], body[1] = 2, 4
+    with pytest.raises(PeerProtocolError, match="unsupported version 2"):
+        decode_frame(reframe(bytes(body)))
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_truncated_body_names_the_cut_field(message):
+    body = encode_frame(message)[8:]
+    for cut in range(6, len(body)):
+        with pytest.raises(PeerProtocolError, match="truncated"):
+            decode_frame(reframe(body[:cut]))
+
+
+def test_trailing_bytes_in_a_body_are_refused():
+    with pytest.raises(PeerProtocolError, match="2 trailing bytes after a AdminResponse"):
+        decode_frame(reframe(encode_frame(MESSAGES[8])[8:] + b"!!"))
+
+
+def test_an_incomplete_frame_asks_for_the_bytes_it_needs():
+    frame = encode_frame(MESSAGES[0])
+    assert read_frame(b"") == (None, 4)
+    assert read_frame(frame[:3]) == (None, 4)
+    assert read_frame(frame[:4]) == (None, len(frame))
+    assert read_frame(frame[:-1]) == (None, len(frame))
+    with pytest.raises(PeerProtocolError, match=f"truncated frame: 20 of {len(frame)} bytes"):
+        decode_frame(frame[:20])
+
+
+def test_an_oversized_or_undersized_length_is_refused_from_its_four_bytes():
+    with pytest.raises(PeerProtocolError, match="frame of 1032 bytes is over the limit 1024"):
+        read_frame(struct.pack(">I", 1024), max_frame_bytes=1024)
+    with pytest.raises(PeerProtocolError, match="below the minimum 6"):
+        read_frame(struct.pack(">I", 5))
+
+
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        (struct.pack(">BBIQhiB", 1, 1, 1, 42, -1, 10, 0), "payload kind 0: neither records"),
+        (struct.pack(">BBIQhiB", 1, 1, 1, 42, -1, 10, 3), "payload kind 3"),
+        (struct.pack(">BBIQhiBI", 1, 1, 1, 42, 5, 10, 1, 0), "acks 5"),
+        (
+            struct.pack(">BBIQhiBH", 1, 1, 1, 42, -1, 10, 2, 1)
+            + b"k"
+            + struct.pack(">QQI", 9, 8, 0),
+            "ends before it starts",
+        ),
+        (struct.pack(">BBIH", 1, 3, 1, 6) + b"delete", "admin op 'delete'"),
+        (struct.pack(">BBIH", 1, 3, 1, 2) + b"\xff\xfe", "admin op is not UTF-8"),
+        (struct.pack(">BBIhqqqh", 1, 2, 1, 0, 0, 0, 0, -2), "error message size -2"),
+        (struct.pack(">BBIhH", 1, 4, 1, 0, 3) + b"\x00", "truncated admin response message"),
+    ],
+)
+def test_bad_bodies_are_refused_with_the_reason(body, error):
+    with pytest.raises(PeerProtocolError, match=error):
+        decode_frame(reframe(body))
+
+
+def test_reader_splits_a_stream_and_decodes_frames_in_one_chunk_in_place():
+    stream = b"".join(encode_frame(m) for m in MESSAGES)
+    reader = PeerFrameReader()
+    reader.feed(stream)
+    decoded = reader.messages()
+    assert decoded == MESSAGES
+    assert decoded[0].records.obj is stream
+    assert reader.buffered == 0
+    assert reader.next_message() is None
+
+
+def test_reader_joins_a_frame_fed_in_pieces_once_it_is_whole():
+    frame = encode_frame(AppendRequest(1, 1, -1, 10, records=b"z" * 5000))
+    reader = PeerFrameReader()
+    for start in range(0, len(frame), 700):
+        assert reader.messages() == []
+        reader.feed(bytearray(frame[start : start + 700]))  # a reused buffer is copied
+    [message] = reader.messages()
+    assert bytes(message.records) == b"z" * 5000
+
+
+def test_reader_stays_failed_after_a_bad_frame():
+    reader = PeerFrameReader(max_frame_bytes=64)
+    reader.feed(encode_frame(MESSAGES[8]) + struct.pack(">I", 1000))
+    assert reader.next_message() == MESSAGES[8]
+    with pytest.raises(PeerProtocolError, match="over the limit 64"):
+        reader.next_message()
+    reader.feed(encode_frame(MESSAGES[8]))
+    with pytest.raises(PeerProtocolError, match="over the limit 64"):
+        reader.next_message()
+
+
+def test_reader_limit_must_hold_a_frame_header():
+    with pytest.raises(ValueError, match="max_frame_bytes"):
+        PeerFrameReader(max_frame_bytes=HEADER_SIZE - 1)
