@@ -31,6 +31,7 @@ from proxy.tiering.metarecords import (
     Record,
     RecordType,
     ShardClaim,
+    ShardRelease,
     StreamCutover,
     StreamTrim,
     StreamUntier,
@@ -190,7 +191,8 @@ class MetadataState:
             return refuse(f"checkpoint of generation {end.generation}: {problem}")
         self._retired |= self._view.keys
         view.restoring = False
-        view.epoch = max(view.epoch, end.epoch)
+        if end.epoch > view.epoch:
+            view.epoch, view.released = end.epoch, False
         self._view, self.generation, self._pending = view, end.generation, None
         return ACCEPT
 
@@ -240,6 +242,8 @@ class MetadataState:
                     known.commit, generation=generation, epoch=epoch, ranges=ranges, replaces=()
                 )
             )
+        if view.released:  # kept: the next owner need not wait for anyone
+            records.append(ShardRelease(generation, epoch, owner, now_ms))
         records.append(CheckpointEnd(generation, epoch, now_ms))
         return [encode(record) for record in records]
 
@@ -255,7 +259,15 @@ class MetadataState:
 
     @property
     def owner(self) -> str:
+        """The owner named by the last claim ("" if none), kept after it released."""
         return self._view.owner
+
+    @property
+    def released(self) -> bool:
+        """True when the owner of the current epoch released the shard (ShardRelease), or
+        no one ever claimed it: the next owner claims at once. False while its last owner
+        holds it, or died holding it."""
+        return self._view.released
 
     def topic_mode(self, topic_id: UUID) -> TopicMode:
         """What was asked for the topic; PASSTHROUGH for a topic never named."""
@@ -339,6 +351,13 @@ class MetadataState:
         objects = self._view.objects
         return [objects[n].commit for n in sorted(objects) if not objects[n].live]
 
+    def next_incarnation(self, stream: int) -> int:
+        """The incarnation a new cutover of the stream takes: 1, or one past the last."""
+        tiered = self._view.streams.get(stream)
+        if tiered is not None:
+            return tiered.cutover.incarnation + 1
+        return self._view.incarnations.get(stream, 0) + 1
+
     def untier_refusal(self, stream: int) -> str | None:
         """Why the stream cannot go back to passthrough; None when it can (or is not tiered)."""
         tiered = self._view.streams.get(stream)
@@ -351,6 +370,7 @@ class MetadataState:
             "generation": self.generation,
             "epoch": v.epoch,
             "owner": v.owner,
+            "released": v.released,
             "topics": {str(t): self._topics[t] for t in self.topic_ids()},
             "streams": {
                 s: (v.streams[s].info(), tuple(v.streams[s].ranges)) for s in sorted(v.streams)
@@ -370,6 +390,11 @@ class MetadataState:
 def check_claim(state: MetadataState, claim: ShardClaim) -> Verdict:
     """A claim counts when its epoch is newer than the shard's."""
     return state.check(claim)
+
+
+def check_release(state: MetadataState, release: ShardRelease) -> Verdict:
+    """A release counts at the current epoch, by its owner; a second one is a NO_OP."""
+    return state.check(release)
 
 
 def check_cutover(state: MetadataState, cutover: StreamCutover) -> Verdict:

@@ -3,23 +3,28 @@
 
 `ensure_metadata_topic` creates the compacted topic, one partition per shard. A
 `ShardAssignment` joins the consumer group that subscribes to it: the group's partition
-assignment is the shard assignment. For each shard assigned, one task runs a `ShardOwner`
-(metastore.py); a revoked shard's owner is closed before the group moves on. The group's
-consumer never reads a record: it pauses what it is given and polls only to stay a member.
+assignment, made by `ShardAssignor` (shard_assignor.py), is the shard assignment. For each
+shard assigned, one task runs a `ShardOwner` (metastore.py); a revoked shard's owner is
+released (or closed, if the caller still holds some of the shard's records) before the
+group moves on. The group's consumer never reads a record: it pauses what it is given and
+polls only to stay a member.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from proxy.tiering.metastore import ShardFenced, ShardOwner
+from proxy.tiering.shard_assignor import ShardAssignor
 
 log = logging.getLogger("tierproxy.metadata")
 
@@ -108,14 +113,28 @@ async def _compacted(admin: AIOKafkaAdminClient, topic: str) -> bool:
     return True
 
 
+OnOwned = Callable[[int, ShardOwner], Awaitable[None]]
+OnShard = Callable[[int], Awaitable[Any]]
+
+
 class ShardAssignment:
     """This proxy's share of the shards, as the consumer group `group_id` assigns them.
 
     The member named `name` owns each shard it is assigned: one task per shard starts a
-    `ShardOwner` and, should the owner be lost while the shard is still assigned (a
-    failed write, say), starts another after `restart_after_s` (default: the session
-    timeout, so that a member that lost the group hears of it first). A revoked shard's
-    task is cancelled and its owner closed before the rebalance goes on."""
+    `ShardOwner` (which may wait for a last owner that did not release the shard, see
+    `held()`), awaits `on_owned(shard, owner)`, and only then counts the shard as owned.
+    Should the owner be lost while the shard is still assigned (a failed write, say), it
+    starts another after `restart_after_s` (default: the session timeout, so that a
+    member that lost the group hears of it first).
+
+    A revoked shard's task is stopped before the rebalance goes on: `on_lost(shard)` is
+    awaited (stop serving the shard's partitions), then `on_release(shard)`: True when
+    everything this member acknowledged for the shard is in committed objects, and the
+    owner writes a ShardRelease; False and the owner is only closed, the shard stays
+    dirty and the group gives it back to this member. Without `on_release` every shard
+    is released (a member that keeps nothing outside the metadata). `dirty_shards()` names
+    the shards this member must get back although this process never owned them (a
+    restart): the shards whose last claim is this member's and were not released."""
 
     def __init__(
         self,
@@ -127,22 +146,34 @@ class ShardAssignment:
         group_id: str = DEFAULT_GROUP,
         session_timeout_ms: int = 10000,
         restart_after_s: float | None = None,
+        dirty_shards: Callable[[], Collection[int]] | None = None,
+        on_owned: OnOwned | None = None,
+        on_lost: OnShard | None = None,
+        on_release: Callable[[int], Awaitable[bool]] | None = None,
         **owner_options: Any,
     ) -> None:
         self.topic = topic
         self.shard_count = shard_count
         self.name = name
+        self.rebalances = 0  # assignments received from the group
         self._kafka = kafka_settings
         self._group_id = group_id
         self._session_timeout_ms = session_timeout_ms
         self._restart_after_s = (
             session_timeout_ms / 1000 if restart_after_s is None else restart_after_s
         )
+        self._dirty_shards = dirty_shards
+        self._on_owned = on_owned
+        self._on_lost = on_lost
+        self._on_release = on_release
         self._owner_options = owner_options
+        self._assignor = ShardAssignor(self._dirty)
         self._consumer: AIOKafkaConsumer | None = None
         self._poller: asyncio.Task[None] | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._starting: dict[int, ShardOwner] = {}
         self._owners: dict[int, ShardOwner] = {}
+        self._unreleased: set[int] = set()  # claimed by this process, not released since
         self._closing = False
 
     async def start(self) -> None:
@@ -154,6 +185,8 @@ class ShardAssignment:
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(100, self._session_timeout_ms // 3),
             rebalance_timeout_ms=self._session_timeout_ms,
+            # roundrobin only while a member of an older version is in the group
+            partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
         )
         self._consumer.subscribe([self.topic], listener=_Listener(self))
         await self._consumer.start()
@@ -164,15 +197,21 @@ class ShardAssignment:
         return sorted(self._tasks)
 
     def owned(self) -> list[int]:
-        """The shards this member owns now: claimed, and not lost since."""
+        """The shards this member owns now: claimed, `on_owned` done, and not lost since."""
         return sorted(shard for shard, owner in self._owners.items() if owner.owning)
 
     def owner(self, shard: int) -> ShardOwner | None:
         owner = self._owners.get(shard)
         return owner if owner is not None and owner.owning else None
 
+    def held(self) -> dict[int, str]:
+        """The shards assigned to this member that wait for their last owner, which did
+        not release them: shard -> that member's name."""
+        return {s: o.held_by for s, o in sorted(self._starting.items()) if o.held_by}
+
     async def close(self) -> None:
-        """Close every owner, then leave the group (so the next owners start after)."""
+        """Stop every owner (released, or closed: see `on_release`), then leave the group,
+        so that the next owners start after."""
         self._closing = True
         if self._poller is not None:
             self._poller.cancel()
@@ -180,6 +219,12 @@ class ShardAssignment:
         await self._release(list(self._tasks))
         if self._consumer is not None:
             await self._consumer.stop()
+
+    def _dirty(self) -> set[int]:
+        dirty = set(self._unreleased)
+        if self._dirty_shards is not None:
+            dirty.update(self._dirty_shards())
+        return dirty
 
     async def _poll(self) -> None:
         # The member leaves the group when it has not polled for max.poll.interval.ms;
@@ -195,6 +240,7 @@ class ShardAssignment:
     def _assign(self, partitions: set[TopicPartition]) -> None:
         assert self._consumer is not None
         self._consumer.pause(*partitions)
+        self.rebalances += 1
         if self._closing:
             return
         shards = sorted(tp.partition for tp in partitions if tp.topic == self.topic)
@@ -227,9 +273,16 @@ class ShardAssignment:
             owner = ShardOwner(
                 self._kafka, self.topic, shard, self.shard_count, self.name, **self._owner_options
             )
+            self._starting[shard] = owner
+            serving = False  # on_owned was called: on_lost is owed
             try:
                 await owner.start()
+                self._unreleased.add(shard)
+                self._forget(self._starting, shard, owner)
                 if self._tasks.get(shard) is me:
+                    serving = True
+                    if self._on_owned is not None:
+                        await self._on_owned(shard, owner)
                     self._owners[shard] = owner
                     reason = await owner.lost()
                     log.warning("%s: shard %d lost while assigned: %s", self.name, shard, reason)
@@ -238,11 +291,43 @@ class ShardAssignment:
             except Exception:
                 log.exception("%s could not own shard %d", self.name, shard)
             finally:
-                if self._owners.get(shard) is owner:
-                    del self._owners[shard]
-                await owner.close()
+                self._forget(self._starting, shard, owner)
+                self._forget(self._owners, shard, owner)
+                await self._stop(shard, owner, serving)
             if self._tasks.get(shard) is me:
                 await asyncio.sleep(self._restart_after_s)
+
+    @staticmethod
+    def _forget(owners: dict[int, ShardOwner], shard: int, owner: ShardOwner) -> None:
+        if owners.get(shard) is owner:
+            del owners[shard]
+
+    async def _stop(self, shard: int, owner: ShardOwner, serving: bool) -> None:
+        """on_lost, then release the owner if on_release says everything is committed,
+        else close it. A hook that fails counts as "not everything is committed"."""
+        if serving and self._on_lost is not None:
+            try:
+                await self._on_lost(shard)
+            except Exception:
+                log.exception("%s: on_lost of shard %d failed", self.name, shard)
+        release = False
+        if owner.owning:
+            try:
+                release = self._on_release is None or await self._on_release(shard)
+            except Exception:
+                log.exception("%s: on_release of shard %d failed", self.name, shard)
+        if release:
+            try:
+                await owner.release()
+                self._unreleased.discard(shard)
+            except (KafkaError, ShardFenced, OSError) as exc:
+                log.warning("%s could not release shard %d: %r", self.name, shard, exc)
+            except Exception:
+                log.exception("%s could not release shard %d", self.name, shard)
+        else:
+            await owner.close()
+        if owner.state.owner not in ("", self.name):  # another member claimed it since
+            self._unreleased.discard(shard)
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -40,6 +40,7 @@ class RecordType(IntEnum):
     OBJECT_DELETE = 7
     PRODUCER_SNAPSHOT = 8
     CHECKPOINT_END = 9
+    SHARD_RELEASE = 10
 
 
 class TopicMode(IntEnum):
@@ -120,6 +121,20 @@ class ShardClaim:
     epoch: int
     owner: str
     claimed_at_ms: int
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRelease:
+    """The owner of `epoch` gives the shard up cleanly: everything it acknowledged for the
+    shard's streams is in committed objects, so the next owner need not wait for it."""
+
+    generation: int
+    epoch: int
+    owner: str
+    released_at_ms: int
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -277,6 +292,7 @@ Record = (
     | ObjectDelete
     | ProducerSnapshot
     | CheckpointEnd
+    | ShardRelease
 )
 
 
@@ -366,6 +382,11 @@ LAYOUTS = {
         CheckpointEnd,
         (_GEN,),
         (_EPOCH, ("at_ms", "i64")),
+    ),
+    RecordType.SHARD_RELEASE: (
+        ShardRelease,
+        (_GEN, ("epoch", "u32"), ("owner", "str")),
+        (("released_at_ms", "i64"),),
     ),
 }
 RECORD_TYPES = {cls: record_type for record_type, (cls, _, _) in LAYOUTS.items()}

@@ -21,6 +21,7 @@ from proxy.tiering.metarecords import (
     ProducerSnapshot,
     Record,
     ShardClaim,
+    ShardRelease,
     StreamCutover,
     StreamTrim,
     StreamUntier,
@@ -73,7 +74,8 @@ class ShardView:
     shard_count: int
     restoring: bool = False  # a checkpoint's generation, read before its CheckpointEnd
     epoch: int = 0
-    owner: str = ""
+    owner: str = ""  # the last claim's, kept after a release
+    released: bool = True  # by the owner of `epoch`, or never claimed (epoch 0)
     streams: dict[int, TieredStream] = field(default_factory=dict)
     incarnations: dict[int, int] = field(default_factory=dict)  # kept after an untier
     objects: dict[int, KnownObject] = field(default_factory=dict)
@@ -88,6 +90,11 @@ def _owner_problem(view: ShardView, epoch: int) -> str | None:
         return (
             f"stale owner epoch {epoch}: the shard is at epoch {view.epoch} "
             f"(owner {view.owner or 'unknown'}); its writer was fenced"
+        )
+    if view.released and epoch == view.epoch > 0:
+        return (
+            f"epoch {epoch} is over: its owner {view.owner} released the shard; "
+            "a record needs a newer claim"
         )
     return None
 
@@ -130,6 +137,20 @@ def _check_claim(view: ShardView, claim: ShardClaim) -> Verdict:
             f"claim of epoch {claim.epoch} by {claim.owner}: the shard is at epoch "
             f"{view.epoch} (owner {view.owner or 'unknown'}) already"
         )
+    return ACCEPT
+
+
+def _check_release(view: ShardView, release: ShardRelease) -> Verdict:
+    what = f"release of epoch {release.epoch} by {release.owner}"
+    if release.epoch < view.epoch:
+        return refuse(f"{what}: {_owner_problem(view, release.epoch)}")
+    if release.epoch != view.epoch or release.owner != view.owner:
+        return refuse(
+            f"{what}: the shard is at epoch {view.epoch} (owner {view.owner or 'unknown'}); "
+            "only the owner of the current epoch releases it"
+        )
+    if view.released:
+        return no_op(f"{what}: released already")
     return ACCEPT
 
 
@@ -291,6 +312,7 @@ def _check_snapshot(view: ShardView, snapshot: ProducerSnapshot) -> Verdict:
 
 _CHECKS: dict[type, Any] = {
     ShardClaim: _check_claim,
+    ShardRelease: _check_release,
     StreamCutover: _check_cutover,
     StreamUntier: _check_untier,
     StreamTrim: _check_trim,
@@ -299,7 +321,7 @@ _CHECKS: dict[type, Any] = {
     ProducerSnapshot: _check_snapshot,
 }
 # what a checkpoint may hold: the state, not the steps that led to it
-_RESTORABLE = (ShardClaim, StreamCutover, ObjectCommit, ProducerSnapshot)
+_RESTORABLE = (ShardClaim, StreamCutover, ObjectCommit, ProducerSnapshot, ShardRelease)
 
 
 def judge(view: ShardView, record: Record) -> Verdict:
@@ -318,9 +340,12 @@ def _drop(view: ShardView, tiered: TieredStream, olds: list[StreamRange]) -> Non
 def enact(view: ShardView, record: Record) -> None:
     """Apply a record `judge` accepted."""
     epoch = getattr(record, "epoch", 0)
-    view.epoch = max(view.epoch, epoch)
+    if epoch > view.epoch:  # a new writer, which has released nothing yet
+        view.epoch, view.released = epoch, False
     if isinstance(record, ShardClaim):
         view.owner = record.owner
+    elif isinstance(record, ShardRelease):
+        view.released = True
     elif isinstance(record, StreamCutover):
         view.streams[record.stream_id] = TieredStream(
             record, record.log_start_offset, record.end_offset

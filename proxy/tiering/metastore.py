@@ -1,11 +1,12 @@
 """The Kafka adapter of the fleet's metadata (docs/metadata.md, "The Kafka adapter").
 
-The pure modules judge records; this one moves them. A `ShardReader` follows one partition with
-read_committed into a `MetadataState`: every proxy runs one per shard. A `ShardOwner` is
-a shard's one writer: a transactional producer whose transactional.id is the shard's, so
-that starting it fences the previous owner; it reads the partition to its end, claims a
-new epoch, and writes what the rules accept, one transaction per write. Who owns which
-shard is the consumer group's answer, and the topic is created there (metagroup.py).
+The pure modules judge records; this one moves them. A `ShardOwner` is a shard's one
+writer: a transactional producer whose transactional.id is the shard's, so that starting
+it fences the previous owner; it reads the partition to its end, waits for a last owner
+that did not release the shard, claims a new epoch, and writes what the rules accept, one
+transaction per write, until it is closed or releases the shard. Its reader, like every
+proxy's, is a `ShardReader` (metareader.py). Who owns which shard is the consumer group's
+answer, and the topic is created there (metagroup.py).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import Record, ShardClaim
+from proxy.tiering.metareader import ShardReader
+from proxy.tiering.metarecords import Record, ShardClaim, ShardRelease
 from proxy.tiering.metarules import Outcome, Verdict, refuse
 from proxy.tiering.metastreams import transactional_id
+
+__all__ = ["ShardFenced", "ShardOwner", "ShardReader"]
 
 log = logging.getLogger("tierproxy.metadata")
 
@@ -39,113 +43,6 @@ class ShardFenced(Exception):
         super().__init__(f"shard {shard}: no longer its owner: {reason}")
         self.shard = shard
         self.reason = reason
-
-
-class ShardReader:
-    """Partition `shard` of the metadata topic, followed with read_committed into `state`.
-
-    One task reads and applies; `state` holds every record below the consumer's position.
-    Any number of callers may wait in `caught_up`, `read_to_end` or `read_to`."""
-
-    def __init__(
-        self,
-        kafka_settings: dict,
-        topic: str,
-        shard: int,
-        shard_count: int,
-        *,
-        on_record: Callable[[int, Verdict], None] | None = None,
-        recheck_s: float = 0.05,
-        fetch_max_wait_ms: int = 500,
-    ) -> None:
-        self.state = MetadataState(shard, shard_count)
-        self.topic = topic
-        self.shard = shard
-        self._kafka = kafka_settings
-        self._tp = TopicPartition(topic, shard)
-        self._on_record = on_record
-        self._recheck_s = recheck_s
-        self._fetch_max_wait_ms = fetch_max_wait_ms
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._progress = asyncio.Event()
-        self._end_at_start = 0
-
-    async def start(self) -> None:
-        consumer = AIOKafkaConsumer(
-            **self._kafka,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-            fetch_max_wait_ms=self._fetch_max_wait_ms,
-        )
-        self._consumer = consumer
-        await consumer.start()
-        consumer.assign([self._tp])
-        await consumer.seek_to_beginning(self._tp)
-        self._end_at_start = await self._end()
-        self._task = asyncio.create_task(self._follow(), name=f"metadata-reader-{self.shard}")
-
-    async def caught_up(self) -> None:
-        """Wait until the state holds everything committed when the reader started."""
-        await self.read_to(self._end_at_start)
-
-    async def read_to_end(self) -> int:
-        """Wait until the state holds everything committed now; returns that end offset
-        (the last stable offset: no open transaction is below it)."""
-        end = await self._end()
-        await self.read_to(end)
-        return end
-
-    async def read_to(self, offset: int) -> None:
-        """Wait until every record below `offset` is applied, or skipped (aborted, a
-        transaction marker, compacted away)."""
-        assert self._consumer is not None, "start the reader first"
-        while self.state.next_offset < offset:
-            if self._task is None or self._task.done():
-                raise RuntimeError(f"the reader of metadata shard {self.shard} stopped")
-            if await self._consumer.position(self._tp) >= offset:
-                return
-            progress = self._progress  # set by the next getmany; markers move no state
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._recheck_s):
-                    await progress.wait()
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def _end(self) -> int:
-        assert self._consumer is not None
-        return (await self._consumer.end_offsets([self._tp]))[self._tp]
-
-    async def _follow(self) -> None:
-        assert self._consumer is not None
-        while True:
-            try:
-                batches = await self._consumer.getmany(self._tp, timeout_ms=1000)
-            except KafkaError as exc:
-                log.warning("reading metadata shard %d: %s; retrying", self.shard, exc)
-                await asyncio.sleep(1.0)
-                continue
-            # applied in the step that moved the consumer's position: `read_to` relies on it
-            for record in batches.get(self._tp, ()):
-                verdict = self.state.apply(record.key or b"", record.value, record.offset)
-                if verdict.outcome is Outcome.REFUSE:
-                    log.info(
-                        "metadata shard %d offset %d refused: %s",
-                        self.shard,
-                        record.offset,
-                        verdict.reason,
-                    )
-                if self._on_record is not None:
-                    self._on_record(record.offset, verdict)
-            self._progress.set()
-            self._progress = asyncio.Event()
 
 
 def _now_ms() -> int:
@@ -177,9 +74,13 @@ class ShardOwner:
 
     `start` becomes the owner: the producer's InitProducerId fences the previous owner
     (Kafka bumps the epoch of the transactional.id and aborts its open transaction), the
-    reader reads the partition to its end, and a ShardClaim of a new epoch is written and
-    read back. `write` then checks records with the rules and writes the accepted ones in
-    one transaction. Writes run one at a time; `close` waits for the one in flight."""
+    reader reads the partition to its end, and, once the last owner released the shard or
+    is this very member, a ShardClaim of a new epoch is written and read back. A last owner
+    that did not release it may hold records it acknowledged in its own WAL only, so the
+    start waits for it (`held_by`), for ever or for `unclean_takeover_after_s`. `write`
+    then checks records with the rules and writes the accepted ones in one transaction.
+    Writes run one at a time; `close` waits for the one in flight; `release` writes a
+    ShardRelease and closes."""
 
     def __init__(
         self,
@@ -191,6 +92,8 @@ class ShardOwner:
         *,
         clock: Callable[[], int] = _now_ms,
         transaction_timeout_ms: int = 60000,
+        unclean_takeover_after_s: float | None = None,
+        hold_recheck_s: float = 0.5,
     ) -> None:
         self.topic = topic
         self.shard = shard
@@ -202,6 +105,9 @@ class ShardOwner:
         self._kafka = kafka_settings
         self._clock = clock
         self._transaction_timeout_ms = transaction_timeout_ms
+        self._unclean_takeover_after_s = unclean_takeover_after_s
+        self._hold_recheck_s = hold_recheck_s
+        self._held_by: str | None = None
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
         self._lost: str | None = "not started"
@@ -219,6 +125,12 @@ class ShardOwner:
     def owning(self) -> bool:
         return self._lost is None
 
+    @property
+    def held_by(self) -> str | None:
+        """While `start` waits: the member it waits for (the last owner, which did not
+        release the shard). None otherwise."""
+        return self._held_by
+
     async def lost(self) -> str:
         """Wait until this owner stops being the owner; returns why."""
         await self._lost_event.wait()
@@ -226,8 +138,10 @@ class ShardOwner:
         return self._lost
 
     async def start(self) -> None:
+        """Fence the previous owner, read to the end, wait for a last owner that did not
+        release the shard, and claim. Raises ShardFenced if the claim is refused or the
+        owner is closed first; a cancelled start leaves the owner to `close`."""
         async with self._lock:
-            await self.reader.start()
             self._producer = AIOKafkaProducer(
                 **self._kafka,
                 transactional_id=transactional_id(self.shard, self.topic),
@@ -237,15 +151,70 @@ class ShardOwner:
                 transaction_timeout_ms=self._transaction_timeout_ms,
             )
             await self._producer.start()  # InitProducerId: the previous owner is fenced
-            await self.reader.read_to_end()  # everything the previous owner committed
-            state = self.state
-            claim = ShardClaim(state.generation, state.epoch + 1, self.name, self._clock())
-            self.epoch, self._lost = claim.epoch, None
-            [verdict] = await self._commit([encode(claim)])
-            if not verdict.accepted:
-                self._lose(f"its claim of epoch {claim.epoch} was refused: {verdict.reason}")
-                raise ShardFenced(self.shard, self._lost or "")
-            log.info("%s owns metadata shard %d at epoch %d", self.name, self.shard, self.epoch)
+            await self.reader.start()
+        loop = asyncio.get_running_loop()
+        waiting_since: float | None = None
+        while True:
+            async with self._lock:  # close() runs between two looks, never during one
+                if self._closing is not None:
+                    raise ShardFenced(self.shard, "closed before it claimed")
+                await self.reader.read_to_end()  # everything the previous owner committed
+                holder = self._holder()
+                if holder is not None and waiting_since is None:
+                    waiting_since = loop.time()
+                    self._warn_held(holder)
+                limit = self._unclean_takeover_after_s
+                if holder is not None and limit is not None:
+                    assert waiting_since is not None
+                    if loop.time() - waiting_since >= limit:
+                        log.warning(
+                            "%s takes metadata shard %d over from %s uncleanly after %.1f s: "
+                            "what %s acknowledged and did not upload is lost",
+                            *(self.name, self.shard, holder, limit, holder),
+                        )
+                        holder = None
+                self._held_by = holder
+                if holder is None:
+                    await self._claim()
+                    return
+            await self._pause()
+
+    def _holder(self) -> str | None:
+        """The member this owner must wait for: the last claim's owner, when it did not
+        release the shard and is another member."""
+        state = self.state
+        if state.released or state.owner in ("", self.name):
+            return None
+        return state.owner
+
+    def _warn_held(self, holder: str) -> None:
+        log.warning(
+            "%s waits for %s to come back before it claims metadata shard %d: %s owned it "
+            "and did not release it, so its WAL may hold records it acknowledged and did not "
+            "upload. Restart that proxy with fleet.name %s and its WAL directory, or set "
+            "tiering.unclean_takeover_after_s to take the shard over and lose those records",
+            *(self.name, holder, self.shard, holder, holder),
+        )
+
+    async def _pause(self) -> None:
+        """Wait `hold_recheck_s`, or less if the owner is closed. A cancellation that
+        aiokafka swallowed in a start or stop still ends the wait here."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._hold_recheck_s):
+                await self._lost_event.wait()
+
+    async def _claim(self) -> None:
+        state = self.state
+        claim = ShardClaim(state.generation, state.epoch + 1, self.name, self._clock())
+        self.epoch, self._lost = claim.epoch, None
+        [verdict] = await self._commit([encode(claim)])
+        if not verdict.accepted:
+            self._lose(f"its claim of epoch {claim.epoch} was refused: {verdict.reason}")
+            raise ShardFenced(self.shard, self._lost or "")
+        log.info("%s owns metadata shard %d at epoch %d", self.name, self.shard, self.epoch)
 
     async def write(self, records: Sequence[Record]) -> list[Verdict]:
         """Check each record against the state (and the accepted records before it), write
@@ -256,10 +225,11 @@ class ShardOwner:
             await self.reader.read_to(self._written_to)  # a read-back cut short by a cancel
             for record in records:
                 epoch = getattr(record, "epoch", self.epoch)
-                if isinstance(record, ShardClaim) or epoch != self.epoch:
+                if isinstance(record, ShardClaim | ShardRelease) or epoch != self.epoch:
                     raise ValueError(
                         f"{type(record).__name__} of epoch {epoch}: shard {self.shard}'s "
-                        f"owner writes at its epoch {self.epoch} and claims only at start"
+                        f"owner writes at its epoch {self.epoch}, claims only at start and "
+                        "releases with release()"
                     )
             verdicts = self._judge(records)
             accepted = [encode(r) for r, v in zip(records, verdicts, strict=True) if v.accepted]
@@ -283,6 +253,31 @@ class ShardOwner:
                 await self._commit([(key, None) for key in retired])
             return self.state.generation
 
+    async def release(self) -> None:
+        """Give the shard up cleanly: write a ShardRelease in a transaction of its own,
+        read it back, and close. The next owner then claims at once. Call it only once
+        everything this owner acknowledged for the shard's streams is in committed objects.
+        Raises ShardFenced, and closes all the same, when it is no longer the owner."""
+        try:
+            async with self._lock:
+                self._check_owning()
+                await self.reader.read_to(self._written_to)
+                state = self.state
+                record = ShardRelease(state.generation, self.epoch, self.name, self._clock())
+                verdict = state.check(record)
+                if verdict.accepted:
+                    [verdict] = await self._commit([encode(record)])
+                if verdict.outcome is Outcome.REFUSE:
+                    self._lose(f"its release was refused: {verdict.reason}")
+                    raise ShardFenced(self.shard, self._lost or "")
+                self._lost = "released"
+                self._lost_event.set()
+                log.info(
+                    "%s released metadata shard %d at epoch %d", self.name, self.shard, self.epoch
+                )
+        finally:
+            await self.close()
+
     async def close(self) -> None:
         """Stop being the owner: wait for a write in flight, then stop the clients. Safe to
         call twice, or from a task being cancelled (the closing goes on regardless)."""
@@ -293,6 +288,7 @@ class ShardOwner:
     async def _close(self) -> None:
         async with self._lock:  # a write in flight ends first
             self._lose("closed")
+            self._held_by = None
         if self._producer is not None:
             if self._abort_on_close:  # a write was cancelled before its commit
                 try:

@@ -33,6 +33,7 @@ from proxy.tiering.metarecords import (
     ProducerSnapshot,
     Record,
     ShardClaim,
+    ShardRelease,
     StreamCutover,
     StreamTrim,
     StreamUntier,
@@ -106,6 +107,7 @@ RECORDS = st.one_of(
     st.builds(ObjectDelete, U32, U64, U32, OFFSET),
     st.builds(ProducerSnapshot, U32, U64, U32, OFFSET, OFFSET, st.binary(max_size=64)),
     st.builds(CheckpointEnd, st.integers(1, U32_MAX), U32, OFFSET),
+    st.builds(ShardRelease, U32, U32, NAME, OFFSET),
 )
 
 
@@ -160,7 +162,7 @@ TOPIC = UUID(int=0x5EED)
 STREAMS = [stream_id(TOPIC, partition) for partition in range(3)]
 OPS = ["tail"] * 5 + ["backfill"] * 2 + ["replace"] * 2 + ["claim", "cutover", "cutover"]
 OPS += ["untier", "trim", "delete", "snapshot", "checkpoint", "topic", "tombstone", "junk"]
-OPS += ["recommit"]
+OPS += ["recommit", "release"]
 OPS += ["other generation"]
 
 Written = tuple[Record | None, bytes, bytes | None]
@@ -212,6 +214,9 @@ def step(data, state: MetadataState, log: list, honest: bool) -> list[Written]:
     elif op == "claim":
         owner = data.draw(st.sampled_from(["proxy-a", "proxy-b"]))
         record = ShardClaim(gen, near(data, state.epoch, (1, 1, 1, 0, -1)), owner, 1)
+    elif op == "release":
+        owner = data.draw(st.sampled_from([state.owner or "proxy-a", "proxy-b"]))
+        record = ShardRelease(gen, near(data, state.epoch, (0, 0, 0, 1, -1)), owner, 1)
     elif op == "cutover":
         incarnation = info.incarnation + 1 if info else data.draw(st.integers(1, 3))
         log_start = data.draw(st.integers(0, 30))
@@ -334,3 +339,23 @@ def test_an_honest_owners_partition_reads_the_same_after_compaction(data, drop_t
         if last[key] == offset and not (drop_tombstones and value is None)
     ]
     assert read(compacted).image() == state.image()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_checkpoint_keeps_the_state_it_rewrites(data):
+    state, log = run(data, honest=True)
+    offset = log[-1][0] if log else -1
+    if not state.owner:  # a checkpoint is written by an owner: one that claimed
+        offset += 1
+        claim = ShardClaim(state.generation, state.epoch + 1, "proxy-a", 1)
+        assert state.apply(*encode(claim), offset).accepted
+    before = state.image()
+    for key, value in state.checkpoint_records(state.owner, state.epoch, 9):
+        offset += 1
+        assert state.apply(key, value, offset).accepted
+    ignored = ("generation", "retired", "deleted")  # deleted ids are kept per generation
+    after = state.image()
+    assert {k: after[k] for k in after if k not in ignored} == {
+        k: before[k] for k in before if k not in ignored
+    }

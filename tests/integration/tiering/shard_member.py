@@ -1,15 +1,20 @@
-"""The shard group member that `test_a_paused_owner_is_fenced` pauses (SIGSTOP).
+"""A shard group member in a process of its own, for the tests that pause it (SIGSTOP) or
+kill it (SIGKILL) and start it again.
 
     python shard_member.py BOOTSTRAP TOPIC SHARD_COUNT GROUP NAME SESSION_TIMEOUT_MS
 
-It joins the group as a `ShardAssignment` and prints `owned <shard> ...` each time the
-shards it owns change. Commands on stdin, one per line:
+It first reads every shard, as a proxy does, and prints `dirty <shard> ...`: the shards
+whose last claim is NAME's and were not released, which it declares to the group. It then
+joins the group as a `ShardAssignment` and prints `owned <shard> ...` each time the shards
+it owns change. Commands on stdin, one per line:
 
 - `hold`: keep the owners it has now (even once the group takes them away); prints
   `held <shard> ...`.
 - `write`: each held owner writes a cutover of a stream of its shard; prints
   `tried <shard> <key hex>` first, then `fenced <shard> <reason>` or
   `wrote <shard> <outcome>`.
+- `dangle`: each owner it owns now begins a transaction and sends a cutover in it, which it
+  never commits; prints `dangling <shard> <key hex>` once the record is sent.
 - `quit`: leave the group and exit.
 
 Every line is flushed as it is printed. Logs go to stderr.
@@ -28,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from proxy.tiering.metacodec import encode  # noqa: E402
 from proxy.tiering.metagroup import ShardAssignment  # noqa: E402
 from proxy.tiering.metarecords import StreamCutover  # noqa: E402
-from proxy.tiering.metastore import ShardFenced, ShardOwner  # noqa: E402
+from proxy.tiering.metastore import ShardFenced, ShardOwner, ShardReader  # noqa: E402
 from proxy.tiering.metastreams import shard_of, stream_id  # noqa: E402
+from proxy.tiering.shard_assignor import dirty_shards  # noqa: E402
 
 
 def say(line: str) -> None:
@@ -68,6 +74,16 @@ async def write(owner: ShardOwner, shard_count: int) -> None:
         say(f"wrote {owner.shard} {verdict.outcome.value}")
 
 
+async def dangle(owner: ShardOwner, shard_count: int) -> None:
+    # an owner that dies inside a transaction: the next owner's InitProducerId aborts it
+    producer = owner._producer
+    assert producer is not None
+    key, value = encode(cutover_in(owner, shard_count))
+    await producer.begin_transaction()
+    await (await producer.send(owner.topic, value, key, partition=owner.shard))
+    say(f"dangling {owner.shard} {key.hex()}")
+
+
 async def watch(assignment: ShardAssignment) -> None:
     last = None
     while True:
@@ -82,8 +98,21 @@ async def main() -> None:
     bootstrap, topic, count, group, name, session_ms = sys.argv[1:7]
     shard_count = int(count)
     kafka = {"bootstrap_servers": bootstrap, "request_timeout_ms": 15000}
+    readers = [ShardReader(kafka, topic, k, shard_count) for k in range(shard_count)]
+    for reader in readers:
+        await reader.start()
+    for reader in readers:
+        await reader.caught_up()
+    states = [reader.state for reader in readers]
+    say(" ".join(["dirty", *map(str, dirty_shards(states, name))]))
     assignment = ShardAssignment(
-        kafka, topic, shard_count, name, group_id=group, session_timeout_ms=int(session_ms)
+        kafka,
+        topic,
+        shard_count,
+        name,
+        group_id=group,
+        session_timeout_ms=int(session_ms),
+        dirty_shards=lambda: dirty_shards(states, name),
     )
     await assignment.start()
     watcher = asyncio.create_task(watch(assignment))
@@ -98,12 +127,17 @@ async def main() -> None:
                 say(" ".join(["held", *(str(o.shard) for o in held)]))
             elif line == "write":
                 await asyncio.gather(*(write(owner, shard_count) for owner in held))
+            elif line == "dangle":
+                owners = [o for s in assignment.owned() if (o := assignment.owner(s)) is not None]
+                await asyncio.gather(*(dangle(owner, shard_count) for owner in owners))
             elif line == "quit":
                 break
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         await assignment.close()
+        for reader in readers:
+            await reader.close()
     say("bye")
 
 

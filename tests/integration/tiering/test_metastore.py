@@ -1,5 +1,6 @@
 """The metadata's Kafka adapter against the real Kafka: the topic, readers, owners, the
-fencing of a previous owner, and the consumer group that assigns shards
+fencing of a previous owner, the consumer group that assigns shards, and the hand-over of
+a shard: at once after a release, held for a last owner that died without one
 (docs/metadata.md, "The Kafka adapter").
 
 Each test has a metadata topic and a group of its own. A group uses the shortest session
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -69,8 +71,10 @@ def commit(owner: ShardOwner, object_id: int, start: int, end: int) -> ObjectCom
     return ObjectCommit(0, object_id, ObjectKind.STREAM_SET, 4096, owner.epoch, 2, ranges)
 
 
-async def started_owner(kafka: dict, topic: str, shard: int, name: str) -> ShardOwner:
-    owner = ShardOwner(kafka, topic, shard, SHARDS, name)
+async def started_owner(
+    kafka: dict, topic: str, shard: int, name: str, **options: Any
+) -> ShardOwner:
+    owner = ShardOwner(kafka, topic, shard, SHARDS, name, **options)
     try:
         async with asyncio.timeout(60):
             await owner.start()
@@ -197,7 +201,8 @@ async def test_a_new_owner_fences_the_old_one_and_reads_what_it_committed(kafka,
         with pytest.raises(ShardFenced):  # and it stays fenced
             await a.write([late])
 
-        b = await started_owner(kafka, topic, 0, "proxy-b")
+        # a did not release the shard: the next owners take it over without waiting for it
+        b = await started_owner(kafka, topic, 0, "proxy-b", unclean_takeover_after_s=0)
         owners.append(b)
         assert (b.epoch, b.state.owner) == (a.epoch + 1, "proxy-b")
         _, stream = stream_in(0)
@@ -206,7 +211,7 @@ async def test_a_new_owner_fences_the_old_one_and_reads_what_it_committed(kafka,
         assert verdict.outcome is Outcome.ACCEPT
 
         # a full owner start fences b: by Kafka, or by c's claim if b's reader read it
-        c = await started_owner(kafka, topic, 0, "proxy-c")
+        c = await started_owner(kafka, topic, 0, "proxy-c", unclean_takeover_after_s=0)
         owners.append(c)
         later = commit(b, 33, 160, 190)
         with pytest.raises(ShardFenced, match="Kafka fenced|claimed at epoch 3 by proxy-c"):
@@ -260,11 +265,12 @@ async def read_line(child: asyncio.subprocess.Process, wanted: Callable[[str], b
                 return line
 
 
-async def test_a_paused_owner_is_fenced(kafka, kafka_cluster, topic, tmp_path):
-    group = f"shards-{uuid.uuid4().hex[:8]}"
-    args = [kafka_cluster.bootstrap, topic, str(SHARDS), group, "paused", str(SESSION_MS)]
-    log = (tmp_path / "child.log").open("w")
-    child = await asyncio.create_subprocess_exec(
+async def spawn_member(
+    kafka_cluster, topic: str, group: str, name: str, log: IO[str]
+) -> asyncio.subprocess.Process:
+    """A `shard_member.py` process: a member named `name` of `group`."""
+    args = [kafka_cluster.bootstrap, topic, str(SHARDS), group, name, str(SESSION_MS)]
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         str(CHILD),
         *args,
@@ -272,9 +278,29 @@ async def test_a_paused_owner_is_fenced(kafka, kafka_cluster, topic, tmp_path):
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
     )
+
+
+async def end(child: asyncio.subprocess.Process) -> None:
+    if child.returncode is None:
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+    await child.wait()
+
+
+async def test_a_paused_owner_is_fenced(kafka, kafka_cluster, topic, tmp_path):
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    log = (tmp_path / "child.log").open("w")
+    child = await spawn_member(kafka_cluster, topic, group, "paused", log)
     assert child.stdin is not None
+    # the paused member did not release its shards: take them over without waiting for it
     other = ShardAssignment(
-        kafka, topic, SHARDS, "other", group_id=group, session_timeout_ms=SESSION_MS
+        kafka,
+        topic,
+        SHARDS,
+        "other",
+        group_id=group,
+        session_timeout_ms=SESSION_MS,
+        unclean_takeover_after_s=0,
     )
     try:
         await read_line(child, lambda line: line == "owned 0 1 2 3")
@@ -314,9 +340,225 @@ async def test_a_paused_owner_is_fenced(kafka, kafka_cluster, topic, tmp_path):
         child.stdin.write(b"quit\n")
         await read_line(child, lambda line: line == "bye")
     finally:
-        if child.returncode is None:
-            os.kill(child.pid, signal.SIGCONT)
-            child.kill()
-        await child.wait()
+        await end(child)
         log.close()
         await other.close()
+
+
+# -- hand-over: released at once, held for a last owner that did not release --------------
+
+
+async def test_an_owner_waits_for_a_last_owner_that_did_not_release_the_shard(kafka, topic):
+    a = await started_owner(kafka, topic, 3, "proxy-a")
+    await a.write([cutover(a)])
+    await a.close()  # no release: as if it had died
+    owners = []
+    try:
+        b = ShardOwner(kafka, topic, 3, SHARDS, "proxy-b")
+        owners.append(b)
+        starting = asyncio.create_task(b.start())
+        await eventually(lambda: b.held_by == "proxy-a", 60, "b waits for proxy-a")
+        await asyncio.sleep(1.2)  # two more looks at the partition
+        assert b.held_by == "proxy-a" and not b.owning and not starting.done()
+        starting.cancel()  # as a revoke does
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        async with asyncio.timeout(10):
+            await b.close()
+
+        c = ShardOwner(kafka, topic, 3, SHARDS, "proxy-c")
+        owners.append(c)
+        starting = asyncio.create_task(c.start())
+        await eventually(lambda: c.held_by == "proxy-a", 60, "c waits for proxy-a")
+        await c.close()
+        with pytest.raises(ShardFenced, match="closed before it claimed"):
+            await starting
+
+        # the same member, restarted: it claims at once, then hands the shard over
+        again = await started_owner(kafka, topic, 3, "proxy-a")
+        owners.append(again)
+        assert again.epoch == 2 and again.held_by is None
+        await again.release()
+        assert not again.owning and again.state.released and again.state.owner == "proxy-a"
+        with pytest.raises(ShardFenced, match="released"):
+            await again.write([commit(again, 40, 100, 110)])
+
+        d = await started_owner(kafka, topic, 3, "proxy-d")  # released: no wait
+        owners.append(d)
+        assert (d.epoch, d.state.owner, d.state.released) == (3, "proxy-d", False)
+        _, stream = stream_in(3)
+        assert d.state.stream_end(stream) == 100
+    finally:
+        for owner in owners:
+            await owner.close()
+
+
+class Hooks:
+    """ShardAssignment's hooks, recording what they were called for, in order."""
+
+    def __init__(self, release: bool) -> None:
+        self.release = release
+        self.events: list[tuple[str, int]] = []
+
+    async def on_owned(self, shard: int, owner: ShardOwner) -> None:
+        assert owner.owning and owner.state.owner == owner.name
+        self.events.append(("owned", shard))
+
+    async def on_lost(self, shard: int) -> None:
+        self.events.append(("lost", shard))
+
+    async def on_release(self, shard: int) -> bool:
+        self.events.append(("release", shard))
+        return self.release
+
+    def options(self) -> dict:
+        return {"on_owned": self.on_owned, "on_lost": self.on_lost, "on_release": self.on_release}
+
+
+def member(kafka, topic, group, name, **options) -> ShardAssignment:
+    return ShardAssignment(
+        kafka, topic, SHARDS, name, group_id=group, session_timeout_ms=SESSION_MS, **options
+    )
+
+
+async def test_a_shard_released_on_revoke_is_claimed_at_once(kafka, topic):
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    hooks = Hooks(release=True)
+    a = member(kafka, topic, group, "proxy-a", **hooks.options())
+    b = member(kafka, topic, group, "proxy-b")
+    held: list[dict] = []
+    try:
+        await a.start()
+        await eventually(lambda: a.owned() == [0, 1, 2, 3], 60, "a owns every shard")
+        assert sorted(hooks.events) == [("owned", k) for k in range(SHARDS)]
+        await b.start()  # the rebalance revokes a's shards: released, so b waits for no one
+        await eventually(
+            lambda: held.append(b.held()) or len(a.owned()) == len(b.owned()) == 2,
+            60,
+            "a and b own two shards each",
+        )
+        kept = a.owned()
+        for shard in range(SHARDS):  # a's hooks: on_lost, then on_release, then owned again
+            mine = [event for event, k in hooks.events if k == shard]
+            assert mine[:3] == ["owned", "lost", "release"], (shard, mine)
+            assert mine[3:] == (["owned"] if shard in kept else []), (shard, mine)
+
+        stop = time.monotonic()
+        await a.close()
+        took = await eventually(
+            lambda: held.append(b.held()) or b.owned() == [0, 1, 2, 3], 60, "b owns every shard"
+        )
+        print(f"b owned a's released shards {took:.1f} s after a closed")
+        assert time.monotonic() - stop < SESSION_MS / 1000
+        assert not any(held), "b waited for a shard that was released"
+        for shard in kept:
+            assert [event for event, k in hooks.events if k == shard][-2:] == ["lost", "release"]
+            owner = b.owner(shard)
+            assert owner is not None and owner.state.owner == "proxy-b"
+            assert not owner.state.released and owner.state.epoch == 3  # a, a again, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_shard_not_released_stays_with_its_owner_and_is_taken_over_after_the_limit(
+    kafka, topic
+):
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    hooks = Hooks(release=False)  # as if a's uploads had not caught up
+    a = member(kafka, topic, group, "proxy-a", **hooks.options())
+    b = member(kafka, topic, group, "proxy-b", unclean_takeover_after_s=1.0)
+    held: list[dict] = []
+    try:
+        await a.start()
+        await eventually(lambda: a.owned() == [0, 1, 2, 3], 60, "a owns every shard")
+        await b.start()
+        # a revoked its shards without releasing them: dirty, so the group gives them back
+        await eventually(lambda: b.rebalances >= 1, 60, "b is a member")
+        await eventually(lambda: a.owned() == [0, 1, 2, 3], 60, "a owns every shard again")
+        assert b.assigned() == []
+        assert ("release", 0) in hooks.events
+
+        stop = time.monotonic()
+        await a.close()
+        took = await eventually(
+            lambda: held.append(b.held()) or b.owned() == [0, 1, 2, 3], 60, "b owns every shard"
+        )
+        print(f"b took a's unreleased shards over {took:.1f} s after a closed (limit 1 s)")
+        assert {"proxy-a"} == {name for seen in held for name in seen.values()}
+        assert time.monotonic() - stop >= 1.0
+        for shard in range(SHARDS):
+            owner = b.owner(shard)
+            assert owner is not None and owner.state.owner == "proxy-b"
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_killed_owners_shards_wait_for_it_and_go_back_to_it(
+    kafka, kafka_cluster, topic, tmp_path
+):
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    logs = [(tmp_path / f"proxy-a-{n}.log").open("w") for n in (1, 2)]
+    first = await spawn_member(kafka_cluster, topic, group, "proxy-a", logs[0])
+    b = member(kafka, topic, group, "proxy-b")
+    children = [first]
+    try:
+        assert await read_line(first, lambda line: line.startswith("dirty")) == "dirty"
+        await read_line(first, lambda line: line == "owned 0 1 2 3")
+        assert first.stdin is not None
+        first.stdin.write(b"dangle\n")  # it dies inside a transaction on every shard
+        dangling = set()
+        for _ in range(SHARDS):
+            line = await read_line(first, lambda line: line.startswith("dangling"))
+            dangling.add(bytes.fromhex(line.split()[2]))
+        first.kill()  # SIGKILL: no release, no LeaveGroup
+        await first.wait()
+
+        killed = time.monotonic()
+        await b.start()
+        await eventually(
+            lambda: b.held() == dict.fromkeys(range(SHARDS), "proxy-a"),
+            60,
+            "b holds every shard for proxy-a",
+        )
+        took = time.monotonic() - killed
+        print(f"b was given a's shards and holds them {took:.1f} s after the kill")
+        # holding, b has fenced a: its InitProducerId aborted a's open transactions, long
+        # before their 60 s timeout, or b's read to the end would still wait for them
+        assert took < 30 and b.owned() == []
+        assert not dangling & await committed_keys(kafka, topic)
+        await asyncio.sleep(1.0)  # re-read twice: still held
+        assert b.owned() == [] and len(b.held()) == SHARDS
+
+        second = await spawn_member(kafka_cluster, topic, group, "proxy-a", logs[1])
+        children.append(second)
+        restarted = time.monotonic()
+        assert await read_line(second, lambda line: line.startswith("dirty")) == "dirty 0 1 2 3"
+        await read_line(second, lambda line: line == "owned 0 1 2 3")
+        print(f"a restarted owns its shards again {time.monotonic() - restarted:.1f} s later")
+        await eventually(lambda: b.assigned() == [] and not b.held(), 60, "b gave them up")
+        for shard in range(SHARDS):
+            reader = ShardReader(kafka, topic, shard, SHARDS)
+            try:
+                await reader.start()
+                async with asyncio.timeout(30):
+                    await reader.read_to_end()
+                state = reader.state
+                assert (state.owner, state.epoch, state.released) == ("proxy-a", 2, False)
+            finally:
+                await reader.close()
+
+        # a leaves cleanly: its shards are released and b claims them at once
+        assert second.stdin is not None
+        left = time.monotonic()
+        second.stdin.write(b"quit\n")
+        await read_line(second, lambda line: line == "bye")
+        await eventually(lambda: b.owned() == [0, 1, 2, 3], 60, "b owns every shard")
+        print(f"b owned every shard {time.monotonic() - left:.1f} s after a quit")
+    finally:
+        for child in children:
+            await end(child)
+        for log in logs:
+            log.close()
+        await b.close()

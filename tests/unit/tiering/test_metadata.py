@@ -21,6 +21,7 @@ from proxy.tiering.metadata import (
     check_commit,
     check_cutover,
     check_delete,
+    check_release,
     check_trim,
     check_untier,
     topic_untier_refusal,
@@ -35,6 +36,7 @@ from proxy.tiering.metarecords import (
     RecordKey,
     RecordType,
     ShardClaim,
+    ShardRelease,
     StreamCutover,
     StreamTrim,
     StreamUntier,
@@ -167,6 +169,13 @@ def test_a_cutover_and_a_topic_mode_are_laid_out_as_documented():
     assert value == bytes([1, 1]) + struct.pack(">q", 9) + bytes([6]) + b"orders"
 
 
+def test_a_shard_release_is_laid_out_as_documented():
+    key, value = encode(ShardRelease(2, 7, "proxy-a", 1_700_000_000_000))
+    assert key == bytes([1, 10]) + struct.pack(">II", 2, 7) + bytes([7]) + b"proxy-a"
+    assert value == bytes([1]) + struct.pack(">q", 1_700_000_000_000)
+    assert decode(key, value) == ShardRelease(2, 7, "proxy-a", 1_700_000_000_000)
+
+
 def test_a_tombstone_decodes_to_what_its_key_names():
     key, _ = encode(commit(7, (S, 500, 600), generation=3))
     assert decode(key, None) == Tombstone(RecordKey(RecordType.OBJECT_COMMIT, 3, None))
@@ -220,6 +229,7 @@ def test_a_range_the_codec_cannot_hold_is_refused_when_read():
         lambda: commit(1, (S, 1, 2), replaces=(3, 2)),
         lambda: ShardClaim(0, 1, "", 0),
         lambda: ShardClaim(0, 1, "x" * 256, 0),
+        lambda: ShardRelease(0, 1, "", 0),
         lambda: StreamCutover(0, S, 0, 1, TOPIC, 0, 0, 5, 5, 0),  # incarnation 0
         lambda: StreamCutover(0, S, 1, 1, TOPIC, 0, 6, 5, 5, 0),  # log start past end
         lambda: CheckpointEnd(0, 1, 0),
@@ -696,4 +706,74 @@ def test_a_checkpoint_holds_no_steps():
     p.write(claim(generation=1))
     p.write(cutover(generation=1))
     assert refused(p.write(restored_trim), "a checkpoint holds no StreamTrim records")
+    assert refused(p.write(CheckpointEnd(1, 1, 0)), "holds a refused record")
+
+
+# -- releasing the shard ----------------------------------------------------------------------
+
+
+def release(epoch=1, owner="proxy-a", generation=0) -> ShardRelease:
+    return ShardRelease(generation, epoch, owner, 4_000)
+
+
+def test_a_shard_never_claimed_is_released_and_a_claim_holds_it():
+    p = Partition()
+    assert p.state.released and (p.state.epoch, p.state.owner) == (0, "")
+    p.write(claim())
+    assert not p.state.released and p.state.owner == "proxy-a"
+
+
+def test_the_owner_of_the_current_epoch_releases_the_shard_and_keeps_its_name():
+    p = tiered()
+    assert check_release(p.state, release()) == ACCEPTED
+    assert p.write(release()) == ACCEPTED
+    assert p.state.released and (p.state.epoch, p.state.owner) == (1, "proxy-a")
+    assert p.write(release()).outcome is Outcome.NO_OP
+    assert p.reread().image() == p.state.image()
+    assert p.write(claim(epoch=2, owner="proxy-b")) == ACCEPTED
+    assert not p.state.released and p.state.owner == "proxy-b"
+
+
+def test_a_release_by_anyone_but_the_current_owner_is_refused():
+    p = tiered()
+    p.write(claim(epoch=2, owner="proxy-b"))
+    assert refused(p.write(release(epoch=1)), "stale owner epoch 1", "fenced")
+    assert refused(p.write(release(epoch=2, owner="proxy-a")), "only the owner of the current")
+    assert refused(p.write(release(epoch=3, owner="proxy-b")), "at epoch 2 (owner proxy-b)")
+    assert refused(Partition().write(release()), "at epoch 0 (owner unknown)")
+    assert not p.state.released and p.state.epoch == 2
+
+
+def test_records_of_a_released_epoch_are_refused_until_a_newer_claim():
+    p = tiered()
+    p.write(commit(1, (S, 500, 600)))
+    p.write(release())
+    assert refused(p.write(commit(2, (S, 600, 700))), "epoch 1 is over", "released the shard")
+    assert refused(p.write(cutover(1)), "a record needs a newer claim")
+    assert p.write(claim(epoch=2, owner="proxy-b")) == ACCEPTED
+    assert p.write(commit(3, (S, 600, 700), epoch=2)) == ACCEPTED
+    # a newer epoch without a claim counts too, and that writer has released nothing
+    p.write(release(epoch=2, owner="proxy-b"))
+    assert p.write(commit(4, (S, 700, 800), epoch=3)) == ACCEPTED and not p.state.released
+
+
+def test_a_checkpoint_keeps_the_released_flag():
+    p = busy_shard()
+    p.write(release())
+    records = p.state.checkpoint_records("proxy-a", 1, 10_000)
+    assert decode(*records[-2]) == ShardRelease(1, 1, "proxy-a", 10_000)
+    for key, value in records:
+        assert p.write_raw(key, value) == ACCEPTED
+    assert p.state.generation == 1 and p.state.released and p.state.owner == "proxy-a"
+    assert p.reread().image() == p.state.image()
+    unreleased = busy_shard()
+    tail = unreleased.state.checkpoint_records("proxy-a", 1, 10_000)[-2]
+    assert not isinstance(decode(*tail), ShardRelease)
+
+
+def test_a_checkpoint_holds_a_release_only_after_its_claim():
+    p = tiered()
+    p.write(release(generation=1))  # a checkpoint's release before its claim
+    p.write(claim(generation=1))
+    assert refused(p.state.refusals[-1], "release of epoch 1", "epoch 0 (owner unknown)")
     assert refused(p.write(CheckpointEnd(1, 1, 0)), "holds a refused record")
