@@ -52,6 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(func=_fleet_status)
 
+    topics = commands.add_parser("topics", help="move topics between passthrough and tiered")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True)
+    for op, text in (
+        ("tier", "tier a topic: new writes go to the proxy's WAL and S3, partition by partition"),
+        ("untier", "send a tiered topic back to Kafka (refused once S3 holds data Kafka lacks)"),
+    ):
+        command = topic_commands.add_parser(op, help=text, description=text)
+        command.add_argument("topic")
+        command.add_argument(
+            "--peer",
+            required=True,
+            help="host:port of any proxy's peer listener (tiering.peer_port)",
+        )
+        command.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
+        command.set_defaults(func=_topics, op=op)
+
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -103,6 +119,35 @@ def _fleet_status(args: argparse.Namespace) -> int:
         print(f"tierproxy fleet status: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _topics(args: argparse.Namespace) -> int:
+    import asyncio
+    import uuid
+
+    from proxy.server.peers import PeerClients
+
+    host, _, port = args.peer.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"tierproxy topics: --peer {args.peer!r} is not host:port", file=sys.stderr)
+        return 2
+
+    async def ask() -> tuple[int, str]:
+        clients = PeerClients()
+        try:
+            return await clients.admin(
+                (host, int(port)), args.op, args.topic, uuid.UUID(int=0), timeout_s=args.timeout
+            )
+        finally:
+            await clients.close()
+
+    try:
+        code, message = asyncio.run(ask())
+    except (OSError, TimeoutError) as exc:
+        print(f"tierproxy topics {args.op}: {exc}", file=sys.stderr)
+        return 1
+    print(message if code == 0 else f"tierproxy topics {args.op}: error {code}: {message}")
+    return 0 if code == 0 else 1
 
 
 def _dev(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ variable, and an unset variable is an error naming the key.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,16 +16,11 @@ from typing import Any
 
 import yaml
 
+from proxy.config_section import ConfigError, Section
 from proxy.protocol.sasl import MECHANISMS as SASL_MECHANISMS
+from proxy.tiering.settings import TieringConfig, parse_tiering
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing or wrong; the message names the key."""
-
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"config error at {key}: {reason}")
-        self.key = key
-        self.reason = reason
+__all__ = ["ConfigError", "ProxyConfig", "load_config", "parse_config"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +115,7 @@ class ProxyConfig:
     fleet: FleetConfig = field(default_factory=FleetConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    tiering: TieringConfig = field(default_factory=TieringConfig)
     log_level: str = "info"
 
 
@@ -135,7 +130,7 @@ def load_config(path: Path) -> ProxyConfig:
 
 
 def parse_config(raw: Any) -> ProxyConfig:
-    root = _Section(raw, "")
+    root = Section(raw, "")
     upstream = root.section("upstream", required=True)
     upstream_config = UpstreamConfig(
         bootstrap=upstream.addresses("bootstrap"),
@@ -152,13 +147,15 @@ def parse_config(raw: Any) -> ProxyConfig:
             f"must be below {_PROXY_SIGNATURE_AS_SIZE} with listeners.proxy_protocol on: "
             "a PROXY header's first bytes read as a frame size that large",
         )
+    fleet = _fleet(root.section("fleet"), listeners)
     config = ProxyConfig(
         upstream=upstream_config,
         listeners=listeners,
         limits=limits,
-        fleet=_fleet(root.section("fleet"), listeners),
+        fleet=fleet,
         routing=_routing(root.section("routing")),
         metrics=_metrics(root.section("metrics")),
+        tiering=parse_tiering(root.section("tiering"), fleet.name),
         log_level=root.choice("log_level", "info", ("debug", "info", "warning", "error")),
     )
     upstream.reject_unknown()
@@ -166,7 +163,7 @@ def parse_config(raw: Any) -> ProxyConfig:
     return config
 
 
-def _listeners(section: _Section) -> ListenerConfig:
+def _listeners(section: Section) -> ListenerConfig:
     defaults = ListenerConfig()
     bind_host = section.string("bind_host", defaults.bind_host)
     try:
@@ -185,14 +182,14 @@ def _listeners(section: _Section) -> ListenerConfig:
     return config
 
 
-def _proxy_protocol(section: _Section) -> str:
+def _proxy_protocol(section: Section) -> str:
     if section.raw.get("proxy_protocol") is False:  # YAML reads a bare `off` as false
         section.get("proxy_protocol")
         return "off"
     return section.choice("proxy_protocol", "off", PROXY_PROTOCOL_MODES)
 
 
-def _fleet(section: _Section, listeners: ListenerConfig) -> FleetConfig:
+def _fleet(section: Section, listeners: ListenerConfig) -> FleetConfig:
     defaults = FleetConfig()
     # A fleet section means a fleet: membership through Kafka unless told otherwise.
     membership_default = "kafka" if section.raw else "none"
@@ -219,7 +216,7 @@ def _fleet(section: _Section, listeners: ListenerConfig) -> FleetConfig:
     return config
 
 
-def _routing(section: _Section) -> RoutingConfig:
+def _routing(section: Section) -> RoutingConfig:
     raw = section.get("cidr_zones")
     key = section.key("cidr_zones")
     if raw is None:
@@ -243,7 +240,7 @@ def _routing(section: _Section) -> RoutingConfig:
     return config
 
 
-def _metrics(section: _Section) -> MetricsConfig:
+def _metrics(section: Section) -> MetricsConfig:
     config = MetricsConfig(
         bind_host=section.string("bind_host", MetricsConfig.bind_host),
         port=section.port("port", 0),
@@ -255,7 +252,7 @@ def _metrics(section: _Section) -> MetricsConfig:
 _ZONE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
-def _zone_name(section: _Section, name: str, default: str) -> str:
+def _zone_name(section: Section, name: str, default: str) -> str:
     value = section.string(name, default)
     if not _ZONE.fullmatch(value):
         raise ConfigError(
@@ -264,7 +261,7 @@ def _zone_name(section: _Section, name: str, default: str) -> str:
     return value
 
 
-def _limits(section: _Section) -> LimitsConfig:
+def _limits(section: Section) -> LimitsConfig:
     defaults = LimitsConfig()
     config = LimitsConfig(
         max_frame_bytes=section.integer("max_frame_bytes", defaults.max_frame_bytes, minimum=1024),
@@ -277,7 +274,7 @@ def _limits(section: _Section) -> LimitsConfig:
     return config
 
 
-def _sasl(section: _Section) -> SaslConfig | None:
+def _sasl(section: Section) -> SaslConfig | None:
     if not section.raw:
         return None
     for name in ("mechanism", "username", "password"):
@@ -292,7 +289,7 @@ def _sasl(section: _Section) -> SaslConfig | None:
     return config
 
 
-def _tls(section: _Section, listener: bool) -> TlsConfig:
+def _tls(section: Section, listener: bool) -> TlsConfig:
     enabled = section.boolean("enabled", False)
     config = TlsConfig(
         enabled=enabled,
@@ -309,117 +306,3 @@ def _tls(section: _Section, listener: bool) -> TlsConfig:
         raise ConfigError(section.key("ca_file"), "required when client_auth is on")
     section.reject_unknown()
     return config
-
-
-_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-
-
-class _Section:
-    """One mapping of the YAML document, remembering its dotted key for errors."""
-
-    def __init__(self, raw: Any, prefix: str) -> None:
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ConfigError(prefix or "(top level)", f"expected a mapping, got {raw!r}")
-        self.raw = raw
-        self.prefix = prefix
-        self.used: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def get(self, name: str, required: bool = False) -> Any:
-        self.used.add(name)
-        if name not in self.raw or self.raw[name] is None:
-            if required:
-                raise ConfigError(self.key(name), "is required")
-            return None
-        value = self.raw[name]
-        if isinstance(value, str):
-            match = _ENV_REF.match(value)
-            if match:
-                if match.group(1) not in os.environ:
-                    raise ConfigError(self.key(name), f"environment variable {value} is not set")
-                value = os.environ[match.group(1)]
-        return value
-
-    def section(self, name: str, required: bool = False) -> _Section:
-        return _Section(self.get(name, required), self.key(name))
-
-    def string(self, name: str, default: str) -> str:
-        value = self.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, str) or not value:
-            raise ConfigError(self.key(name), f"{value!r} is not a non-empty string")
-        return value
-
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
-        value = self.string(name, default)
-        if value not in choices:
-            raise ConfigError(self.key(name), f"{value!r} is not one of {', '.join(choices)}")
-        return value
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ConfigError(self.key(name), f"{value!r} is not true or false")
-        return value
-
-    def integer(self, name: str, default: int, minimum: int) -> int:
-        value = self.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(self.key(name), f"{value!r} is not a whole number")
-        if value < minimum:
-            raise ConfigError(self.key(name), f"{value} is below the minimum {minimum}")
-        return value
-
-    def number(self, name: str, default: float, minimum: float) -> float:
-        value = self.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(self.key(name), f"{value!r} is not a number")
-        if value < minimum:
-            raise ConfigError(self.key(name), f"{value} is below the minimum {minimum}")
-        return float(value)
-
-    def port(self, name: str, default: int) -> int:
-        value = self.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-            raise ConfigError(self.key(name), f"{value!r} is not a port (0..65535)")
-        return value
-
-    def path(self, name: str) -> Path | None:
-        value = self.get(name)
-        if value is None:
-            return None
-        path = Path(str(value))
-        if not path.exists():
-            raise ConfigError(self.key(name), f"file {path} does not exist")
-        return path
-
-    def addresses(self, name: str) -> tuple[tuple[str, int], ...]:
-        value = self.get(name, required=True)
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list | tuple) or not items:
-            raise ConfigError(self.key(name), f"{value!r} is not a list of host:port")
-        parsed = []
-        for item in items:
-            host, sep, port = str(item).strip().rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-                raise ConfigError(self.key(name), f"{item!r} is not host:port")
-            parsed.append((host.strip("[]"), int(port)))
-        return tuple(parsed)
-
-    def reject_unknown(self) -> None:
-        unknown = sorted(set(self.raw) - self.used)
-        if unknown:
-            raise ConfigError(self.key(unknown[0]), "is not a known setting")

@@ -63,6 +63,14 @@ class ProxyMetrics:
             ["client_zone", "serving_zone"],
             registry=self.registry,
         )
+        self.peer_bytes = Counter(
+            "tierproxy_peer_bytes",
+            "Bytes of tiered Produce handed from a proxy to a partition's owner, by (from "
+            "zone, to zone, notify mode) and direction (to_owner: requests, from_owner: "
+            "answers); in s3 mode the records go through the object store, not this hop",
+            ["from_zone", "to_zone", "mode", "direction"],
+            registry=self.registry,
+        )
         self.fleet_members = Gauge(
             "tierproxy_fleet_live_members",
             "Live proxies of the fleet, by zone, as this proxy sees them",

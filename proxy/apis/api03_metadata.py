@@ -8,12 +8,13 @@ so leader, replica and controller ids need no change.
 from __future__ import annotations
 
 from typing import get_args
+from uuid import UUID
 
 from proxy.protocol.codec import load_response_types, response_type
 from proxy.protocol.frames import FrameError
 from proxy.protocol.rewrite import Advertise, rewrite_address_array
 from proxy.protocol.schema_walk import field_offset, skip_entity
-from proxy.protocol.wire import read_array_length, read_int32, read_string
+from proxy.protocol.wire import read_array_length, read_int16, read_int32, read_string
 
 API_KEY = 3
 RESPONSES = load_response_types(API_KEY)
@@ -46,3 +47,29 @@ def read_brokers(api_version: int, body: memoryview) -> list[tuple[int, str, int
     except FrameError as exc:
         raise FrameError(f"malformed Metadata v{api_version} brokers: {exc}") from None
     return brokers
+
+
+def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID | None, int]]:
+    """(error code, name, topic id, partition count) of every topic of an answer (v10+
+    carry topic ids; None before): what `tierproxy topics tier` needs to name a stream."""
+    response = response_type(RESPONSES, API_KEY, api_version)
+    item = get_args(response.__dataclass_fields__["topics"].type)[0]
+    flexible = response.__flexible__
+    has_id = "topic_id" in item.__dataclass_fields__
+    try:
+        count, offset = read_array_length(body, field_offset(response, body, "topics"), flexible)
+        topics = []
+        for _ in range(max(count, 0)):
+            error_code, _ = read_int16(body, field_offset(item, body, "error_code", offset))
+            name, _ = read_string(body, field_offset(item, body, "name", offset), flexible)
+            topic_id = None
+            if has_id:
+                start = field_offset(item, body, "topic_id", offset)
+                topic_id = UUID(bytes=bytes(body[start : start + 16]))
+            partitions_at = field_offset(item, body, "partitions", offset)
+            partitions, _ = read_array_length(body, partitions_at, flexible)
+            topics.append((error_code, name or "", topic_id, max(partitions, 0)))
+            offset = skip_entity(item, body, offset)
+    except FrameError as exc:
+        raise FrameError(f"malformed Metadata v{api_version} topics: {exc}") from None
+    return topics

@@ -49,6 +49,10 @@ class Heartbeat:
     member: Member
     started_at: float  # wall-clock seconds, so a restart is told apart
     zone_bytes: dict[ZoneKey, int] = field(default_factory=dict)
+    # tiering: where peers hand batches over (0: tiering off), and the ids of the topics
+    # being cut over for which this proxy forwards no produce to Kafka any more
+    peer_port: int = 0
+    drained: frozenset[str] = frozenset()
 
 
 def encode_heartbeat(heartbeat: Heartbeat) -> bytes:
@@ -63,6 +67,8 @@ def encode_heartbeat(heartbeat: Heartbeat) -> bytes:
             "broker_port_base": member.broker_port_base,
             "started_at": heartbeat.started_at,
             "zone_bytes": [[*key, count] for key, count in sorted(heartbeat.zone_bytes.items())],
+            "peer_port": heartbeat.peer_port,
+            "drained": sorted(heartbeat.drained),
         },
         separators=(",", ":"),
     ).encode()
@@ -91,7 +97,13 @@ def decode_heartbeat(value: bytes) -> Heartbeat:
         started_at = raw.get("started_at")
         if isinstance(started_at, bool) or not isinstance(started_at, int | float):
             raise HeartbeatError(f"started_at {started_at!r} is not a time")
-        return Heartbeat(member, float(started_at), zone_bytes)
+        peer_port = raw.get("peer_port", 0)
+        if peer_port != 0:
+            peer_port = _port(raw, "peer_port")
+        drained = raw.get("drained", [])
+        if not isinstance(drained, list) or not all(isinstance(t, str) for t in drained):
+            raise HeartbeatError(f"drained {drained!r} is not a list of topic ids")
+        return Heartbeat(member, float(started_at), zone_bytes, peer_port, frozenset(drained))
     except HeartbeatError:
         raise
     except (ValueError, TypeError, AttributeError) as exc:
@@ -151,6 +163,11 @@ class FleetView:
 
     def live(self) -> tuple[Member, ...]:
         return self._live
+
+    def heartbeat(self, name: str) -> Heartbeat | None:
+        """The last heartbeat of a member, live or not."""
+        found = self._heartbeats.get(name)
+        return None if found is None else found[0]
 
     def heartbeats(self) -> dict[str, tuple[Heartbeat, float]]:
         """Every member heard from and when, live or not (for `fleet status`)."""

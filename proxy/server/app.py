@@ -18,15 +18,16 @@ import logging
 import random
 import struct
 import time
+import uuid
 from collections.abc import Callable, Iterable
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
-from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
 from proxy.apis import CAPPED_VERSIONS
-from proxy.apis.api03_metadata import read_brokers
+from proxy.apis.api03_metadata import read_brokers, read_topics
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
     common_ranges,
@@ -52,7 +53,8 @@ from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
-from proxy.server.membership import Membership
+from proxy.server.membership import Membership, kafka_settings
+from proxy.server.tiering import TieringService
 from proxy.server.tls import client_context, server_context
 
 log = logging.getLogger("tierproxy.proxy")
@@ -106,11 +108,15 @@ class Proxy:
         self.started_at = time.time()
         self._membership: Membership | None = None
         self._metrics_server = None
+        self.tiering: TieringService | None = None  # set when config.tiering.enabled
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.refresh_upstream()  # opens a listener per broker it learns of
+        if self.config.tiering.enabled:  # before clients come: it counts their Produce
+            self.tiering = TieringService(self, kafka_settings(self.config, self._upstream_ssl))
+            await self.tiering.start()
         await self._listen(None, self.config.listeners.bootstrap_port)
         await asyncio.gather(*self._listening.values())
         self._set_self_port(self.bound_port(None))
@@ -128,7 +134,14 @@ class Proxy:
 
     def heartbeat(self) -> Heartbeat:
         """What this proxy tells the fleet about itself."""
-        return Heartbeat(self.fleet.self_member, self.started_at, self.metrics.zone_bytes_totals())
+        tiering = self.tiering
+        return Heartbeat(
+            self.fleet.self_member,
+            self.started_at,
+            self.metrics.zone_bytes_totals(),
+            peer_port=tiering.peer_port if tiering is not None else 0,
+            drained=tiering.drained() if tiering is not None else frozenset(),
+        )
 
     def _set_self_port(self, port: int) -> None:
         member = self.fleet.self_member
@@ -147,6 +160,8 @@ class Proxy:
     async def stop(self) -> None:
         if self._membership is not None:  # leave first, so peers stop sending clients here
             await self._membership.stop()
+        if self.tiering is not None:  # hands its shards over, everything uploaded
+            await self.tiering.stop()
         if self._metrics_server is not None:
             await asyncio.to_thread(self._metrics_server.shutdown)
             self._metrics_server.server_close()
@@ -382,6 +397,31 @@ class Proxy:
             scram.verify(await authenticate(scram.final_message(server_first)))
         except SaslError as exc:
             raise SaslFailed(f"{sasl.mechanism} as {sasl.username!r}: {exc}") from None
+
+    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
+        """(topic id, partition count) of an upstream topic; LookupError if Kafka does
+        not know it."""
+        request = MetadataRequest(
+            topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        )
+        host, port = next(iter(self._bootstrap_candidates()))
+        reader, writer = await self.open_upstream(host, port)
+        try:
+            if self.config.upstream.sasl is not None:
+                await self._authenticate(reader, writer)
+            body = await asyncio.wait_for(
+                _call(reader, writer, request), self.config.upstream.connect_timeout_s
+            )
+        finally:
+            await _close_stream(writer, self.config.upstream.connect_timeout_s)
+        for error_code, topic, topic_id, partitions in read_topics(request.__version__, body):
+            if topic == name and error_code == 0 and topic_id is not None and partitions:
+                return topic_id, partitions
+            if topic == name:
+                raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
+        raise LookupError(f"topic {name} is not in Kafka's answer")
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream

@@ -29,7 +29,6 @@ import asyncio
 import logging
 import struct
 from collections import deque
-from dataclasses import dataclass
 
 from proxy.apis import NODE_ENDPOINTS_SINCE, RESPONSE_REWRITERS
 from proxy.apis.api01_fetch import request_rack_id
@@ -49,12 +48,15 @@ from proxy.protocol.headers import (
 )
 from proxy.protocol.proxy_header import detect
 from proxy.protocol.proxy_header import parse as parse_proxy_header
+from proxy.server.slots import Slot
 from proxy.server.streams import (
     UpstreamClosed,
     check_correlation_id,
     read_exactly,
     read_whole,
 )
+from proxy.server.tiered_answers import TieredProduceAnswers
+from proxy.server.tiered_produce import count_in_flight, plan_produce
 from proxy.server.zoning import ConnectionZone
 
 log = logging.getLogger("tierproxy.connection")
@@ -82,19 +84,7 @@ class RejectedFrame(FrameError):
         self.reason = reason
 
 
-@dataclass(slots=True)
-class _Slot:
-    """A request awaiting its answer; `data` is the framed answer, in pieces written one
-    after the other, once it is known."""
-
-    correlation_id: int
-    api_key: int
-    api_version: int
-    data: tuple[bytes | bytearray | memoryview, ...] | None = None
-    local: bool = False  # answered by the proxy itself, not by a broker
-
-
-class ClientConnection:
+class ClientConnection(TieredProduceAnswers):
     def __init__(
         self,
         proxy,  # proxy.server.app.Proxy; not imported to keep the import graph acyclic
@@ -113,13 +103,15 @@ class ClientConnection:
         self.zone = ConnectionZone(proxy, self.peer, peer[0] if peer else None, listener)
         self.upstream_reader: asyncio.StreamReader | None = None
         self.upstream_writer: asyncio.StreamWriter | None = None
-        self._pending: deque[_Slot] = deque()  # every answer owed, in request order
-        self._awaiting_upstream: deque[_Slot] = deque()
+        self._pending: deque[Slot] = deque()  # every answer owed, in request order
+        self._awaiting_upstream: deque[Slot] = deque()
         self._room = asyncio.Event()  # set while fewer than max in-flight requests
         self._room.set()
         self._all_answered = asyncio.Event()  # set while no answer is owed
         self._all_answered.set()
         self._upstream_task: asyncio.Task[None] | None = None
+        self._local_answer = asyncio.Event()  # set when a tiered Produce is answered here
+        self._background: set[asyncio.Future] = set()  # acks=0 tiered produce under way
         self._max_frame = proxy.config.limits.max_frame_bytes
         self._max_inflight = proxy.config.limits.max_inflight_requests
         self._chunk_bytes = proxy.config.limits.buffer_bytes
@@ -167,6 +159,10 @@ class ClientConnection:
             answered.cancel()
 
     async def _close(self) -> None:
+        for slot in self._awaiting_upstream:  # never answered: no longer in flight
+            if slot.plan is not None:
+                count_in_flight(self.proxy.tiering.in_flight, slot.plan.passthrough_topics, -1)
+                slot.plan = None
         task = self._upstream_task
         if task is not None:
             if task.done() and not task.cancelled():
@@ -224,12 +220,23 @@ class ClientConnection:
                     f"unsupported version {header.api_version} of api key {header.api_key}",
                 )
             expects_answer = True
+            plan = None
             if header.api_key == API_PRODUCE:
                 try:
                     acks = produce_acks(header.api_version, frame[header.size :])
+                    if self.proxy.tiering is not None:
+                        plan = plan_produce(
+                            self.proxy.tiering,
+                            frame[: header.size],
+                            frame[header.size :],
+                            header.api_version,
+                        )
                 except FrameError as exc:
                     raise RejectedFrame("malformed_request", str(exc)) from None
                 expects_answer = acks != 0
+                if plan is not None and plan.local is not None:
+                    await self._produce_tiered(header, plan, expects_answer, size + 4)
+                    continue
             elif header.api_key == API_FETCH and self.zone.wants_fetch_rack:
                 try:
                     rack = request_rack_id(header.api_version, frame[header.size :])
@@ -239,9 +246,11 @@ class ClientConnection:
             if self.upstream_writer is None:
                 await self._connect_upstream()
             if expects_answer:
-                slot = _Slot(header.correlation_id, header.api_key, header.api_version)
+                slot = Slot(header.correlation_id, header.api_key, header.api_version, plan=plan)
                 self._enqueue(slot)
                 self._awaiting_upstream.append(slot)
+                if plan is not None:
+                    count_in_flight(self.proxy.tiering.in_flight, plan.passthrough_topics, 1)
             assert self.upstream_writer is not None
             self.upstream_writer.writelines((size_bytes, frame))  # one send, not two
             self.zone.count_to_broker(size + 4)
@@ -298,13 +307,13 @@ class ClientConnection:
             payload += self.proxy.api_versions_body(header.api_version)
         else:  # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
             payload = unsupported_version_response(header.correlation_id, self.proxy.api_ranges())
-        slot = _Slot(header.correlation_id, API_VERSIONS, header.api_version, local=True)
+        slot = Slot(header.correlation_id, API_VERSIONS, header.api_version, local=True)
         slot.data = (_SIZE.pack(len(payload)) + payload,)
         self._enqueue(slot)
         self._flush()
         return len(payload) + 4
 
-    def _enqueue(self, slot: _Slot) -> None:
+    def _enqueue(self, slot: Slot) -> None:
         self._pending.append(slot)
         self._all_answered.clear()
         if len(self._pending) >= self._max_inflight:
@@ -333,18 +342,25 @@ class ClientConnection:
                 if not self._awaiting_upstream:
                     raise UpstreamClosed("an answer to no request")
                 slot = self._awaiting_upstream[0]  # popped once answered in full
-                if _rewrites(slot):
+                if slot.plan is not None and slot.plan.local is not None:
+                    frame = await read_whole(reader, size, self._chunk_bytes)
+                    check_correlation_id(slot.correlation_id, frame)
+                    slot.data = await self._merged(slot, frame)
+                    self._answered_upstream(slot)
+                    self._flush()
+                    await self._drain_client()
+                elif _rewrites(slot):
                     frame = await read_whole(reader, size, self._chunk_bytes)
                     check_correlation_id(slot.correlation_id, frame)
                     slot.data = self._rewritten(slot, size_bytes, frame)
-                    self._awaiting_upstream.popleft()
+                    self._answered_upstream(slot)
                     self._flush()
                     await self._drain_client()
                 else:
                     correlation_id = await read_exactly(reader, 4)
                     check_correlation_id(slot.correlation_id, correlation_id)
                     await self._pass_through(slot, size_bytes + correlation_id, size - 4)
-                    self._awaiting_upstream.popleft()
+                    self._answered_upstream(slot)
         except _ClientGone:
             # Not upstream's fault: the client loop sees the connection end and closes.
             raise ConnectionResetError("the client went away") from None
@@ -357,7 +373,7 @@ class ClientConnection:
             raise UpstreamClosed(reason) from None
 
     def _rewritten(
-        self, slot: _Slot, size_bytes: bytes, frame: bytearray
+        self, slot: Slot, size_bytes: bytes, frame: bytearray
     ) -> tuple[bytes | bytearray | memoryview, ...]:
         """The framed answer with the brokers it names replaced by the proxy's listeners,
         in pieces: an answer that names none (most Fetch answers) is not copied."""
@@ -369,11 +385,15 @@ class ClientConnection:
             return size_bytes, frame
         return _SIZE.pack(head + len(rewritten)), view[:head], rewritten
 
-    async def _pass_through(self, slot: _Slot, head: bytes, remaining: int) -> None:
+    async def _pass_through(self, slot: Slot, head: bytes, remaining: int) -> None:
         """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens
         of MiB, and the proxy holds no more of it than its buffers, however large."""
-        self._flush()  # every answer owed before this one is ready (upstream answers in order)
-        assert self._pending[0] is slot
+        # Every upstream answer owed before this one is ready (upstream answers in order);
+        # a tiered Produce answered here may not be yet.
+        self._flush()
+        while self._pending[0] is not slot:
+            await self._local_answer.wait()
+            self._flush()
         reader = self.upstream_reader
         assert reader is not None
         unsent_head: bytes | None = head  # sent with the first chunk, in one system call
@@ -447,7 +467,7 @@ class ClientConnection:
                 tap(piece)
 
 
-def _rewrites(slot: _Slot) -> bool:
+def _rewrites(slot: Slot) -> bool:
     """Whether this answer is rewritten (read whole) or passed through as it comes.
 
     Produce and Fetch answers name brokers only from the version that added KIP-951

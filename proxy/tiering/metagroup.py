@@ -292,8 +292,10 @@ class ShardAssignment:
                 log.exception("%s could not own shard %d", self.name, shard)
             finally:
                 self._forget(self._starting, shard, owner)
-                self._forget(self._owners, shard, owner)
-                await self._stop(shard, owner, serving)
+                try:  # still `owner(shard)` while on_release commits what it holds
+                    await self._stop(shard, owner, serving)
+                finally:
+                    self._forget(self._owners, shard, owner)
             if self._tasks.get(shard) is me:
                 await asyncio.sleep(self._restart_after_s)
 

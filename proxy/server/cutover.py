@@ -1,0 +1,225 @@
+"""Cutover: a topic moves from passthrough to tiered, partition by partition
+(docs/tiering.md, "Cutover").
+
+1. `tierproxy topics tier T` reaches any proxy's admin API; the owner of T's topic shard
+   writes `TopicModeSet(TIERED)`.
+2. Every proxy reads it. From then on it forwards no new Produce for T to Kafka: those
+   partitions wait in `TieringService.produce` for their cutover. Once its passthrough
+   Produce requests for T in flight are answered, its heartbeat lists T as drained.
+3. The owner of each stream's shard (this loop), once every live proxy reports T drained,
+   reads the partition's upstream log end until it is stable (the high watermark reaches
+   the log end once nothing is in flight), writes `StreamCutover` at that offset, and
+   starts the stream's partition there: offsets continue with no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from proxy.tiering.metadata import topic_untier_refusal
+from proxy.tiering.metarecords import StreamCutover, StreamUntier, TopicMode, TopicModeSet
+from proxy.tiering.metastore import ShardFenced
+from proxy.tiering.metastreams import shard_of, topic_shard
+from proxy.tiering.topic_index import TieredTopic, cutover_ready, stream_of
+
+log = logging.getLogger("tierproxy.cutover")
+
+NOT_COORDINATOR = 16
+UNKNOWN_TOPIC = 3
+POLICY_VIOLATION = 44
+INVALID_REQUEST = 42
+STABLE_READS = 2  # equal log-end reads in a row before cutting over
+READ_INTERVAL_S = 0.1
+
+
+class CutoverLoop:
+    def __init__(self, service) -> None:  # service: server.tiering.TieringService
+        self.service = service
+        self._consumer: AIOKafkaConsumer | None = None
+        self._partitions: dict[str, int] = {}
+
+    async def run(self) -> None:
+        service = self.service
+        self._consumer = AIOKafkaConsumer(**service._kafka, group_id=None, enable_auto_commit=False)
+        await self._consumer.start()
+        try:
+            while True:
+                try:
+                    await self._cut_over_ready_streams()
+                    await self._untier_streams()
+                except (KafkaError, ShardFenced, OSError) as exc:
+                    log.warning("cutover: %r; trying again", exc)
+                    await asyncio.sleep(1.0)
+                await asyncio.sleep(0.05)  # at most 20 rounds a second, however busy
+                await service.changed(0.5)
+        finally:
+            await self._consumer.stop()
+
+    def _reports(self) -> list[frozenset[str]]:
+        """Every live proxy's drained topics: this one's now, the others' last heartbeat."""
+        proxy = self.service.proxy
+        reports = [self.service.drained()]
+        for member in proxy.fleet.live():
+            if member.name == self.service.name:
+                continue
+            heartbeat = proxy.fleet.heartbeat(member.name)
+            reports.append(heartbeat.drained if heartbeat is not None else frozenset())
+        return reports
+
+    async def _cut_over_ready_streams(self) -> None:
+        service = self.service
+        assignment = service.assignment
+        for topic in service.topics.topics():
+            partitions = await self._partition_count(topic.name)
+            waiting = [
+                (p, stream_of(topic, p))
+                for p in range(partitions)
+                if service.state(stream_of(topic, p)).stream(stream_of(topic, p)) is None
+            ]
+            mine = [
+                (p, s)
+                for p, s in waiting
+                if assignment.owner(shard_of(s, service.config.shard_count)) is not None
+            ]
+            if not mine or not cutover_ready(topic, self._reports()):
+                continue
+            ends = await self._stable_ends(topic.name, [p for p, _ in mine])
+            starts = await self._consumer.beginning_offsets(
+                [TopicPartition(topic.name, p) for p, _ in mine]
+            )
+            for partition, stream in mine:
+                tp = TopicPartition(topic.name, partition)
+                await self._cut_over(topic, partition, stream, starts[tp], ends[tp])
+
+    async def _cut_over(
+        self, topic: TieredTopic, partition: int, stream: int, log_start: int, end: int
+    ) -> None:
+        service = self.service
+        shard = shard_of(stream, service.config.shard_count)
+        owner = service.assignment.owner(shard)
+        if owner is None:
+            return
+        state = owner.state
+        record = StreamCutover(
+            state.generation,
+            stream,
+            state.next_incarnation(stream),
+            owner.epoch,
+            topic.topic_id,
+            partition,
+            min(log_start, end),
+            end,
+            end,
+            int(time.time() * 1000),
+        )
+        [verdict] = await owner.write([record])
+        if verdict.accepted:
+            log.info(
+                "%s-%d is tiered from offset %d (stream %d)", topic.name, partition, end, stream
+            )
+            await service.start_stream(shard, stream)
+        else:
+            log.warning("cutover of %s-%d refused: %s", topic.name, partition, verdict.reason)
+
+    async def _untier_streams(self) -> None:
+        """Streams of this proxy's shards whose topic went back to passthrough: stop them
+        and write StreamUntier, if they hold nothing past the cutover (the rules refuse it
+        otherwise, and the stream stays tiered)."""
+        service = self.service
+        for shard in service.assignment.owned():
+            owner = service.assignment.owner(shard)
+            if owner is None:
+                continue
+            state = owner.state
+            for stream in state.stream_ids():
+                info = state.stream(stream)
+                if info is None or service.topics.topic(info.topic_id) is not None:
+                    continue
+                partition = service.partitions.get(stream)
+                if partition is not None and partition.log_end_offset > info.cutover_offset:
+                    log.error("stream %d holds offsets past its cutover: it stays tiered", stream)
+                    continue
+                await service.partitions.remove(stream)
+                now = int(time.time() * 1000)
+                untier = StreamUntier(state.generation, stream, info.incarnation, owner.epoch, now)
+                [verdict] = await owner.write([untier])
+                log.info("stream %d untiered: %s", stream, verdict.outcome.value)
+
+    async def _partition_count(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            assert self._consumer is not None
+            await self._consumer._client.force_metadata_update()  # noqa: SLF001
+            found = self._consumer.partitions_for_topic(topic)
+            count = len(found) if found else 0
+            if count:
+                self._partitions[topic] = count
+        return count
+
+    async def _stable_ends(self, topic: str, partitions: list[int]) -> dict[TopicPartition, int]:
+        """The log ends of the partitions, read until two reads in a row agree: with no
+        produce in flight the high watermark (what ListOffsets gives) reaches the log end."""
+        assert self._consumer is not None
+        tps = [TopicPartition(topic, p) for p in partitions]
+        last, same = None, 0
+        while same < STABLE_READS:
+            ends = await self._consumer.end_offsets(tps)
+            same = same + 1 if ends == last else 1
+            last = ends
+            if same < STABLE_READS:
+                await asyncio.sleep(READ_INTERVAL_S)
+        assert last is not None
+        return last
+
+    # -- the admin API ---------------------------------------------------------------------
+
+    async def admin(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
+        """tier / untier a topic: written by the owner of its topic shard, wherever it is."""
+        service = self.service
+        if op not in ("tier", "untier"):
+            return INVALID_REQUEST, f"unknown admin operation {op!r}"
+        if topic_id.int == 0:  # the command names the topic: ask Kafka for its id
+            try:
+                topic_id, _ = await service.proxy.describe_topic(topic)
+            except LookupError as exc:
+                return UNKNOWN_TOPIC, str(exc)
+            except OSError as exc:
+                return NOT_COORDINATOR, f"cannot reach Kafka: {exc}"
+        shard = topic_shard(topic_id, service.config.shard_count)
+        owner = service.assignment.owner(shard)
+        if owner is None:
+            address = self._shard_owner_address(shard)
+            if address is None:
+                return NOT_COORDINATOR, f"metadata shard {shard} has no live owner right now"
+            return await service.peers.admin(address, op, topic, topic_id)
+        if op == "untier":
+            partitions = await self._partition_count(topic)
+            states = [reader.state for reader in service.readers]
+            refusal = topic_untier_refusal(states, topic_id, partitions)
+            if refusal:
+                return POLICY_VIOLATION, f"cannot untier {topic}: {refusal}"
+        mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
+        record = TopicModeSet(topic_id, topic, mode, int(time.time() * 1000))
+        try:
+            [verdict] = await owner.write([record])
+        except ShardFenced as exc:
+            return NOT_COORDINATOR, str(exc)
+        if verdict.outcome.value == "refuse":
+            return POLICY_VIOLATION, verdict.reason
+        return 0, f"{topic} is {mode.name.lower()}"
+
+    def _shard_owner_address(self, shard: int) -> tuple[str, int] | None:
+        service = self.service
+        owner = service.readers[shard].state.owner
+        proxy = service.proxy
+        heartbeat = proxy.fleet.heartbeat(owner) if owner else None
+        live = {m.name: m for m in proxy.fleet.live()}
+        if heartbeat is None or owner not in live or not heartbeat.peer_port:
+            return None
+        return live[owner].host, heartbeat.peer_port

@@ -1,0 +1,20 @@
+"""A request of a client connection awaiting its answer, in request order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.server.tiered_produce import ProducePlan
+
+
+@dataclass(slots=True)
+class Slot:
+    """A request awaiting its answer; `data` is the framed answer, in pieces written one
+    after the other, once it is known."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    data: tuple[bytes | bytearray | memoryview, ...] | None = None
+    local: bool = False  # answered by the proxy itself, not by a broker
+    plan: ProducePlan | None = None  # a Produce read by a proxy that tiers topics

@@ -1,0 +1,449 @@
+"""The tiered data plane inside one proxy (docs/tiering.md, "In the proxy").
+
+`TieringService` wires the pieces: a `ShardReader` per metadata shard (every proxy knows
+every topic's mode and every stream's owner), its share of the shards through the
+consumer group (`ShardAssignment`), one local WAL and `PartitionSet` for the streams of
+the shards it owns, an uploader that commits through those shards' owners, the peer
+listener and clients, and the S3-WAL writer that hands batches to owners elsewhere.
+
+A Produce partition of a tiered topic goes, by `produce()`:
+- to the local `TieredPartition` if this proxy owns its stream;
+- else to the owner: `notify: s3` PUTs it to an S3-WAL object and sends the location,
+  `notify: direct` sends the bytes; the owner's answer is the client's.
+A partition whose topic is tiered but whose cutover is not written yet waits for it
+(`cutover_hold_ms`); an unreachable owner answers NOT_LEADER_OR_FOLLOWER (retriable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Sequence
+
+from proxy.server.cutover import CutoverLoop
+from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
+from proxy.tiering.committed import committed_headers
+from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metagroup import ShardAssignment, ensure_metadata_topic
+from proxy.tiering.metarecords import ObjectCommit
+from proxy.tiering.metastore import ShardOwner, ShardReader
+from proxy.tiering.metastreams import shard_of
+from proxy.tiering.objectstore import ObjectStore
+from proxy.tiering.partition import PartitionSet
+from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.tiering.peer_codec import AdminRequest, AppendRequest
+from proxy.tiering.s3store import S3Store
+from proxy.tiering.settings import TieringConfig
+from proxy.tiering.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
+from proxy.tiering.upload_plan import ObjectIdAllocator
+from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
+from proxy.wal.log import WriteAheadLog
+from proxy.wal.s3wal import S3WalReader, S3WalWriter
+from proxy.wal.s3walobject import writer_id_for
+from proxy.wal.types import WalConfig
+
+log = logging.getLogger("tierproxy.tiering")
+
+REQUEST_TIMED_OUT = 7
+INVALID_REQUEST = 42
+COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
+UPLOADER_RESTART_S = 1.0
+# peer frame sizes (docs/tiering.md, peer_codec): 14 bytes of frame head, then an append
+# request's stream, acks, timeout and payload kind (15), an answer's 26 fixed bytes
+PEER_FRAME_HEAD = 14
+APPEND_REQUEST_FIXED = PEER_FRAME_HEAD + 15
+APPEND_RESPONSE_FIXED = PEER_FRAME_HEAD + 26
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _request_bytes(records, payload: dict) -> int:
+    """An append request's frame size: its header and stream fields, then the records
+    (direct) or the location (s3)."""
+    location = payload.get("location")
+    if location is None:
+        return APPEND_REQUEST_FIXED + 4 + len(records)  # u32 size + the bytes
+    return APPEND_REQUEST_FIXED + 2 + len(location.object_key) + 20  # key, start, end, crc
+
+
+def _response_bytes(result: ProduceResult) -> int:
+    return APPEND_RESPONSE_FIXED + 2 + len((result.error_message or "").encode())
+
+
+def _not_owner(message: str) -> ProduceResult:
+    return ProduceResult(NOT_LEADER_OR_FOLLOWER, error_message=message)
+
+
+async def open_store(config: TieringConfig) -> ObjectStore:
+    settings = config.object_store
+    if settings.kind == "s3":
+        assert settings.s3 is not None
+        return await S3Store.open(settings.s3)
+    return LocalDirectoryStore(settings.directory)
+
+
+class TieringService:
+    def __init__(self, proxy, kafka_settings: dict) -> None:  # proxy: server.app.Proxy
+        self.proxy = proxy
+        self.config: TieringConfig = proxy.config.tiering
+        self.name: str = proxy.config.fleet.name
+        self._kafka = kafka_settings
+        shard_count = self.config.shard_count
+        topic = self.config.metadata_topic
+        self.readers = [
+            ShardReader(kafka_settings, topic, k, shard_count, on_record=self._on_record)
+            for k in range(shard_count)
+        ]
+        self.topics = TopicIndex([reader.state for reader in self.readers])
+        self.in_flight: dict[str, int] = {}  # topic name -> passthrough produce in flight
+        self._changed = asyncio.Event()
+        self.store: ObjectStore | None = None
+        self.wal: WriteAheadLog | None = None
+        self.partitions: PartitionSet | None = None
+        self.uploader: Uploader | None = None
+        self.assignment: ShardAssignment | None = None
+        self.peer_server: PeerServer | None = None
+        self.peers = PeerClients()
+        self.s3wal: S3WalWriter | None = None
+        self.s3wal_reader: S3WalReader | None = None
+        self._allocate = ObjectIdAllocator(random.getrandbits(31))
+        self._tasks: list[asyncio.Task[None]] = []
+        # stream -> the latest peer request's future, done once its batch is queued (owner)
+        # or its request is written (non-owner): keeps a stream's batches in order
+        self._arrivals: dict[int, asyncio.Future[None]] = {}
+        self._sends: dict[int, asyncio.Future[None]] = {}
+        self._zones_by_address: dict[tuple[str, int], str] = {}
+        self.cutover = CutoverLoop(self)
+        # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
+        # fit a WAL segment, and an S3-WAL object
+        self.max_batch_bytes = min(self.config.wal_segment_bytes, self.config.s3wal_max_bytes)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        await ensure_metadata_topic(self._kafka, config.metadata_topic, config.shard_count)
+        await asyncio.gather(*(reader.start() for reader in self.readers))
+        await asyncio.gather(*(reader.caught_up() for reader in self.readers))
+        self.store = await open_store(config)
+        config.wal_directory.mkdir(parents=True, exist_ok=True)
+        self.wal = await WriteAheadLog.open(
+            WalConfig(
+                str(config.wal_directory),
+                segment_bytes=config.wal_segment_bytes,
+                capacity_bytes=config.wal_capacity_bytes,
+            )
+        )
+        self.partitions = PartitionSet(self.wal, on_broken=self._partition_broken)
+        self.peer_server = PeerServer(
+            config.peer_bind_host, config.peer_port, self._on_peer_append, self._on_peer_admin
+        )
+        await self.peer_server.start()
+        self.s3wal_reader = S3WalReader(self.store)
+        if config.notify == "s3":
+            self.s3wal = S3WalWriter(
+                self.store,
+                writer_id_for(self.name, time.time()),
+                max_delay_s=config.s3wal_max_delay_ms / 1000,
+                max_bytes=config.s3wal_max_bytes,
+            )
+        self._tasks.append(asyncio.create_task(self._upload_forever(), name="uploader"))
+        self.assignment = ShardAssignment(
+            self._kafka,
+            config.metadata_topic,
+            config.shard_count,
+            self.name,
+            group_id=config.group,
+            session_timeout_ms=config.session_timeout_ms,
+            dirty_shards=self.dirty_shards,
+            on_owned=self._owned,
+            on_lost=self._lost,
+            on_release=self._release,
+            unclean_takeover_after_s=config.unclean_takeover_after_s,
+        )
+        await self.assignment.start()
+        self._tasks.append(asyncio.create_task(self.cutover.run(), name="cutover"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.assignment is not None:  # closes partitions, uploads, releases
+            await self.assignment.close()
+        if self.uploader is not None:
+            await self.uploader.close()
+        if self.partitions is not None:
+            await self.partitions.close()
+        if self.peer_server is not None:
+            await self.peer_server.close()
+        await self.peers.close()
+        if self.s3wal is not None:
+            await self.s3wal.close()
+        if self.wal is not None:
+            await self.wal.close()
+        await asyncio.gather(*(reader.close() for reader in self.readers))
+        if self.store is not None:
+            await self.store.close()
+
+    @property
+    def peer_port(self) -> int:
+        return self.peer_server.port if self.peer_server is not None else 0
+
+    def drained(self) -> frozenset[str]:
+        """What the heartbeat reports: tiered topics with no passthrough produce in flight."""
+        return drained_topics(self.topics.topics(), self.in_flight)
+
+    def dirty_shards(self) -> list[int]:
+        """Shards this proxy owned last and did not hand over cleanly: its WAL may hold
+        what it acknowledged for them, so the group gives them back to it."""
+        return [
+            r.shard for r in self.readers if r.state.owner == self.name and not r.state.released
+        ]
+
+    # -- metadata changes ----------------------------------------------------------------
+
+    def _on_record(self, offset: int, verdict: object) -> None:
+        self.topics.stale()
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake whoever waits in `changed` (a new event for the next wait)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self, timeout_s: float) -> None:
+        """Wait for the next metadata record, at most `timeout_s`."""
+        event = self._changed
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+    def state(self, stream: int) -> MetadataState:
+        return self.readers[shard_of(stream, self.config.shard_count)].state
+
+    # -- produce ---------------------------------------------------------------------------
+
+    def is_tiered(self, topic: str | uuid.UUID, partition: int) -> bool:
+        found = self.topics.topic(topic)
+        return found is not None
+
+    async def produce(
+        self, topic: str | uuid.UUID, partition: int, records, acks: int, timeout_ms: int
+    ) -> ProduceResult | None:
+        """One partition of a Produce request for a tiered topic; None for acks=0."""
+        found = self.topics.topic(topic)
+        if found is None:  # untiered since the split: the client retries through Kafka
+            return _not_owner(f"topic {topic} is no longer tiered")
+        if records is None:
+            return ProduceResult(INVALID_REQUEST, error_message="null records")
+        stream = stream_of(found, partition)
+        if self.state(stream).stream(stream) is None:
+            if not await self._wait_for_cutover(found, stream):
+                return ProduceResult(
+                    REQUEST_TIMED_OUT,
+                    error_message=f"{found.name}-{partition} is being cut over to tiered",
+                )
+        assert self.partitions is not None
+        if self.partitions.get(stream) is not None:
+            return await self.partitions.produce(stream, records, acks)
+        return await self._produce_remote(found, partition, stream, records, acks, timeout_ms)
+
+    async def _wait_for_cutover(self, topic: TieredTopic, stream: int) -> bool:
+        deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
+        while self.state(stream).stream(stream) is None:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.topics.topic(topic.topic_id) is None:
+                return False
+            await self.changed(left)
+        return True
+
+    async def _produce_remote(
+        self, topic: TieredTopic, partition: int, stream: int, records, acks: int, timeout_ms: int
+    ) -> ProduceResult | None:
+        address = self._owner_address(stream)
+        if address is None:
+            return _not_owner(f"{topic.name}-{partition}: no live owner right now")
+        # A stream's batches reach the owner in the order they came (producer sequence
+        # numbers): each call is made after the previous one's, which PeerClients writes
+        # first, whichever S3-WAL PUT ends first.
+        previous = self._sends.get(stream)
+        started = asyncio.get_running_loop().create_future()
+        self._sends[stream] = started
+        try:
+            if self.s3wal is not None:
+                payload = {"location": await self.s3wal.append(stream, records)}
+            else:
+                payload = {"records": records}
+            if previous is not None:
+                await asyncio.wait([previous])
+            call = asyncio.ensure_future(
+                self.peers.append(address, stream, acks, timeout_ms, **payload)
+            )
+            await asyncio.sleep(0)  # its first step queues the request, before the next's
+        except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
+            log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
+            return ProduceResult(56, error_message=f"could not hand the batch over: {exc}")
+        finally:
+            started.set_result(None)
+            if self._sends.get(stream) is started:
+                del self._sends[stream]
+        self._count_peer_bytes(address, "to_owner", _request_bytes(records, payload))
+        try:
+            result = await call
+        except (PeerUnavailable, TimeoutError, OSError) as exc:
+            return _not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
+        if result is not None:
+            self._count_peer_bytes(address, "from_owner", _response_bytes(result))
+        return result
+
+    def _count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None:
+        owner_zone = self._zones_by_address.get(address)
+        if owner_zone is None:
+            for member in self.proxy.fleet.live():
+                heartbeat = self.proxy.fleet.heartbeat(member.name)
+                if heartbeat is not None and (member.host, heartbeat.peer_port) == address:
+                    owner_zone = self._zones_by_address[address] = member.zone
+        self.proxy.metrics.peer_bytes.labels(
+            self.proxy.config.fleet.zone, owner_zone or "unknown", self.config.notify, direction
+        ).inc(size)
+
+    def _owner_address(self, stream: int) -> tuple[str, int] | None:
+        owner = self.state(stream).owner
+        if not owner or owner == self.name:
+            return None  # this proxy's partition is not started yet (or not any more)
+        live = {m.name: m for m in self.proxy.fleet.live()}
+        heartbeat = self.proxy.fleet.heartbeat(owner)
+        if owner not in live or heartbeat is None or not heartbeat.peer_port:
+            return None
+        return live[owner].host, heartbeat.peer_port
+
+    # -- what peers ask ------------------------------------------------------------------
+
+    async def _on_peer_append(self, request: AppendRequest) -> ProduceResult:
+        """A peer's batch for a stream owned here. The S3 reads run concurrently, but the
+        batches are queued to the partition in the order the requests arrived (a producer's
+        sequence numbers must arrive in order)."""
+        assert self.partitions is not None and self.s3wal_reader is not None
+        stream = request.stream_id
+        previous = self._arrivals.get(stream)
+        queued = asyncio.get_running_loop().create_future()
+        self._arrivals[stream] = queued
+        try:
+            records = request.records
+            if records is None:
+                assert request.location is not None
+                records = await self.s3wal_reader.read(request.location)
+            if previous is not None:
+                await asyncio.wait([previous])
+            if self.partitions.get(stream) is None:
+                return _not_owner(f"stream {stream} is not owned by {self.name}")
+            call = asyncio.ensure_future(self.partitions.produce(stream, records, request.acks))
+            await asyncio.sleep(0)  # its first step queues the batch, before the next's
+        finally:
+            queued.set_result(None)
+            if self._arrivals.get(stream) is queued:
+                del self._arrivals[stream]
+        result = await call
+        return result if result is not None else ProduceResult(0)
+
+    async def _on_peer_admin(self, request: AdminRequest) -> tuple[int, str]:
+        return await self.cutover.admin(request.op, request.topic, request.topic_id)
+
+    # -- shards --------------------------------------------------------------------------
+
+    async def _owned(self, shard: int, owner: ShardOwner) -> None:
+        """A shard became this proxy's: rebuild and start its streams' partitions."""
+        assert self.partitions is not None and self.store is not None
+        store, state = self.store, owner.state
+
+        def read_committed(stream: int, start: int, end: int):
+            return committed_headers(store, state, stream, start, end)
+
+        await self.partitions.recover(state.stream_ids(), state, read_committed=read_committed)
+        self._notify()
+
+    async def start_stream(self, shard: int, stream: int) -> None:
+        """A stream just cut over in a shard this proxy owns."""
+        assert self.partitions is not None and self.assignment is not None
+        owner = self.assignment.owner(shard)
+        if owner is not None and self.partitions.get(stream) is None:
+            await self.partitions.recover([stream], owner.state)
+
+    async def _lost(self, shard: int) -> None:
+        """A shard is being taken away: stop its partitions (in-flight appends answered)."""
+        assert self.partitions is not None
+        streams = [s for s in self.readers[shard].state.stream_ids() if self.partitions.get(s)]
+        await asyncio.gather(*(self.partitions.remove(s) for s in streams))
+
+    async def _release(self, shard: int) -> bool:
+        """Whether everything acknowledged for the shard is committed: upload it now."""
+        uploader = self.uploader
+        if uploader is None or uploader.failed is not None:
+            return False
+        try:
+            async with asyncio.timeout(self.config.session_timeout_ms / 1000):
+                await uploader.flush()
+        except Exception as exc:
+            log.warning("shard %d handed over uncleanly: the upload failed: %r", shard, exc)
+            return False
+        return True
+
+    def _partition_broken(self, stream: int, error: BaseException) -> None:
+        log.error("stream %d: the WAL failed (%r); restart this proxy", stream, error)
+
+    # -- the uploader --------------------------------------------------------------------
+
+    async def _upload_forever(self) -> None:
+        assert self.wal is not None and self.store is not None
+        config = UploaderConfig(
+            upload_bytes=self.config.upload_bytes, upload_interval_s=self.config.upload_interval_s
+        )
+        while True:
+            self.uploader = Uploader(
+                self.wal,
+                self.store,
+                self._commit,
+                self._allocate,
+                committed_end=lambda stream: self.state(stream).stream_end(stream),
+                config=config,
+            )
+            self.uploader.start()
+            error = await self.uploader.stopped()
+            log.warning("uploader stopped (%s); restarting in %s s", error, UPLOADER_RESTART_S)
+            await asyncio.sleep(UPLOADER_RESTART_S)
+
+    async def _commit(self, objects: Sequence[UploadedObject]) -> None:
+        """One ObjectCommit per (object, shard), written by that shard's owner here."""
+        by_shard: dict[int, list[tuple[UploadedObject, tuple]]] = {}
+        for uploaded in objects:
+            for shard, ranges in uploaded.ranges_by_shard(self.config.shard_count).items():
+                by_shard.setdefault(shard, []).append((uploaded, ranges))
+        for shard, items in sorted(by_shard.items()):
+            owner = await self._owner_for_commit(shard)
+            now = _now_ms()
+            commits = [
+                ObjectCommit(
+                    owner.state.generation, o.object_id, o.kind, o.size, owner.epoch, now, ranges
+                )
+                for o, ranges in items
+            ]
+            for verdict in await owner.write(commits):
+                if verdict.outcome.value == "refuse":
+                    raise CommitRefused(f"shard {shard}: {verdict.reason}")
+
+    async def _owner_for_commit(self, shard: int) -> ShardOwner:
+        assert self.assignment is not None
+        deadline = time.monotonic() + COMMIT_OWNER_WAIT_S
+        while (owner := self.assignment.owner(shard)) is None:
+            if time.monotonic() > deadline:
+                raise CommitRefused(f"shard {shard} is not owned here")
+            await asyncio.sleep(0.1)
+        return owner

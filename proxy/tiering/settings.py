@@ -1,0 +1,135 @@
+"""The `tiering` section of the proxy's config (docs/tiering.md, "Configuration").
+
+Absent or `enabled: false`: the proxy passes every topic through. Enabled: it follows the
+fleet's metadata topic, takes its share of the shards, runs a local WAL and an uploader
+for the partitions it owns, and listens for its peers on `peer_port`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proxy.config_section import ConfigError, Section
+from proxy.tiering.s3store import S3Config
+from proxy.tiering.upload_plan import MiB
+
+NOTIFY_MODES = ("s3", "direct")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_MIN_SESSION_MS = 1000
+
+
+@dataclass(frozen=True)
+class ObjectStoreSettings:
+    """Where objects go: a local directory (the embedded default) or an S3 bucket."""
+
+    kind: str = "local"
+    directory: Path = Path(".tierproxy/objects")
+    s3: S3Config | None = None
+
+
+@dataclass(frozen=True)
+class TieringConfig:
+    enabled: bool = False
+    metadata_topic: str = "__tierproxy_metadata"
+    shard_count: int = 8  # fixed when the metadata topic is created
+    shard_group: str = ""  # the consumer group sharing the shards; default <topic>.owners
+    session_timeout_ms: int = 10_000  # how long a dead proxy keeps its shards
+    # None: a shard whose owner died waits for it (nothing acknowledged is lost); a number:
+    # after that many seconds another proxy takes over and what the dead one acknowledged
+    # but had not uploaded is lost (like Kafka's unclean leader election)
+    unclean_takeover_after_s: float | None = None
+    wal_directory: Path = Path(".tierproxy/wal")
+    wal_capacity_bytes: int = 1024 * MiB  # then produce waits (backpressure)
+    wal_segment_bytes: int = 64 * MiB
+    notify: str = "s3"  # how a proxy that is not the owner hands batches over
+    s3wal_max_delay_ms: int = 250
+    s3wal_max_bytes: int = 8 * MiB
+    upload_bytes: int = 8 * MiB
+    upload_interval_s: float = 1.0
+    peer_bind_host: str = "127.0.0.1"
+    peer_port: int = 0  # 0: any free port, told to the fleet in the heartbeat
+    cutover_hold_ms: int = 30_000  # a produce to a partition being cut over waits this long
+    object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
+
+    @property
+    def group(self) -> str:
+        return self.shard_group or f"{self.metadata_topic}.owners"
+
+
+def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
+    defaults = TieringConfig()
+    enabled = section.boolean("enabled", bool(section.raw))
+    wal = section.section("wal")
+    safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", fleet_name)
+    takeover = section.get("unclean_takeover_after_s")
+    config = TieringConfig(
+        enabled=enabled,
+        metadata_topic=_topic(section, "metadata_topic", defaults.metadata_topic),
+        shard_count=section.integer("shard_count", defaults.shard_count, minimum=1),
+        shard_group=section.string("shard_group", ""),
+        session_timeout_ms=section.integer(
+            "session_timeout_ms", defaults.session_timeout_ms, minimum=_MIN_SESSION_MS
+        ),
+        unclean_takeover_after_s=(
+            None
+            if takeover is None
+            else section.number("unclean_takeover_after_s", 0.0, minimum=0.0)
+        ),
+        wal_directory=Path(wal.string("directory", f".tierproxy/wal/{safe_name}")),
+        wal_capacity_bytes=wal.integer(
+            "capacity_bytes", defaults.wal_capacity_bytes, minimum=4 * MiB
+        ),
+        wal_segment_bytes=wal.integer("segment_bytes", defaults.wal_segment_bytes, minimum=MiB),
+        notify=section.choice("notify", defaults.notify, NOTIFY_MODES),
+        s3wal_max_delay_ms=section.integer("s3wal_max_delay_ms", 250, minimum=1),
+        s3wal_max_bytes=section.integer("s3wal_max_bytes", defaults.s3wal_max_bytes, minimum=1024),
+        upload_bytes=section.integer("upload_bytes", defaults.upload_bytes, minimum=1024),
+        upload_interval_s=section.number(
+            "upload_interval_s", defaults.upload_interval_s, minimum=0.01
+        ),
+        peer_bind_host=section.string("peer_bind_host", defaults.peer_bind_host),
+        peer_port=section.port("peer_port", 0),
+        cutover_hold_ms=section.integer("cutover_hold_ms", defaults.cutover_hold_ms, minimum=100),
+        object_store=_object_store(section.section("object_store")),
+    )
+    if config.wal_segment_bytes > config.wal_capacity_bytes:
+        raise ConfigError(
+            wal.key("segment_bytes"),
+            f"{config.wal_segment_bytes} exceeds wal.capacity_bytes "
+            f"({config.wal_capacity_bytes}): the WAL could not hold one segment",
+        )
+    wal.reject_unknown()
+    section.reject_unknown()
+    return config
+
+
+def _topic(section: Section, name: str, default: str) -> str:
+    value = section.string(name, default)
+    if not _TOPIC.fullmatch(value):
+        raise ConfigError(section.key(name), f"{value!r} is not a Kafka topic name")
+    return value
+
+
+def _object_store(section: Section) -> ObjectStoreSettings:
+    kind = section.choice("kind", "local", ("local", "s3"))
+    directory = Path(section.string("directory", str(ObjectStoreSettings.directory)))
+    s3 = None
+    if kind == "s3":
+        try:
+            s3 = S3Config(
+                bucket=section.string("bucket", ""),
+                endpoint_url=section.get("endpoint_url"),
+                region=section.string("region", "us-east-1"),
+                access_key_id=section.get("access_key_id"),
+                secret_access_key=section.get("secret_access_key"),
+                path_style=section.boolean("path_style", False),
+            )
+        except ValueError as exc:  # S3Config names the field: "S3 config bucket='': ..."
+            field_name = str(exc).split()[2].split("=")[0] if " config " in str(exc) else "s3"
+            raise ConfigError(section.key(field_name), str(exc)) from None
+    elif section.get("bucket") is not None:
+        raise ConfigError(section.key("bucket"), "set kind: s3 to use a bucket")
+    section.reject_unknown()
+    return ObjectStoreSettings(kind, directory, s3)

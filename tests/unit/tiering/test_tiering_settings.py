@@ -1,0 +1,127 @@
+"""The `tiering` config section, the topic index and the heartbeat's tiering fields."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from proxy.config import ConfigError, parse_config
+from proxy.routing.fleet import (
+    Heartbeat,
+    HeartbeatError,
+    Member,
+    decode_heartbeat,
+    encode_heartbeat,
+)
+from proxy.tiering.metacodec import encode
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metarecords import TopicMode, TopicModeSet
+from proxy.tiering.metastreams import stream_id, topic_shard
+from proxy.tiering.topic_index import TieredTopic, TopicIndex, cutover_ready, drained_topics
+
+BASE = {"upstream": {"bootstrap": "127.0.0.1:9092"}}
+
+
+def _parse(tiering):
+    return parse_config({**BASE, "tiering": tiering}).tiering
+
+
+def test_tiering_is_off_without_a_section_and_on_with_one():
+    assert not parse_config(BASE).tiering.enabled
+    config = _parse({"shard_count": 4, "notify": "direct"})
+    assert config.enabled and config.shard_count == 4 and config.notify == "direct"
+    assert config.group == "__tierproxy_metadata.owners"
+    assert not _parse({"enabled": False}).enabled
+
+
+def test_s3_object_store_is_read():
+    store = _parse(
+        {"object_store": {"kind": "s3", "bucket": "b", "endpoint_url": "http://x:9000"}}
+    ).object_store
+    assert store.kind == "s3" and store.s3.bucket == "b"
+
+
+@pytest.mark.parametrize(
+    ("tiering", "key"),
+    [
+        ({"notify": "carrier-pigeon"}, "tiering.notify"),
+        ({"shard_count": 0}, "tiering.shard_count"),
+        ({"metadata_topic": "bad topic"}, "tiering.metadata_topic"),
+        ({"session_timeout_ms": 10}, "tiering.session_timeout_ms"),
+        ({"object_store": {"kind": "s3"}}, "tiering.object_store.bucket"),
+        ({"object_store": {"bucket": "b"}}, "tiering.object_store.bucket"),
+        (
+            {"wal": {"segment_bytes": 64 << 20, "capacity_bytes": 8 << 20}},
+            "tiering.wal.segment_bytes",
+        ),
+        ({"wal": {"dir": "x"}}, "tiering.wal.dir"),
+        ({"upload_every": 1}, "tiering.upload_every"),
+    ],
+)
+def test_bad_tiering_config_names_the_key(tiering, key):
+    with pytest.raises(ConfigError) as caught:
+        _parse(tiering)
+    assert caught.value.key == key
+
+
+def _state_with(topic_id: uuid.UUID, name: str, mode: TopicMode, shard_count: int) -> list:
+    states = [MetadataState(k, shard_count) for k in range(shard_count)]
+    state = states[topic_shard(topic_id, shard_count)]
+    key, value = encode(TopicModeSet(topic_id, name, mode, 1))
+    assert state.apply(key, value, 0).accepted
+    return states
+
+
+def test_topic_index_finds_tiered_topics_by_name_and_id():
+    topic_id = uuid.uuid4()
+    states = _state_with(topic_id, "orders", TopicMode.TIERED, 4)
+    index = TopicIndex(states)
+    assert index.any()
+    assert index.topic("orders").topic_id == topic_id
+    assert index.topic(topic_id).name == "orders"
+    assert index.topic("other") is None
+    stream = stream_id(topic_id, 3)
+    assert index.state_of(stream).shard == stream % 4
+
+
+def test_topic_index_ignores_passthrough_topics():
+    states = _state_with(uuid.uuid4(), "orders", TopicMode.PASSTHROUGH, 2)
+    assert not TopicIndex(states).any()
+
+
+def test_a_topic_is_drained_when_no_produce_is_in_flight_by_name_or_id():
+    topic = TieredTopic(uuid.uuid4(), "orders", 1)
+    assert drained_topics([topic], {}) == {str(topic.topic_id)}
+    assert drained_topics([topic], {"orders": 1}) == frozenset()
+    assert drained_topics([topic], {topic.topic_id: 2}) == frozenset()
+    assert cutover_ready(topic, [frozenset({str(topic.topic_id)})] * 3)
+    assert not cutover_ready(topic, [frozenset({str(topic.topic_id)}), frozenset()])
+
+
+def test_heartbeat_carries_the_peer_port_and_drained_topics():
+    member = Member("p1", "zone-a", "127.0.0.1", 19092, 19100)
+    beat = Heartbeat(member, 1.5, {}, peer_port=4000, drained=frozenset({"a", "b"}))
+    assert decode_heartbeat(encode_heartbeat(beat)) == beat
+    old = encode_heartbeat(Heartbeat(member, 1.5)).replace(b',"peer_port":0,"drained":[]', b"")
+    assert decode_heartbeat(old).peer_port == 0  # a heartbeat of a proxy without tiering
+    with pytest.raises(HeartbeatError, match="drained"):
+        decode_heartbeat(encode_heartbeat(beat).replace(b'["a","b"]', b'"a"'))
+
+
+def test_peer_byte_counts_match_the_encoded_frames():
+    """The zone accounting of the owner hop counts what the peer codec really sends."""
+    from proxy.server.tiering import _request_bytes, _response_bytes
+    from proxy.tiering.partition_rules import ProduceResult
+    from proxy.tiering.peer_codec import AppendRequest, AppendResponse, encode_frame
+    from proxy.wal.s3walobject import S3WalLocation
+
+    records = b"x" * 1000
+    direct = AppendRequest(1, 5, -1, 1000, records, None)
+    assert len(encode_frame(direct)) == _request_bytes(records, {"records": records})
+    location = S3WalLocation("wal/ab/writer-1/0000000000000001", 0, 1000, 5, 7)
+    s3 = AppendRequest(1, 5, -1, 1000, None, location)
+    assert len(encode_frame(s3)) == _request_bytes(records, {"location": location})
+    assert len(encode_frame(s3)) < 100  # no record byte on the owner hop
+    for result in (ProduceResult(0, 5, -1, 0), ProduceResult(6, error_message="not here")):
+        assert len(encode_frame(AppendResponse.from_result(1, result))) == _response_bytes(result)
