@@ -162,10 +162,19 @@ def _dev(args: argparse.Namespace) -> int:
     except DevstackError as exc:
         print(f"tierproxy dev: {exc}", file=sys.stderr)
         return 1
+    state = Path(args.data_dir or cluster.base_dir) / "tierproxy"
+    peer_port = args.broker_port_base - 1
     config = parse_config(
         {
             "upstream": {"bootstrap": cluster.bootstrap},
             "listeners": {"bootstrap_port": args.port, "broker_port_base": args.broker_port_base},
+            "fleet": {"name": "dev", "zone": "local"},
+            "tiering": {
+                "peer_port": peer_port,
+                "wal": {"directory": str(state / "wal")},
+                "object_store": {"kind": "local", "directory": str(state / "objects")},
+                "session_timeout_ms": 6000,
+            },
         }
     )
 
@@ -173,7 +182,9 @@ def _dev(args: argparse.Namespace) -> int:
         print(
             f"Kafka is up at {cluster.bootstrap} (log: {cluster.log_files()[0]}).\n"
             f"tierproxy is up: point your clients at bootstrap.servers={proxy.bootstrap}\n"
-            "Object store: tiering is not built yet, so no data is written outside Kafka.\n"
+            f"Topics pass through to Kafka until tiered: `tierproxy topics tier <topic> "
+            f"--peer 127.0.0.1:{peer_port}`; then writes go to the WAL in {state / 'wal'} "
+            f"and the objects in {state / 'objects'}.\n"
             "Press Ctrl-C to stop both.",
             flush=True,
         )
