@@ -113,6 +113,11 @@ def test_shipped_example_configs_parse(monkeypatch):
     assert fleet.fleet.membership == "kafka" and fleet.fleet.zone == "eu-west-1a"
     assert dict(fleet.routing.cidr_zones)["10.0.2.0/24"] == "eu-west-1b"
     assert fleet.listeners.proxy_protocol == "off"
+    assert not fleet.tiering.enabled
+    tiered = load_config(root / "tiered.yaml").tiering
+    assert tiered.enabled and tiered.shard_count == 16 and tiered.peer_port == 19090
+    assert tiered.object_store.kind == "s3" and tiered.object_store.s3.bucket.startswith("tier")
+    assert tiered.unclean_takeover_after_s is None
     # the production example names files of a real deployment: here they are missing
     monkeypatch.setenv("TIERPROXY_SASL_PASSWORD", "x")
     with pytest.raises(ConfigError) as missing:
