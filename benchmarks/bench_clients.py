@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -94,8 +95,17 @@ class JavaTools:
         ]
 
     def produce_argv(
-        self, bootstrap: str, topic: str, records: int, record_size: int, rate: int | None
+        self,
+        bootstrap: str,
+        topic: str,
+        records: int,
+        record_size: int,
+        rate: int | None,
+        config_file: Path | None = None,
     ) -> list[str]:
+        # --producer.config: --producer-props splits each setting at every "=", so a value
+        # holding one (client.id=app,tierproxy_az=zone-b) only passes in a file
+        extra = [] if config_file is None else ["--producer.config", str(config_file)]
         return self.argv(
             "org.apache.kafka.tools.ProducerPerformance",
             "--topic",
@@ -111,14 +121,33 @@ class JavaTools:
             "acks=all",
             "enable.idempotence=true",
             "--print-metrics",
+            *extra,
         )
 
     def produce(
-        self, bootstrap: str, topic: str, records: int, record_size: int, rate: int | None = None
+        self,
+        bootstrap: str,
+        topic: str,
+        records: int,
+        record_size: int,
+        rate: int | None = None,
+        settings: dict[str, str] | None = None,
     ) -> ProduceResult:
+        """`settings`: more producer settings (client.id, batch.size, ...), from a file."""
+        config_file = None
+        if settings:
+            with tempfile.NamedTemporaryFile(
+                "w", prefix="producer-", suffix=".properties", delete=False
+            ) as file:
+                file.writelines(f"{key}={value}\n" for key, value in settings.items())
+            config_file = Path(file.name)
         started = time.perf_counter()
-        argv = self.produce_argv(bootstrap, topic, records, record_size, rate)
-        out = run_tool(argv, timeout=max(600.0, records / 1000))
+        argv = self.produce_argv(bootstrap, topic, records, record_size, rate, config_file)
+        try:
+            out = run_tool(argv, timeout=max(600.0, records / 1000))
+        finally:
+            if config_file is not None:
+                config_file.unlink()
         seconds = time.perf_counter() - started
         matches = [m for m in map(_PRODUCER_FINAL.search, out.splitlines()) if m]
         if not matches:
@@ -195,9 +224,15 @@ def _percentiles(latencies_ns: list[int]) -> dict[str, float]:
 
 
 def librdkafka_produce(
-    bootstrap: str, topic: str, records: int, record_size: int, rate: int | None = None
+    bootstrap: str,
+    topic: str,
+    records: int,
+    record_size: int,
+    rate: int | None = None,
+    settings: dict[str, str] | None = None,
 ) -> ProduceResult:
-    """Latency is from produce() to the delivery report, per record (perf_counter_ns)."""
+    """Latency is from produce() to the delivery report, per record (perf_counter_ns).
+    `settings`: more producer settings (client.id, batch.size, ...)."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -205,6 +240,7 @@ def librdkafka_produce(
             "enable.idempotence": True,
             "client.id": "tierproxy-bench",
         }
+        | (settings or {})
     )
     producer.list_topics(topic, timeout=30)  # connections and metadata before the clock
     value = os.urandom(record_size)

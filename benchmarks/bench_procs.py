@@ -2,8 +2,9 @@
 
 CPU time and peak memory come from /proc, so a process is measured from outside without
 any help from it: utime + stime of /proc/<pid>/stat (all its threads), VmHWM of
-/proc/<pid>/status. Every child dies with the benchmark (PR_SET_PDEATHSIG), is in a
-session of its own so its whole group can be signalled, and is stopped in `finally`.
+/proc/<pid>/status; the bytes on its TCP connections from the kernel (`ss`). Every child
+dies with the benchmark (PR_SET_PDEATHSIG), is in a session of its own so its whole group
+can be signalled, and is stopped in `finally`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+import urllib.request
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +98,21 @@ def machine_cpu() -> tuple[int, int]:
     return sum(values[:8]) - idle, sum(values[:8])
 
 
+def wait_idle(pids: list[int], idle_cores: float = 0.3, timeout: float = 20.0) -> float:
+    """Wait until the processes use less than `idle_cores` CPU s per second (at least one
+    second, at most `timeout`), so that no phase pays for the one before; the seconds
+    waited."""
+    started = time.monotonic()
+    last = sum(cpu_seconds(pid) for pid in pids)
+    while time.monotonic() - started < timeout:
+        time.sleep(1.0)
+        now = sum(cpu_seconds(pid) for pid in pids)
+        if now - last < idle_cores:
+            break
+        last = now
+    return time.monotonic() - started
+
+
 def machine_description() -> dict[str, object]:
     model = "unknown"
     with open("/proc/cpuinfo") as cpuinfo:
@@ -113,6 +130,49 @@ def machine_description() -> dict[str, object]:
         "python": sys.version.split()[0],
         "loadavg_at_start": os.getloadavg(),
     }
+
+
+def tcp_bytes(host: str, port: int, pids: dict[int, str]) -> dict[tuple, tuple[int, int]]:
+    """{(local, remote, pids[pid]): (bytes acked, bytes received)} of the established TCP
+    connections to host:port that the processes in `pids` hold, as the kernel counts
+    them (`ss -tip`): what the wire carried, whatever the processes count themselves."""
+    argv = ["ss", "-tinpH", "state", "established", f"( dport = :{port} )"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    found, key = {}, None
+    for line in out.splitlines():
+        if not line[:1].isspace():  # a connection; its tcp_info follows, indented
+            fields, pid = line.split(), re.search(r"pid=(\d+)", line)
+            holder = pids.get(int(pid[1])) if pid else None
+            key = (fields[2], fields[3], holder) if fields[3] == f"{host}:{port}" else None
+            key = key if holder else None
+        elif key is not None:
+            counts = dict(re.findall(r"(bytes_acked|bytes_received):(\d+)", line))
+            found[key] = (int(counts.get("bytes_acked", 0)), int(counts.get("bytes_received", 0)))
+    return found
+
+
+# -- Prometheus endpoints (the proxy's /metrics, MinIO's) ------------------------------
+
+_SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$", re.MULTILINE)
+
+
+def scrape(url: str, prefixes: tuple[str, ...]) -> dict[str, dict[tuple, float]]:
+    """{metric: {sorted (label, value) pairs: sample}} of the samples on a Prometheus
+    endpoint whose name starts with one of `prefixes`."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    found: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for m in _SAMPLE.finditer(text):
+        if m[1].startswith(prefixes):
+            found[m[1]][tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m[2] or "")))] = float(m[3])
+    return found
+
+
+def increases(after: dict[tuple, float], before: dict[tuple, float]) -> list[dict]:
+    """The samples of one metric that grew between two scrapes, as
+    [{label: value, ..., "value": increase}]."""
+    grown = ((labels, value - before.get(labels, 0.0)) for labels, value in after.items())
+    return [dict(labels) | {"value": v} for labels, v in grown if v]
 
 
 # -- the proxy -----------------------------------------------------------------------
@@ -143,10 +203,21 @@ def tierproxy_argv() -> list[str]:
 
 
 class ProxyProcess:
-    """`tierproxy run --config <yaml>` in a process of its own, in front of `upstream`."""
+    """`tierproxy run --config <yaml>` in a process of its own, in front of `upstream`.
 
-    def __init__(self, upstream: str, node_ids: list[int], work_dir: Path) -> None:
-        self.config_path = work_dir / "proxy.yaml"
+    `settings` adds config sections (fleet, metrics, tiering, ...) or keys of one
+    (listeners: bind_host); `name` names its config and log files in `work_dir`."""
+
+    def __init__(
+        self,
+        upstream: str,
+        node_ids: list[int],
+        work_dir: Path,
+        *,
+        name: str = "proxy",
+        settings: dict | None = None,
+    ) -> None:
+        self.config_path = work_dir / f"{name}.yaml"
         bootstrap_port = pick_port_base([0])
         config = {
             "upstream": {"bootstrap": upstream},
@@ -158,9 +229,15 @@ class ProxyProcess:
             },
             "log_level": "info",
         }
+        for section, value in (settings or {}).items():
+            if isinstance(value, dict) and isinstance(config.get(section), dict):
+                config[section] = config[section] | value
+            else:
+                config[section] = value
+        self.config = config
         self.config_path.write_text(yaml.safe_dump(config))
         self.argv = [*tierproxy_argv(), "run", "--config", str(self.config_path)]
-        self.process = ManagedProcess("tierproxy-bench", self.argv, work_dir / "proxy.log")
+        self.process = ManagedProcess("tierproxy-bench", self.argv, work_dir / f"{name}.log")
         self.bootstrap = ""
 
     @property
