@@ -10,6 +10,10 @@
    reads the partition's upstream log end until it is stable (the high watermark reaches
    the log end once nothing is in flight), writes `StreamCutover` at that offset, and
    starts the stream's partition there: offsets continue with no gap and no duplicate.
+
+`untier` is refused while a partition holds offsets past its cutover: committed ones from
+the metadata, and, for the partitions the proxy writing the mode owns, those only in its
+WAL too (it closes them first, and starts them again if it refuses).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ import uuid
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from proxy.tiering.committed import committed_headers
 from proxy.tiering.metadata import topic_untier_refusal
 from proxy.tiering.metarecords import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.tiering.metastore import ShardFenced
-from proxy.tiering.metastreams import shard_of, topic_shard
+from proxy.tiering.metastreams import shard_of, stream_id, topic_shard
+from proxy.tiering.partition import RecoveryError
 from proxy.tiering.topic_index import TieredTopic, cutover_ready, stream_of
 
 log = logging.getLogger("tierproxy.cutover")
@@ -36,6 +42,8 @@ POLICY_VIOLATION = 44
 INVALID_REQUEST = 42
 STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
+IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
+WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
 
 
 class CutoverLoop:
@@ -50,14 +58,17 @@ class CutoverLoop:
         await self._consumer.start()
         try:
             while True:
+                waiting = False
                 try:
-                    await self._cut_over_ready_streams()
+                    waiting = await self._cut_over_ready_streams()
                     await self._untier_streams()
                 except (KafkaError, ShardFenced, OSError) as exc:
                     log.warning("cutover: %r; trying again", exc)
                     await asyncio.sleep(1.0)
                 await asyncio.sleep(0.05)  # at most 20 rounds a second, however busy
-                await service.changed(0.5)
+                # a drained report comes in a heartbeat, which wakes nothing here: while
+                # produce waits for a cutover, look again soon
+                await service.changed(WAITING_POLL_S if waiting else IDLE_POLL_S)
         finally:
             await self._consumer.stop()
 
@@ -72,8 +83,11 @@ class CutoverLoop:
             reports.append(heartbeat.drained if heartbeat is not None else frozenset())
         return reports
 
-    async def _cut_over_ready_streams(self) -> None:
+    async def _cut_over_ready_streams(self) -> bool:
+        """Cut over the streams of this proxy's shards whose topic every live proxy reports
+        drained; whether some still wait for those reports."""
         service = self.service
+        waiting_for_reports = False
         assignment = service.assignment
         for topic in service.topics.topics():
             partitions = await self._partition_count(topic.name)
@@ -87,45 +101,60 @@ class CutoverLoop:
                 for p, s in waiting
                 if assignment.owner(shard_of(s, service.config.shard_count)) is not None
             ]
-            if not mine or not cutover_ready(topic, self._reports()):
+            if not mine:
+                continue
+            if not cutover_ready(topic, self._reports()):
+                waiting_for_reports = True
                 continue
             ends = await self._stable_ends(topic.name, [p for p, _ in mine])
             starts = await self._consumer.beginning_offsets(
                 [TopicPartition(topic.name, p) for p, _ in mine]
             )
+            by_shard: dict[int, list[tuple[int, int, int, int]]] = {}
             for partition, stream in mine:
                 tp = TopicPartition(topic.name, partition)
-                await self._cut_over(topic, partition, stream, starts[tp], ends[tp])
+                shard = shard_of(stream, service.config.shard_count)
+                by_shard.setdefault(shard, []).append((partition, stream, starts[tp], ends[tp]))
+            for shard, cuts in sorted(by_shard.items()):
+                await self._cut_over(topic, shard, cuts)
+        return waiting_for_reports
 
     async def _cut_over(
-        self, topic: TieredTopic, partition: int, stream: int, log_start: int, end: int
+        self, topic: TieredTopic, shard: int, cuts: list[tuple[int, int, int, int]]
     ) -> None:
+        """Write the StreamCutover of every (partition, stream, log start, end) of one
+        shard in one transaction: produce to them waits until then, so one write instead
+        of one per partition keeps the hold short."""
         service = self.service
-        shard = shard_of(stream, service.config.shard_count)
         owner = service.assignment.owner(shard)
         if owner is None:
             return
         state = owner.state
-        record = StreamCutover(
-            state.generation,
-            stream,
-            state.next_incarnation(stream),
-            owner.epoch,
-            topic.topic_id,
-            partition,
-            min(log_start, end),
-            end,
-            end,
-            int(time.time() * 1000),
-        )
-        [verdict] = await owner.write([record])
-        if verdict.accepted:
-            log.info(
-                "%s-%d is tiered from offset %d (stream %d)", topic.name, partition, end, stream
+        now = int(time.time() * 1000)
+        records = [
+            StreamCutover(
+                state.generation,
+                stream,
+                state.next_incarnation(stream),
+                owner.epoch,
+                topic.topic_id,
+                partition,
+                min(log_start, end),
+                end,
+                end,
+                now,
             )
-            await service.start_stream(shard, stream)
-        else:
-            log.warning("cutover of %s-%d refused: %s", topic.name, partition, verdict.reason)
+            for partition, stream, log_start, end in cuts
+        ]
+        verdicts = await owner.write(records)
+        for (partition, stream, _, end), verdict in zip(cuts, verdicts, strict=True):
+            if verdict.accepted:
+                log.info(
+                    "%s-%d is tiered from offset %d (stream %d)", topic.name, partition, end, stream
+                )
+                await service.start_stream(shard, stream)
+            else:
+                log.warning("cutover of %s-%d refused: %s", topic.name, partition, verdict.reason)
 
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them
@@ -198,10 +227,13 @@ class CutoverLoop:
             if address is None:
                 return NOT_COORDINATOR, f"metadata shard {shard} has no live owner right now"
             return await service.peers.admin(address, op, topic, topic_id)
+        sealed: list[tuple[int, int]] = []
         if op == "untier":
             partitions = await self._partition_count(topic)
             states = [reader.state for reader in service.readers]
             refusal = topic_untier_refusal(states, topic_id, partitions)
+            if not refusal:
+                sealed, refusal = await self._seal_local_streams(topic_id, partitions)
             if refusal:
                 return POLICY_VIOLATION, f"cannot untier {topic}: {refusal}"
         mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
@@ -209,10 +241,69 @@ class CutoverLoop:
         try:
             [verdict] = await owner.write([record])
         except ShardFenced as exc:
+            await self._reopen(sealed)
             return NOT_COORDINATOR, str(exc)
         if verdict.outcome.value == "refuse":
+            await self._reopen(sealed)
             return POLICY_VIOLATION, verdict.reason
         return 0, f"{topic} is {mode.name.lower()}"
+
+    async def _seal_local_streams(
+        self, topic_id: uuid.UUID, partitions: int
+    ) -> tuple[list[tuple[int, int]], str | None]:
+        """Before an untier: close the topic's partitions this proxy owns (their appends
+        in flight finish; later produce is answered NOT_LEADER_OR_FOLLOWER and retried,
+        through Kafka once the mode is read) and refuse if any holds offsets past its
+        cutover. The metadata only knows what is committed: a batch acknowledged into the
+        WAL and not yet uploaded is past the cutover too, and Kafka would hand its offsets
+        out again. Refused: the partitions start again. Returns the (shard, stream) pairs
+        closed and the refusal, if any.
+
+        Partitions owned by other proxies are not seen here (the peer protocol has no
+        request for it): for them only the committed metadata is judged."""
+        service = self.service
+        sealed: list[tuple[int, int]] = []
+        reasons: list[str] = []
+        for partition in range(partitions):
+            stream = stream_id(topic_id, partition)
+            shard = shard_of(stream, service.config.shard_count)
+            tiered = service.partitions.get(stream)
+            info = service.state(stream).stream(stream)
+            if tiered is None or info is None or service.assignment.owner(shard) is None:
+                continue
+            await service.partitions.remove(stream)
+            sealed.append((shard, stream))
+            if tiered.log_end_offset > info.cutover_offset:
+                reasons.append(
+                    f"stream {stream} (topic id {topic_id} partition {partition}) holds "
+                    f"offsets [{info.cutover_offset}, {tiered.log_end_offset}) written after "
+                    f"its cutover and not all uploaded yet: they exist only in the proxy's WAL "
+                    f"and objects, Kafka's log ends at {info.cutover_offset}; untier would "
+                    "lose them"
+                )
+        if reasons:
+            await self._reopen(sealed)
+            return [], "; ".join(reasons)
+        return sealed, None
+
+    async def _reopen(self, sealed: list[tuple[int, int]]) -> None:
+        """Start sealed partitions again, from the metadata, the WAL and, for what the
+        uploader trimmed from the WAL meanwhile, the committed objects."""
+        service = self.service
+        store = service.store
+        for shard, stream in sealed:
+            owner = service.assignment.owner(shard)
+            if owner is None or service.partitions.get(stream) is not None:
+                continue
+            state = owner.state
+
+            def read_committed(s: int, start: int, end: int, state=state):
+                return committed_headers(store, state, s, start, end)
+
+            try:
+                await service.partitions.recover([stream], state, read_committed=read_committed)
+            except RecoveryError as exc:
+                log.error("stream %d could not start again: %s", stream, exc)
 
     def _shard_owner_address(self, shard: int) -> tuple[str, int] | None:
         service = self.service

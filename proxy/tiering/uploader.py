@@ -78,7 +78,11 @@ class UploaderConfig:
     max_block_bytes: int = 1 * MiB
     poll_interval_s: float = 0.05  # how often the WAL's durable end is looked at
     retry_backoff_s: float = 0.5  # first wait after a failed PUT, doubled each time
-    retry_backoff_max_s: float = 30.0
+    # Kept short: once an outage has filled the WAL, producers wait until a PUT lands, so
+    # every second of backoff after the store is back is a second more of stopped produce
+    # (at 30 s, a 30 s outage held produce ~24 s longer). A failed round costs a few
+    # refused requests; the store retries transient errors itself first.
+    retry_backoff_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         for spec in fields(self):

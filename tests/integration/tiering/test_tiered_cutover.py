@@ -1,0 +1,356 @@
+"""A topic cut over from passthrough to tiered while producers write to it.
+
+Two proxies in two zones; four idempotent producers (acks=all, two per proxy) write a
+steady load over six partitions of a passthrough topic; mid-load the topic is tiered with
+the admin command, and the load goes on. Put together, Kafka's log below each partition's
+cutover offset and the committed objects from it on must hold every acknowledged record
+exactly once, at the offset it was acknowledged with, with no gap at the cutover and each
+producer's records in the order it sent them. Then `untier` is refused (the objects hold
+data Kafka lacks), while a topic tiered and not written since goes back to Kafka.
+
+The cutover hold (how long produce to the topic waited for its partitions' cutover) is
+measured and printed: per proxy and partition, by polling the proxies, from the proxy
+reading the topic's TopicModeSet to its reading the partition's StreamCutover with the
+partition started on its owner; on the clients, per partition, from the last
+acknowledgement from Kafka to the first from the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from cutover_load import (
+    LoadProducer,
+    committed_records,
+    create_topic,
+    kafka_ends,
+    kafka_records,
+    metadata_states,
+    parse_value,
+    proxy_config,
+    start_topics_command,
+    tiered_topic_id,
+    topics_command,
+    wait_owned,
+    wait_until,
+)
+
+from proxy.config import parse_config
+from proxy.devstack.paths import free_port_block
+from proxy.devstack.proxy_thread import ProxyThread
+from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.tiering.metastreams import shard_of, stream_id, topic_shard
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 6
+RATE = 250  # records a second per producer; four producers
+BEFORE_S = 4.0  # passthrough load before the tier command
+AFTER_S = 5.0  # tiered load after every partition is cut over
+SHARDS = 2
+
+
+def _streams(topic_id: uuid.UUID, partitions: int) -> list[int]:
+    return [stream_id(topic_id, p) for p in range(partitions)]
+
+
+def _cut_over(proxy: ProxyThread, topic_id: uuid.UUID, partitions: int) -> bool:
+    tiering = proxy.proxy.tiering
+    return all(tiering.state(s).stream(s) is not None for s in _streams(topic_id, partitions))
+
+
+def _untiered(proxy: ProxyThread, topic: str, topic_id: uuid.UUID, partitions: int) -> bool:
+    tiering = proxy.proxy.tiering
+    streams = _streams(topic_id, partitions)
+    return tiering.topics.topic(topic) is None and all(
+        tiering.state(s).stream(s) is None for s in streams
+    )
+
+
+def _committed_to(proxy: ProxyThread, topic_id: uuid.UUID, ends: dict[int, int]) -> bool:
+    tiering = proxy.proxy.tiering
+    for partition, end in ends.items():
+        s = stream_id(topic_id, partition)
+        if (tiering.state(s).stream_end(s) or 0) < end:
+            return False
+    return True
+
+
+def _latencies(acks, start: float, end: float) -> list[float]:
+    return sorted(a.acked_at - a.sent_at for a in acks if start <= a.sent_at < end)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _summary(latencies: list[float]) -> str:
+    if not latencies:
+        return "-"
+    return "/".join(f"{1000 * _pct(latencies, q):.0f}" for q in (0.5, 0.99, 1.0))
+
+
+def _longest_ack_gaps(acks, start: float, end: float) -> int:
+    """The longest time, in ms, between two consecutive acks of one partition."""
+    longest = 0.0
+    for partition in {x.partition for x in acks}:
+        times = sorted(x.acked_at for x in acks if x.partition == partition)
+        times = [t for t in times if start <= t < end]
+        longest = max([longest] + [b - a for a, b in zip(times, times[1:], strict=False)])
+    return round(1000 * longest)
+
+
+def _watch_cutover(proxies, topic: str, partitions: int, timeout_s: float) -> list[float]:
+    """Polls the proxies (every ~5 ms) while a cutover runs; returns, per (proxy,
+    partition), how long produce there was held: from the proxy reading the topic's
+    TopicModeSet to it reading the partition's StreamCutover and the owner having started
+    the partition, whichever is later."""
+    deadline = time.monotonic() + timeout_s
+    mode_seen: dict[int, float] = {}
+    cut_seen: dict[tuple[int, int], float] = {}
+    started: dict[int, float] = {}
+    topic_id = None
+    while len(cut_seen) < len(proxies) * partitions or len(started) < partitions:
+        assert time.monotonic() < deadline, "the cutover did not end"
+        now = time.monotonic()
+        for n, proxy in enumerate(proxies):
+            tiering = proxy.proxy.tiering
+            found = tiering.topics.topic(topic)
+            if n not in mode_seen and found is not None:
+                mode_seen[n], topic_id = now, found.topic_id
+            if n not in mode_seen:
+                continue
+            for p in range(partitions):
+                s = stream_id(topic_id, p)
+                if (n, p) not in cut_seen and tiering.state(s).stream(s) is not None:
+                    cut_seen[(n, p)] = now
+                if p not in started and tiering.partitions.get(s) is not None:
+                    started[p] = now
+        time.sleep(0.005)
+    return [
+        max(cut_seen[(n, p)], started[p]) - mode_seen[n]
+        for n in range(len(proxies))
+        for p in range(partitions)
+    ]
+
+
+def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path):
+    suffix = uuid.uuid4().hex[:8]
+    topic, fresh = f"cut-{suffix}", f"fresh-{suffix}"
+    create_topic(kafka_cluster, topic, PARTITIONS)
+    base = free_port_block(16)
+    configs = [
+        proxy_config(
+            kafka_cluster,
+            tmp_path,
+            f"p{n}-{suffix}",
+            zone,
+            suffix,
+            base + 8 * n,
+            cutover_hold_ms=20000,
+        )
+        for n, zone in enumerate(("zone-a", "zone-b"))
+    ]
+    # b starts once a owns every shard, so b's joining moves a shard by a clean release.
+    # Started together, the rebalance can cancel a's claim of a shard mid-commit, and b,
+    # given that shard, waits for a "to come back" for ever (ShardAssignment, not the
+    # subject here).
+    with contextlib.ExitStack() as proxies:
+        a = proxies.enter_context(ProxyThread(parse_config(configs[0])))
+        wait_owned([a], SHARDS)
+        b = proxies.enter_context(ProxyThread(parse_config(configs[1])))
+        producers = [
+            LoadProducer(f"w{n}", proxy.bootstrap, topic, PARTITIONS, RATE, zone).start()
+            for n, (proxy, zone) in enumerate(
+                [(a, "zone-a"), (b, "zone-b"), (a, "zone-a"), (b, "zone-b")]
+            )
+        ]
+        try:
+            wait_owned([a, b], SHARDS)
+            time.sleep(BEFORE_S)
+            assert all(p.acked_count() > 0 for p in producers), "no passthrough acks"
+            tier_at = time.monotonic()
+            command = start_topics_command("tier", topic, a.proxy.tiering.peer_port)
+            held = _watch_cutover([a, b], topic, PARTITIONS, 60)
+            cut_at = time.monotonic()
+            out, err = command.communicate(timeout=60)
+            assert command.returncode == 0, out + err
+            assert f"{topic} is tiered" in out
+            topic_id = tiered_topic_id(a, topic)
+            time.sleep(AFTER_S)
+        finally:
+            for producer in producers:
+                producer.stop()
+        stop_at = time.monotonic()
+        for producer in producers:
+            assert not producer.errors, (producer.name, producer.errors[:5])
+            assert producer.flushed == 0, f"{producer.name}: {producer.flushed} never delivered"
+            assert producer.sent == len(producer.acks)
+        acks = [ack for producer in producers for ack in producer.acks]
+
+        # untier is refused once the objects hold offsets Kafka lacks (committed first:
+        # the refusal is judged on the metadata)
+        tiered_ends = {}
+        for ack in acks:
+            tiered_ends[ack.partition] = max(tiered_ends.get(ack.partition, 0), ack.offset + 1)
+        wait_until(lambda: _committed_to(a, topic_id, tiered_ends), 30, "uploads committed")
+        refused = topics_command("untier", topic, b.proxy.tiering.peer_port)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"cannot untier {topic}" in refused.stdout, refused.stdout
+        assert "exist only in objects" in refused.stdout, refused.stdout
+        assert "untier would lose them" in refused.stdout, refused.stdout
+        assert a.proxy.tiering.topics.topic(topic) is not None
+
+        # a topic tiered and not written since goes back to Kafka, and Kafka takes produce
+        create_topic(kafka_cluster, fresh, 2)
+        assert topics_command("tier", fresh, a.proxy.tiering.peer_port).returncode == 0
+        fresh_id = tiered_topic_id(a, fresh)
+        wait_until(lambda: _cut_over(b, fresh_id, 2), 30, "cutover of the fresh topic")
+        back = topics_command("untier", fresh, b.proxy.tiering.peer_port)
+        assert back.returncode == 0, back.stdout + back.stderr
+        assert f"{fresh} is passthrough" in back.stdout
+        for proxy in (a, b):
+            wait_until(lambda p=proxy: _untiered(p, fresh, fresh_id, 2), 30, "untier of fresh")
+        again = [
+            LoadProducer(f"u{n}", proxy.bootstrap, fresh, 2, 200, zone)
+            for n, (proxy, zone) in enumerate([(a, "zone-a"), (b, "zone-b")])
+        ]
+        for producer in again:
+            producer.start()
+        time.sleep(1.5)
+        for producer in again:
+            producer.stop()
+            assert not producer.errors and producer.flushed == 0, producer.errors[:5]
+    # both proxies stopped: each handed its shards over with everything uploaded
+
+    fresh_acks = {(x.partition, x.offset): x.value for p in again for x in p.acks}
+    fresh_ends = kafka_ends(kafka_cluster.bootstrap, fresh, 2)
+    assert sum(end for _, end in fresh_ends.values()) == len(fresh_acks) > 100
+    in_kafka = kafka_records(
+        kafka_cluster.bootstrap, fresh, {p: e for p, (_, e) in fresh_ends.items()}
+    )
+    assert {(p, o): v for p, log in in_kafka.items() for o, v in log.items()} == fresh_acks
+
+    states = asyncio.run(metadata_states(kafka_cluster.bootstrap, f"meta-{suffix}", SHARDS))
+    infos = {
+        p: states[shard_of(s, SHARDS)].stream(s)
+        for p, s in enumerate(_streams(topic_id, PARTITIONS))
+    }
+    cutovers = {p: info.cutover_offset for p, info in infos.items()}
+
+    async def read_objects():
+        async with LocalDirectoryStore(tmp_path / "objects") as store:
+            return await committed_records(store, states, topic_id, PARTITIONS)
+
+    tiered = asyncio.run(read_objects())
+    ends = kafka_ends(kafka_cluster.bootstrap, topic, PARTITIONS)
+    for partition, (start, end) in ends.items():
+        assert start == 0
+        # nothing reached Kafka above the cutover: every later write went to the fleet
+        assert end == cutovers[partition], (partition, end, cutovers[partition])
+    below = kafka_records(kafka_cluster.bootstrap, topic, cutovers)
+
+    log: dict[int, dict[int, bytes]] = {}
+    for partition in range(PARTITIONS):
+        assert all(o >= cutovers[partition] for o in tiered[partition])
+        log[partition] = {**below[partition], **tiered[partition]}
+        offsets = sorted(log[partition])
+        assert offsets == list(range(len(offsets))), f"partition {partition}: a gap"
+    acked = {(x.partition, x.offset): x.value for x in acks}
+    assert len(acked) == len(acks), "an offset acknowledged twice"
+    in_log = {(p, o): v for p, records in log.items() for o, v in records.items()}
+    assert in_log == acked, "the log and the acknowledgements differ"
+    assert max(Counter(in_log.values()).values()) == 1, "a record twice"
+    for partition, records in log.items():
+        last: dict[str, int] = {}
+        for offset in sorted(records):
+            name, sequence = parse_value(records[offset])
+            assert sequence > last.get(name, -1), f"{name} out of order at {partition}/{offset}"
+            last[name] = sequence
+    below_count = sum(len(r) for r in below.values())
+    tiered_count = sum(len(r) for r in tiered.values())
+    assert below_count > 0 and tiered_count > 0
+
+    # the hold: on the clients, per partition, the last acknowledgement from Kafka to the
+    # first from the fleet; the metadata's timestamps for comparison
+    mode = states[topic_shard(topic_id, SHARDS)].topic(topic_id)
+    holds = [info.tiered_at_ms - mode.since_ms for info in infos.values()]
+    gaps = []
+    for partition, cutover in cutovers.items():
+        mine = [x for x in acks if x.partition == partition]
+        last_kafka = max(x.acked_wall_ms for x in mine if x.offset < cutover)
+        first_tiered = min(x.acked_wall_ms for x in mine if x.offset >= cutover)
+        gaps.append(first_tiered - last_kafka)
+    baseline = _longest_ack_gaps(acks, tier_at - 3, tier_at)
+    before = _latencies(acks, tier_at - 3, tier_at)
+    during = _latencies(acks, tier_at, cut_at)
+    after = _latencies(acks, cut_at + 0.5, stop_at)
+    print(
+        f"\ncutover under load: {len(acks)} records acknowledged, {below_count} in Kafka "
+        f"below the cutover, {tiered_count} tiered; cutover offsets {cutovers}"
+        f"\nhold per (proxy, partition), ms, from the proxy reading TopicModeSet to its "
+        f"reading StreamCutover with the partition started: "
+        f"{sorted(round(1000 * h) for h in held)}"
+        f"\nStreamCutover timestamp - TopicModeSet timestamp (the latter taken before its "
+        f"write), ms: {sorted(holds)}"
+        f"\nclients, per partition, ms: last Kafka ack -> first tiered ack {sorted(gaps)}; "
+        f"longest gap between two acks of a partition in the 3 s before the tier command "
+        f"{baseline} ms"
+        f"\nack latency ms p50/p99/max: passthrough (3 s before) {_summary(before)}; sent "
+        f"during the cutover ({len(during)} records) {_summary(during)}; tiered {_summary(after)}"
+    )
+    assert max(held) < 20.0, "the hold reached cutover_hold_ms: produce timed out"
+
+
+def test_untier_is_refused_while_the_wal_holds_writes_not_uploaded(kafka_cluster, tmp_path):
+    """Acknowledged into the WAL and not uploaded yet (uploads every 10 s here) is past the
+    cutover as much as committed data: untier must refuse it, or Kafka would hand the same
+    offsets out again. Refused, the partition goes on taking produce where it was."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"wal-only-{suffix}"
+    create_topic(kafka_cluster, topic, 1)
+    config = proxy_config(
+        kafka_cluster,
+        tmp_path,
+        f"p-{suffix}",
+        "zone-a",
+        suffix,
+        free_port_block(8),
+        upload_interval_s=10.0,
+    )
+    with ProxyThread(parse_config(config)) as a:
+        wait_owned([a], SHARDS)
+        assert topics_command("tier", topic, a.proxy.tiering.peer_port).returncode == 0
+        topic_id = tiered_topic_id(a, topic)
+        wait_until(lambda: _cut_over(a, topic_id, 1), 30, "cutover")
+        first = LoadProducer("w", a.bootstrap, topic, 1, 200, "zone-a").start()
+        time.sleep(1.0)
+        first.stop()
+        assert not first.errors and first.flushed == 0
+        s = stream_id(topic_id, 0)
+        assert a.proxy.tiering.state(s).stream_end(s) == 0, "uploaded already: too slow a run"
+        refused = topics_command("untier", topic, a.proxy.tiering.peer_port)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"holds offsets [0, {len(first.acks)})" in refused.stdout, refused.stdout
+        assert "not all uploaded yet" in refused.stdout
+        assert a.proxy.tiering.topics.topic(topic) is not None
+        second = LoadProducer("z", a.bootstrap, topic, 1, 200, "zone-a").start()
+        time.sleep(1.0)
+        second.stop()
+        assert not second.errors and second.flushed == 0
+    assert kafka_ends(kafka_cluster.bootstrap, topic, 1) == {0: (0, 0)}
+    states = asyncio.run(metadata_states(kafka_cluster.bootstrap, f"meta-{suffix}", SHARDS))
+
+    async def read_objects():
+        async with LocalDirectoryStore(tmp_path / "objects") as store:
+            return await committed_records(store, states, topic_id, 1)
+
+    committed = asyncio.run(read_objects())[0]
+    acked = {x.offset: x.value for x in first.acks + second.acks}
+    assert committed == acked
+    assert sorted(committed) == list(range(len(first.acks) + len(second.acks)))
