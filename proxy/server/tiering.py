@@ -38,11 +38,12 @@ from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest
 from proxy.tiering.s3store import S3Store
 from proxy.tiering.settings import TieringConfig
+from proxy.tiering.storemetrics import ObjectStoreMetrics
 from proxy.tiering.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
 from proxy.tiering.upload_plan import ObjectIdAllocator
 from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
 from proxy.wal.log import WriteAheadLog
-from proxy.wal.s3wal import S3WalReader, S3WalWriter
+from proxy.wal.s3wal import S3WalMetrics, S3WalReader, S3WalWriter
 from proxy.wal.s3walobject import writer_id_for
 from proxy.wal.types import WalConfig
 
@@ -80,11 +81,12 @@ def _not_owner(message: str) -> ProduceResult:
     return ProduceResult(NOT_LEADER_OR_FOLLOWER, error_message=message)
 
 
-async def open_store(config: TieringConfig) -> ObjectStore:
+async def open_store(config: TieringConfig, registry=None) -> ObjectStore:
+    """The configured store; an S3 store counts its requests on `registry` (/metrics)."""
     settings = config.object_store
     if settings.kind == "s3":
         assert settings.s3 is not None
-        return await S3Store.open(settings.s3)
+        return await S3Store.open(settings.s3, metrics=ObjectStoreMetrics(registry))
     return LocalDirectoryStore(settings.directory)
 
 
@@ -131,7 +133,8 @@ class TieringService:
         await ensure_metadata_topic(self._kafka, config.metadata_topic, config.shard_count)
         await asyncio.gather(*(reader.start() for reader in self.readers))
         await asyncio.gather(*(reader.caught_up() for reader in self.readers))
-        self.store = await open_store(config)
+        registry = self.proxy.metrics.registry
+        self.store = await open_store(config, registry)
         config.wal_directory.mkdir(parents=True, exist_ok=True)
         self.wal = await WriteAheadLog.open(
             WalConfig(
@@ -152,6 +155,7 @@ class TieringService:
                 writer_id_for(self.name, time.time()),
                 max_delay_s=config.s3wal_max_delay_ms / 1000,
                 max_bytes=config.s3wal_max_bytes,
+                metrics=S3WalMetrics(registry),
             )
         self._tasks.append(asyncio.create_task(self._upload_forever(), name="uploader"))
         self.assignment = ShardAssignment(
@@ -252,9 +256,26 @@ class TieringService:
                     error_message=f"{found.name}-{partition} is being cut over to tiered",
                 )
         assert self.partitions is not None
+        if self.partitions.get(stream) is None and self._owned_here(stream):
+            await self._wait_for_partition(stream)  # cut over or taken over just now
         if self.partitions.get(stream) is not None:
             return await self.partitions.produce(stream, records, acks)
         return await self._produce_remote(found, partition, stream, records, acks, timeout_ms)
+
+    def _owned_here(self, stream: int) -> bool:
+        assert self.assignment is not None
+        return self.assignment.owner(shard_of(stream, self.config.shard_count)) is not None
+
+    async def _wait_for_partition(self, stream: int) -> None:
+        """A stream of a shard owned here whose partition is being started (its cutover
+        was just read, or the shard just claimed): wait for it, at most cutover_hold_ms."""
+        assert self.partitions is not None
+        deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
+        while self.partitions.get(stream) is None and self._owned_here(stream):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await self.changed(min(left, 0.1))
 
     async def _wait_for_cutover(self, topic: TieredTopic, stream: int) -> bool:
         deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
@@ -343,6 +364,8 @@ class TieringService:
                 records = await self.s3wal_reader.read(request.location)
             if previous is not None:
                 await asyncio.wait([previous])
+            if self.partitions.get(stream) is None and self._owned_here(stream):
+                await self._wait_for_partition(stream)
             if self.partitions.get(stream) is None:
                 return _not_owner(f"stream {stream} is not owned by {self.name}")
             call = asyncio.ensure_future(self.partitions.produce(stream, records, request.acks))
@@ -376,6 +399,7 @@ class TieringService:
         owner = self.assignment.owner(shard)
         if owner is not None and self.partitions.get(stream) is None:
             await self.partitions.recover([stream], owner.state)
+            self._notify()
 
     async def _lost(self, shard: int) -> None:
         """A shard is being taken away: stop its partitions (in-flight appends answered)."""
