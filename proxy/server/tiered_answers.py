@@ -55,6 +55,12 @@ class TieredProduceAnswers:
 
     def _answer_locally(self, slot: Slot, request_size: int) -> None:
         assert slot.plan is not None and slot.plan.local is not None
+        if self.client_writer.is_closing():
+            # The client went away (or the proxy is stopping) while the tiered partitions
+            # worked: nobody to answer. Writing to the closed transport would raise here,
+            # in a done callback, where nothing catches it. The client retries the batch;
+            # the sequencer answers the retry with the original offsets.
+            return
         payload = response_header(slot.correlation_id, API_PRODUCE, slot.api_version)
         payload += self._merged_body(slot, None)
         slot.data = (_SIZE.pack(len(payload)) + payload,)

@@ -20,7 +20,6 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from proxy.tiering.metastore import ShardFenced, ShardOwner
@@ -185,8 +184,11 @@ class ShardAssignment:
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(100, self._session_timeout_ms // 3),
             rebalance_timeout_ms=self._session_timeout_ms,
-            # roundrobin only while a member of an older version is in the group
-            partition_assignment_strategy=(self._assignor, RoundRobinPartitionAssignor),
+            # One assignor only: aiokafka 0.14 sends one JoinGroup per assignor, each with
+            # a longer protocol list, so with two every join changes the member's metadata
+            # and two members starting together rebalance each other for up to a minute
+            # (aio-libs/aiokafka#1168).
+            partition_assignment_strategy=(self._assignor,),
         )
         self._consumer.subscribe([self.topic], listener=_Listener(self))
         await self._consumer.start()
@@ -277,7 +279,6 @@ class ShardAssignment:
             serving = False  # on_owned was called: on_lost is owed
             try:
                 await owner.start()
-                self._unreleased.add(shard)
                 self._forget(self._starting, shard, owner)
                 if self._tasks.get(shard) is me:
                     serving = True
@@ -291,6 +292,8 @@ class ShardAssignment:
             except Exception:
                 log.exception("%s could not own shard %d", self.name, shard)
             finally:
+                if owner.epoch:  # it claimed (or its claim failed midway): dirty until released
+                    self._unreleased.add(shard)
                 self._forget(self._starting, shard, owner)
                 try:  # still `owner(shard)` while on_release commits what it holds
                     await self._stop(shard, owner, serving)

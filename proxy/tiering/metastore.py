@@ -140,7 +140,9 @@ class ShardOwner:
     async def start(self) -> None:
         """Fence the previous owner, read to the end, wait for a last owner that did not
         release the shard, and claim. Raises ShardFenced if the claim is refused or the
-        owner is closed first; a cancelled start leaves the owner to `close`."""
+        owner is closed first. A cancelled start leaves the owner to `close`; one cancelled
+        while it claims finishes the claim first and then raises CancelledError with the
+        owner owning, so that its caller can `release` what it claimed."""
         async with self._lock:
             self._producer = AIOKafkaProducer(
                 **self._kafka,
@@ -210,11 +212,26 @@ class ShardOwner:
         state = self.state
         claim = ShardClaim(state.generation, state.epoch + 1, self.name, self._clock())
         self.epoch, self._lost = claim.epoch, None
-        [verdict] = await self._commit([encode(claim)])
+        # A claim cut short by a cancellation (a revoke) may still be committed, and the
+        # shard would then wait for this member, which would not know it had claimed it.
+        # So the claim runs to its end, and the cancellation is raised after it, with
+        # this owner owning: its caller releases it (or closes it, and the shard is dirty).
+        writing = asyncio.ensure_future(self._commit([encode(claim)]))
+        cancelled = False
+        while True:
+            try:
+                [verdict] = await asyncio.shield(writing)
+                break
+            except asyncio.CancelledError:
+                if writing.done():
+                    raise
+                cancelled = True
         if not verdict.accepted:
             self._lose(f"its claim of epoch {claim.epoch} was refused: {verdict.reason}")
             raise ShardFenced(self.shard, self._lost or "")
         log.info("%s owns metadata shard %d at epoch %d", self.name, self.shard, self.epoch)
+        if cancelled:
+            raise asyncio.CancelledError
 
     async def write(self, records: Sequence[Record]) -> list[Verdict]:
         """Check each record against the state (and the accepted records before it), write
