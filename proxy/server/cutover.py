@@ -26,7 +26,6 @@ import uuid
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from proxy.tiering.committed import committed_headers
 from proxy.tiering.metadata import topic_untier_refusal
 from proxy.tiering.metarecords import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.tiering.metastore import ShardFenced
@@ -223,7 +222,7 @@ class CutoverLoop:
         shard = topic_shard(topic_id, service.config.shard_count)
         owner = service.assignment.owner(shard)
         if owner is None:
-            address = self._shard_owner_address(shard)
+            address = service.peer_address(service.readers[shard].state.owner)
             if address is None:
                 return NOT_COORDINATOR, f"metadata shard {shard} has no live owner right now"
             return await service.peers.admin(address, op, topic, topic_id)
@@ -290,27 +289,11 @@ class CutoverLoop:
         """Start sealed partitions again, from the metadata, the WAL and, for what the
         uploader trimmed from the WAL meanwhile, the committed objects."""
         service = self.service
-        store = service.store
         for shard, stream in sealed:
             owner = service.assignment.owner(shard)
             if owner is None or service.partitions.get(stream) is not None:
                 continue
-            state = owner.state
-
-            def read_committed(s: int, start: int, end: int, state=state):
-                return committed_headers(store, state, s, start, end)
-
             try:
-                await service.partitions.recover([stream], state, read_committed=read_committed)
+                await service.recover_streams(owner.state, [stream])
             except RecoveryError as exc:
                 log.error("stream %d could not start again: %s", stream, exc)
-
-    def _shard_owner_address(self, shard: int) -> tuple[str, int] | None:
-        service = self.service
-        owner = service.readers[shard].state.owner
-        proxy = service.proxy
-        heartbeat = proxy.fleet.heartbeat(owner) if owner else None
-        live = {m.name: m for m in proxy.fleet.live()}
-        if heartbeat is None or owner not in live or not heartbeat.peer_port:
-            return None
-        return live[owner].host, heartbeat.peer_port

@@ -338,13 +338,20 @@ class TieringService:
 
     def _owner_address(self, stream: int) -> tuple[str, int] | None:
         owner = self.state(stream).owner
-        if not owner or owner == self.name:
+        if owner == self.name:
             return None  # this proxy's partition is not started yet (or not any more)
-        live = {m.name: m for m in self.proxy.fleet.live()}
-        heartbeat = self.proxy.fleet.heartbeat(owner)
-        if owner not in live or heartbeat is None or not heartbeat.peer_port:
+        return self.peer_address(owner)
+
+    def peer_address(self, member: str) -> tuple[str, int] | None:
+        """Where a live member of the fleet takes peer requests; None if it is not live
+        or runs without tiering."""
+        if not member:
             return None
-        return live[owner].host, heartbeat.peer_port
+        live = {m.name: m for m in self.proxy.fleet.live()}
+        heartbeat = self.proxy.fleet.heartbeat(member)
+        if member not in live or heartbeat is None or not heartbeat.peer_port:
+            return None
+        return live[member].host, heartbeat.peer_port
 
     # -- what peers ask ------------------------------------------------------------------
 
@@ -384,13 +391,18 @@ class TieringService:
 
     async def _owned(self, shard: int, owner: ShardOwner) -> None:
         """A shard became this proxy's: rebuild and start its streams' partitions."""
+        await self.recover_streams(owner.state, owner.state.stream_ids())
+
+    async def recover_streams(self, state: MetadataState, streams: list[int]) -> None:
+        """Rebuild and start partitions of one shard's streams: from the metadata, the WAL
+        and, for what the WAL no longer holds, the committed objects' batch headers."""
         assert self.partitions is not None and self.store is not None
-        store, state = self.store, owner.state
+        store = self.store
 
         def read_committed(stream: int, start: int, end: int):
             return committed_headers(store, state, stream, start, end)
 
-        await self.partitions.recover(state.stream_ids(), state, read_committed=read_committed)
+        await self.partitions.recover(streams, state, read_committed=read_committed)
         self._notify()
 
     async def start_stream(self, shard: int, stream: int) -> None:
@@ -398,8 +410,7 @@ class TieringService:
         assert self.partitions is not None and self.assignment is not None
         owner = self.assignment.owner(shard)
         if owner is not None and self.partitions.get(stream) is None:
-            await self.partitions.recover([stream], owner.state)
-            self._notify()
+            await self.recover_streams(owner.state, [stream])
 
     async def _lost(self, shard: int) -> None:
         """A shard is being taken away: stop its partitions (in-flight appends answered)."""
