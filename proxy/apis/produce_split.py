@@ -30,13 +30,15 @@ from proxy.apis.api00_produce import API_KEY, RESPONSES
 from proxy.protocol.codec import encode, response_type
 from proxy.protocol.frames import FrameError
 from proxy.protocol.wire import (
-    read_array_length,
+    expect_end,
+    read_count,
     read_int16,
     read_int32,
     read_int64,
     read_nullable_bytes,
     read_string,
     read_tagged_fields,
+    read_topic_key,
     skip,
     skip_tagged_fields,
     write_array_length,
@@ -48,7 +50,6 @@ NO_LEADER = (-1, -1)  # (leader_id, leader_epoch): kio's default, not written
 
 _PARTITION_HEAD = struct.Struct(">ihqq")  # index, error_code, base_offset, log_append_time
 _LEADER = struct.Struct(">ii")  # leader_id, leader_epoch
-_UUID_SIZE = 16
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
@@ -137,12 +138,12 @@ def _read_request(layout: _Layout, body: memoryview) -> ProduceRequestView:
     acks, offset = read_int16(body, offset)
     timeout_ms, offset = read_int32(body, offset)
     topics_start, topics = offset, []
-    count, offset = _count(body, offset, flexible, "topic_data")
+    count, offset = read_count(body, offset, flexible, "topic_data")
     for _ in range(count):
         key_start, partitions = offset, []
-        topic, offset = _read_topic_key(layout, body, offset)
+        topic, offset = read_topic_key(body, offset, layout.topic_id, layout.flexible)
         key_span = slice(key_start, offset)
-        partition_count, offset = _count(body, offset, flexible, "partition_data")
+        partition_count, offset = read_count(body, offset, flexible, "partition_data")
         for _ in range(partition_count):
             start = offset
             index, offset = read_int32(body, offset)
@@ -154,7 +155,7 @@ def _read_request(layout: _Layout, body: memoryview) -> ProduceRequestView:
         topics.append(TopicView(topic, key_span, tuple(partitions), slice(tags_start, offset)))
     topics_end = offset
     offset = skip_tagged_fields(body, offset) if flexible else offset
-    _expect_end(body, offset)
+    expect_end(body, offset)
     spans = slice(topics_start, topics_end)
     return ProduceRequestView(layout.version, body, txn_id, acks, timeout_ms, tuple(topics), spans)
 
@@ -251,10 +252,10 @@ def _read_response(
     """(every partition's result, throttle_time_ms, kio node endpoints)."""
     flexible = layout.flexible
     results = []
-    count, offset = _count(body, 0, flexible, "responses")
+    count, offset = read_count(body, 0, flexible, "responses")
     for _ in range(count):
-        topic, offset = _read_topic_key(layout, body, offset)
-        partition_count, offset = _count(body, offset, flexible, "partition_responses")
+        topic, offset = read_topic_key(body, offset, layout.topic_id, layout.flexible)
+        partition_count, offset = read_count(body, offset, flexible, "partition_responses")
         for _ in range(partition_count):
             result, offset = _read_partition_result(layout, topic, body, offset)
             results.append(result)
@@ -266,7 +267,7 @@ def _read_response(
         for tag, start, end in tags:
             if tag == 0 and layout.node_endpoints:
                 endpoints = _read_node_endpoints(layout, body, start, end)
-    _expect_end(body, offset)
+    expect_end(body, offset)
     return results, throttle_ms, endpoints
 
 
@@ -281,7 +282,7 @@ def _read_partition_result(
     if layout.log_start_offset:
         log_start_offset, offset = read_int64(buf, offset)
     if layout.record_errors:
-        count, offset = _count(buf, offset, flexible, "record_errors")
+        count, offset = read_count(buf, offset, flexible, "record_errors")
         for _ in range(count):
             batch_index, offset = read_int32(buf, offset)
             message, offset = read_string(buf, offset, flexible)
@@ -310,7 +311,7 @@ def _read_node_endpoints(
     layout: _Layout, buf: memoryview, offset: int, end: int
 ) -> tuple[object, ...]:
     endpoints = []
-    count, offset = _count(buf, offset, True, "node_endpoints")
+    count, offset = read_count(buf, offset, True, "node_endpoints")
     for _ in range(count):
         node_id, offset = read_int32(buf, offset)
         host, offset = read_string(buf, offset, True)
@@ -397,31 +398,6 @@ def _timestamp(ms: int) -> datetime.datetime | None:
 
 
 # -- shared readers ---------------------------------------------------------------------
-
-
-def _count(buf: memoryview, offset: int, compact: bool, name: str) -> tuple[int, int]:
-    """A non-nullable array's item count; every item takes at least one byte."""
-    count, after = read_array_length(buf, offset, compact)
-    if count < 0:
-        raise FrameError(f"null {name} array at byte {offset}")
-    if count > len(buf) - after:
-        raise FrameError(f"{name} array of {count} items at byte {offset} of {len(buf)}")
-    return count, after
-
-
-def _read_topic_key(layout: _Layout, buf: memoryview, offset: int) -> tuple[TopicKey, int]:
-    if layout.topic_id:
-        end = skip(buf, offset, _UUID_SIZE)
-        return uuid.UUID(bytes=bytes(buf[offset:end])), end
-    name, end = read_string(buf, offset, layout.flexible)
-    if name is None:
-        raise FrameError(f"null topic name at byte {offset}")
-    return name, end
-
-
-def _expect_end(buf: memoryview, offset: int) -> None:
-    if offset != len(buf):
-        raise FrameError(f"{len(buf) - offset} bytes after the end")
 
 
 def _expect_value_end(offset: int, end: int) -> None:

@@ -7,6 +7,7 @@ whole messages go through kio (see `codec`).
 from __future__ import annotations
 
 import struct
+import uuid
 
 from proxy.protocol.frames import FrameError
 
@@ -150,3 +151,31 @@ def skip_tagged_fields(buf: memoryview, offset: int) -> int:
         size, offset = read_uvarint(buf, offset)
         offset = skip(buf, offset, size)
     return offset
+
+
+def read_count(buf: memoryview, offset: int, compact: bool, name: str) -> tuple[int, int]:
+    """A non-nullable array's item count; every item takes at least one byte."""
+    count, after = read_array_length(buf, offset, compact)
+    if count < 0:
+        raise FrameError(f"null {name} array at byte {offset}")
+    if count > len(buf) - after:
+        raise FrameError(f"{name} array of {count} items at byte {offset} of {len(buf)}")
+    return count, after
+
+
+def read_topic_key(
+    buf: memoryview, offset: int, by_id: bool, compact: bool
+) -> tuple[str | uuid.UUID, int]:
+    """A topic named by id (16 bytes, KIP-516) or by a non-null name."""
+    if by_id:
+        end = skip(buf, offset, 16)
+        return uuid.UUID(bytes=bytes(buf[offset:end])), end
+    name, end = read_string(buf, offset, compact)
+    if name is None:
+        raise FrameError(f"null topic name at byte {offset}")
+    return name, end
+
+
+def expect_end(buf: memoryview, offset: int) -> None:
+    if offset != len(buf):
+        raise FrameError(f"{len(buf) - offset} bytes after the end")
