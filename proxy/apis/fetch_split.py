@@ -239,14 +239,15 @@ def _read_replica_state(buf: memoryview, start: int, end: int) -> tuple[int, int
 
 def split(
     view: FetchRequestView,
-    is_tiered: Callable[[TopicKey, int], bool],
+    is_tiered: Callable[[TopicKey, FetchPartitionView], bool],
     *,
     max_wait_ms: int | None = None,
     min_bytes: int | None = None,
     max_bytes: int | None = None,
 ) -> tuple[bytes | None, list[TieredFetchPartition]]:
     """(the request for upstream with only the passthrough partitions, or None if none is
-    left; the tiered partitions, in request order).
+    left; the tiered partitions, in request order). `is_tiered` sees each partition's
+    entry (a tiered partition's offsets below its cutover are still read from Kafka).
 
     Upstream's request is a sessionless full fetch (NO_SESSION, FINAL_EPOCH) with no
     forgotten topics; max_wait_ms, min_bytes and max_bytes are the client's unless given
@@ -261,7 +262,7 @@ def split(
     for topic in view.topics:
         kept = []
         for p in topic.partitions:
-            if not is_tiered(topic.topic, p.partition):
+            if not is_tiered(topic.topic, p):
                 kept.append(p)
                 continue
             tiered.append(

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import uvloop
 
 from proxy.config import ProxyConfig
 from proxy.server.app import Proxy
+
+T = TypeVar("T")
 
 
 class ProxyThread:
@@ -66,6 +69,15 @@ class ProxyThread:
         """Run fn on the proxy's loop (thread-safe)."""
         assert self._loop is not None
         self._loop.call_soon_threadsafe(fn)
+
+    def run(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float = 60.0) -> T:
+        """Run the coroutine `make()` returns on the proxy's loop; its result (thread-safe)."""
+        assert self._loop is not None
+
+        async def call() -> T:
+            return await make()
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout)
 
     @property
     def alive(self) -> bool:

@@ -48,14 +48,16 @@ from proxy.protocol.headers import (
 )
 from proxy.protocol.proxy_header import detect
 from proxy.protocol.proxy_header import parse as parse_proxy_header
-from proxy.server.slots import Slot
+from proxy.server.slots import Plan, Slot
 from proxy.server.streams import (
     UpstreamClosed,
     check_correlation_id,
     read_exactly,
     read_whole,
 )
-from proxy.server.tiered_answers import TieredProduceAnswers
+from proxy.server.tiered_answers import TieredAnswers
+from proxy.server.tiered_fetch import plan_fetch
+from proxy.server.tiered_offsets import plan_list_offsets
 from proxy.server.tiered_produce import count_in_flight, plan_produce
 from proxy.server.zoning import ConnectionZone
 
@@ -64,6 +66,8 @@ log = logging.getLogger("tierproxy.connection")
 _SIZE = struct.Struct(">i")
 API_PRODUCE = 0
 API_FETCH = 1
+API_LIST_OFFSETS = 2
+TIERED_APIS = frozenset((API_PRODUCE, API_FETCH, API_LIST_OFFSETS))  # split when tiering
 API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
@@ -84,7 +88,7 @@ class RejectedFrame(FrameError):
         self.reason = reason
 
 
-class ClientConnection(TieredProduceAnswers):
+class ClientConnection(TieredAnswers):
     def __init__(
         self,
         proxy,  # proxy.server.app.Proxy; not imported to keep the import graph acyclic
@@ -224,25 +228,20 @@ class ClientConnection(TieredProduceAnswers):
             if header.api_key == API_PRODUCE:
                 try:
                     acks = produce_acks(header.api_version, frame[header.size :])
-                    if self.proxy.tiering is not None:
-                        plan = plan_produce(
-                            self.proxy.tiering,
-                            frame[: header.size],
-                            frame[header.size :],
-                            header.api_version,
-                        )
                 except FrameError as exc:
                     raise RejectedFrame("malformed_request", str(exc)) from None
                 expects_answer = acks != 0
-                if plan is not None and plan.local is not None:
-                    await self._produce_tiered(header, plan, expects_answer, size + 4)
-                    continue
             elif header.api_key == API_FETCH and self.zone.wants_fetch_rack:
                 try:
                     rack = request_rack_id(header.api_version, frame[header.size :])
                 except FrameError:
                     rack = None  # forwarded as it is: the broker judges the request
                 self.zone.on_fetch_rack(rack)
+            if self.proxy.tiering is not None and header.api_key in TIERED_APIS:
+                plan = await self._plan(header, frame)
+                if plan is not None and plan.local is not None:
+                    await self._tiered_request(header, plan, expects_answer, size + 4)
+                    continue
             if self.upstream_writer is None:
                 await self._connect_upstream()
             if expects_answer:
@@ -257,6 +256,20 @@ class ClientConnection(TieredProduceAnswers):
             await self.upstream_writer.drain()
             if self._upstream_task is not None and self._upstream_task.done():
                 self._upstream_task.result()  # re-raise why upstream stopped
+
+    async def _plan(self, header: RequestHeader, frame: memoryview) -> Plan | None:
+        """How a Produce, Fetch or ListOffsets splits between the tiered partitions, answered
+        here, and the rest (None or a plan with no local part: all of it goes upstream)."""
+        tiering, version = self.proxy.tiering, header.api_version
+        head, body = frame[: header.size], frame[header.size :]
+        try:
+            if header.api_key == API_PRODUCE:
+                return plan_produce(tiering, head, body, version)
+            if header.api_key == API_FETCH:
+                return await plan_fetch(tiering, head, body, version, reader=id(self))
+            return plan_list_offsets(tiering, head, body, version)
+        except FrameError as exc:
+            raise RejectedFrame("malformed_request", str(exc)) from None
 
     async def _read_proxy_header(self) -> bytes | None:
         """Take the client's real address from a PROXY header, if the connection starts

@@ -12,8 +12,8 @@
    starts the stream's partition there: offsets continue with no gap and no duplicate.
 
 `untier` is refused while a partition holds offsets past its cutover: committed ones from
-the metadata, and, for the partitions the proxy writing the mode owns, those only in its
-WAL too (it closes them first, and starts them again if it refuses).
+the metadata, and those only in an owner's WAL too (server/seals.py closes every partition
+of the topic where it is owned first, and starts them again if it refuses).
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import uuid
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from proxy.server.seals import Sealed
 from proxy.tiering.metadata import topic_untier_refusal
 from proxy.tiering.metarecords import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.tiering.metastore import ShardFenced
-from proxy.tiering.metastreams import shard_of, stream_id, topic_shard
-from proxy.tiering.partition import RecoveryError
+from proxy.tiering.metastreams import shard_of, topic_shard
+from proxy.tiering.peer_codec import ADMIN_OPS
 from proxy.tiering.topic_index import TieredTopic, cutover_ready, stream_of
 
 log = logging.getLogger("tierproxy.cutover")
@@ -61,6 +62,7 @@ class CutoverLoop:
                 try:
                     waiting = await self._cut_over_ready_streams()
                     await self._untier_streams()
+                    await service.seals.expire()
                 except (KafkaError, ShardFenced, OSError) as exc:
                     log.warning("cutover: %r; trying again", exc)
                     await asyncio.sleep(1.0)
@@ -177,6 +179,7 @@ class CutoverLoop:
                 now = int(time.time() * 1000)
                 untier = StreamUntier(state.generation, stream, info.incarnation, owner.epoch, now)
                 [verdict] = await owner.write([untier])
+                service.seals.untiered(stream)
                 log.info("stream %d untiered: %s", stream, verdict.outcome.value)
 
     async def _partition_count(self, topic: str) -> int:
@@ -205,12 +208,19 @@ class CutoverLoop:
         assert last is not None
         return last
 
+    async def offset_for_time(self, tp: TopicPartition, timestamp: int) -> tuple[int, int] | None:
+        """Kafka's (timestamp, offset) of its first record at or after `timestamp`."""
+        if self._consumer is None:
+            raise KafkaError("the cutover loop has not started")
+        found = (await self._consumer.offsets_for_times({tp: timestamp}))[tp]
+        return None if found is None else (found.timestamp, found.offset)
+
     # -- the admin API ---------------------------------------------------------------------
 
     async def admin(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         """tier / untier a topic: written by the owner of its topic shard, wherever it is."""
         service = self.service
-        if op not in ("tier", "untier"):
+        if op not in ADMIN_OPS:
             return INVALID_REQUEST, f"unknown admin operation {op!r}"
         if topic_id.int == 0:  # the command names the topic: ask Kafka for its id
             try:
@@ -219,6 +229,8 @@ class CutoverLoop:
                 return UNKNOWN_TOPIC, str(exc)
             except OSError as exc:
                 return NOT_COORDINATOR, f"cannot reach Kafka: {exc}"
+        if op in ("seal", "unseal"):  # from the owner of the topic's shard, untiering it
+            return await self._seal(op, topic, topic_id)
         shard = topic_shard(topic_id, service.config.shard_count)
         owner = service.assignment.owner(shard)
         if owner is None:
@@ -226,13 +238,13 @@ class CutoverLoop:
             if address is None:
                 return NOT_COORDINATOR, f"metadata shard {shard} has no live owner right now"
             return await service.peers.admin(address, op, topic, topic_id)
-        sealed: list[tuple[int, int]] = []
+        sealed = Sealed(topic, topic_id)
         if op == "untier":
             partitions = await self._partition_count(topic)
             states = [reader.state for reader in service.readers]
             refusal = topic_untier_refusal(states, topic_id, partitions)
             if not refusal:
-                sealed, refusal = await self._seal_local_streams(topic_id, partitions)
+                sealed, refusal = await service.seals.seal_topic(topic, topic_id, partitions)
             if refusal:
                 return POLICY_VIOLATION, f"cannot untier {topic}: {refusal}"
         mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
@@ -240,60 +252,20 @@ class CutoverLoop:
         try:
             [verdict] = await owner.write([record])
         except ShardFenced as exc:
-            await self._reopen(sealed)
+            await service.seals.unseal_topic(sealed)
             return NOT_COORDINATOR, str(exc)
         if verdict.outcome.value == "refuse":
-            await self._reopen(sealed)
+            await service.seals.unseal_topic(sealed)
             return POLICY_VIOLATION, verdict.reason
         return 0, f"{topic} is {mode.name.lower()}"
 
-    async def _seal_local_streams(
-        self, topic_id: uuid.UUID, partitions: int
-    ) -> tuple[list[tuple[int, int]], str | None]:
-        """Before an untier: close the topic's partitions this proxy owns (their appends
-        in flight finish; later produce is answered NOT_LEADER_OR_FOLLOWER and retried,
-        through Kafka once the mode is read) and refuse if any holds offsets past its
-        cutover. The metadata only knows what is committed: a batch acknowledged into the
-        WAL and not yet uploaded is past the cutover too, and Kafka would hand its offsets
-        out again. Refused: the partitions start again. Returns the (shard, stream) pairs
-        closed and the refusal, if any.
-
-        Partitions owned by other proxies are not seen here (the peer protocol has no
-        request for it): for them only the committed metadata is judged."""
-        service = self.service
-        sealed: list[tuple[int, int]] = []
-        reasons: list[str] = []
-        for partition in range(partitions):
-            stream = stream_id(topic_id, partition)
-            shard = shard_of(stream, service.config.shard_count)
-            tiered = service.partitions.get(stream)
-            info = service.state(stream).stream(stream)
-            if tiered is None or info is None or service.assignment.owner(shard) is None:
-                continue
-            await service.partitions.remove(stream)
-            sealed.append((shard, stream))
-            if tiered.log_end_offset > info.cutover_offset:
-                reasons.append(
-                    f"stream {stream} (topic id {topic_id} partition {partition}) holds "
-                    f"offsets [{info.cutover_offset}, {tiered.log_end_offset}) written after "
-                    f"its cutover and not all uploaded yet: they exist only in the proxy's WAL "
-                    f"and objects, Kafka's log ends at {info.cutover_offset}; untier would "
-                    "lose them"
-                )
-        if reasons:
-            await self._reopen(sealed)
-            return [], "; ".join(reasons)
-        return sealed, None
-
-    async def _reopen(self, sealed: list[tuple[int, int]]) -> None:
-        """Start sealed partitions again, from the metadata, the WAL and, for what the
-        uploader trimmed from the WAL meanwhile, the committed objects."""
-        service = self.service
-        for shard, stream in sealed:
-            owner = service.assignment.owner(shard)
-            if owner is None or service.partitions.get(stream) is not None:
-                continue
-            try:
-                await service.recover_streams(owner.state, [stream])
-            except RecoveryError as exc:
-                log.error("stream %d could not start again: %s", stream, exc)
+    async def _seal(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
+        seals = self.service.seals
+        if op == "unseal":
+            streams = seals.streams_of(topic_id)
+            await seals.unseal_here(streams)
+            return 0, f"{len(streams)} partitions of {topic} started again"
+        streams, refusal = await seals.seal_here(topic_id, await self._partition_count(topic))
+        if refusal:
+            return POLICY_VIOLATION, refusal
+        return 0, f"{len(streams)} partitions of {topic} sealed on {self.service.name}"

@@ -1,10 +1,11 @@
 """The peer protocol on asyncio sockets; the messages and frames are `tiering/peer_codec.py`.
 
-`PeerServer` answers other proxies: appends for the tiered partitions this proxy owns and
-admin requests for the metadata shards it owns. Each request runs in its own task and its
-answer is written as soon as it is ready, so one slow partition does not hold up the others
-on the connection (answers carry the correlation id). `PeerClients` keeps one pipelined
-connection per peer address, opened on first use and opened again after it breaks.
+`PeerServer` answers other proxies: appends to the tiered partitions this proxy owns,
+fetches of their tail not uploaded yet, and admin requests for the metadata shards it owns.
+Each request runs in its own task and its answer is written as soon as it is ready, so one
+slow partition does not hold up the others on the connection (answers carry the correlation
+id). `PeerClients` keeps one pipelined connection per peer address, opened on first use
+and opened again after it breaks.
 
 Errors: a Kafka error code travels in the answer; bytes that are not a frame close that
 connection (server) or fail every call waiting on it with `PeerUnavailable` (client);
@@ -27,11 +28,15 @@ from proxy.tiering.peer_codec import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    FetchRequest,
+    FetchResponse,
     PeerFrameReader,
     PeerMessage,
     PeerProtocolError,
     encode,
+    frame_size,
 )
+from proxy.tiering.peer_messages import FetchResult
 from proxy.tiering.producer_state import ErrorCode
 from proxy.wal.s3walobject import S3WalLocation
 
@@ -42,9 +47,15 @@ log = logging.getLogger("tierproxy.peers")
 Address = tuple[str, int]
 OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
 OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
+OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
+Request = AppendRequest | AdminRequest | FetchRequest
 
 KAFKA_STORAGE_ERROR = int(ErrorCode.KAFKA_STORAGE_ERROR)  # retriable: the producer retries
 UNKNOWN_SERVER_ERROR = -1
+# A fetch to a server given no on_fetch: no data answer uses this code, so the asker knows
+# the owner serves no tail at all (and reads only what is committed) instead of retrying.
+UNSUPPORTED_VERSION = 35
+_FETCH_ANSWER_HEAD = frame_size(FetchResponse(0, 0))  # a fetch answer's frame, less records
 _READ_BYTES = 256 * 1024
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
@@ -69,14 +80,16 @@ def _name(address: object) -> str:
 
 
 class PeerServer:
-    """Serves appends (`on_append`) and admin requests (`on_admin`) to other proxies.
+    """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
+    fetches to other proxies; without it a fetch is answered UNSUPPORTED_VERSION.
 
     Handlers start in the order their requests arrive (each one's first step runs before the
     next one's), so an owner can queue one stream's batches in the order they were sent.
     At most `max_inflight` requests per connection are handled at once; past that the
     connection is not read, so a peer that sends faster than the owner appends (or stops
-    reading answers) is slowed by TCP. A connection that ends or sends a bad frame gets the
-    answers already owed for up to `linger_s` before it is closed."""
+    reading answers) is slowed by TCP; a fetch holds its slot while it long-polls. A
+    connection that ends or sends a bad frame gets the answers already owed for up to
+    `linger_s` before it is closed."""
 
     def __init__(
         self,
@@ -84,6 +97,7 @@ class PeerServer:
         port: int,
         on_append: OnAppend,
         on_admin: OnAdmin,
+        on_fetch: OnFetch | None = None,
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
@@ -93,6 +107,7 @@ class PeerServer:
         self._requested_port = port
         self._on_append = on_append
         self._on_admin = on_admin
+        self._on_fetch = on_fetch
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         self.linger_s = linger_s
@@ -153,7 +168,7 @@ class PeerServer:
             while data := await reader.read(_READ_BYTES):
                 frames.feed(data)
                 while (request := frames.next_message()) is not None:
-                    if not isinstance(request, AppendRequest | AdminRequest):
+                    if not isinstance(request, Request):
                         raise PeerProtocolError(f"a {type(request).__name__} is not a request")
                     await slots.acquire()
                     task = asyncio.create_task(self._handle(request, writer, peer))
@@ -183,19 +198,19 @@ class PeerServer:
             async with asyncio.timeout(self.linger_s):
                 await writer.wait_closed()
 
-    async def _handle(
-        self, request: AppendRequest | AdminRequest, writer: asyncio.StreamWriter, peer: str
-    ) -> None:
-        response: AppendResponse | AdminResponse
+    async def _handle(self, request: Request, writer: asyncio.StreamWriter, peer: str) -> None:
+        response: AppendResponse | AdminResponse | FetchResponse
         if isinstance(request, AppendRequest):
             response = await self._append(request, peer)
             if request.acks == 0:
                 return
+        elif isinstance(request, FetchRequest):
+            response = await self._fetch(request, peer)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
             return
-        writer.writelines(encode(response))
+        writer.writelines(encode(response, max_frame_bytes=self.max_frame_bytes))
         with suppress(ConnectionError):  # the read loop sees the connection go
             await writer.drain()
 
@@ -207,6 +222,20 @@ class PeerServer:
         except Exception as exc:
             log.exception("append to stream %d from peer %s failed", request.stream_id, peer)
             return AppendResponse(cid, KAFKA_STORAGE_ERROR, error_message=_describe(exc))
+
+    async def _fetch(self, request: FetchRequest, peer: str) -> FetchResponse:
+        cid = request.correlation_id
+        if self._on_fetch is None:
+            return FetchResponse(cid, UNSUPPORTED_VERSION)
+        try:
+            response = FetchResponse.from_result(cid, await self._on_fetch(request))
+            if (size := frame_size(response)) > self.max_frame_bytes:
+                raise ValueError(f"an answer of {size} bytes is over the frame limit")
+            return response
+        except Exception:
+            stream, offset = request.stream_id, request.offset
+            log.exception("fetch of stream %d at %d from peer %s failed", stream, offset, peer)
+            return FetchResponse(cid, KAFKA_STORAGE_ERROR)
 
     async def _admin(self, request: AdminRequest, peer: str) -> AdminResponse:
         cid = request.correlation_id
@@ -260,7 +289,7 @@ class _PeerConnection:
         self._reading = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def call(
-        self, request: AppendRequest | AdminRequest, expect: type | None, timeout_s: float
+        self, request: Request, expect: type | None, timeout_s: float
     ) -> PeerMessage | None:
         """Send `request` under a correlation id of this connection; wait for its answer of
         type `expect`, or only until it is written when `expect` is None."""
@@ -324,7 +353,7 @@ class _PeerConnection:
             self._fail(f"connection lost: {exc}")
 
     def _answer(self, message: PeerMessage) -> None:
-        if not isinstance(message, AppendResponse | AdminResponse):
+        if not isinstance(message, AppendResponse | AdminResponse | FetchResponse):
             raise PeerProtocolError(f"a {type(message).__name__} is not an answer")
         entry = self._pending.get(message.correlation_id)
         if entry is None:
@@ -425,6 +454,28 @@ class PeerClients:
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)
         return response.error_code, response.message
+
+    async def fetch(
+        self,
+        address: Address,
+        stream_id: int,
+        offset: int,
+        max_bytes: int,
+        max_wait_ms: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> FetchResponse:
+        """The owner's answer to reading `stream_id` from `offset` on, waiting up to
+        `max_wait_ms` for data past it; its records are a view of the received bytes.
+        `max_bytes` is cut to what a frame holds. The default timeout is `max_wait_ms` plus
+        `timeout_margin_s`."""
+        max_bytes = min(max_bytes, max(self.max_frame_bytes - _FETCH_ANSWER_HEAD, 0))
+        request = FetchRequest(0, stream_id, offset, max_bytes, max_wait_ms)
+        if timeout_s is None:
+            timeout_s = max_wait_ms / 1000 + self.timeout_margin_s
+        response = await self._connection(address).call(request, FetchResponse, timeout_s)
+        assert isinstance(response, FetchResponse)
+        return response
 
     def _connection(self, address: Address) -> _PeerConnection:
         if self._closed:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.server.tiered_fetch import FetchPlan
+from proxy.server.tiered_offsets import OffsetsPlan
 from proxy.server.tiered_produce import ProducePlan
+
+Plan = ProducePlan | FetchPlan | OffsetsPlan  # each has view, upstream_frame, local, merge
 
 
 @dataclass(slots=True)
@@ -17,4 +21,6 @@ class Slot:
     api_version: int
     data: tuple[bytes | bytearray | memoryview, ...] | None = None
     local: bool = False  # answered by the proxy itself, not by a broker
-    plan: ProducePlan | None = None  # a Produce read by a proxy that tiers topics
+    plan: ProducePlan | FetchPlan | OffsetsPlan | None = (
+        None  # a request split by a proxy that tiers topics
+    )

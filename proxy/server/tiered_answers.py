@@ -1,6 +1,7 @@
-"""The tiered Produce side of a client connection (docs/tiering.md, "A Produce request").
+"""The tiered side of a client connection (docs/tiering.md, "A Produce request", "Reading
+a tiered topic").
 
-A Produce with tiered partitions is answered here when nothing of it went upstream, or
+A Produce or Fetch with tiered partitions is answered here when nothing of it went upstream, or
 merged with upstream's answer when part did; either way the answer takes its place in
 the connection's request order. `ClientConnection` mixes this in: the methods use its
 slots, writers and zone accounting.
@@ -13,23 +14,22 @@ import logging
 import struct
 
 from proxy.apis import RESPONSE_REWRITERS
-from proxy.apis.produce_split import merge_responses
 from proxy.protocol.headers import RequestHeader, response_header, response_header_size
-from proxy.server.slots import Slot
-from proxy.server.tiered_produce import ProducePlan, count_in_flight, failed_results
+from proxy.server.slots import Plan, Slot
+from proxy.server.tiered_produce import count_in_flight
 
 log = logging.getLogger("tierproxy.connection")
 
-API_PRODUCE = 0
 _SIZE = struct.Struct(">i")
 
 
-class TieredProduceAnswers:
-    async def _produce_tiered(
-        self, header: RequestHeader, plan: ProducePlan, expects_answer: bool, size: int
+class TieredAnswers:
+    async def _tiered_request(
+        self, header: RequestHeader, plan: Plan, expects_answer: bool, size: int
     ) -> None:
-        """A Produce with tiered partitions: those are under way in `plan.local`; the rest,
-        if any, goes upstream as a smaller request, and the answers are merged."""
+        """A Produce, Fetch or ListOffsets with tiered partitions: those are under way in
+        `plan.local`; the rest, if any, goes upstream as a smaller request, and the
+        answers are merged."""
         assert plan.local is not None
         if plan.upstream_frame is not None and self.upstream_writer is None:
             await self._connect_upstream()
@@ -61,7 +61,7 @@ class TieredProduceAnswers:
             # in a done callback, where nothing catches it. The client retries the batch;
             # the sequencer answers the retry with the original offsets.
             return
-        payload = response_header(slot.correlation_id, API_PRODUCE, slot.api_version)
+        payload = response_header(slot.correlation_id, slot.api_key, slot.api_version)
         payload += self._merged_body(slot, None)
         slot.data = (_SIZE.pack(len(payload)) + payload,)
         self.zone.count_local(request_size, len(payload) + 4)
@@ -85,9 +85,9 @@ class TieredProduceAnswers:
         try:
             local = plan.local.result()
         except Exception as exc:  # a bug: answer the tiered partitions, keep the connection
-            log.exception("client %s: tiered produce failed", self.peer)
-            local = failed_results(plan, exc)
-        return merge_responses(slot.api_version, upstream, local, request=plan.view)
+            log.exception("client %s: tiered api key %d failed", self.peer, slot.api_key)
+            local = plan.failed(exc)
+        return plan.merge(slot.api_version, upstream, local)
 
     def _answered_upstream(self, slot: Slot) -> None:
         self._awaiting_upstream.popleft()

@@ -22,6 +22,7 @@ from proxy.apis.produce_split import (
     ProduceRequestView,
     TieredPartition,
     TopicKey,
+    merge_responses,
     read_produce_request,
     split,
 )
@@ -39,6 +40,13 @@ class ProducePlan:
     local: asyncio.Future[list[PartitionResult]] | None  # None: nothing tiered
     passthrough_topics: tuple[TopicKey, ...]  # counted in flight until answered
     tiered: tuple[tuple[TopicKey, int], ...] = ()  # (topic, partition) handled here
+
+    def merge(self, api_version: int, upstream: memoryview | None, local: list) -> bytes:
+        return merge_responses(api_version, upstream, local, request=self.view)
+
+    def failed(self, error: BaseException) -> list[PartitionResult]:
+        """Every tiered partition of the request answered KAFKA_STORAGE_ERROR (retriable)."""
+        return [PartitionResult(t, p, 56, error_message=repr(error)) for t, p in self.tiered]
 
 
 def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_version: int):
@@ -109,8 +117,3 @@ def count_in_flight(in_flight: dict, topics: tuple[TopicKey, ...], delta: int) -
             in_flight[topic] = left
         else:
             in_flight.pop(topic, None)
-
-
-def failed_results(plan: ProducePlan, error: BaseException) -> list[PartitionResult]:
-    """Every tiered partition of the request answered KAFKA_STORAGE_ERROR (retriable)."""
-    return [PartitionResult(t, p, 56, error_message=repr(error)) for t, p in plan.tiered]

@@ -25,8 +25,12 @@ from collections.abc import Sequence
 
 from proxy.server.cutover import CutoverLoop
 from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
+from proxy.server.seals import Seals
+from proxy.server.tiered_reads import TieredReads
+from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
 from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.tiering.logcache import LogCache
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metagroup import ShardAssignment, ensure_metadata_topic
 from proxy.tiering.metarecords import ObjectCommit
@@ -106,6 +110,9 @@ class TieringService:
         self.in_flight: dict[str, int] = {}  # topic name -> passthrough produce in flight
         self._changed = asyncio.Event()
         self.store: ObjectStore | None = None
+        self.block_cache: BlockCache | None = None
+        self.log_cache = LogCache(self.config.log_cache_bytes)
+        self.reads: TieredReads | None = None
         self.wal: WriteAheadLog | None = None
         self.partitions: PartitionSet | None = None
         self.uploader: Uploader | None = None
@@ -122,6 +129,7 @@ class TieringService:
         self._sends: dict[int, asyncio.Future[None]] = {}
         self._zones_by_address: dict[tuple[str, int], str] = {}
         self.cutover = CutoverLoop(self)
+        self.seals = Seals(self)
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object
         self.max_batch_bytes = min(self.config.wal_segment_bytes, self.config.s3wal_max_bytes)
@@ -143,7 +151,13 @@ class TieringService:
                 capacity_bytes=config.wal_capacity_bytes,
             )
         )
-        self.partitions = PartitionSet(self.wal, on_broken=self._partition_broken)
+        self.partitions = PartitionSet(
+            self.wal, on_broken=self._partition_broken, log_cache=self.log_cache
+        )
+        self.block_cache = BlockCache(
+            self.store, capacity_bytes=config.block_cache_bytes, registry=registry
+        )
+        self.reads = TieredReads(self, self.block_cache, self.log_cache)
         self.peer_server = PeerServer(
             config.peer_bind_host, config.peer_port, self._on_peer_append, self._on_peer_admin
         )
@@ -192,6 +206,8 @@ class TieringService:
         if self.wal is not None:
             await self.wal.close()
         await asyncio.gather(*(reader.close() for reader in self.readers))
+        if self.block_cache is not None:
+            await self.block_cache.close()
         if self.store is not None:
             await self.store.close()
 
@@ -256,6 +272,8 @@ class TieringService:
                     error_message=f"{found.name}-{partition} is being cut over to tiered",
                 )
         assert self.partitions is not None
+        if stream in self.seals:
+            return _not_owner(f"{found.name}-{partition} is being untiered")
         if self.partitions.get(stream) is None and self._owned_here(stream):
             await self._wait_for_partition(stream)  # cut over or taken over just now
         if self.partitions.get(stream) is not None:
@@ -268,10 +286,14 @@ class TieringService:
 
     async def _wait_for_partition(self, stream: int) -> None:
         """A stream of a shard owned here whose partition is being started (its cutover
-        was just read, or the shard just claimed): wait for it, at most cutover_hold_ms."""
+        was just read, or the shard just claimed): wait for it, at most cutover_hold_ms,
+        unless it is sealed for an untier or its topic is no longer tiered."""
         assert self.partitions is not None
         deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
         while self.partitions.get(stream) is None and self._owned_here(stream):
+            info = self.state(stream).stream(stream)
+            if stream in self.seals or info is None or self.topics.topic(info.topic_id) is None:
+                return
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -398,6 +420,7 @@ class TieringService:
         and, for what the WAL no longer holds, the committed objects' batch headers."""
         assert self.partitions is not None and self.store is not None
         store = self.store
+        streams = [s for s in streams if s not in self.seals]  # until the untier is written
 
         def read_committed(stream: int, start: int, end: int):
             return committed_headers(store, state, stream, start, end)
@@ -473,6 +496,9 @@ class TieringService:
             for verdict in await owner.write(commits):
                 if verdict.outcome.value == "refuse":
                     raise CommitRefused(f"shard {shard}: {verdict.reason}")
+            for _, ranges in items:  # the log cache may let these go now
+                for r in ranges:
+                    self.log_cache.uploaded(r.stream_id, r.end_offset)
 
     async def _owner_for_commit(self, shard: int) -> ShardOwner:
         assert self.assignment is not None

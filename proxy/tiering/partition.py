@@ -21,6 +21,7 @@ from collections.abc import AsyncIterable, Callable, Collection, Iterable, Seque
 from dataclasses import dataclass
 
 from proxy.tiering.batches import BatchHeader
+from proxy.tiering.logcache import LogCache
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.partition_rules import (
     PartitionConfig,
@@ -52,6 +53,7 @@ Records = bytes | bytearray | memoryview
 # (stream, start, end) -> headers of the committed batches covering [start, end), in order
 ReadCommitted = Callable[[int, int, int], AsyncIterable[BatchHeader]]
 OnBroken = Callable[[int, BaseException], None]
+OnAppended = Callable[[int, int, int, bytearray], None]  # stream, base, last offset, batches
 
 
 def _wall_clock_ms() -> int:
@@ -92,6 +94,7 @@ class TieredPartition:
         self._sequencer, self._wal = sequencer, wal
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
+        self.on_appended: OnAppended | None = None  # each durable append (the log cache)
         # the queue: requests keep the order of their produce() calls
         self._inbox: deque[_Request] = deque()
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
@@ -303,6 +306,11 @@ class TieredPartition:
                 self._fail(item, error)
                 return
             code = self._sequencer.commit(item.pending)
+            if code == ErrorCode.NONE and self.on_appended is not None:
+                pending = item.pending
+                self.on_appended(
+                    self.stream_id, pending.base_offset, pending.last_offset, pending.records
+                )
             for future, base_offset, append_time in item.waiters:
                 if code == ErrorCode.NONE:
                     _answer(future, self._success(base_offset, append_time))
@@ -383,9 +391,11 @@ class PartitionSet:
         config: PartitionConfig | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         on_broken: OnBroken | None = None,
+        log_cache: LogCache | None = None,
     ) -> None:
         self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
         self._on_broken = on_broken
+        self.log_cache = log_cache
         self._partitions: dict[int, TieredPartition] = {}
         self.broken: dict[int, BaseException] = {}
 
@@ -419,6 +429,9 @@ class PartitionSet:
         self._partitions[partition.stream_id] = partition
         if partition.on_broken is None:
             partition.on_broken = self._broken_partition
+        if self.log_cache is not None:
+            self.log_cache.drop(partition.stream_id)  # what it held is from an older owner
+            partition.on_appended = self.log_cache.append
         partition.start()
 
     def get(self, stream_id: int) -> TieredPartition | None:
@@ -435,12 +448,19 @@ class PartitionSet:
         partition = self._partitions.pop(stream_id, None)
         if partition is not None:
             await partition.close()
+        if self.log_cache is not None:
+            self.log_cache.drop(stream_id)
 
     async def close(self) -> None:
         partitions, self._partitions = list(self._partitions.values()), {}
         await asyncio.gather(*(p.close() for p in partitions))
+        if self.log_cache is not None:
+            for partition in partitions:
+                self.log_cache.drop(partition.stream_id)
 
     def _broken_partition(self, stream_id: int, error: BaseException) -> None:
         self.broken[stream_id] = error
+        if self.log_cache is not None:
+            self.log_cache.drop(stream_id)
         if self._on_broken is not None:
             self._on_broken(stream_id, error)

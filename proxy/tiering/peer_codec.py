@@ -1,11 +1,14 @@
-"""The proxy-to-proxy ("peer") protocol: messages and frames. Pure: no asyncio, no sockets.
+"""The proxy-to-proxy ("peer") protocol's frames. Pure: no asyncio, no sockets.
 
 A proxy that receives a Produce for a tiered partition it does not own hands the
 partition's batches to the owner (`AppendRequest`) and relays the owner's answer
 (`AppendResponse`, which mirrors `ProduceResult`). In s3 mode the batches are already in an
 S3-WAL object and only their `S3WalLocation` travels; in direct mode the batches travel
 inline, as opaque bytes. `AdminRequest` carries `tierproxy topics tier/untier` to the proxy
-that owns the topic's metadata shard. `proxy/server/peers.py` puts this on sockets.
+that owns the topic's metadata shard. A proxy that serves a consumer the committed offsets
+of a partition it does not own asks the owner for the tail not uploaded yet
+(`FetchRequest`, answered by `FetchResponse`). The messages are `peer_messages.py` (their
+classes import from here too); `proxy/server/peers.py` puts this on sockets.
 
 Every message is one frame, big-endian::
 
@@ -14,7 +17,8 @@ Every message is one frame, big-endian::
     4       4     crc             u32: CRC-32C (Castagnoli) of those `length` bytes
     8       1     version         u8: 1
     9       1     type            u8: 1 append request, 2 append response,
-                                      3 admin request, 4 admin response
+                                      3 admin request, 4 admin response,
+                                      5 fetch request, 6 fetch response
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -26,12 +30,20 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      (the location's stream id is the request's)
     append response  error_code i16, base_offset i64, log_append_time_ms i64,
                      log_start_offset i64, error_message nullable string
-    admin request    op string ("tier" | "untier"), topic string, topic_id 16 bytes
+    admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
+                     topic_id 16 bytes
     admin response   error_code i16, message string
+    fetch request    stream_id u64, offset i64 (>= 0), max_bytes i32 (>= 0),
+                     max_wait_ms i32 (>= 0)
+    fetch response   error_code i16, high_watermark i64, log_start_offset i64,
+                     records size u32, records (whole batches, one after another)
 
-Two error families: bytes that cannot be decoded raise `PeerProtocolError` (the adapter
-closes that connection); a message that cannot be built (both or neither payload, a value
-out of range) raises a plain `ValueError` (the caller's bug).
+A type this code does not know is refused like any bad frame, so a peer sending fetches
+to a proxy that predates them loses that connection (and the calls waiting on it).
+
+Two error families: bytes that cannot be decoded, including values a message does not
+allow, raise `PeerProtocolError` (the adapter closes that connection); a message that
+cannot be built raises a plain `ValueError` (the caller's bug).
 """
 
 from __future__ import annotations
@@ -39,11 +51,25 @@ from __future__ import annotations
 import struct
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from crc32c import crc32c
 
-from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.peer_messages import (
+    ACKS,
+    ADMIN_OPS,
+    MAX_RECORDS_BYTES,
+    AdminRequest,
+    AdminResponse,
+    AppendRequest,
+    AppendResponse,
+    Buffer,
+    FetchRequest,
+    FetchResponse,
+    PeerMessage,
+    buffer_size,
+    check_range,
+)
 from proxy.wal.s3walobject import S3WalLocation
 
 VERSION = 1
@@ -54,6 +80,7 @@ _HEAD = struct.Struct(">BBI")  # version, type, correlation id
 PREFIX_SIZE = _PREFIX.size  # 8
 HEADER_SIZE = PREFIX_SIZE + _HEAD.size  # 14: the smallest frame
 MAX_LENGTH = 0xFFFF_FFFF
+assert MAX_RECORDS_BYTES == MAX_LENGTH - HEADER_SIZE
 
 _APPEND = struct.Struct(">QhiB")  # stream_id, acks, timeout_ms, payload kind
 _U32 = struct.Struct(">I")
@@ -61,131 +88,18 @@ _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
 _RANGE = struct.Struct(">QQI")  # start, end, crc
 _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
+_FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
+_FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
 
 DIRECT = 1
 S3 = 2
-ACKS = (-1, 0, 1)
-ADMIN_OPS = ("tier", "untier")
 
-Buffer = bytes | bytearray | memoryview
+APPEND_REQUEST, APPEND_RESPONSE, ADMIN_REQUEST, ADMIN_RESPONSE = 1, 2, 3, 4
+FETCH_REQUEST, FETCH_RESPONSE = 5, 6
 
 
 class PeerProtocolError(ValueError):
     """Bytes from a peer that are not a valid frame; the connection must close."""
-
-
-# -- messages ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AppendRequest:
-    """Append these batches to `stream_id` on its owner: `records` inline (direct mode) or
-    the `location` of an S3-WAL range (s3 mode), exactly one. Decoded records are a view
-    of the received frame, not a copy."""
-
-    correlation_id: int
-    stream_id: int
-    acks: int
-    timeout_ms: int
-    records: bytes | bytearray | memoryview | None = None
-    location: S3WalLocation | None = None
-
-    def __post_init__(self) -> None:
-        _check_range("correlation_id", self.correlation_id, 0, 0xFFFF_FFFF)
-        _check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
-        if self.acks not in ACKS:
-            raise ValueError(f"acks {self.acks}: must be -1, 0 or 1")
-        _check_range("timeout_ms", self.timeout_ms, -(1 << 31), (1 << 31) - 1)
-        if (self.records is None) == (self.location is None):
-            raise ValueError("an append carries exactly one of records (direct) or location (s3)")
-        if self.records is not None and len(self.records) > MAX_LENGTH - HEADER_SIZE:
-            raise ValueError(f"{len(self.records)} bytes of records do not fit in a frame")
-        if self.location is not None:
-            loc = self.location
-            if loc.stream_id != self.stream_id:
-                raise ValueError(
-                    f"location of stream {loc.stream_id} in an append to {self.stream_id}"
-                )
-            _check_range("location.start", loc.start, 0, (1 << 64) - 1)
-            _check_range("location.end", loc.end, loc.start, (1 << 64) - 1)
-            _check_range("location.crc", loc.crc, 0, 0xFFFF_FFFF)
-            _check_string("location.object_key", loc.object_key, 0xFFFF)
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResponse:
-    """The owner's answer to an append: one partition's Produce answer."""
-
-    correlation_id: int
-    error_code: int
-    base_offset: int = -1
-    log_append_time_ms: int = -1
-    log_start_offset: int = -1
-    error_message: str | None = None
-
-    def __post_init__(self) -> None:
-        _check_range("correlation_id", self.correlation_id, 0, 0xFFFF_FFFF)
-        _check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
-        for name in ("base_offset", "log_append_time_ms", "log_start_offset"):
-            _check_range(name, getattr(self, name), -(1 << 63), (1 << 63) - 1)
-        if self.error_message is not None:
-            _check_string("error_message", self.error_message, 0x7FFF)
-
-    @classmethod
-    def from_result(cls, correlation_id: int, r: ProduceResult) -> AppendResponse:
-        fields = (r.base_offset, r.log_append_time_ms, r.log_start_offset, r.error_message)
-        return cls(correlation_id, r.error_code, *fields)
-
-    def result(self) -> ProduceResult:
-        fields = (self.base_offset, self.log_append_time_ms, self.log_start_offset)
-        return ProduceResult(self.error_code, *fields, self.error_message)
-
-
-@dataclass(frozen=True, slots=True)
-class AdminRequest:
-    """Tier or untier `topic` (by name and id), on the owner of its metadata shard."""
-
-    correlation_id: int
-    op: str
-    topic: str
-    topic_id: uuid.UUID
-
-    def __post_init__(self) -> None:
-        _check_range("correlation_id", self.correlation_id, 0, 0xFFFF_FFFF)
-        if self.op not in ADMIN_OPS:
-            raise ValueError(f"admin op {self.op!r}: must be one of {', '.join(ADMIN_OPS)}")
-        _check_string("topic", self.topic, 0xFFFF)
-        if not isinstance(self.topic_id, uuid.UUID):
-            raise ValueError(f"topic_id {self.topic_id!r} is not a UUID")
-
-
-@dataclass(frozen=True, slots=True)
-class AdminResponse:
-    correlation_id: int
-    error_code: int
-    message: str
-
-    def __post_init__(self) -> None:
-        _check_range("correlation_id", self.correlation_id, 0, 0xFFFF_FFFF)
-        _check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
-        _check_string("message", self.message, 0xFFFF)
-
-
-PeerMessage = AppendRequest | AppendResponse | AdminRequest | AdminResponse
-
-APPEND_REQUEST, APPEND_RESPONSE, ADMIN_REQUEST, ADMIN_RESPONSE = 1, 2, 3, 4
-
-
-def _check_range(name: str, value: int, low: int, high: int) -> None:
-    if not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} {value!r}: must be an integer in [{low}, {high}]")
-
-
-def _check_string(name: str, value: str, max_bytes: int) -> None:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} {value!r} is not a string")
-    if len(value) > max_bytes // 4 and len(value.encode()) > max_bytes:
-        raise ValueError(f"{name}: {len(value.encode())} UTF-8 bytes, at most {max_bytes}")
 
 
 # -- encoding ------------------------------------------------------------------------------
@@ -203,19 +117,18 @@ def _nullable_string(value: str | None) -> bytes:
     return _I16.pack(len(data)) + data
 
 
-def encode(message: PeerMessage, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[Buffer]:
-    """The frame of `message` as pieces to write in order (`writelines`): direct-mode
-    records are the last piece, as given, never copied into the frame. Raises ValueError
-    when the frame would be larger than `max_frame_bytes`."""
-    tail: Buffer = b""
+def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
+    """The frame after its prefix: the head (version to the body's fixed fields) and the
+    records pieces that follow it, as given."""
+    tail: Sequence[Buffer] = ()
     if isinstance(message, AppendRequest):
         kind = APPEND_REQUEST
         loc = message.location
         if loc is None:
             assert message.records is not None
-            tail = message.records
+            tail = (message.records,) if message.records else ()
             body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, DIRECT)
-            body += _U32.pack(len(tail))
+            body += _U32.pack(buffer_size(message.records))
         else:
             body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, S3)
             body += _string(loc.object_key) + _RANGE.pack(loc.start, loc.end, loc.crc)
@@ -230,17 +143,40 @@ def encode(message: PeerMessage, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYT
     elif isinstance(message, AdminResponse):
         kind = ADMIN_RESPONSE
         body = _I16.pack(message.error_code) + _string(message.message)
+    elif isinstance(message, FetchRequest):
+        kind = FETCH_REQUEST
+        m = message
+        body = _FETCH.pack(m.stream_id, m.offset, m.max_bytes, m.max_wait_ms)
+    elif isinstance(message, FetchResponse):
+        kind = FETCH_RESPONSE
+        m = message
+        tail = m.records
+        body = _FETCHED.pack(m.error_code, m.high_watermark, m.log_start_offset, m.records_size)
     else:
         raise TypeError(f"not a peer message: {message!r}")
-    head = _HEAD.pack(VERSION, kind, message.correlation_id) + body
-    size = PREFIX_SIZE + len(head) + len(tail)
+    return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
+
+
+def frame_size(message: PeerMessage) -> int:
+    """How many bytes `message` takes on the wire (byte counts), without framing it."""
+    head, tail = _parts(message)
+    return PREFIX_SIZE + len(head) + sum(map(buffer_size, tail))
+
+
+def encode(message: PeerMessage, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> list[Buffer]:
+    """The frame of `message` as pieces to write in order (`writelines`): records (direct
+    appends, fetch answers) are the last pieces, as given, never copied into the frame.
+    Raises ValueError when the frame would be larger than `max_frame_bytes`."""
+    head, tail = _parts(message)
+    size = PREFIX_SIZE + len(head) + sum(map(buffer_size, tail))
     if size > max_frame_bytes:
         raise ValueError(
             f"a {type(message).__name__} frame of {size} bytes is over the limit {max_frame_bytes}"
         )
-    crc = crc32c(tail, crc32c(head)) if tail else crc32c(head)
-    prefix = _PREFIX.pack(size - PREFIX_SIZE, crc) + head
-    return [prefix, tail] if tail else [prefix]
+    crc = crc32c(head)
+    for piece in tail:
+        crc = crc32c(piece, crc)
+    return [_PREFIX.pack(size - PREFIX_SIZE, crc) + head, *tail]
 
 
 def encode_frame(message: PeerMessage, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
@@ -331,11 +267,24 @@ def _admin_response(cur: _Cursor, cid: int) -> AdminResponse:
     return AdminResponse(cid, error_code, cur.string("admin response message"))
 
 
+def _fetch_request(cur: _Cursor, cid: int) -> FetchRequest:
+    stream_id, offset, max_bytes, max_wait_ms = cur.fixed(_FETCH, "fetch request")
+    return FetchRequest(cid, stream_id, offset, max_bytes, max_wait_ms)
+
+
+def _fetch_response(cur: _Cursor, cid: int) -> FetchResponse:
+    error_code, high_watermark, log_start, size = cur.fixed(_FETCHED, "fetch response")
+    records = cur.take(size, "records")
+    return FetchResponse(cid, error_code, high_watermark, log_start, (records,))
+
+
 _DECODERS = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
     ADMIN_REQUEST: _admin_request,
     ADMIN_RESPONSE: _admin_response,
+    FETCH_REQUEST: _fetch_request,
+    FETCH_RESPONSE: _fetch_response,
 }
 
 
@@ -368,7 +317,12 @@ def read_frame(
     if decoder is None:
         raise PeerProtocolError(f"unknown message type {kind}")
     cursor = _Cursor(view, HEADER_SIZE, size)
-    message = decoder(cursor, cid)
+    try:
+        message = decoder(cursor, cid)
+    except PeerProtocolError:
+        raise
+    except ValueError as exc:  # a value the message does not allow, such as offset -1
+        raise PeerProtocolError(f"message type {kind}: {exc}") from None
     if cursor.pos != size:
         raise PeerProtocolError(
             f"{size - cursor.pos} trailing bytes after a {type(message).__name__}"
@@ -393,7 +347,7 @@ class PeerFrameReader:
     many chunks is joined once. After a PeerProtocolError the reader stays failed."""
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        _check_range("max_frame_bytes", max_frame_bytes, HEADER_SIZE, PREFIX_SIZE + MAX_LENGTH)
+        check_range("max_frame_bytes", max_frame_bytes, HEADER_SIZE, PREFIX_SIZE + MAX_LENGTH)
         self.max_frame_bytes = max_frame_bytes
         self._chunks: deque[memoryview] = deque()
         self._buffered = 0

@@ -51,6 +51,8 @@ class TieringConfig:
     peer_bind_host: str = "127.0.0.1"
     peer_port: int = 0  # 0: any free port, told to the fleet in the heartbeat
     cutover_hold_ms: int = 30_000  # a produce to a partition being cut over waits this long
+    block_cache_bytes: int = 256 * MiB  # objects' blocks read by any proxy (LRU)
+    log_cache_bytes: int = 256 * MiB  # the owned partitions' tail (only uploaded is evicted)
     object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
 
     @property
@@ -92,6 +94,10 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         peer_bind_host=section.string("peer_bind_host", defaults.peer_bind_host),
         peer_port=section.port("peer_port", 0),
         cutover_hold_ms=section.integer("cutover_hold_ms", defaults.cutover_hold_ms, minimum=100),
+        block_cache_bytes=section.integer(
+            "block_cache_bytes", defaults.block_cache_bytes, minimum=MiB
+        ),
+        log_cache_bytes=section.integer("log_cache_bytes", defaults.log_cache_bytes, minimum=MiB),
         object_store=_object_store(section.section("object_store")),
     )
     if config.wal_segment_bytes > config.wal_capacity_bytes:

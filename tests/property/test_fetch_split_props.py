@@ -116,7 +116,7 @@ def test_split_sends_upstream_exactly_the_passthrough_partitions(case):
     resolve = {topic_key(version, name): name for name, _ in topics}
     upstream, tiered = split(
         read_fetch_request(version, memoryview(body)),
-        lambda topic, partition: (resolve[topic], partition) in tiered_pairs,
+        lambda topic, p: (resolve[topic], p.partition) in tiered_pairs,
     )
 
     kept = [(n, [p for p in ps if (n, p.partition) not in tiered_pairs]) for n, ps in topics]

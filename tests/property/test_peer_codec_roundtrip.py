@@ -1,8 +1,10 @@
-"""Peer protocol messages: what is encoded is decoded back, and a stream of frames cut into
-chunks anywhere comes out of the incremental reader as the same messages."""
+"""Peer protocol messages: what is encoded is decoded back (a fetch answer's records pieces
+as one piece holding the same bytes), its frame is `frame_size` bytes, and a stream of
+frames cut into chunks anywhere comes out of the incremental reader as the same messages."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 from hypothesis import given, settings
@@ -13,9 +15,13 @@ from proxy.tiering.peer_codec import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    FetchRequest,
+    FetchResponse,
     PeerFrameReader,
+    PeerMessage,
     decode_frame,
     encode_frame,
+    frame_size,
     read_frame,
 )
 from proxy.wal.s3walobject import S3WalLocation
@@ -25,6 +31,8 @@ U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
 I16 = st.integers(min_value=-(1 << 15), max_value=(1 << 15) - 1)
 I32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)
 I64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
+NON_NEGATIVE_I32 = st.integers(min_value=0, max_value=(1 << 31) - 1)
+NON_NEGATIVE_I64 = st.integers(min_value=0, max_value=(1 << 63) - 1)
 ACKS = st.sampled_from([-1, 0, 1])
 TEXT = st.text(max_size=40)
 UUIDS = st.builds(uuid.UUID, bytes=st.binary(min_size=16, max_size=16))
@@ -43,20 +51,39 @@ def append_requests(draw) -> AppendRequest:
     return AppendRequest(cid, stream_id, acks, timeout_ms, location=location)
 
 
+PIECES = st.lists(
+    st.one_of(
+        st.binary(max_size=100),
+        st.binary(max_size=100).map(bytearray),
+        st.binary(max_size=100).map(memoryview),
+    ),
+    max_size=4,
+)
+
 MESSAGES = st.one_of(
     append_requests(),
     st.builds(AppendResponse, U32, I16, I64, I64, I64, st.none() | TEXT),
     st.builds(AdminRequest, U32, st.sampled_from(["tier", "untier"]), TEXT, UUIDS),
     st.builds(AdminResponse, U32, I16, TEXT),
+    st.builds(FetchRequest, U32, U64, NON_NEGATIVE_I64, NON_NEGATIVE_I32, NON_NEGATIVE_I32),
+    st.builds(FetchResponse, U32, I16, I64, I64, PIECES),
 )
+
+
+def joined(message: PeerMessage) -> PeerMessage:
+    """`message` with a fetch answer's records as one piece, as they are decoded."""
+    if isinstance(message, FetchResponse):
+        return dataclasses.replace(message, records=[b"".join(message.records)])
+    return message
 
 
 @settings(max_examples=500, deadline=None)
 @given(message=MESSAGES)
 def test_round_trip(message):
     frame = encode_frame(message)
-    assert decode_frame(frame) == message
-    assert read_frame(frame) == (message, len(frame))
+    assert frame_size(message) == len(frame)
+    assert decode_frame(frame) == joined(message)
+    assert read_frame(frame) == (joined(message), len(frame))
 
 
 @settings(max_examples=300, deadline=None)
@@ -69,7 +96,7 @@ def test_any_split_of_a_stream_gives_back_the_same_messages(messages, data):
     for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
         reader.feed(stream[start:end])
         decoded.extend(reader.messages())
-    assert decoded == messages
+    assert decoded == [joined(m) for m in messages]
     assert reader.buffered == 0
 
 
@@ -85,5 +112,5 @@ def test_a_cut_stream_gives_the_whole_frames_before_the_cut(messages, data):
     whole = 0
     while whole < len(frames) and sum(map(len, frames[: whole + 1])) <= cut:
         whole += 1
-    assert decoded == messages[:whole]
+    assert decoded == [joined(m) for m in messages[:whole]]
     assert reader.buffered == cut - sum(map(len, frames[:whole]))

@@ -307,11 +307,15 @@ async def test_a_paused_owner_is_fenced(kafka, kafka_cluster, topic, tmp_path):
         await other.start()
         await read_line(child, lambda line: line.startswith("owned") and len(line.split()) == 3)
         await eventually(lambda: len(other.owned()) == 2, 60, "the other member owns two shards")
-        child.stdin.write(b"hold\n")
-        held = [
-            int(s)
-            for s in (await read_line(child, lambda line: line.startswith("held"))).split()[1:]
-        ]
+        # a shard given to the child is held once its owner has started (fenced the last
+        # one, read to the end): ask until the two members' owners cover every shard
+        for _ in range(60):
+            child.stdin.write(b"hold\n")
+            line = await read_line(child, lambda line: line.startswith("held"))
+            held = [int(s) for s in line.split()[1:]]
+            if sorted(held + other.owned()) == [0, 1, 2, 3]:
+                break
+            await asyncio.sleep(0.5)
         assert sorted(held + other.owned()) == [0, 1, 2, 3]
 
         os.kill(child.pid, signal.SIGSTOP)

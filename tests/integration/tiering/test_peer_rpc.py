@@ -3,7 +3,10 @@
 Concurrent appends answered out of order each get their own result; acks=0 is not
 answered; a bad frame closes only its connection; a server that goes away fails the calls
 waiting on it and a restarted one is reached again; a call that times out leaves the
-connection to the others. Nothing here needs Kafka or MinIO.
+connection to the others. A fetch long-polls the owner's log cache while appends pass it on
+the same connection; a failing fetch handler, or none, answers an error code and keeps the
+connection; a frame type the server does not know closes only its own. Nothing here needs
+Kafka or MinIO.
 """
 
 from __future__ import annotations
@@ -11,13 +14,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import struct
 import uuid
 
 import pytest
+from crc32c import crc32c
 
+from proxy.apis.fetch_split import TieredFetchResult
 from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
+from proxy.tiering.logcache import LogCache
 from proxy.tiering.partition_rules import ProduceResult
-from proxy.tiering.peer_codec import AdminRequest, AppendRequest
+from proxy.tiering.peer_codec import (
+    AdminRequest,
+    AppendRequest,
+    FetchRequest,
+    FetchResponse,
+    encode_frame,
+)
 from proxy.wal.s3walobject import S3WalLocation
 
 pytestmark = pytest.mark.timeout(60)
@@ -280,3 +293,202 @@ async def test_an_unreachable_peer_fails_fast_with_its_address(clients):
     await free.close()
     with pytest.raises(PeerUnavailable, match=f"peer 127.0.0.1:{port}: cannot connect"):
         await clients.admin(("127.0.0.1", port), "tier", "orders", TOPIC_ID)
+
+
+# -- fetch ---------------------------------------------------------------------------------
+
+
+class Tail:
+    """An owner's fetch handler over a real log cache, answering as the owner's read path
+    does (a `TieredFetchResult`): wait for data past the offset, then read from it."""
+
+    def __init__(self) -> None:
+        self.cache = LogCache(64 * 1024 * 1024)
+        self.requests: list[FetchRequest] = []
+        self.arrived = asyncio.Event()  # set as each fetch starts waiting or reading
+
+    async def on_fetch(self, request: FetchRequest) -> TieredFetchResult:
+        self.requests.append(request)
+        self.arrived.set()
+        stream, offset = request.stream_id, request.offset
+        await self.cache.wait_for_data(stream, offset, request.max_wait_ms)
+        records, _ = self.cache.read(stream, offset, request.max_bytes)
+        end, start = self.cache.end_offset(stream), self.cache.start_offset(stream)
+        return TieredFetchResult(0, high_watermark=end, log_start_offset=start, records=records)
+
+
+def answer(response: FetchResponse) -> tuple[int, int, int, bytes]:
+    return (
+        response.error_code,
+        response.high_watermark,
+        response.log_start_offset,
+        b"".join(response.records),
+    )
+
+
+@pytest.fixture
+async def tail():
+    return Tail()
+
+
+@pytest.fixture
+async def fetch_server(owner, tail):
+    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin, tail.on_fetch)
+    await server.start()
+    yield server
+    await server.close()
+
+
+async def test_a_fetch_long_polls_the_owner_while_appends_pass_it(tail, fetch_server, clients):
+    address = ("127.0.0.1", fetch_server.port)
+    first, second, third = (bytes([i]) * 300_000 for i in (1, 2, 3))  # over many reads
+    tail.cache.append(7, 0, 9, first)
+    assert answer(await clients.fetch(address, 7, 0, 1 << 20, 5000)) == (0, 10, 0, first)
+
+    tail.arrived.clear()
+    parked = asyncio.create_task(clients.fetch(address, 7, 10, 1 << 20, 5000))
+    async with asyncio.timeout(5):
+        await tail.arrived.wait()
+    assert tail.cache.waiting == 1  # the handler is parked in the long poll
+    assert await clients.append(address, 3, -1, 1000, records=b"meanwhile") == expected_result(
+        3, "meanwhile"
+    )
+    assert not parked.done()
+    tail.cache.append(7, 10, 19, second)
+    tail.cache.append(7, 20, 29, third)
+    async with asyncio.timeout(2):  # woken by the append, long before max_wait_ms
+        response = await parked
+    assert answer(response) == (0, 30, 0, second + third)
+    assert len(response.records) == 1 and isinstance(response.records[0], memoryview)
+    assert [(r.stream_id, r.offset, r.max_bytes, r.max_wait_ms) for r in tail.requests] == [
+        (7, 0, 1 << 20, 5000),
+        (7, 10, 1 << 20, 5000),
+    ]
+
+
+async def test_a_fetch_with_no_new_data_answers_empty_after_max_wait(tail, fetch_server, clients):
+    address = ("127.0.0.1", fetch_server.port)
+    tail.cache.append(7, 0, 4, b"batch")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    response = await clients.fetch(address, 7, 5, 1 << 20, 200)
+    assert loop.time() - started >= 0.19
+    assert answer(response) == (0, 5, 0, b"")
+    assert response.records == ()
+
+
+async def test_a_failing_fetch_handler_answers_a_storage_error_and_keeps_the_connection(
+    owner, clients, caplog
+):
+    failures = [RuntimeError("log cache on fire"), None]
+
+    async def on_fetch(request: FetchRequest) -> FetchResponse:
+        failure = failures.pop(0)
+        if failure is not None:
+            raise failure
+        return FetchResponse(0, 0, records=["not a buffer"])  # cannot be framed
+
+    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin, on_fetch=on_fetch)
+    await server.start()
+    try:
+        address = ("127.0.0.1", server.port)
+        assert await clients.append(address, 1, -1, 1000, records=b"before")
+        connection = clients._connections[address]
+        with caplog.at_level(logging.WARNING, logger="tierproxy.peers"):
+            raised = await clients.fetch(address, 7, 0, 1024, 0)
+            refused = await clients.fetch(address, 7, 0, 1024, 0)
+        assert answer(raised) == answer(refused) == (56, -1, -1, b"")
+        errors = [(r.levelno, str(r.exc_info[1])) for r in caplog.records]
+        assert errors == [
+            (logging.ERROR, "log cache on fire"),
+            (logging.ERROR, "a records piece of type str: not a buffer"),
+        ]
+        assert "fetch of stream 7 at 0 from peer 127.0.0.1:" in caplog.records[0].getMessage()
+        assert clients._connections[address] is connection and not connection.failed
+        assert await clients.append(address, 2, -1, 1000, records=b"after") == expected_result(
+            2, "after"
+        )
+    finally:
+        await server.close()
+
+
+async def test_a_fetch_to_a_server_without_a_handler_is_unsupported_version(server, clients):
+    address = ("127.0.0.1", server.port)
+    assert answer(await clients.fetch(address, 7, 0, 1024, 1000)) == (35, -1, -1, b"")
+    assert await clients.append(address, 2, -1, 1000, records=b"after") == expected_result(
+        2, "after"
+    )
+
+
+def unknown_type_frame() -> bytes:
+    body = bytearray(encode_frame(FetchRequest(1, 7, 0, 1, 1))[8:])
+    body[1] = 7  # the type after fetch response: what a newer peer might send
+    return struct.pack(">II", len(body), crc32c(body)) + body
+
+
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        (unknown_type_frame(), "unknown message type 7"),
+        (encode_frame(FetchResponse(1, 0, records=[b"x"])), "a FetchResponse is not a request"),
+    ],
+    ids=["unknown type", "answer as request"],
+)
+async def test_a_frame_the_server_cannot_serve_closes_only_its_connection(
+    tail, fetch_server, clients, caplog, frame, reason
+):
+    address = ("127.0.0.1", fetch_server.port)
+    tail.cache.append(7, 0, 0, b"batch")
+    assert answer(await clients.fetch(address, 7, 0, 1024, 0)) == (0, 1, 0, b"batch")
+    connection = clients._connections[address]
+    reader, writer = await asyncio.open_connection(*address)
+    local = "{}:{}".format(*writer.get_extra_info("sockname"))
+    with caplog.at_level(logging.WARNING, logger="tierproxy.peers"):
+        writer.write(frame)
+        async with asyncio.timeout(5):
+            assert await reader.read() == b""  # closed by the server, nothing answered
+    writer.close()
+    await writer.wait_closed()
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert local in warning.getMessage() and reason in warning.getMessage()
+    assert answer(await clients.fetch(address, 7, 0, 1024, 0)) == (0, 1, 0, b"batch")
+    assert clients._connections[address] is connection and not connection.failed
+
+
+async def test_a_fetch_answer_fits_a_frame_or_is_an_error(owner):
+    asked = []
+
+    async def on_fetch(request: FetchRequest) -> FetchResponse:
+        asked.append(request.max_bytes)
+        return FetchResponse(0, 0, 1, 0, [b"x" * 2000])  # a first batch over the limit
+
+    server = PeerServer(
+        "127.0.0.1", 0, owner.on_append, owner.on_admin, on_fetch, max_frame_bytes=1024
+    )
+    await server.start()
+    small = PeerClients(max_frame_bytes=1024)
+    try:
+        response = await small.fetch(("127.0.0.1", server.port), 7, 0, 1 << 20, 0)
+    finally:
+        await small.close()
+        await server.close()
+    assert asked == [1024 - 36]  # cut to what the asker's frame limit holds past the head
+    assert answer(response) == (56, -1, -1, b"")
+
+
+async def test_a_fetch_times_out_at_max_wait_plus_the_margin(owner):
+    never = asyncio.Event()
+
+    async def on_fetch(request: FetchRequest) -> FetchResponse:
+        await never.wait()  # an owner that ignores max_wait_ms
+        raise AssertionError("unreachable")
+
+    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin, on_fetch)
+    await server.start()
+    clients = PeerClients(timeout_margin_s=0.5)
+    try:
+        with pytest.raises(TimeoutError, match=r"FetchRequest \d+ not answered within 0.6 s"):
+            await clients.fetch(("127.0.0.1", server.port), 7, 0, 1024, 100)
+    finally:
+        await clients.close()
+        await server.close()

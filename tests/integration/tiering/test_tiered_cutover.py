@@ -59,6 +59,23 @@ def _streams(topic_id: uuid.UUID, partitions: int) -> list[int]:
     return [stream_id(topic_id, p) for p in range(partitions)]
 
 
+def _two_proxies(stack, kafka_cluster, tmp_path, suffix: str, **tiering):
+    """Proxies in zone-a and zone-b of one fleet. b starts once a owns every shard, so b's
+    joining moves a shard by a clean release. Started together, the rebalance can cancel
+    a's claim of a shard mid-commit, and b, given that shard, waits for a "to come back"
+    for ever (ShardAssignment, not the subject here)."""
+    base = free_port_block(16)
+    proxies = []
+    for n, zone in enumerate(("zone-a", "zone-b")):
+        config = proxy_config(
+            kafka_cluster, tmp_path, f"p{n}-{suffix}", zone, suffix, base + 8 * n, **tiering
+        )
+        proxies.append(stack.enter_context(ProxyThread(parse_config(config))))
+        if n == 0:
+            wait_owned(proxies, SHARDS)
+    return proxies
+
+
 def _cut_over(proxy: ProxyThread, topic_id: uuid.UUID, partitions: int) -> bool:
     tiering = proxy.proxy.tiering
     return all(tiering.state(s).stream(s) is not None for s in _streams(topic_id, partitions))
@@ -143,27 +160,8 @@ def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path)
     suffix = uuid.uuid4().hex[:8]
     topic, fresh = f"cut-{suffix}", f"fresh-{suffix}"
     create_topic(kafka_cluster, topic, PARTITIONS)
-    base = free_port_block(16)
-    configs = [
-        proxy_config(
-            kafka_cluster,
-            tmp_path,
-            f"p{n}-{suffix}",
-            zone,
-            suffix,
-            base + 8 * n,
-            cutover_hold_ms=20000,
-        )
-        for n, zone in enumerate(("zone-a", "zone-b"))
-    ]
-    # b starts once a owns every shard, so b's joining moves a shard by a clean release.
-    # Started together, the rebalance can cancel a's claim of a shard mid-commit, and b,
-    # given that shard, waits for a "to come back" for ever (ShardAssignment, not the
-    # subject here).
     with contextlib.ExitStack() as proxies:
-        a = proxies.enter_context(ProxyThread(parse_config(configs[0])))
-        wait_owned([a], SHARDS)
-        b = proxies.enter_context(ProxyThread(parse_config(configs[1])))
+        a, b = _two_proxies(proxies, kafka_cluster, tmp_path, suffix, cutover_hold_ms=20000)
         producers = [
             LoadProducer(f"w{n}", proxy.bootstrap, topic, PARTITIONS, RATE, zone).start()
             for n, (proxy, zone) in enumerate(
@@ -307,50 +305,72 @@ def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path)
     assert max(held) < 20.0, "the hold reached cutover_hold_ms: produce timed out"
 
 
-def test_untier_is_refused_while_the_wal_holds_writes_not_uploaded(kafka_cluster, tmp_path):
-    """Acknowledged into the WAL and not uploaded yet (uploads every 10 s here) is past the
+def test_untier_is_refused_while_a_wal_holds_writes_not_uploaded(kafka_cluster, tmp_path):
+    """Acknowledged into a WAL and not uploaded yet (uploads every 10 s here) is past the
     cutover as much as committed data: untier must refuse it, or Kafka would hand the same
-    offsets out again. Refused, the partition goes on taking produce where it was."""
+    offsets out again. Two proxies own a metadata shard each; the untier goes to the owner
+    of the topic's shard, which must also ask the other proxy about the partitions it owns
+    (sealing them). Refused, every partition goes on taking produce where it was."""
     suffix = uuid.uuid4().hex[:8]
-    topic = f"wal-only-{suffix}"
-    create_topic(kafka_cluster, topic, 1)
-    config = proxy_config(
-        kafka_cluster,
-        tmp_path,
-        f"p-{suffix}",
-        "zone-a",
-        suffix,
-        free_port_block(8),
-        upload_interval_s=10.0,
-    )
-    with ProxyThread(parse_config(config)) as a:
-        wait_owned([a], SHARDS)
-        assert topics_command("tier", topic, a.proxy.tiering.peer_port).returncode == 0
-        topic_id = tiered_topic_id(a, topic)
-        wait_until(lambda: _cut_over(a, topic_id, 1), 30, "cutover")
-        first = LoadProducer("w", a.bootstrap, topic, 1, 200, "zone-a").start()
+    with contextlib.ExitStack() as proxies:
+        a, b = _two_proxies(proxies, kafka_cluster, tmp_path, suffix, upload_interval_s=10.0)
+        wait_until(lambda: all(_shards_owned(p) == 1 for p in (a, b)), 60, "a shard each")
+        # a topic with a partition in each proxy's shard (4 partitions: nearly always)
+        for attempt in range(5):
+            topic = f"wal-only-{suffix}-{attempt}"
+            create_topic(kafka_cluster, topic, 4)
+            assert topics_command("tier", topic, a.proxy.tiering.peer_port).returncode == 0
+            topic_id = tiered_topic_id(a, topic)
+            shards = {shard_of(s, SHARDS) for s in _streams(topic_id, 4)}
+            if len(shards) == SHARDS:
+                break
+        else:
+            pytest.fail("five topics in a row had every partition in one shard")
+        coordinator, other = sorted(
+            (a, b),
+            key=lambda p: p.proxy.tiering.assignment.owner(topic_shard(topic_id, SHARDS)) is None,
+        )
+        wait_until(lambda: _cut_over(a, topic_id, 4) and _cut_over(b, topic_id, 4), 30, "cutover")
+        first = LoadProducer("w", a.bootstrap, topic, 4, 200, "zone-a").start()
         time.sleep(1.0)
         first.stop()
         assert not first.errors and first.flushed == 0
-        s = stream_id(topic_id, 0)
-        assert a.proxy.tiering.state(s).stream_end(s) == 0, "uploaded already: too slow a run"
-        refused = topics_command("untier", topic, a.proxy.tiering.peer_port)
+        ends = Counter(x.partition for x in first.acks)
+        assert all(coordinator.proxy.tiering.state(s).stream_end(s) == 0
+                   for s in _streams(topic_id, 4)), "uploaded already: too slow a run"  # fmt: skip
+        refused = topics_command("untier", topic, coordinator.proxy.tiering.peer_port)
         assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert f"holds offsets [0, {len(first.acks)})" in refused.stdout, refused.stdout
-        assert "not all uploaded yet" in refused.stdout
-        assert a.proxy.tiering.topics.topic(topic) is not None
-        second = LoadProducer("z", a.bootstrap, topic, 1, 200, "zone-a").start()
+        for partition, end in ends.items():
+            s = stream_id(topic_id, partition)
+            owner = coordinator if coordinator.proxy.tiering._owned_here(s) else other
+            expected = (
+                f"stream {s} (topic id {topic_id} partition {partition}) holds offsets "
+                f"[0, {end}) written after its cutover and not all uploaded yet: they exist "
+                f"only in the WAL and objects of {owner.proxy.tiering.name}"
+            )
+            assert expected in refused.stdout, (expected, refused.stdout)
+        assert any(not coordinator.proxy.tiering._owned_here(stream_id(topic_id, p)) for p in ends)
+        assert coordinator.proxy.tiering.topics.topic(topic) is not None
+        for proxy in (a, b):  # started again everywhere
+            wait_until(lambda p=proxy: not p.proxy.tiering.seals.streams_of(topic_id), 10, "unseal")
+        second = LoadProducer("z", b.bootstrap, topic, 4, 200, "zone-b").start()
         time.sleep(1.0)
         second.stop()
         assert not second.errors and second.flushed == 0
-    assert kafka_ends(kafka_cluster.bootstrap, topic, 1) == {0: (0, 0)}
+    assert kafka_ends(kafka_cluster.bootstrap, topic, 4) == {p: (0, 0) for p in range(4)}
     states = asyncio.run(metadata_states(kafka_cluster.bootstrap, f"meta-{suffix}", SHARDS))
 
     async def read_objects():
         async with LocalDirectoryStore(tmp_path / "objects") as store:
-            return await committed_records(store, states, topic_id, 1)
+            return await committed_records(store, states, topic_id, 4)
 
-    committed = asyncio.run(read_objects())[0]
-    acked = {x.offset: x.value for x in first.acks + second.acks}
-    assert committed == acked
-    assert sorted(committed) == list(range(len(first.acks) + len(second.acks)))
+    committed = asyncio.run(read_objects())
+    for partition in range(4):
+        acked = {x.offset: x.value for x in first.acks + second.acks if x.partition == partition}
+        assert committed[partition] == acked, partition
+        assert sorted(committed[partition]) == list(range(len(acked)))
+
+
+def _shards_owned(proxy: ProxyThread) -> int:
+    assignment = proxy.proxy.tiering.assignment
+    return sum(assignment.owner(k) is not None for k in range(SHARDS))

@@ -196,7 +196,7 @@ def test_split_sends_upstream_a_sessionless_fetch_of_the_passthrough_partitions(
     body = encode(request(version, session_id=41, session_epoch=7, forgotten=[("a", (9,))]))
     resolve = {key(version, name): name for name in LAYOUT}
     upstream, tiered = split(
-        read_fetch_request(version, body), lambda topic, p: predicate(resolve[topic], p)
+        read_fetch_request(version, body), lambda topic, p: predicate(resolve[topic], p.partition)
     )
 
     kept = only(LAYOUT, lambda name, p: not predicate(name, p))
@@ -224,7 +224,9 @@ def test_split_sends_upstream_a_sessionless_fetch_of_the_passthrough_partitions(
 @pytest.mark.parametrize("version", VERSIONS)
 def test_split_overrides_wait_and_sizes_when_asked(version):
     view = read_fetch_request(version, encode(request(version, max_wait=500 * MS, min_bytes=9)))
-    upstream, _ = split(view, lambda t, p: p == 0, max_wait_ms=0, min_bytes=1, max_bytes=777)
+    upstream, _ = split(
+        view, lambda t, p: p.partition == 0, max_wait_ms=0, min_bytes=1, max_bytes=777
+    )
     kept = only(LAYOUT, lambda name, p: p != 0)
     expected = sessionless(version, kept, max_wait=0 * MS, min_bytes=1, max_bytes=777)
     assert decode(REQUESTS[version], upstream) == expected
@@ -243,7 +245,7 @@ def test_split_keeps_tagged_fields_as_they_came(version):
     )
     partitions = (first.partitions[0], tagged, *first.partitions[2:])
     sent = dataclasses.replace(sent, topics=(dataclasses.replace(first, partitions=partitions),))
-    upstream, _ = split(read_fetch_request(version, encode(sent)), lambda t, p: p == 0)
+    upstream, _ = split(read_fetch_request(version, encode(sent)), lambda t, p: p.partition == 0)
     expected = dataclasses.replace(
         sent,
         topics=(dataclasses.replace(first, partitions=partitions[1:]),),
@@ -259,7 +261,7 @@ def test_split_keeps_a_tag_kio_does_not_know():
     assert body.endswith(b"\x00\x00\x01\x07zone-a\x00")
     unknown = b"\x01\x05\x02ab"  # one tagged field: tag 5, 2 bytes
     tagged = body[:-1] + unknown
-    upstream, _ = split(read_fetch_request(12, tagged), lambda t, p: p == 0)
+    upstream, _ = split(read_fetch_request(12, tagged), lambda t, p: p.partition == 0)
     assert upstream.endswith(b"\x07zone-a" + unknown)
 
 

@@ -1,9 +1,11 @@
 """The peer protocol codec: each message round trips, the frame layout is as documented,
-records decode as a view of the received bytes, and every kind of bad frame is refused with
-a PeerProtocolError naming what is wrong."""
+records are framed without a copy and decode as a view of the received bytes, every kind of
+bad frame is refused with a PeerProtocolError naming what is wrong, and a message that
+cannot be built is a plain ValueError."""
 
 from __future__ import annotations
 
+import array
 import struct
 import uuid
 
@@ -17,11 +19,14 @@ from proxy.tiering.peer_codec import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    FetchRequest,
+    FetchResponse,
     PeerFrameReader,
     PeerProtocolError,
     decode_frame,
     encode,
     encode_frame,
+    frame_size,
     read_frame,
 )
 from proxy.wal.s3walobject import S3WalLocation
@@ -40,6 +45,11 @@ MESSAGES = [
     AdminRequest(7, "untier", "ünïcode.topic", TOPIC_ID),
     AdminResponse(8, 0, "tiered"),
     AdminResponse(9, -1, ""),
+    FetchRequest(10, 42, 0, 1 << 20, 500),
+    FetchRequest(0xFFFF_FFFF, (1 << 64) - 1, (1 << 63) - 1, (1 << 31) - 1, (1 << 31) - 1),
+    FetchResponse(11, 0, 1003, 1000, (b"\x00" * 61 + b"batch",)),
+    FetchResponse(12, 1, 7, 0),
+    FetchResponse(13, -1, -(1 << 63), (1 << 63) - 1),
 ]
 
 
@@ -84,6 +94,59 @@ def test_direct_records_are_written_as_given_and_decoded_as_a_view_of_the_buffer
     assert bytes(decoded.records[-1:]) == b"X"
 
 
+def test_fetch_frames_are_laid_out_as_documented():
+    request = encode_frame(FetchRequest(0x01020304, 42, 7, 1024, 500))
+    assert request[8:14] == b"\x01\x05\x01\x02\x03\x04"  # version 1, type 5, correlation id
+    assert request[14:] == struct.pack(">Qqii", 42, 7, 1024, 500)
+    response = encode_frame(FetchResponse(9, 0, 12, 3, (b"ab", b"cde")))
+    length, crc = struct.unpack_from(">II", response)
+    assert (length, crc) == (len(response) - 8, crc32c(response[8:]))
+    assert response[8:14] == b"\x01\x06\x00\x00\x00\x09"
+    assert response[14:] == struct.pack(">hqqI", 0, 12, 3, 5) + b"abcde"
+
+
+def test_fetch_records_are_written_as_given_and_decoded_as_one_view_of_the_frame():
+    pieces = [memoryview(bytearray(b"A" * 300)), b"B" * 200, bytearray(b"C" * 100)]
+    written = encode(FetchResponse(1, 0, 3, 0, pieces))
+    assert len(written) == 4
+    assert all(out is given for out, given in zip(written[1:], pieces, strict=True))
+    buf = bytearray(b"".join(written))
+    [view] = decode_frame(buf).records
+    assert isinstance(view, memoryview)
+    assert view.obj is buf
+    assert bytes(view) == b"A" * 300 + b"B" * 200 + b"C" * 100
+    buf[-1:] = b"X"  # the view sees the buffer it was read from
+    assert bytes(view[-1:]) == b"X"
+
+
+@pytest.mark.parametrize(
+    "records", [(), [], [b""], (memoryview(b""), bytearray())], ids=["()", "[]", "b''", "views"]
+)
+def test_a_fetch_answer_without_records_has_no_pieces(records):
+    response = FetchResponse(1, 0, 5, 5, records)
+    assert response.records == ()
+    written = encode(response)
+    assert len(written) == 1
+    assert written[0][-4:] == b"\x00\x00\x00\x00"  # records size 0
+    assert decode_frame(written[0]) == response
+
+
+def test_records_are_counted_in_bytes_not_items():
+    ints = memoryview(array.array("I", [1, 2, 3]))  # len 3, 12 bytes
+    response = FetchResponse(1, 0, records=[ints])
+    assert response.records_size == 12
+    frame = encode_frame(response)
+    assert frame_size(response) == len(frame) == HEADER_SIZE + 22 + 12
+    assert bytes(decode_frame(frame).records[0]) == ints.tobytes()
+    append = encode_frame(AppendRequest(1, 7, -1, 10, records=ints))
+    assert bytes(decode_frame(append).records) == ints.tobytes()
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_frame_size_is_the_size_of_the_frame(message):
+    assert frame_size(message) == len(encode_frame(message))
+
+
 def test_location_round_trips_with_the_request_stream_id():
     decoded = decode_frame(encode_frame(AppendRequest(9, 42, -1, 100, location=LOCATION)))
     assert decoded.location == LOCATION
@@ -125,6 +188,37 @@ def test_other_misuse_is_a_value_error():
         AppendResponse(1, 56, error_message="x" * 40_000)
     with pytest.raises(ValueError, match="over the limit 100"):
         encode(AppendRequest(1, 1, -1, 10, records=b"x" * 100), max_frame_bytes=100)
+    with pytest.raises(ValueError, match="FetchResponse frame of 136 bytes is over the limit 100"):
+        encode(FetchResponse(1, 0, records=[b"x" * 50, b"y" * 50]), max_frame_bytes=100)
+
+
+@pytest.mark.parametrize(
+    "cls, args, error",
+    [
+        (FetchRequest, (1 << 32, 42, 0, 1, 1), "correlation_id"),
+        (FetchRequest, (1, -1, 0, 1, 1), "stream_id -1"),
+        (FetchRequest, (1, 1 << 64, 0, 1, 1), "stream_id"),
+        (FetchRequest, (1, 42, -1, 1, 1), "offset -1"),
+        (FetchRequest, (1, 42, 1 << 63, 1, 1), "offset"),
+        (FetchRequest, (1, 42, 0, -1, 1), "max_bytes -1"),
+        (FetchRequest, (1, 42, 0, 1 << 31, 1), "max_bytes"),
+        (FetchRequest, (1, 42, 0, 1.5, 1), "max_bytes 1.5"),
+        (FetchRequest, (1, 42, 0, 1, -1), "max_wait_ms -1"),
+        (FetchRequest, (1, 42, 0, 1, 1 << 31), "max_wait_ms"),
+        (FetchResponse, (1, 1 << 15), "error_code"),
+        (FetchResponse, (1, 0, 1 << 63), "high_watermark"),
+        (FetchResponse, (1, 0, 0, -(1 << 63) - 1), "log_start_offset"),
+        (FetchResponse, (1, 0, 0, 0, b"batch"), "bytes: must be a sequence of pieces"),
+        (FetchResponse, (1, 0, 0, 0, None), "NoneType: must be a sequence of pieces"),
+        (FetchResponse, (1, 0, 0, 0, ["batch"]), "piece of type str"),
+        (FetchResponse, (1, 0, 0, 0, [b"ok", 7]), "piece of type int"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_fetch_that_cannot_be_built_is_a_value_error(cls, args, error):
+    with pytest.raises(ValueError, match=error) as info:
+        cls(*args)
+    assert not isinstance(info.value, PeerProtocolError)
 
 
 def test_bad_crc_is_refused():
@@ -134,10 +228,11 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-def test_unknown_type_and_version_are_refused():
+@pytest.mark.parametrize("kind", [0, 7, 255])
+def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
-    body[1] = 9
-    with pytest.raises(PeerProtocolError, match="unknown message type 9"):
+    body[1] = kind
+    with pytest.raises(PeerProtocolError, match=f"unknown message type {kind}"):
         decode_frame(reframe(bytes(body)))
     body[0], body[1] = 2, 4
     with pytest.raises(PeerProtocolError, match="unsupported version 2"):
@@ -190,6 +285,12 @@ def test_an_oversized_or_undersized_length_is_refused_from_its_four_bytes():
         (struct.pack(">BBIH", 1, 3, 1, 2) + b"\xff\xfe", "admin op is not UTF-8"),
         (struct.pack(">BBIhqqqh", 1, 2, 1, 0, 0, 0, 0, -2), "error message size -2"),
         (struct.pack(">BBIhH", 1, 4, 1, 0, 3) + b"\x00", "truncated admin response message"),
+        (struct.pack(">BBIQqii", 1, 5, 1, 42, -1, 1, 1), "message type 5: offset -1"),
+        (struct.pack(">BBIQqii", 1, 5, 1, 42, 0, -1, 1), "message type 5: max_bytes -1"),
+        (struct.pack(">BBIQqii", 1, 5, 1, 42, 0, 1, -5), "message type 5: max_wait_ms -5"),
+        (struct.pack(">BBIQqi", 1, 5, 1, 42, 0, 1), "truncated fetch request: 20 of 24"),
+        (struct.pack(">BBIhqqI", 1, 6, 1, 0, 0, 0, 3) + b"ab", "truncated records: 2 of 3"),
+        (struct.pack(">BBIhqqI", 1, 6, 1, 0, 0, 0, 1) + b"ab", "1 trailing bytes after a Fetch"),
     ],
 )
 def test_bad_bodies_are_refused_with_the_reason(body, error):

@@ -1,0 +1,160 @@
+"""Reads of tiered partitions (docs/tiering.md, "Reading a tiered topic").
+
+Any proxy answers a tiered partition's offsets committed to objects, through its block
+cache, so a consumer reads in its own zone. The owner also answers the tail not uploaded
+yet, from its log cache. A proxy that does not own the partition answers up to the
+committed end and takes that as the high watermark; its consumers see the tail once it
+is uploaded (`upload_interval_s`). Offsets below the cutover that no object holds yet are
+not read here: `fetch_here` sends those partitions to Kafka.
+
+A corrupt object fails that partition with CORRUPT_MESSAGE, a missing or unreadable one
+with KAFKA_STORAGE_ERROR (retriable); the other partitions are answered, and the log
+names the object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Hashable, Sequence
+
+from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
+from proxy.tiering.blockcache import BlockCache
+from proxy.tiering.logcache import LogCache
+from proxy.tiering.objectformat import ObjectFormatError
+from proxy.tiering.objectstore import ObjectStoreError
+from proxy.tiering.stream_reader import StreamReader
+from proxy.tiering.topic_index import stream_of
+
+log = logging.getLogger("tierproxy.reads")
+
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+NOT_LEADER_OR_FOLLOWER = 6
+KAFKA_STORAGE_ERROR = 56
+
+Key = tuple[object, int]  # (topic name or id, partition)
+
+
+class TieredReads:
+    def __init__(self, service, cache: BlockCache, log_cache: LogCache) -> None:
+        self.service = service  # server.tiering.TieringService
+        self.cache = cache
+        self.reader = StreamReader(cache)
+        self.log_cache = log_cache
+
+    def fetch_here(self, topic: object, p: FetchPartitionView) -> bool:
+        """Whether the proxy answers this partition of a Fetch: a partition cut over, at
+        an offset past its cutover or one an object holds."""
+        found = self.service.topics.topic(topic)
+        if found is None:
+            return False
+        stream = stream_of(found, p.partition)
+        state = self.service.state(stream)
+        info = state.stream(stream)
+        if info is None:
+            return False
+        if p.fetch_offset >= info.cutover_offset:
+            return True
+        return bool(state.objects_for(stream, p.fetch_offset, limit=1))
+
+    async def high_watermark(self, stream: int) -> int:
+        """The owner's high watermark here; elsewhere the committed end."""
+        partition = self.service.partitions.get(stream)
+        if partition is not None:
+            return partition.high_watermark
+        state = self.service.state(stream)
+        end = state.stream_end(stream)
+        return end if end is not None else (state.cutover(stream) or 0)
+
+    async def fetch(
+        self,
+        parts: Sequence[TieredFetchPartition],
+        *,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+        reader: Hashable,
+    ) -> dict[Key, TieredFetchResult]:
+        """Every partition's answer, in request order within `max_bytes` (the first
+        batch whole); waits up to `max_wait_ms` for `min_bytes` (0: answer now)."""
+        deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
+        while True:
+            results = await self._read_all(parts, max_bytes, reader)
+            got = sum(sum(len(piece) for piece in r.records) for r in results.values())
+            left = deadline - time.monotonic()
+            if min_bytes <= 0 or got >= min_bytes or left <= 0:
+                return results
+            if any(r.error_code != NONE for r in results.values()):
+                return results
+            await self._wait_for_data(parts, left)
+
+    async def _read_all(
+        self, parts: Sequence[TieredFetchPartition], max_bytes: int, reader: Hashable
+    ) -> dict[Key, TieredFetchResult]:
+        results: dict[Key, TieredFetchResult] = {}
+        room = max_bytes
+        for part in parts:
+            limit = min(part.partition_max_bytes, room) if results else part.partition_max_bytes
+            result = await self._read_one(part, max(limit, 0), reader)
+            results[part.topic, part.partition] = result
+            room -= sum(len(piece) for piece in result.records)
+        return results
+
+    async def _read_one(
+        self, part: TieredFetchPartition, max_bytes: int, reader: Hashable
+    ) -> TieredFetchResult:
+        service = self.service
+        found = service.topics.topic(part.topic)
+        stream = None if found is None else stream_of(found, part.partition)
+        info = None if stream is None else service.state(stream).stream(stream)
+        if stream is None or info is None:  # untiered since the split: the client retries
+            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+        state = service.state(stream)
+        partition = service.partitions.get(stream)
+        end = partition.high_watermark if partition is not None else state.stream_end(stream)
+        end = info.cutover_offset if end is None else end
+        log_start = info.log_start_offset
+        offset = part.fetch_offset
+        if offset < log_start or (partition is not None and offset > end):
+            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+        records: Sequence[memoryview] = ()
+        if max_bytes > 0 and offset < end:
+            try:
+                found_batches = await self.reader.read(
+                    state, stream, offset, max_bytes, reader_id=(reader, stream)
+                )
+            except ObjectFormatError as exc:
+                log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
+                return TieredFetchResult(CORRUPT_MESSAGE, end, end, log_start)
+            except ObjectStoreError as exc:
+                log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
+                return TieredFetchResult(KAFKA_STORAGE_ERROR, end, end, log_start)
+            records = found_batches.batches
+            if not records and partition is not None:
+                records, _ = self.log_cache.read(stream, offset, max_bytes)
+        return TieredFetchResult(NONE, end, end, log_start, None, -1, tuple(records))
+
+    async def _wait_for_data(self, parts: Sequence[TieredFetchPartition], left_s: float) -> None:
+        """Until a partition here may have more (an append on an owned one, a metadata
+        record for the others), at most `left_s`."""
+        service = self.service
+        waits = [asyncio.ensure_future(service.changed(left_s))]
+        for part in parts:
+            found = service.topics.topic(part.topic)
+            if found is None:
+                continue
+            stream = stream_of(found, part.partition)
+            if service.partitions.get(stream) is not None:
+                end = self.log_cache.end_offset(stream)
+                at = max(part.fetch_offset, end if end is not None else part.fetch_offset)
+                wait = self.log_cache.wait_for_data(stream, at, left_s * 1000)
+                waits.append(asyncio.ensure_future(wait))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
