@@ -1,11 +1,11 @@
 """Reads of tiered partitions (docs/tiering.md, "Reading a tiered topic").
 
 Any proxy answers a tiered partition's offsets committed to objects, through its block
-cache, so a consumer reads in its own zone. The owner also answers the tail not uploaded
-yet, from its log cache. A proxy that does not own the partition answers up to the
-committed end and takes that as the high watermark; its consumers see the tail once it
-is uploaded (`upload_interval_s`). Offsets below the cutover that no object holds yet are
-not read here: `fetch_here` sends those partitions to Kafka.
+cache, so a consumer reads in its own zone. The tail not uploaded yet is in the owner's
+log cache: the owner answers it, and a proxy that does not own the partition asks the
+owner for it over the peer protocol (those bytes cross zones; only the tail does). If the
+owner does not answer, the committed end is the high watermark. Offsets below the cutover
+that no object holds yet are not read here: `fetch_here` sends those partitions to Kafka.
 
 A corrupt object fails that partition with CORRUPT_MESSAGE, a missing or unreadable one
 with KAFKA_STORAGE_ERROR (retriable); the other partitions are answered, and the log
@@ -24,6 +24,8 @@ from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.objectformat import ObjectFormatError
 from proxy.tiering.objectstore import ObjectStoreError
+from proxy.tiering.peer_codec import frame_size
+from proxy.tiering.peer_messages import FetchRequest, FetchResponse
 from proxy.tiering.stream_reader import StreamReader
 from proxy.tiering.topic_index import stream_of
 
@@ -36,6 +38,8 @@ NOT_LEADER_OR_FOLLOWER = 6
 KAFKA_STORAGE_ERROR = 56
 
 Key = tuple[object, int]  # (topic name or id, partition)
+FETCH_REQUEST_BYTES = frame_size(FetchRequest(0, 0, 0, 0, 0))
+FETCH_ANSWER_BYTES = frame_size(FetchResponse(0, 0))  # and the records
 
 
 class TieredReads:
@@ -61,13 +65,58 @@ class TieredReads:
         return bool(state.objects_for(stream, p.fetch_offset, limit=1))
 
     async def high_watermark(self, stream: int) -> int:
-        """The owner's high watermark here; elsewhere the committed end."""
+        """The owner's high watermark: here, or asked of the owner; the committed end if
+        the owner does not answer."""
         partition = self.service.partitions.get(stream)
         if partition is not None:
             return partition.high_watermark
         state = self.service.state(stream)
         end = state.stream_end(stream)
-        return end if end is not None else (state.cutover(stream) or 0)
+        end = end if end is not None else (state.cutover(stream) or 0)
+        tail = await self._owner_tail(stream, end, 0, 0)
+        return max(end, tail.high_watermark) if tail is not None else end
+
+    async def serve_tail(self, request) -> TieredFetchResult:
+        """A peer's fetch (peer_messages.FetchRequest) of a stream owned here: the log
+        cache from `offset` on, after waiting up to max_wait_ms for data past it."""
+        stream, offset = request.stream_id, request.offset
+        partition = self.service.partitions.get(stream)
+        if partition is not None and request.max_wait_ms > 0 and partition.high_watermark <= offset:
+            await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
+            partition = self.service.partitions.get(stream)
+        if partition is None:
+            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+        end, start = partition.high_watermark, partition.log_start_offset
+        if offset > end:
+            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, start)
+        records: Sequence[memoryview] = ()
+        if request.max_bytes > 0:
+            records, _ = self.log_cache.read(stream, offset, request.max_bytes)
+        return TieredFetchResult(NONE, end, end, start, None, -1, tuple(records))
+
+    async def _owner_wakes(self, stream: int, offset: int, left_s: float) -> None:
+        """Until the owner has data past `offset` (a long poll on it), at most `left_s`;
+        the whole time if it does not answer (no busy loop while it is away)."""
+        started = time.monotonic()
+        if await self._owner_tail(stream, offset, 0, int(left_s * 1000)) is None:
+            await asyncio.sleep(max(left_s - (time.monotonic() - started), 0))
+
+    async def _owner_tail(self, stream: int, offset: int, max_bytes: int, max_wait_ms: int):
+        """The owner's answer (peer_messages.FetchResponse) for the tail from `offset`;
+        None when it has no live owner elsewhere or does not answer."""
+        service = self.service
+        address = service._owner_address(stream)  # noqa: SLF001
+        if address is None:
+            return None
+        try:
+            answer = await service.peers.fetch(address, stream, offset, max_bytes, max_wait_ms)
+        except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:  # Runtime: closed
+            log.debug("tail of stream %d from %s: %r", stream, address, exc)
+            return None
+        size = sum(len(memoryview(piece)) for piece in answer.records)
+        service.count_peer_bytes(address, "tail_request", FETCH_REQUEST_BYTES)
+        service.count_peer_bytes(address, "tail_answer", FETCH_ANSWER_BYTES + size)
+        return answer if answer.error_code in (NONE, OFFSET_OUT_OF_RANGE) else None
 
     async def fetch(
         self,
@@ -135,6 +184,13 @@ class TieredReads:
             records = found_batches.batches
             if not records and partition is not None:
                 records, _ = self.log_cache.read(stream, offset, max_bytes)
+        if not records and partition is None and max_bytes > 0:  # the tail, on its owner
+            tail = await self._owner_tail(stream, offset, max_bytes, 0)
+            if tail is not None:
+                end = max(end, tail.high_watermark)
+                if tail.error_code == OFFSET_OUT_OF_RANGE:
+                    return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+                records = tail.records
         return TieredFetchResult(NONE, end, end, log_start, None, -1, tuple(records))
 
     async def _wait_for_data(self, parts: Sequence[TieredFetchPartition], left_s: float) -> None:
@@ -151,7 +207,11 @@ class TieredReads:
                 end = self.log_cache.end_offset(stream)
                 at = max(part.fetch_offset, end if end is not None else part.fetch_offset)
                 wait = self.log_cache.wait_for_data(stream, at, left_s * 1000)
-                waits.append(asyncio.ensure_future(wait))
+            else:  # the owner answers once it has data past the committed end
+                committed = service.state(stream).stream_end(stream) or 0
+                at = max(part.fetch_offset, committed)
+                wait = self._owner_wakes(stream, at, left_s)
+            waits.append(asyncio.ensure_future(wait))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from proxy.apis.fetch_split import TieredFetchResult
 from proxy.server.cutover import CutoverLoop
 from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
 from proxy.server.seals import Seals
@@ -40,6 +41,7 @@ from proxy.tiering.objectstore import ObjectStore
 from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest
+from proxy.tiering.peer_messages import FetchRequest
 from proxy.tiering.s3store import S3Store
 from proxy.tiering.settings import TieringConfig
 from proxy.tiering.storemetrics import ObjectStoreMetrics
@@ -159,7 +161,11 @@ class TieringService:
         )
         self.reads = TieredReads(self, self.block_cache, self.log_cache)
         self.peer_server = PeerServer(
-            config.peer_bind_host, config.peer_port, self._on_peer_append, self._on_peer_admin
+            config.peer_bind_host,
+            config.peer_port,
+            self._on_peer_append,
+            self._on_peer_admin,
+            self._on_peer_fetch,
         )
         await self.peer_server.start()
         self.s3wal_reader = S3WalReader(self.store)
@@ -338,16 +344,16 @@ class TieringService:
             started.set_result(None)
             if self._sends.get(stream) is started:
                 del self._sends[stream]
-        self._count_peer_bytes(address, "to_owner", _request_bytes(records, payload))
+        self.count_peer_bytes(address, "to_owner", _request_bytes(records, payload))
         try:
             result = await call
         except (PeerUnavailable, TimeoutError, OSError) as exc:
             return _not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
         if result is not None:
-            self._count_peer_bytes(address, "from_owner", _response_bytes(result))
+            self.count_peer_bytes(address, "from_owner", _response_bytes(result))
         return result
 
-    def _count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None:
+    def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None:
         owner_zone = self._zones_by_address.get(address)
         if owner_zone is None:
             for member in self.proxy.fleet.live():
@@ -405,6 +411,10 @@ class TieringService:
                 del self._arrivals[stream]
         result = await call
         return result if result is not None else ProduceResult(0)
+
+    async def _on_peer_fetch(self, request: FetchRequest) -> TieredFetchResult:
+        assert self.reads is not None
+        return await self.reads.serve_tail(request)
 
     async def _on_peer_admin(self, request: AdminRequest) -> tuple[int, str]:
         return await self.cutover.admin(request.op, request.topic, request.topic_id)

@@ -13,6 +13,7 @@ within its max wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import subprocess
@@ -220,7 +221,7 @@ def test_every_client_reads_a_tiered_topic_across_the_cutover(kafka_cluster, tmp
         rest = _librdkafka(proxy.bootstrap, topic, group, total - len(first))
         _check("librdkafka resumed", sorted(first + rest), expected)
 
-        took = _tail(proxy.bootstrap, topic, len(expected[0]))
+        took = _tail(proxy.bootstrap, proxy.bootstrap, topic, 0, len(expected[0]))
         print(f"a consumer at the end got a new record {took:.3f} s after it was sent")
 
 
@@ -243,28 +244,151 @@ def _check_offsets(bootstrap: str, topic: str, expected, cutover: dict[int, int]
         consumer.close()
 
 
-def _tail(bootstrap: str, topic: str, end: int) -> float:
-    """Seconds from sending a record to partition 0 to a consumer parked at its end
-    (`end`, where ListOffsets LATEST put it) getting it."""
+def test_a_proxy_not_owning_a_partition_serves_its_tail_from_the_owner(kafka_cluster, tmp_path):
+    """Two proxies in two zones own a metadata shard each; nothing is uploaded (uploads on
+    demand only). A consumer reads, through its zone's proxy, a partition the other proxy
+    owns: the whole tail comes from the owner's log cache over the peer protocol, with the
+    owner's high watermark, and a consumer parked at the end wakes on a new record. Then,
+    uploaded, the same records come from the objects, read in the consumer's zone."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"tail-{suffix}"
+    create_topic(kafka_cluster, topic, 4)
+    base = free_port_block(16)
+    proxies = []
+    with contextlib.ExitStack() as stack:
+        for n, zone in enumerate(("zone-a", "zone-b")):
+            config = proxy_config(
+                kafka_cluster, tmp_path, f"t{n}-{suffix}", zone, suffix, base + 8 * n,
+                upload_interval_s=3600.0,
+            )  # fmt: skip
+            proxies.append(stack.enter_context(ProxyThread(parse_config(config))))
+            if n == 0:
+                wait_owned(proxies, SHARDS)
+        a, b = proxies
+        deadline = time.monotonic() + 60
+        while not all(_owned_shards(p) == 1 for p in proxies):
+            assert time.monotonic() < deadline, "the shards were not shared"
+            time.sleep(0.2)
+        assert topics_command("tier", topic, a.proxy.tiering.peer_port).returncode == 0
+        topic_id = tiered_topic_id(b, topic)
+        partition, stream = 0, stream_id(topic_id, 0)
+        owner, reader = (a, b) if a.proxy.tiering._owned_here(stream) else (b, a)
+        owner_zone, reader_zone = owner.proxy.config.fleet.zone, reader.proxy.config.fleet.zone
+        deadline = time.monotonic() + 30
+        while owner.proxy.tiering.partitions.get(stream) is None:
+            assert time.monotonic() < deadline, "the partition did not start"
+            time.sleep(0.1)
+        assert reader.proxy.tiering.partitions.get(stream) is None
+
+        values = [f"v-{n}".encode() for n in range(500)]
+        producer = Producer(
+            {"bootstrap.servers": owner.bootstrap, "enable.idempotence": True,
+             "client.id": f"w,tierproxy_az={owner_zone}"}
+        )  # fmt: skip
+        for value in values:
+            producer.produce(topic, value, partition=partition)
+        assert producer.flush(30) == 0
+        assert reader.proxy.tiering.state(stream).stream_end(stream) == 0, "uploaded already"
+
+        def read_elsewhere(group: str, values: list[bytes]) -> list[bytes]:
+            consumer = Consumer(
+                {"bootstrap.servers": reader.bootstrap, "group.id": group,
+                 "client.id": f"r,tierproxy_az={reader_zone}"}
+            )  # fmt: skip
+            try:
+                tp = TopicPartition(topic, partition)
+                assert consumer.get_watermark_offsets(tp, timeout=30) == (0, len(values))
+                consumer.assign([TopicPartition(topic, partition, 0)])
+                got: list[bytes] = []
+                deadline = time.monotonic() + 60
+                while len(got) < len(values) and time.monotonic() < deadline:
+                    msg = consumer.poll(0.2)
+                    if msg is not None:
+                        assert msg.error() is None, msg.error()
+                        assert msg.offset() == len(got)
+                        got.append(msg.value())
+                return got
+            finally:
+                consumer.close()
+
+        before = _peer_bytes(b, "tail_answer")
+        assert read_elsewhere(f"g1-{suffix}", values) == values
+        assert _peer_bytes(b, "tail_answer") - before > sum(map(len, values))
+
+        zones = (reader_zone, owner_zone)
+        end = _tail(reader.bootstrap, owner.bootstrap, topic, partition, len(values), zones)
+        print(f"a consumer at the end, not on the owner, got a new record {end:.3f} s later")
+
+        owner.run(lambda: owner.proxy.tiering.uploader.flush())
+        deadline = time.monotonic() + 30
+        while (reader.proxy.tiering.state(stream).stream_end(stream) or 0) < len(values) + 1:
+            assert time.monotonic() < deadline, "the reader did not read the commit"
+            time.sleep(0.1)
+        before, gets = _peer_bytes(b, "tail_answer"), reader.proxy.tiering.block_cache.gets
+        values.append(b"new")
+        assert read_elsewhere(f"g2-{suffix}", values) == values
+        # what still went to the owner: its high watermark and long polls at the end,
+        # answers without records
+        assert _peer_bytes(b, "tail_answer") - before < sum(map(len, values)), "read from the owner"
+        assert reader.proxy.tiering.block_cache.gets > gets
+
+
+def _owned_shards(proxy: ProxyThread) -> int:
+    assignment = proxy.proxy.tiering.assignment
+    return sum(assignment.owner(k) is not None for k in range(SHARDS))
+
+
+def _peer_bytes(proxy: ProxyThread, direction: str) -> float:
+    total = 0.0
+    for metric in proxy.proxy.metrics.registry.collect():
+        for sample in metric.samples:
+            if (
+                sample.name == "tierproxy_peer_bytes_total"
+                and sample.labels.get("direction") == direction
+            ):
+                total += sample.value
+    return total
+
+
+def _tail(
+    bootstrap: str,
+    producer_bootstrap: str,
+    topic: str,
+    partition: int,
+    end: int,
+    zones: tuple[str, str] = ("zone-a", "zone-a"),
+):
+    """Seconds from sending a record (through `producer_bootstrap`) to a consumer parked
+    at the partition's end (through `bootstrap`) getting it; `zones`: the consumer's and
+    the producer's."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"tail-{topic}", "fetch.wait.max.ms": 500}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"tail-{bootstrap}-{topic}",
+            "fetch.wait.max.ms": 500,
+            "client.id": f"t,tierproxy_az={zones[0]}",
+        }
     )
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    producer = Producer(
+        {
+            "bootstrap.servers": producer_bootstrap,
+            "enable.idempotence": True,
+            "client.id": f"p,tierproxy_az={zones[1]}",
+        }
+    )
     try:
-        latest = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
-        assert latest == end
-        consumer.assign([TopicPartition(topic, 0, latest)])
+        consumer.assign([TopicPartition(topic, partition, end)])
         parked = time.monotonic() + 2
-        while time.monotonic() < parked:  # fetching at the end: nothing comes
+        while time.monotonic() < parked:
             assert consumer.poll(0.2) is None, "a record before the new one"
         sent = time.monotonic()
-        producer.produce(topic, b"tail-new", partition=0)
+        producer.produce(topic, b"new", partition=partition)
         assert producer.flush(30) == 0
         while time.monotonic() < sent + 30:
             msg = consumer.poll(0.1)
             if msg is not None:
                 assert msg.error() is None, msg.error()
-                assert (msg.value(), msg.offset()) == (b"tail-new", end)
+                assert (msg.value(), msg.offset()) == (b"new", end)
                 return time.monotonic() - sent
         raise AssertionError("the new record never came")
     finally:
