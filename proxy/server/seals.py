@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from proxy.server.peers import PeerUnavailable
+from proxy.server.peer_clients import PeerUnavailable
 from proxy.tiering.metastreams import shard_of, stream_id
 from proxy.tiering.partition import RecoveryError
 

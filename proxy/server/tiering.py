@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.server.cutover import CutoverLoop
-from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
+from proxy.server.peer_clients import PeerClients, PeerUnavailable
+from proxy.server.peer_server import PeerServer
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
 from proxy.tiering.blockcache import BlockCache

@@ -8,7 +8,7 @@ inline, as opaque bytes. `AdminRequest` carries `tierproxy topics tier/untier` t
 that owns the topic's metadata shard. A proxy that serves a consumer the committed offsets
 of a partition it does not own asks the owner for the tail not uploaded yet
 (`FetchRequest`, answered by `FetchResponse`). The messages are `peer_messages.py` (their
-classes import from here too); `proxy/server/peers.py` puts this on sockets.
+classes import from here too); on sockets: `proxy/server/peer_server.py`, `peer_clients.py`.
 
 Every message is one frame, big-endian::
 

@@ -21,7 +21,8 @@ import pytest
 from crc32c import crc32c
 
 from proxy.apis.fetch_split import TieredFetchResult
-from proxy.server.peers import PeerClients, PeerServer, PeerUnavailable
+from proxy.server.peer_clients import PeerClients, PeerUnavailable
+from proxy.server.peer_server import PeerServer
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
