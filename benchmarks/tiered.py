@@ -66,8 +66,9 @@ from zones import Cluster  # noqa: E402
 
 from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
 from proxy.devstack.paths import free_port, kafka_libs  # noqa: E402
-from proxy.server.tiering import APPEND_RESPONSE_FIXED  # noqa: E402
 from proxy.tiering.metastore import ShardReader  # noqa: E402
+from proxy.tiering.peer_codec import frame_size  # noqa: E402
+from proxy.tiering.peer_messages import AppendResponse  # noqa: E402
 from proxy.tiering.settings import TieringConfig  # noqa: E402
 
 ZONES = ("zone-a", "zone-b", "zone-c")
@@ -89,9 +90,10 @@ PUT_APIS = {"PutObject", "PutObjectPart", "NewMultipartUpload", "CompleteMultipa
 PUT_APIS |= {"CopyObject", "CopyObjectPart"}
 GET_APIS = {"GetObject", "HeadObject"}
 # an owner's answer to a peer append with no error message: counts the batches handed over
-ANSWER_BYTES = APPEND_RESPONSE_FIXED + 2
+ANSWER_BYTES = frame_size(AppendResponse(0, 0))
 UPLOAD_SETTINGS = ("upload_bytes", "upload_interval_s", "s3wal_max_delay_ms", "s3wal_max_bytes")
 IO = ("received", "sent")
+OBJECT_TOTALS = ("s3wal_objects", "s3wal_bytes", "upload_objects", "upload_bytes")
 PROXY_COUNTERS = ("tierproxy_zone_bytes_total", "tierproxy_peer_bytes_total")
 CROSSING = ("client_proxy", "to_brokers", "owner_hop", "replication", "metadata")
 
@@ -309,7 +311,8 @@ class Bench:
 
     def snapshot(self) -> dict:
         """Every counter a phase is measured by; `totals` only grow."""
-        totals: Counter = Counter()
+        # both kinds always counted: a run without the S3 mode has no S3-WAL object
+        totals: Counter = Counter(dict.fromkeys(OBJECT_TOTALS, 0))
         for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.minio.bucket):
             for item in page.get("Contents", []):  # S3-WAL objects are wal/..., uploads not
                 kind = "s3wal" if item["Key"].startswith("wal/") else "upload"

@@ -41,8 +41,8 @@ from proxy.tiering.metastreams import shard_of
 from proxy.tiering.objectstore import ObjectStore
 from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
-from proxy.tiering.peer_codec import AdminRequest, AppendRequest
-from proxy.tiering.peer_messages import FetchRequest
+from proxy.tiering.peer_codec import AdminRequest, AppendRequest, frame_size
+from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.s3store import S3Store
 from proxy.tiering.settings import TieringConfig
 from proxy.tiering.storemetrics import ObjectStoreMetrics
@@ -60,28 +60,10 @@ REQUEST_TIMED_OUT = 7
 INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
-# peer frame sizes (docs/tiering.md, peer_codec): 14 bytes of frame head, then an append
-# request's stream, acks, timeout and payload kind (15), an answer's 26 fixed bytes
-PEER_FRAME_HEAD = 14
-APPEND_REQUEST_FIXED = PEER_FRAME_HEAD + 15
-APPEND_RESPONSE_FIXED = PEER_FRAME_HEAD + 26
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _request_bytes(records, payload: dict) -> int:
-    """An append request's frame size: its header and stream fields, then the records
-    (direct) or the location (s3)."""
-    location = payload.get("location")
-    if location is None:
-        return APPEND_REQUEST_FIXED + 4 + len(records)  # u32 size + the bytes
-    return APPEND_REQUEST_FIXED + 2 + len(location.object_key) + 20  # key, start, end, crc
-
-
-def _response_bytes(result: ProduceResult) -> int:
-    return APPEND_RESPONSE_FIXED + 2 + len((result.error_message or "").encode())
 
 
 def _not_owner(message: str) -> ProduceResult:
@@ -345,13 +327,16 @@ class TieringService:
             started.set_result(None)
             if self._sends.get(stream) is started:
                 del self._sends[stream]
-        self.count_peer_bytes(address, "to_owner", _request_bytes(records, payload))
+        request = AppendRequest(0, stream, acks, timeout_ms, **payload)
+        self.count_peer_bytes(address, "to_owner", frame_size(request))
         try:
             result = await call
         except (PeerUnavailable, TimeoutError, OSError) as exc:
             return _not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
         if result is not None:
-            self.count_peer_bytes(address, "from_owner", _response_bytes(result))
+            self.count_peer_bytes(
+                address, "from_owner", frame_size(AppendResponse.from_result(0, result))
+            )
         return result
 
     def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None:

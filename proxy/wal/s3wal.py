@@ -3,7 +3,8 @@
 
 A proxy in the client's zone that does not own the partition makes the batch durable in
 S3, without sending it across zones, then tells the owner where it is (`S3WalLocation`);
-the owner reads exactly that range back (`S3WalReader`) and sequences it.
+the owner reads it back (`S3WalReader`, s3walreader.py: one GET per object, shared by
+the reads of its locations) and sequences it.
 
 `S3WalWriter` group-commits across partitions: appends join the open object until its
 batches reach `max_bytes` or `max_delay_s` has passed since its first append; then it is
@@ -32,10 +33,10 @@ from proxy.wal.s3walobject import (
     S3WalCorruptError,
     S3WalLocation,
     WalObjectBuilder,
-    check_range,
     check_writer_id,
     summarize_append,
 )
+from proxy.wal.s3walreader import S3WalReader
 
 __all__ = [
     "S3WalClosedError",
@@ -328,17 +329,3 @@ class S3WalWriter:
             self._room.set()
             obj.done.set()
             self._start_puts()
-
-
-class S3WalReader:
-    """Reads appends back on the owner: one ranged GET per location, checked."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        self.store = store
-
-    async def read(self, location: S3WalLocation) -> memoryview:
-        """The append's batches, verbatim (read-only; `batches.with_base_offset` gives a
-        sequenced copy). S3WalCorruptError names the object and range when the bytes are
-        short or damaged; store errors (ObjectNotFound, ObjectStoreError) pass through."""
-        data = await self.store.get(location.object_key, location.start, location.end)
-        return check_range(data, location)
