@@ -73,3 +73,38 @@ def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID
     except FrameError as exc:
         raise FrameError(f"malformed Metadata v{api_version} topics: {exc}") from None
     return topics
+
+
+def read_partition_leaders(
+    api_version: int, body: memoryview, topic: str
+) -> tuple[int, dict[int, tuple[int, int, int]]]:
+    """(the topic's error code, {partition: (error code, leader id, leader epoch)}) of
+    one topic of an answer: the offload jobs' cluster reader fetches from each leader.
+    The leader epoch is -1 before v7. LookupError if the answer does not name the topic."""
+    response = response_type(RESPONSES, API_KEY, api_version)
+    item = get_args(response.__dataclass_fields__["topics"].type)[0]
+    entry = get_args(item.__dataclass_fields__["partitions"].type)[0]
+    flexible = response.__flexible__
+    has_epoch = "leader_epoch" in entry.__dataclass_fields__
+    try:
+        count, offset = read_array_length(body, field_offset(response, body, "topics"), flexible)
+        for _ in range(max(count, 0)):
+            name, _ = read_string(body, field_offset(item, body, "name", offset), flexible)
+            if name != topic:
+                offset = skip_entity(item, body, offset)
+                continue
+            error_code, _ = read_int16(body, field_offset(item, body, "error_code", offset))
+            partitions_at = field_offset(item, body, "partitions", offset)
+            partitions, at = read_array_length(body, partitions_at, flexible)
+            leaders = {}
+            for _ in range(max(partitions, 0)):
+                code, pos = read_int16(body, at)
+                index, pos = read_int32(body, pos)
+                leader, pos = read_int32(body, pos)
+                epoch = read_int32(body, pos)[0] if has_epoch else -1
+                leaders[index] = (code, leader, epoch)
+                at = skip_entity(entry, body, at)
+            return error_code, leaders
+    except FrameError as exc:
+        raise FrameError(f"malformed Metadata v{api_version} topics: {exc}") from None
+    raise LookupError(f"topic {topic} is not in the Metadata answer")

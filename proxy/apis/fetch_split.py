@@ -407,6 +407,13 @@ def _read_response(
 def _skip_partition_answer(layout: _Layout, buf: memoryview, offset: int) -> int:
     """Past one answered partition: fixed fields, aborted transactions, one jump over the
     records (never read), its tagged fields."""
+    return _walk_partition_answer(layout, buf, offset, None)[1]
+
+
+def _walk_partition_answer(
+    layout: _Layout, buf: memoryview, offset: int, aborted: list[tuple[int, int]] | None
+) -> tuple[memoryview | None, int]:
+    """(a view of the partition's records or None, the offset past its entry)."""
     flexible = layout.flexible
     offset = skip(buf, offset, layout.answer_head.size)
     start = offset
@@ -414,9 +421,47 @@ def _skip_partition_answer(layout: _Layout, buf: memoryview, offset: int) -> int
     if count > len(buf) - offset:
         raise FrameError(f"aborted_transactions array of {count} items at byte {start}")
     for _ in range(max(count, 0)):
-        offset = skip(buf, offset, _ABORTED.size)
-        offset = skip_tagged_fields(buf, offset) if flexible else offset
+        end = skip(buf, offset, _ABORTED.size)
+        if aborted is not None:  # else skipped: the merge copies the entry whole
+            aborted.append(_ABORTED.unpack_from(buf, offset))
+        offset = skip_tagged_fields(buf, end) if flexible else end
     if layout.preferred_read_replica:
         offset = skip(buf, offset, 4)
-    _, offset = read_nullable_bytes(buf, offset, flexible)
-    return skip_tagged_fields(buf, offset) if flexible else offset
+    records, offset = read_nullable_bytes(buf, offset, flexible)
+    return records, skip_tagged_fields(buf, offset) if flexible else offset
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionAnswer:
+    """One partition of a Fetch answer, as the offload jobs' cluster reader needs it."""
+
+    partition: int
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int  # -1 before v5
+    aborted_transactions: tuple[tuple[int, int], ...]  # (producer_id, first_offset)
+    records: memoryview  # a view of the answer, no copy; empty when null
+
+
+def read_fetch_response(
+    api_version: int, body: memoryview | bytes
+) -> dict[tuple[TopicKey, int], FetchPartitionAnswer]:
+    """Every answered partition of a Fetch answer body (no header), records as views of
+    `body`; FrameError if it is malformed. Records are not looked into: a batch the broker
+    cut short at the end of `records` is the caller's to handle (`batches.whole_batches`)."""
+    layout = _layout(api_version)
+    try:
+        _, entries, _ = _read_response(layout, memoryview(body))
+        answers = {}
+        for key, entry in entries.items():
+            aborted: list[tuple[int, int]] = []
+            records, _ = _walk_partition_answer(layout, entry, 0, aborted)
+            head = layout.answer_head.unpack_from(entry, 0)
+            log_start = head[4] if layout.log_start_offset else -1
+            answers[key] = FetchPartitionAnswer(
+                *head[:4], log_start, tuple(aborted), records if records is not None else entry[:0]
+            )
+    except FrameError as exc:
+        raise FrameError(f"malformed Fetch v{api_version} response: {exc}") from None
+    return answers
