@@ -230,9 +230,12 @@ def librdkafka_produce(
     record_size: int,
     rate: int | None = None,
     settings: dict[str, str] | None = None,
+    stamp: bool = False,
 ) -> ProduceResult:
     """Latency is from produce() to the delivery report, per record (perf_counter_ns).
-    `settings`: more producer settings (client.id, batch.size, ...)."""
+    `settings`: more producer settings (client.id, batch.size, ...). `stamp`: each value
+    starts with time.time_ns() at its produce() (8 bytes, big-endian), for end-to-end
+    latency."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -261,9 +264,10 @@ def librdkafka_produce(
         if interval is not None:
             while (wait := started + i * interval - time.perf_counter()) > 0:
                 poll(wait)
+        record = time.time_ns().to_bytes(8, "big") + value[8:] if stamp else value
         while True:
             try:
-                produce(topic, value, on_delivery=partial(delivered, now()))
+                produce(topic, record, on_delivery=partial(delivered, now()))
                 break
             except BufferError:  # queue.buffering.max.messages reached: wait for reports
                 poll(0.005)

@@ -246,10 +246,12 @@ class ProxyProcess:
         return self.process.pid
 
     def start(self, timeout: float = 60.0) -> ProxyProcess:
+        """Start it (again, after `stop`) and wait until its log says it is ready."""
+        seen = len(self.log_lines())  # a restart appends to the log of the last run
         self.process.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in self.log_lines():
+            for line in self.log_lines()[seen:]:
                 if line.startswith("proxy ready at "):
                     self.bootstrap = line.rsplit(" ", 1)[-1].strip()
                     return self

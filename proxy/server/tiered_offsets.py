@@ -4,13 +4,16 @@ Kafka still answers the earliest offset (its log start; the tiered stream contin
 log) and the spec values this module does not know (max timestamp, KIP-405's local and
 tiered ends): `answer_here` sends those upstream. The proxy answers:
 
+- EARLIEST, once retention moved the tiered log start past the cutover (Kafka's log
+  end): that log start. Kafka's records below it are trimmed as far as clients go;
 - LATEST: the partition's high watermark (on a proxy that does not own it, the committed
   end, or the owner's high watermark when the owner answers over the peer protocol);
-- a timestamp: Kafka's answer when Kafka's part of the log has a record at or after it,
-  else the first tiered record at or after it. The tiered search reads the stream's batch
-  headers from its cutover on (through the block cache; no time index yet); inside the
-  batch found, records are read one by one when the batch is not compressed (exact, as
-  Kafka), else the batch's base offset is answered (at most one batch early).
+- a timestamp: Kafka's answer when Kafka's part of the log has a record at or after it
+  (and is not trimmed, as above), else the first tiered record at or after it. The
+  tiered search reads the stream's batch headers from its cutover (or log start) on
+  (through the block cache; no time index yet); inside the batch found, records are
+  read one by one when the batch is not compressed (exact, as Kafka), else the batch's
+  base offset is answered (at most one batch early).
 """
 
 from __future__ import annotations
@@ -46,12 +49,21 @@ _SIZE = struct.Struct(">i")
 
 def answer_here(tiering, topic: str, partition: int, timestamp: int) -> bool:
     """Whether the proxy answers this ListOffsets partition (a cut-over tiered one, for
-    LATEST or a timestamp)."""
+    LATEST or a timestamp; for EARLIEST too once retention trimmed it past its cutover)."""
     found = tiering.topics.topic(topic)
-    if found is None or (timestamp < 0 and timestamp != LATEST):
+    if found is None or (timestamp < 0 and timestamp not in (LATEST, EARLIEST)):
         return False
     stream = stream_of(found, partition)
-    return tiering.state(stream).stream(stream) is not None
+    info = tiering.state(stream).stream(stream)
+    if info is None:
+        return False
+    return timestamp != EARLIEST or _trimmed_past_cutover(info)
+
+
+def _trimmed_past_cutover(info) -> bool:
+    """The tiered log start is above Kafka's log end (the cutover): Kafka's part of the
+    log is gone as far as clients are concerned, and Kafka's log start is not the answer."""
+    return info.log_start_offset > info.cutover_offset
 
 
 async def list_offset(tiering, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
@@ -62,14 +74,17 @@ async def list_offset(tiering, topic: str, partition: int, timestamp: int) -> tu
     info = None if state is None else state.stream(stream)
     if info is None:
         return NOT_LEADER_OR_FOLLOWER, -1, -1
+    if timestamp == EARLIEST:  # answer_here took it: trimmed past the cutover
+        return NONE, -1, info.log_start_offset
     end = await tiering.reads.high_watermark(stream)
     if timestamp == LATEST:
         return NONE, -1, end
-    upstream = await tiering.cutover.offset_for_time(
-        TopicPartition(found.name, partition), timestamp
-    )
-    if upstream is not None and upstream[1] < info.cutover_offset:
-        return NONE, upstream[0], upstream[1]
+    if not _trimmed_past_cutover(info):  # else Kafka's records are below the log start
+        upstream = await tiering.cutover.offset_for_time(
+            TopicPartition(found.name, partition), timestamp
+        )
+        if upstream is not None and upstream[1] < info.cutover_offset:
+            return NONE, upstream[0], upstream[1]
     try:
         hit = await _search(
             tiering, state, stream, max(info.cutover_offset, info.log_start_offset), timestamp

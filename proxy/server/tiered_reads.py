@@ -51,7 +51,9 @@ class TieredReads:
 
     def fetch_here(self, topic: object, p: FetchPartitionView) -> bool:
         """Whether the proxy answers this partition of a Fetch: a partition cut over, at
-        an offset past its cutover or one an object holds."""
+        an offset past its cutover or one an object holds, or at any offset once
+        retention moved its log start past the cutover (below it: OFFSET_OUT_OF_RANGE,
+        as Kafka, where Kafka would still serve records the stream trimmed)."""
         found = self.service.topics.topic(topic)
         if found is None:
             return False
@@ -60,7 +62,7 @@ class TieredReads:
         info = state.stream(stream)
         if info is None:
             return False
-        if p.fetch_offset >= info.cutover_offset:
+        if p.fetch_offset >= info.cutover_offset or info.log_start_offset > info.cutover_offset:
             return True
         return bool(state.objects_for(stream, p.fetch_offset, limit=1))
 
@@ -87,7 +89,7 @@ class TieredReads:
         if partition is None:
             return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
         end, start = partition.high_watermark, partition.log_start_offset
-        if offset > end:
+        if offset > end or offset < start:
             return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, start)
         records: Sequence[memoryview] = ()
         if request.max_bytes > 0:

@@ -24,9 +24,11 @@ import uuid
 from collections.abc import Sequence
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
+from proxy.server.retention import Retention
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
 from proxy.tiering.blockcache import BlockCache
@@ -115,6 +117,8 @@ class TieringService:
         self._zones_by_address: dict[tuple[str, int], str] = {}
         self.cutover = CutoverLoop(self)
         self.seals = Seals(self)
+        self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
+        self.retention = Retention(self)
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object
         self.max_batch_bytes = min(self.config.wal_segment_bytes, self.config.s3wal_max_bytes)
@@ -175,9 +179,14 @@ class TieringService:
             unclean_takeover_after_s=config.unclean_takeover_after_s,
         )
         await self.assignment.start()
+        self.compactor = Compactor.for_service(self, self._allocate)
+        self.compactor.start()
         self._tasks.append(asyncio.create_task(self.cutover.run(), name="cutover"))
+        self._tasks.append(asyncio.create_task(self.retention.run(), name="retention"))
 
     async def stop(self) -> None:
+        if self.compactor is not None:  # first: its commits go through the shards' owners
+            await self.compactor.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

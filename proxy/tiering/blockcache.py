@@ -173,8 +173,9 @@ def plan_fetches(
     Returns the GETs the read waits for, one per run of missing wanted blocks, and at most
     one readahead GET to start in the background. Readahead starts once fewer than half a
     window of bytes after the wanted blocks are at hand, and fetches up to a window (at
-    least one block) of the missing blocks from the first one missing; it rides on the
-    read's own GET when that one ends where readahead begins."""
+    least one block) of the missing blocks from the first one missing. It rides on the
+    read's own GET when that one ends where readahead begins and is no larger than it, so
+    a read never waits for more than twice the bytes it asked for."""
     now: list[tuple[int, int]] = []
     for i in range(wanted):
         if present[i]:
@@ -193,7 +194,7 @@ def plan_fetches(
     while end < len(sizes) and not present[end] and (end == gap or fetched + sizes[end] <= window):
         fetched += sizes[end]
         end += 1
-    if now and now[-1][1] == gap:
+    if now and now[-1][1] == gap and fetched <= sum(sizes[now[-1][0] : gap]):
         now[-1] = (now[-1][0], end)
         return now, None
     return now, (gap, end)

@@ -53,6 +53,18 @@ class TieringConfig:
     cutover_hold_ms: int = 30_000  # a produce to a partition being cut over waits this long
     block_cache_bytes: int = 256 * MiB  # objects' blocks read by any proxy (LRU)
     log_cache_bytes: int = 256 * MiB  # the owned partitions' tail (only uploaded is evicted)
+    retention_check_interval_s: float = 60.0  # how often owners apply retention.ms/bytes
+    # an object no range uses (compacted, trimmed, untiered) waits this long for readers
+    object_delete_grace_s: float = 60.0
+    # compaction (docs/tiering.md, "Compaction"): each shard's owner rewrites the ranges
+    # small stream set objects hold into stream objects, then deletes what no range uses
+    compaction_enabled: bool = True
+    compaction_interval_s: float = 300.0  # a pass per owned shard this often
+    compaction_trigger_objects: int = 1000  # or as soon as a shard holds this many objects
+    compaction_min_objects: int = 8  # fewer small stream set objects: nothing to do
+    compaction_small_object_bytes: int = 32 * MiB  # objects below this are rewritten
+    stream_object_bytes: int = 64 * MiB  # the stream objects compaction writes, at most
+    compaction_max_bytes: int = 1024 * MiB  # source objects one pass reads, at most
     object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
 
     @property
@@ -98,7 +110,14 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
             "block_cache_bytes", defaults.block_cache_bytes, minimum=MiB
         ),
         log_cache_bytes=section.integer("log_cache_bytes", defaults.log_cache_bytes, minimum=MiB),
+        retention_check_interval_s=section.number(
+            "retention_check_interval_s", defaults.retention_check_interval_s, minimum=0.1
+        ),
+        object_delete_grace_s=section.number(
+            "object_delete_grace_s", defaults.object_delete_grace_s, minimum=0.0
+        ),
         object_store=_object_store(section.section("object_store")),
+        **_compaction(section, defaults),
     )
     if config.wal_segment_bytes > config.wal_capacity_bytes:
         raise ConfigError(
@@ -109,6 +128,39 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
     wal.reject_unknown()
     section.reject_unknown()
     return config
+
+
+def _compaction(section: Section, defaults: TieringConfig) -> dict:
+    values = {
+        "compaction_enabled": section.boolean("compaction_enabled", defaults.compaction_enabled),
+        "compaction_interval_s": section.number(
+            "compaction_interval_s", defaults.compaction_interval_s, minimum=0.1
+        ),
+        "compaction_trigger_objects": section.integer(
+            "compaction_trigger_objects", defaults.compaction_trigger_objects, minimum=2
+        ),
+        "compaction_min_objects": section.integer(
+            "compaction_min_objects", defaults.compaction_min_objects, minimum=2
+        ),
+        "compaction_small_object_bytes": section.integer(
+            "compaction_small_object_bytes", defaults.compaction_small_object_bytes, minimum=1024
+        ),
+        "stream_object_bytes": section.integer(
+            "stream_object_bytes", defaults.stream_object_bytes, minimum=1024
+        ),
+        "compaction_max_bytes": section.integer(
+            "compaction_max_bytes", defaults.compaction_max_bytes, minimum=1024
+        ),
+    }
+    for name, at_least in (
+        ("stream_object_bytes", "compaction_small_object_bytes"),
+        ("compaction_trigger_objects", "compaction_min_objects"),
+    ):
+        if values[name] < values[at_least]:
+            raise ConfigError(
+                section.key(name), f"{values[name]} is below {at_least} ({values[at_least]})"
+            )
+    return values
 
 
 def _topic(section: Section, name: str, default: str) -> str:

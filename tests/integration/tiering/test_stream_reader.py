@@ -19,7 +19,7 @@ from uuid import UUID
 import pytest
 
 from proxy.tiering.batches import with_base_offset
-from proxy.tiering.blockcache import BlockCache
+from proxy.tiering.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
@@ -225,6 +225,7 @@ async def test_every_offset_reads_exactly_the_batches_kafka_would_return(store, 
     # Everything fits in the cache: each object's tail was read once (the whole object,
     # as they are smaller than a tail read) and each block once, most of them in runs.
     blocks = [entry for built in layout.objects for entry in built.index]
+    assert all(built.size <= DEFAULT_INDEX_READ_BYTES for built in layout.objects)
     assert cache.evictions == 0 and cache.bytes == sum(e.size for e in blocks)
     assert cache.bytes_fetched == sum(o.size for o in layout.objects) + cache.bytes
     assert cache.gets < len(layout.objects) + len(blocks) / 2

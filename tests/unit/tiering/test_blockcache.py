@@ -95,8 +95,10 @@ def test_plan_fetches_one_get_per_run_of_missing_wanted_blocks():
     sizes = [100] * 8
     present = [False, False, True, False, True, False, False, False]
     assert plan_fetches(sizes, present, wanted=5, window=0) == ([(0, 2), (3, 4)], None)
-    # readahead rides on the read's GET when that one ends where readahead starts
-    assert plan_fetches(sizes, [False] * 8, wanted=2, window=300) == ([(0, 5)], None)
+    # readahead rides on the read's GET when that one ends where readahead starts and
+    # is at least as large; else it is a GET of its own, so the read waits for less
+    assert plan_fetches(sizes, [False] * 8, wanted=2, window=200) == ([(0, 4)], None)
+    assert plan_fetches(sizes, [False] * 8, wanted=2, window=300) == ([(0, 2)], (2, 5))
 
 
 def test_plan_fetches_reads_ahead_in_the_background_when_less_than_half_a_window_is_left():

@@ -1,0 +1,265 @@
+"""Retention of tiered streams, run by each shard's owner (docs/tiering.md, "Retention").
+
+Every `tiering.retention_check_interval_s`, for each stream of each shard this proxy owns:
+
+1. the topic's `retention.ms`, `retention.bytes` and `cleanup.policy` as Kafka resolves
+   them (DescribeConfigs gives the effective value: the topic's override, else the broker
+   default), cached for `CONFIG_MAX_AGE_S`;
+2. the facts of each committed range from the cutover on: its size (the stream's blocks
+   in the object's index) and its largest timestamp (the batch headers of its last block:
+   one ranged read through the block cache), kept for as long as the range lives;
+3. `plan_trim` (retention_plan.py) says which of the oldest ranges go; the owner writes
+   a StreamTrim to the end of the last one and moves its partition's log start there.
+   Only committed ranges are looked at, so the log start never passes the committed end.
+
+The objects a trim leaves with no range are deleted like every other object no range
+uses any more, by the compactor's garbage collector (object_gc.py) after
+`tiering.object_delete_grace_s`, so that readers which began before the trim finish.
+Kafka trims its own log below the cutover itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from proxy.tiering.batches import CorruptBatchError, iter_batches
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metarecords import StreamTrim
+from proxy.tiering.metastore import ShardFenced, ShardOwner
+from proxy.tiering.metastreams import StreamInfo, StreamRange, topic_shard
+from proxy.tiering.objectformat import ObjectFormatError, find_entries
+from proxy.tiering.objectstore import ObjectStoreError
+from proxy.tiering.retention_plan import (
+    CONFIG_KEYS,
+    RangeFacts,
+    RetentionConfig,
+    TrimPlan,
+    plan_trim,
+    retention_config,
+)
+
+log = logging.getLogger("tierproxy.retention")
+
+CONFIG_MAX_AGE_S = 300.0  # topic configs are read again after this long
+RangeKey = tuple[int, int, int, int]  # object id, stream, start, end
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    """What one pass did: stream -> new log start."""
+
+    trimmed: dict[int, int] = field(default_factory=dict)
+
+
+class TopicConfigs:
+    """Topics' retention configs read from Kafka with an admin client, kept `max_age_s`."""
+
+    def __init__(self, kafka_settings: dict, max_age_s: float = CONFIG_MAX_AGE_S) -> None:
+        self._kafka = kafka_settings
+        self.max_age_s = max_age_s
+        self._admin: AIOKafkaAdminClient | None = None
+        self._cache: dict[str, tuple[float, RetentionConfig]] = {}
+
+    async def get(
+        self, topics: Collection[str], *, refresh: bool = False
+    ) -> dict[str, RetentionConfig]:
+        """Each topic's config; a topic Kafka does not describe is left out."""
+        now = time.monotonic()
+        stale = [
+            t
+            for t in topics
+            if refresh or t not in self._cache or now - self._cache[t][0] > self.max_age_s
+        ]
+        if stale:
+            await self._describe(stale, now)
+        return {t: self._cache[t][1] for t in topics if t in self._cache}
+
+    async def _describe(self, topics: list[str], now: float) -> None:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(**self._kafka)
+            await admin.start()
+            self._admin = admin
+        wanted = dict.fromkeys(CONFIG_KEYS)
+        resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
+        for response in await self._admin.describe_configs(resources):
+            for error_code, message, _, name, entries in response.resources:
+                if error_code != 0:
+                    log.warning(
+                        "retention of %s: DescribeConfigs: %s %s", name, error_code, message
+                    )
+                    self._cache.pop(name, None)
+                    continue
+                values = {entry[0]: entry[1] for entry in entries}
+                self._cache[name] = (now, retention_config(values))
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()
+
+
+class Retention:
+    """The retention task of one proxy (`run`), or one pass of it (`run_once`)."""
+
+    def __init__(self, service, *, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.service = service  # server.tiering.TieringService
+        self.interval_s = service.config.retention_check_interval_s
+        self.configs = TopicConfigs(service._kafka)  # noqa: SLF001
+        self._clock_ms = clock_ms
+        self._facts: dict[RangeKey, RangeFacts] = {}
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                try:
+                    await self.run_once()
+                except (KafkaError, ShardFenced, ObjectStoreError, OSError) as exc:
+                    log.warning("retention: %r; trying again in %s s", exc, self.interval_s)
+        finally:
+            await self.configs.close()
+
+    async def run_once(
+        self, now_ms: int | None = None, *, refresh_configs: bool = False
+    ) -> RetentionReport:
+        """One pass of trims over the shards owned here. `now_ms` is the time retention.ms
+        is measured from (default: the clock)."""
+        now = self._clock_ms() if now_ms is None else now_ms
+        report = RetentionReport()
+        assignment = self.service.assignment
+        if assignment is None:
+            return report
+        owners = {k: o for k in assignment.owned() if (o := assignment.owner(k)) is not None}
+        live: set[RangeKey] = set()
+        for owner in owners.values():
+            await self._trim_shard(owner, now, refresh_configs, report, live)
+        for key in set(self._facts) - live:
+            del self._facts[key]
+        return report
+
+    # -- trims ---------------------------------------------------------------------------
+
+    async def _trim_shard(
+        self,
+        owner: ShardOwner,
+        now_ms: int,
+        refresh: bool,
+        report: RetentionReport,
+        live: set[RangeKey],
+    ) -> None:
+        state = owner.state
+        streams = [info for s in state.stream_ids() if (info := state.stream(s)) is not None]
+        names = {info.stream_id: self._topic_name(info) for info in streams}
+        configs = await self.configs.get({n for n in names.values() if n}, refresh=refresh)
+        for info in streams:
+            ranges = [
+                r
+                for r in state.committed_ranges(info.stream_id)
+                if r.end_offset > info.cutover_offset
+            ]
+            live.update(_range_key(r) for r in ranges)
+            config = configs.get(names[info.stream_id] or "")
+            if config is None or config.unlimited or not ranges:
+                continue
+            try:
+                facts = [await self._range_facts(state, r) for r in ranges]
+            except (ObjectFormatError, ObjectStoreError) as exc:
+                log.error("retention of stream %d: %s", info.stream_id, exc)
+                continue
+            plan = plan_trim(facts, now_ms, config)
+            if plan.log_start_offset is not None:
+                await self._trim(owner, info, plan, now_ms, report)
+
+    def _topic_name(self, info: StreamInfo) -> str | None:
+        """The stream's topic name, from its mode record (whatever the mode is now)."""
+        readers = self.service.readers
+        mode = readers[topic_shard(info.topic_id, len(readers))].state.topic(info.topic_id)
+        return None if mode is None else mode.topic
+
+    async def _range_facts(self, state: MetadataState, r: StreamRange) -> RangeFacts:
+        """Size and largest timestamp of a committed range: its blocks in the object's
+        index, the batch headers of its last block."""
+        key = _range_key(r)
+        known = self._facts.get(key)
+        if known is not None:
+            return known
+        cache = self.service.block_cache
+        name = r.object_key
+        index = await cache.index(name, r.object_size)
+        blocks = [
+            e
+            for e in find_entries(index, r.stream_id, r.start_offset)
+            if e.start_offset < r.end_offset
+        ]
+        if not blocks or blocks[-1].end_offset < r.end_offset:
+            raise ObjectFormatError(
+                name,
+                f"committed to hold offsets [{r.start_offset}, {r.end_offset}) of stream "
+                f"{r.stream_id}; its blocks do not",
+            )
+        [block] = await cache.blocks(name, blocks[-1:], 1, reader_id=("retention", r.stream_id))
+        try:
+            stamps = [
+                h.max_timestamp for h, _ in iter_batches(block) if h.base_offset < r.end_offset
+            ]
+        except CorruptBatchError as exc:
+            cache.forget(name)
+            raise ObjectFormatError(name, f"last block of stream {r.stream_id}: {exc}") from exc
+        largest = max(stamps, default=-1)
+        if largest < 0:  # no timestamp: as Kafka, which then takes the segment's mtime
+            commit = state.object_commit(r.object_id)
+            largest = commit.committed_at_ms if commit is not None else self._clock_ms()
+        facts = RangeFacts(r.start_offset, r.end_offset, sum(e.size for e in blocks), largest)
+        self._facts[key] = facts
+        return facts
+
+    async def _trim(
+        self,
+        owner: ShardOwner,
+        info: StreamInfo,
+        plan: TrimPlan,
+        now_ms: int,
+        report: RetentionReport,
+    ) -> None:
+        assert plan.log_start_offset is not None
+        stream = info.stream_id
+        end = owner.state.stream_end(stream)
+        log_start = plan.log_start_offset if end is None else min(plan.log_start_offset, end)
+        if log_start <= info.log_start_offset:
+            return
+        trim = StreamTrim(
+            owner.state.generation, stream, info.incarnation, log_start, owner.epoch, now_ms
+        )
+        [verdict] = await owner.write([trim])
+        if not verdict.accepted:
+            log.warning("retention of stream %d: trim to %d: %s", stream, log_start, verdict.reason)
+            return
+        partition = self.service.partitions.get(stream) if self.service.partitions else None
+        if partition is not None:
+            partition.log_start_offset = max(partition.log_start_offset, log_start)
+        report.trimmed[stream] = log_start
+        log.info(
+            "retention of stream %d: log start %d -> %d (%d ranges by retention.ms, %d by "
+            "retention.bytes)",
+            stream,
+            info.log_start_offset,
+            log_start,
+            plan.by_time,
+            plan.by_size,
+        )
+
+
+def _range_key(r: StreamRange) -> RangeKey:
+    return (r.object_id, r.stream_id, r.start_offset, r.end_offset)
