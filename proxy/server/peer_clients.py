@@ -25,6 +25,7 @@ from proxy.tiering.peer_codec import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    BackfillRequest,
     FetchRequest,
     FetchResponse,
     PeerFrameReader,
@@ -250,6 +251,25 @@ class PeerClients:
     ) -> tuple[int, str]:
         """(error code, message) from the owner of the topic's metadata shard."""
         request = AdminRequest(0, op, topic, topic_id)
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    async def backfill(
+        self,
+        address: Address,
+        object_id: int,
+        size: int,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, str]:
+        """(error code, message) from the owner of the stream's metadata shard, asked to
+        commit an offload job's stream object holding [start_offset, end_offset)."""
+        request = BackfillRequest(0, object_id, size, stream_id, start_offset, end_offset)
         timeout = self.admin_timeout_s if timeout_s is None else timeout_s
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)

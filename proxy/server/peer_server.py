@@ -25,6 +25,7 @@ from proxy.tiering.peer_codec import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    BackfillRequest,
     FetchRequest,
     FetchResponse,
     PeerFrameReader,
@@ -43,6 +44,7 @@ log = logging.getLogger("tierproxy.peers")
 OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
 OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
 OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
+OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
 
 KAFKA_STORAGE_ERROR = int(ErrorCode.KAFKA_STORAGE_ERROR)  # retriable: the producer retries
 UNKNOWN_SERVER_ERROR = -1
@@ -59,7 +61,7 @@ def _describe(exc: BaseException) -> str:
 
 # -- shared with peer_clients.py -----------------------------------------------------------
 
-Request = AppendRequest | AdminRequest | FetchRequest
+Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest
 READ_BYTES = 256 * 1024
 
 
@@ -74,7 +76,8 @@ def peer_name(address: object) -> str:
 
 class PeerServer:
     """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
-    fetches to other proxies; without it a fetch is answered UNSUPPORTED_VERSION.
+    fetches to other proxies, given `on_backfill`, offload jobs' commits; without a
+    handler such a request is answered UNSUPPORTED_VERSION.
 
     Handlers start in the order their requests arrive (each one's first step runs before the
     next one's), so an owner can queue one stream's batches in the order they were sent.
@@ -92,6 +95,7 @@ class PeerServer:
         on_admin: OnAdmin,
         on_fetch: OnFetch | None = None,
         *,
+        on_backfill: OnBackfill | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
         linger_s: float = 10.0,
@@ -101,6 +105,7 @@ class PeerServer:
         self._on_append = on_append
         self._on_admin = on_admin
         self._on_fetch = on_fetch
+        self._on_backfill = on_backfill
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         self.linger_s = linger_s
@@ -199,6 +204,8 @@ class PeerServer:
                 return
         elif isinstance(request, FetchRequest):
             response = await self._fetch(request, peer)
+        elif isinstance(request, BackfillRequest):
+            response = await self._backfill(request, peer)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
@@ -237,4 +244,16 @@ class PeerServer:
             return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
         except Exception as exc:
             log.exception("admin %s of %s from peer %s failed", request.op, request.topic, peer)
+            return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+
+    async def _backfill(self, request: BackfillRequest, peer: str) -> AdminResponse:
+        cid = request.correlation_id
+        if self._on_backfill is None:
+            return AdminResponse(cid, UNSUPPORTED_VERSION, "this proxy takes no backfill commits")
+        try:
+            code, message = await self._on_backfill(request)
+            return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            stream, object_id = request.stream_id, request.object_id
+            log.exception("backfill of stream %d object %d from %s failed", stream, object_id, peer)
             return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Sequence
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.server.backfill import commit_backfill
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
@@ -153,6 +154,7 @@ class TieringService:
             self._on_peer_append,
             self._on_peer_admin,
             self._on_peer_fetch,
+            on_backfill=lambda request: commit_backfill(self, request),
         )
         await self.peer_server.start()
         self.s3wal_reader = S3WalReader(self.store)

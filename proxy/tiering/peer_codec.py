@@ -18,7 +18,8 @@ Every message is one frame, big-endian::
     8       1     version         u8: 1
     9       1     type            u8: 1 append request, 2 append response,
                                       3 admin request, 4 admin response,
-                                      5 fetch request, 6 fetch response
+                                      5 fetch request, 6 fetch response,
+                                      7 backfill request (answered by an admin response)
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -37,6 +38,8 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      max_wait_ms i32 (>= 0)
     fetch response   error_code i16, high_watermark i64, log_start_offset i64,
                      records size u32, records (whole batches, one after another)
+    backfill request object_id u64, size i64 (> 0), stream_id u64, start_offset i64,
+                     end_offset i64 (> start_offset)
 
 A type this code does not know is refused like any bad frame, so a peer sending fetches
 to a proxy that predates them loses that connection (and the calls waiting on it).
@@ -63,6 +66,7 @@ from proxy.tiering.peer_messages import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    BackfillRequest,
     Buffer,
     FetchRequest,
     FetchResponse,
@@ -90,12 +94,14 @@ _RANGE = struct.Struct(">QQI")  # start, end, crc
 _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
 _FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
 _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
+_BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset, end_offset
 
 DIRECT = 1
 S3 = 2
 
 APPEND_REQUEST, APPEND_RESPONSE, ADMIN_REQUEST, ADMIN_RESPONSE = 1, 2, 3, 4
 FETCH_REQUEST, FETCH_RESPONSE = 5, 6
+BACKFILL_REQUEST = 7
 
 
 class PeerProtocolError(ValueError):
@@ -152,6 +158,10 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
         m = message
         tail = m.records
         body = _FETCHED.pack(m.error_code, m.high_watermark, m.log_start_offset, m.records_size)
+    elif isinstance(message, BackfillRequest):
+        kind = BACKFILL_REQUEST
+        m = message
+        body = _BACKFILL.pack(m.object_id, m.size, m.stream_id, m.start_offset, m.end_offset)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
@@ -278,6 +288,10 @@ def _fetch_response(cur: _Cursor, cid: int) -> FetchResponse:
     return FetchResponse(cid, error_code, high_watermark, log_start, (records,))
 
 
+def _backfill_request(cur: _Cursor, cid: int) -> BackfillRequest:
+    return BackfillRequest(cid, *cur.fixed(_BACKFILL, "backfill request"))
+
+
 _DECODERS = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
@@ -285,6 +299,7 @@ _DECODERS = {
     ADMIN_RESPONSE: _admin_response,
     FETCH_REQUEST: _fetch_request,
     FETCH_RESPONSE: _fetch_response,
+    BACKFILL_REQUEST: _backfill_request,
 }
 
 

@@ -201,8 +201,37 @@ class FetchResponse:
         return cls(correlation_id, r.error_code, r.high_watermark, r.log_start_offset, r.records)
 
 
+@dataclass(frozen=True, slots=True)
+class BackfillRequest:
+    """Commit an offload job's stream object (docs/offload.md): it holds offsets
+    [start_offset, end_offset) of `stream_id`, below the stream's cutover. Sent to any
+    proxy, which hands it to the owner of the stream's metadata shard; that owner checks it
+    with the metadata rules and writes it. Answered by an `AdminResponse`."""
+
+    correlation_id: int
+    object_id: int
+    size: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("object_id", self.object_id, 0, (1 << 64) - 1)
+        check_range("size", self.size, 1, I64_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("start_offset", self.start_offset, 0, I64_MAX - 1)
+        check_range("end_offset", self.end_offset, self.start_offset + 1, I64_MAX)
+
+
 PeerMessage = (
-    AppendRequest | AppendResponse | AdminRequest | AdminResponse | FetchRequest | FetchResponse
+    AppendRequest
+    | AppendResponse
+    | AdminRequest
+    | AdminResponse
+    | FetchRequest
+    | FetchResponse
+    | BackfillRequest
 )
 
 

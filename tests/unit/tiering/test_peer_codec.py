@@ -19,6 +19,7 @@ from proxy.tiering.peer_codec import (
     AdminResponse,
     AppendRequest,
     AppendResponse,
+    BackfillRequest,
     FetchRequest,
     FetchResponse,
     PeerFrameReader,
@@ -50,6 +51,7 @@ MESSAGES = [
     FetchResponse(11, 0, 1003, 1000, (b"\x00" * 61 + b"batch",)),
     FetchResponse(12, 1, 7, 0),
     FetchResponse(13, -1, -(1 << 63), (1 << 63) - 1),
+    BackfillRequest(14, (1 << 64) - 1, 4096, 42, 0, 1000),
 ]
 
 
@@ -228,7 +230,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 7, 255])
+@pytest.mark.parametrize("kind", [0, 8, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -333,3 +335,14 @@ def test_reader_stays_failed_after_a_bad_frame():
 def test_reader_limit_must_hold_a_frame_header():
     with pytest.raises(ValueError, match="max_frame_bytes"):
         PeerFrameReader(max_frame_bytes=HEADER_SIZE - 1)
+
+
+def test_backfill_request_layout_and_bad_ranges():
+    frame = encode_frame(BackfillRequest(3, 1 << 63 | 5, 4096, 42, 10, 20))
+    assert frame[8:10] == bytes([1, 7])
+    assert frame[14:] == struct.pack(">QqQqq", 1 << 63 | 5, 4096, 42, 10, 20)
+    empty = reframe(struct.pack(">BBIQqQqq", 1, 7, 3, 5, 4096, 42, 20, 20))
+    with pytest.raises(PeerProtocolError, match="message type 7: end_offset 20"):
+        decode_frame(empty)
+    with pytest.raises(ValueError, match="size 0"):
+        BackfillRequest(3, 5, 0, 42, 10, 20)

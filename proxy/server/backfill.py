@@ -1,0 +1,73 @@
+"""Offload jobs' commits (docs/offload.md): a `BackfillRequest` names a stream object an
+offload job wrote, holding offsets [a, b) of a stream below its cutover. Any proxy takes
+it; the owner of the stream's metadata shard checks it with the metadata rules and writes
+the `ObjectCommit` (only an owner writes metadata); another proxy hands it on to that owner.
+
+Answers (error code, message), as the admin requests do: 0 with "committed" or "committed
+already" (the same object again: a re-run), or the reason it is refused.
+"""
+
+from __future__ import annotations
+
+import time
+
+from proxy.tiering.metadata import check_commit
+from proxy.tiering.metarecords import ObjectCommit, OffsetRange
+from proxy.tiering.metarules import Outcome
+from proxy.tiering.metastore import ShardFenced
+from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of
+from proxy.tiering.objectkeys import ObjectKind
+from proxy.tiering.peer_messages import BackfillRequest
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_COORDINATOR = 16
+INVALID_REQUEST = 42
+POLICY_VIOLATION = 44
+
+
+async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
+    """Commit `request`'s object on the shard's owner (here, or through the peer protocol)."""
+    r = request
+    what = f"stream {r.stream_id} [{r.start_offset}, {r.end_offset}) in object {r.object_id}"
+    # Only an offload object's id, for its very range: a job cannot take over an id the
+    # upload path allocates, nor commit one object under two ranges.
+    if r.object_id != offload_object_id(r.stream_id, r.start_offset, r.end_offset):
+        return INVALID_REQUEST, f"{what}: not the offload object id of that range"
+    assert r.object_id & OFFLOAD_ID_BIT
+    shard = shard_of(r.stream_id, service.config.shard_count)
+    owner = service.assignment.owner(shard)
+    if owner is None:
+        address = service.peer_address(service.readers[shard].state.owner)
+        if address is None:
+            return NOT_COORDINATOR, f"{what}: metadata shard {shard} has no live owner right now"
+        args = (r.object_id, r.size, r.stream_id, r.start_offset, r.end_offset)
+        return await service.peers.backfill(address, *args)
+    state = owner.state
+    info = state.stream(r.stream_id)
+    if info is None:
+        return UNKNOWN_TOPIC_OR_PARTITION, f"{what}: the stream is not tiered"
+    # The rules would also take a tail range; an offload job only ever fills below the
+    # cutover, so anything reaching past it is a mistake to refuse, not to commit.
+    if r.end_offset > info.cutover_offset:
+        return POLICY_VIOLATION, f"{what}: ends past the cutover {info.cutover_offset}"
+    commit = ObjectCommit(
+        state.generation,
+        r.object_id,
+        ObjectKind.STREAM,
+        r.size,
+        owner.epoch,
+        int(time.time() * 1000),
+        (OffsetRange(r.stream_id, r.start_offset, r.end_offset),),
+    )
+    verdict = check_commit(state, commit)
+    if verdict.outcome is Outcome.NO_OP:
+        return 0, f"{what}: committed already"
+    if verdict.outcome is Outcome.REFUSE:
+        return POLICY_VIOLATION, verdict.reason
+    try:
+        [verdict] = await owner.write([commit])
+    except ShardFenced as exc:
+        return NOT_COORDINATOR, str(exc)
+    if verdict.outcome is Outcome.REFUSE:
+        return POLICY_VIOLATION, verdict.reason
+    return 0, f"{what}: committed"
