@@ -1,0 +1,214 @@
+"""Compaction of a tiered topic on MinIO, run by its owner (proxy/server/compactor.py).
+
+One proxy owns both metadata shards. A three-partition topic gets a few records per
+partition through Kafka, is tiered, then gets ROUNDS rounds of records, each uploaded as
+one stream set object holding all three partitions (so each object spans both shards). A
+compaction pass then rewrites each partition's ranges into one stream object. Checked:
+every partition's committed ranges are one stream object covering [cutover, end); the
+stream set objects hold no range in either shard and leave MinIO after the grace (not
+before the other shard's part is compacted too); a consumer from the beginning reads
+every record once, in order, Kafka's part and the compacted part alike; writes after the
+pass continue the stream, and a second pass rewrites them too.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from cutover_load import (
+    create_topic,
+    proxy_config,
+    tiered_topic_id,
+    topics_command,
+    wait_owned,
+    wait_until,
+)
+from tieredfleet import s3_settings
+
+from proxy.config import parse_config
+from proxy.devstack.paths import free_port_block
+from proxy.devstack.proxy_thread import ProxyThread
+from proxy.tiering.metastreams import stream_id
+from proxy.tiering.objectkeys import ObjectKind
+from proxy.tiering.objectstore import ObjectNotFound
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 3
+SHARDS = 2
+ROUNDS = 4
+PER_ROUND = 25  # records per partition and round
+GRACE_S = 3.0
+
+
+def _produce(bootstrap: str, topic: str, prefix: str) -> dict[int, list[tuple[int, bytes]]]:
+    """PER_ROUND records to each partition; partition -> (offset, value) acknowledged."""
+    acked: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
+    errors: list[str] = []
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            acked[msg.partition()].append((msg.offset(), msg.value()))
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
+    )
+    for p in range(PARTITIONS):
+        for n in range(PER_ROUND):
+            value = f"{prefix}-{p}-{n}".encode()
+            producer.produce(topic, value, key=b"k%d" % n, partition=p, on_delivery=delivered)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    assert not errors, errors[:5]
+    return {p: sorted(records) for p, records in acked.items()}
+
+
+def _read_all(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[int, list]:
+    """Every partition from its beginning to `ends[p]`: (offset, value) in order."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"c-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and any(len(got[p]) < ends[p] for p in range(PARTITIONS)):
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got[msg.partition()].append((msg.offset(), msg.value()))
+    finally:
+        consumer.close()
+    return got
+
+
+class Topic:
+    """The tiered topic, its streams, and what was acknowledged for each partition."""
+
+    def __init__(self, proxy: ProxyThread, topic: str) -> None:
+        self.proxy, self.topic = proxy, topic
+        self.tiering = proxy.proxy.tiering
+        self.acked = _produce(proxy.bootstrap, topic, "kafka")
+        assert topics_command("tier", topic, self.tiering.peer_port).returncode == 0
+        topic_id = tiered_topic_id(proxy, topic)
+        self.streams = [stream_id(topic_id, p) for p in range(PARTITIONS)]
+        for s in self.streams:
+            wait_until(lambda s=s: self.tiering.partitions.get(s) is not None, 30, "started")
+            assert self.tiering.state(s).cutover(s) == PER_ROUND
+        assert len({self.tiering.state(s).shard for s in self.streams}) == SHARDS
+
+    def round(self, prefix: str) -> None:
+        """PER_ROUND records to each partition, then one upload: one stream set object."""
+        for p, records in _produce(self.proxy.bootstrap, self.topic, prefix).items():
+            self.acked[p] += records
+        self.proxy.run(lambda: self.tiering.uploader.flush())
+        for p, s in enumerate(self.streams):
+            end = self.acked[p][-1][0] + 1
+            wait_until(lambda s=s, e=end: self.tiering.state(s).stream_end(s) == e, 30, prefix)
+
+    def ranges(self, p: int):
+        s = self.streams[p]
+        return self.tiering.state(s).committed_ranges(s)
+
+    def owner_state(self, p: int):
+        s = self.streams[p]
+        return self.tiering.assignment.owner(self.tiering.state(s).shard).state
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.proxy.run(lambda: self.tiering.store.size(key))
+        except ObjectNotFound:
+            return False
+        return True
+
+    def read_matches_acked(self) -> None:
+        ends = {p: records[-1][0] + 1 for p, records in self.acked.items()}
+        assert _read_all(self.proxy.bootstrap, self.topic, ends) == self.acked
+
+
+def test_compaction_rewrites_stream_set_objects_into_stream_objects_and_reads_stay_exact(
+    kafka_cluster, s3_server, tmp_path
+):
+    started = time.monotonic()
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"compact-{suffix}"
+    create_topic(kafka_cluster, topic, PARTITIONS)
+    config = proxy_config(
+        kafka_cluster,
+        tmp_path,
+        f"compact-{suffix}",
+        "zone-a",
+        suffix,
+        free_port_block(8),
+        upload_interval_s=3600.0,
+        object_store=s3_settings(s3_server),
+        compaction_interval_s=3600.0,  # passes run when the test says
+        compaction_min_objects=2,
+        object_delete_grace_s=GRACE_S,
+    )
+    with ProxyThread(parse_config(config)) as proxy:
+        wait_owned([proxy], SHARDS)
+        t = Topic(proxy, topic)
+        for n in range(ROUNDS):
+            t.round(f"r{n}")
+        before = {p: t.ranges(p) for p in range(PARTITIONS)}
+        sources = {r.object_id: r.object_key for p in before for r in before[p]}
+        assert all(len(before[p]) == ROUNDS for p in before)
+        assert all(r.object_kind is ObjectKind.STREAM_SET for p in before for r in before[p])
+        assert len(sources) == ROUNDS  # each round's object holds all three partitions
+        t.read_matches_acked()
+
+        results = proxy.run(lambda: t.tiering.compactor.run_once())
+        compacted_at = time.monotonic()
+        assert sorted(r.shard for r in results) == list(range(SHARDS))
+        assert sum(len(r.written) for r in results) == PARTITIONS
+        for p in range(PARTITIONS):
+            [merged] = t.ranges(p)
+            assert merged.object_kind is ObjectKind.STREAM
+            assert (merged.start_offset, merged.end_offset) == (
+                before[p][0].start_offset,
+                before[p][-1].end_offset,
+            )
+            assert t.exists(merged.object_key)
+        # both shards' parts were rewritten: the stream set objects are garbage in both
+        for p in range(PARTITIONS):
+            assert sorted(c.object_id for c in t.owner_state(p).garbage_objects()) == sorted(
+                sources
+            )
+        # readers that planned from the old objects may still read them within the grace
+        assert all(t.exists(key) for key in sources.values())
+        t.read_matches_acked()
+
+        def deleted() -> bool:
+            return all(not t.owner_state(p).garbage_objects() for p in range(PARTITIONS))
+
+        wait_until(deleted, 10 * GRACE_S, "replaced objects deleted")
+        assert time.monotonic() - compacted_at >= GRACE_S
+        assert not any(t.exists(key) for key in sources.values())
+        assert not any(t.tiering.block_cache.has_index(key) for key in sources.values())
+        t.read_matches_acked()
+
+        # writes go on after the pass; a second pass rewrites them into stream objects
+        # once that lowers each shard's object count (a shard of two streams holds two
+        # stream objects and needs three more stream set objects for that)
+        for n in range(3):
+            t.round(f"after-{n}")
+        assert all(len(t.ranges(p)) == 4 for p in range(PARTITIONS))
+        proxy.run(lambda: t.tiering.compactor.run_once())
+        for p in range(PARTITIONS):
+            kinds = {r.object_kind for r in t.ranges(p)}
+            assert kinds == {ObjectKind.STREAM}, t.ranges(p)
+            assert t.ranges(p)[-1].end_offset == t.acked[p][-1][0] + 1
+        t.read_matches_acked()
+    print(f"compaction test took {time.monotonic() - started:.1f} s")
