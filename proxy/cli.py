@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
         command.set_defaults(func=_topics, op=op)
 
+    from offload_jobs.migrate_cli import add_parser as add_migrate
+
+    add_migrate(commands)  # offload_jobs/migrate_cli.py: the migration job (PySpark)
+
     args = parser.parse_args(argv)
     return args.func(args)
 

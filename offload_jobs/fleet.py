@@ -1,0 +1,121 @@
+"""What a migration's driver asks the fleet (docs/offload.md): the backfill gaps of a
+tiered topic, read from the metadata topic, and the commits of the objects its tasks
+wrote, handed to a proxy's peer listener (the owner of each stream's shard writes them).
+
+asyncio lives here, on the driver only; executors never import this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.server.peer_clients import PeerClients
+from proxy.tiering.metareader import ShardReader
+from proxy.tiering.metarecords import TopicMode
+from proxy.tiering.metastreams import shard_of
+
+
+class NotTiered(LookupError):
+    """The topic has no tiered partition the fleet's metadata knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionGaps:
+    partition: int
+    stream_id: int
+    log_start_offset: int
+    cutover_offset: int
+    gaps: tuple[tuple[int, int], ...]  # [start, end) of [log start, cutover) in no object
+
+
+@dataclass(frozen=True, slots=True)
+class TopicGaps:
+    topic: str
+    topic_id: uuid.UUID
+    partitions: tuple[PartitionGaps, ...]  # the cut-over partitions, by number
+
+
+async def read_gaps(
+    kafka_settings: dict, metadata_topic: str, shard_count: int, topic: str
+) -> TopicGaps:
+    """The topic's tiered partitions and what each still needs from Kafka, as every shard
+    of the metadata says now (read to its end, committed records only)."""
+    readers = [
+        ShardReader(kafka_settings, metadata_topic, k, shard_count) for k in range(shard_count)
+    ]
+    try:
+        await asyncio.gather(*(reader.start() for reader in readers))
+        await asyncio.gather(*(reader.read_to_end() for reader in readers))
+        states = [reader.state for reader in readers]
+    finally:
+        await asyncio.gather(*(reader.close() for reader in readers))
+    topic_id = None
+    for state in states:
+        for known in state.topic_ids():
+            mode = state.topic(known)
+            if mode is not None and mode.topic == topic and mode.mode is TopicMode.TIERED:
+                topic_id = known
+    if topic_id is None:
+        raise NotTiered(
+            f"topic {topic} is not tiered in metadata topic {metadata_topic} "
+            "(tierproxy topics tier it first; the migration moves what is below its cutover)"
+        )
+    found = []
+    for state in states:
+        for stream in state.stream_ids():
+            info = state.stream(stream)
+            if info is None or info.topic_id != topic_id:
+                continue
+            assert shard_of(stream, shard_count) == state.shard
+            gaps = tuple(state.backfill_gaps(stream))
+            found.append(
+                PartitionGaps(
+                    info.partition, stream, info.log_start_offset, info.cutover_offset, gaps
+                )
+            )
+    if not found:
+        raise NotTiered(f"topic {topic} is tiered but no partition is cut over yet")
+    return TopicGaps(topic, topic_id, tuple(sorted(found, key=lambda p: p.partition)))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectToCommit:
+    object_id: int
+    size: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclass
+class CommitOutcome:
+    committed: int = 0
+    already: int = 0  # the same object was committed before (a re-run)
+    refused: list[str] = field(default_factory=list)  # each with the owner's reason
+
+
+async def commit_objects(
+    peer: tuple[str, int], objects: Sequence[ObjectToCommit], *, timeout_s: float = 60.0
+) -> CommitOutcome:
+    """Ask the proxy at `peer` to commit each object through its shard's owner, a stream's
+    objects in offset order (backfill may come in any order; this order makes a log read
+    from the lowest offset usable as early as possible)."""
+    outcome = CommitOutcome()
+    clients = PeerClients(admin_timeout_s=timeout_s)
+    try:
+        for o in sorted(objects, key=lambda o: (o.stream_id, o.start_offset)):
+            code, message = await clients.backfill(
+                peer, o.object_id, o.size, o.stream_id, o.start_offset, o.end_offset
+            )
+            if code != 0:
+                outcome.refused.append(f"error {code}: {message}")
+            elif message.endswith("committed already"):
+                outcome.already += 1
+            else:
+                outcome.committed += 1
+    finally:
+        await clients.close()
+    return outcome

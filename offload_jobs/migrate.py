@@ -1,0 +1,271 @@
+"""The migration job: a tiered topic's offsets below its cutover, moved from Kafka into
+stream objects and committed, so the proxy serves them from the object store
+(docs/offload.md).
+
+The driver reads each cut-over partition's backfill gaps from the metadata topic and
+plans one Spark task per gap (cut again where a segment starts). Each task reads its
+batches byte-exact (segment files, or a live cluster through `cluster_reader`), cuts them
+into objects of about 64 MiB, and PUTs each under its deterministic key. Nothing a task
+writes is visible until the driver commits it through the shard's owner, so a task that
+fails leaves at most an object no metadata names (a re-run writes the same key again).
+A batch that cannot be trusted fails its task's partition range with the file and byte,
+reported in the summary; the other partitions go on.
+
+Runs as `tierproxy migrate` (local[*]) or through spark-submit on any cluster
+(`python -m offload_jobs.migrate` takes the same arguments; see docs/offload.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from offload_jobs.segments import SegmentReader, list_segments
+from offload_jobs.sources import SourceBatch
+from offload_jobs.writer import (
+    TARGET_OBJECT_BYTES,
+    OffloadTask,
+    build_stream_object,
+    cut_objects,
+    plan_tasks,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSpec:
+    """The object store as plain values, so it travels to executors: `kind` "local"
+    (`directory`) or "s3" (`s3`: the fields of `S3Config`)."""
+
+    kind: str
+    directory: str = ""
+    s3: dict[str, Any] | None = None
+
+    @classmethod
+    def from_settings(cls, settings) -> StoreSpec:  # settings: tiering.ObjectStoreSettings
+        s3 = None if settings.s3 is None else dataclasses.asdict(settings.s3)
+        return cls(settings.kind, str(settings.directory), s3)
+
+    async def open(self):
+        if self.kind == "s3":
+            from proxy.tiering.s3store import S3Config, S3Store
+
+            return await S3Store.open(S3Config(**(self.s3 or {})))
+        from proxy.tiering.localstore import LocalDirectoryStore
+
+        return LocalDirectoryStore(self.directory)
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateJob:
+    topic: str
+    bootstrap: str  # the upstream Kafka: the metadata topic, and --from-cluster reads
+    metadata_topic: str
+    shard_count: int
+    store: StoreSpec
+    peer: tuple[str, int]  # any proxy's peer listener: commits go through it
+    segment_dirs: tuple[str, ...] = ()  # log directories holding <topic>-<partition>/
+    from_cluster: bool = False
+    target_object_bytes: int = TARGET_OBJECT_BYTES
+    cluster_settings: dict[str, Any] = field(default_factory=dict)
+
+    def partition_dir(self, partition: int) -> Path | None:
+        """The first of the log directories holding this partition's segments."""
+        for directory in self.segment_dirs:
+            candidate = Path(directory) / f"{self.topic}-{partition}"
+            if candidate.is_dir():
+                return candidate
+        return None
+
+
+@dataclass
+class TaskResult:
+    task: OffloadTask
+    objects: list[tuple[int, int, int, int]] = field(default_factory=list)  # id, size, a, b
+    batches: int = 0
+    records: int = 0
+    record_bytes: int = 0
+    object_bytes: int = 0
+    error: str | None = None
+    torn_tail: str | None = None
+
+
+def _batches(job: MigrateJob, task: OffloadTask) -> tuple[Iterator[SourceBatch], str, Any]:
+    if job.from_cluster:
+        from offload_jobs import cluster_reader  # part of the job only where it exists
+
+        where = f"{job.topic}-{task.partition} on {job.bootstrap}"
+        read = cluster_reader.read_batches(
+            job.bootstrap,
+            job.topic,
+            task.partition,
+            task.start_offset,
+            task.end_offset,
+            **job.cluster_settings,
+        )
+        return read, where, None
+    directory = job.partition_dir(task.partition)
+    if directory is None:
+        raise FileNotFoundError(
+            f"no {job.topic}-{task.partition} directory under {', '.join(job.segment_dirs)}"
+        )
+    reader = SegmentReader(directory)
+    return reader.read(task.start_offset, task.end_offset), str(directory), reader
+
+
+def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
+    """One task, on an executor: read, cut, build and PUT its objects (not committed)."""
+    result = TaskResult(task)
+
+    async def write() -> None:
+        batches, where, reader = _batches(job, task)
+        store = await job.store.open()
+        try:
+            plans = cut_objects(
+                task.stream_id,
+                task.start_offset,
+                task.end_offset,
+                batches,
+                target_bytes=job.target_object_bytes,
+                where=where,
+            )
+            for plan in plans:
+                built = build_stream_object(plan)
+                await store.put(built.key, built.pieces)
+                result.objects.append(
+                    (plan.object_id, built.size, plan.start_offset, plan.end_offset)
+                )
+                result.batches += len(plan.batches)
+                result.records += plan.record_count
+                result.record_bytes += plan.size
+                result.object_bytes += built.size
+        finally:
+            await store.close()
+            if reader is not None and reader.torn_tail is not None:
+                t = reader.torn_tail
+                result.torn_tail = f"{t.path}: {t.size} bytes from byte {t.position} ({t.reason})"
+
+    try:
+        asyncio.run(write())
+    except (ValueError, FileNotFoundError) as exc:  # corrupt or missing data: this range only
+        where = f"{job.topic}-{task.partition} [{task.start_offset}, {task.end_offset})"
+        result.error = f"{where}: {exc}"
+    return result
+
+
+@dataclass
+class Summary:
+    topic: str
+    tasks: int = 0
+    objects: int = 0
+    committed: int = 0
+    already: int = 0
+    batches: int = 0
+    records: int = 0
+    record_bytes: int = 0
+    object_bytes: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    torn_tails: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def line(self) -> str:
+        mib = self.record_bytes / (1 << 20)
+        text = (
+            f"migrated {self.topic}: {mib:.1f} MiB, {self.batches} batches, "
+            f"{self.records} records, {self.objects} objects ({self.committed} committed, "
+            f"{self.already} committed already) in {self.seconds:.1f} s"
+        )
+        for tail in self.torn_tails:
+            text += f"\n  torn tail left out: {tail}"
+        for error in self.errors:
+            text += f"\n  FAILED: {error}"
+        return text
+
+
+def plan(job: MigrateJob, gaps) -> list[OffloadTask]:  # gaps: fleet.TopicGaps
+    tasks = []
+    for p in gaps.partitions:
+        bases: list[int] = []
+        directory = None if job.from_cluster else job.partition_dir(p.partition)
+        if directory is not None:
+            bases = [s.base_offset for s in list_segments(directory)]
+        tasks.extend(plan_tasks(p.partition, p.stream_id, p.gaps, bases))
+    return tasks
+
+
+def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> Summary:
+    """Run the job on `spark` and commit what it wrote; the summary says what moved and
+    what failed (a failed range is not committed, the others are)."""
+    from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
+
+    started = time.monotonic()
+    kafka = {"bootstrap_servers": job.bootstrap}
+    gaps = asyncio.run(read_gaps(kafka, job.metadata_topic, job.shard_count, job.topic))
+    tasks = plan(job, gaps)
+    summary = Summary(job.topic, tasks=len(tasks))
+    progress(f"{job.topic}: {len(gaps.partitions)} tiered partitions, {len(tasks)} ranges to move")
+    results: list[TaskResult] = []
+    if tasks:
+        rdd = spark.sparkContext.parallelize(tasks, len(tasks))
+        watcher = _Progress(spark, len(tasks), progress)
+        try:
+            results = rdd.map(lambda task: run_task(job, task)).collect()
+        finally:
+            watcher.stop()
+    to_commit = []
+    for r in results:
+        if r.torn_tail:
+            summary.torn_tails.append(r.torn_tail)
+        if r.error:
+            summary.errors.append(r.error)
+            continue
+        summary.objects += len(r.objects)
+        summary.batches += r.batches
+        summary.records += r.records
+        summary.record_bytes += r.record_bytes
+        summary.object_bytes += r.object_bytes
+        for object_id, size, start, end in r.objects:
+            to_commit.append(ObjectToCommit(object_id, size, r.task.stream_id, start, end))
+    if to_commit:
+        outcome = asyncio.run(commit_objects(job.peer, to_commit))
+        summary.committed, summary.already = outcome.committed, outcome.already
+        summary.errors.extend(f"commit refused: {reason}" for reason in outcome.refused)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+class _Progress:
+    """A line per second while the job runs: tasks done of all."""
+
+    def __init__(self, spark, total: int, progress: Callable[[str], None]) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        tracker = spark.sparkContext.statusTracker()
+
+        def watch() -> None:
+            last = None
+            while not self._stop.wait(1.0):
+                done = 0
+                for stage in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(stage)
+                    if info is not None:
+                        done += info.numCompletedTasks
+                if done != last:
+                    progress(f"  {done}/{total} ranges written")
+                    last = done
+
+        self._thread = threading.Thread(target=watch, name="migrate-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

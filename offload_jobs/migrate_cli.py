@@ -1,0 +1,111 @@
+"""`tierproxy migrate`, and the same job under spark-submit:
+
+    spark-submit --py-files tierproxy.zip offload_jobs/migrate_cli.py TOPIC --config ... \\
+        --peer HOST:PORT --from-segments /path/to/log-dir
+
+Settings come from a proxy's YAML (`--config`): the upstream bootstrap, the metadata
+topic, the shard count and the object store, so the job writes exactly where the fleet
+reads. The exit code is 0 when every range moved and was committed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(commands) -> None:
+    """The `migrate` subcommand of `tierproxy` (commands: argparse subparsers)."""
+    text = "move a tiered topic's offsets below its cutover from Kafka to the object store"
+    migrate = commands.add_parser("migrate", help=text, description=text)
+    add_arguments(migrate)
+    migrate.set_defaults(func=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+    parser.add_argument("--config", type=Path, required=True, help="a proxy's YAML config")
+    parser.add_argument(
+        "--peer", required=True, help="host:port of any proxy's peer listener (tiering.peer_port)"
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--from-segments",
+        action="append",
+        metavar="PATH",
+        help="a Kafka log directory (or a copy) holding <topic>-<partition>/ folders; "
+        "repeat for several (each partition is read from the first that has it)",
+    )
+    source.add_argument(
+        "--from-cluster", action="store_true", help="read the upstream cluster with Fetch"
+    )
+    parser.add_argument("--master", default="local[*]", help="Spark master (tierproxy migrate)")
+    parser.add_argument(
+        "--object-mib", type=int, default=64, help="target size of a stream object, MiB"
+    )
+
+
+def job_from_args(args: argparse.Namespace):
+    from offload_jobs.migrate import MigrateJob, StoreSpec
+    from proxy.config import load_config
+
+    config = load_config(args.config)
+    tiering = config.tiering
+    host, _, port = args.peer.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--peer {args.peer!r}: not host:port")
+    if args.object_mib < 1:
+        raise ValueError(f"--object-mib {args.object_mib}: must be at least 1")
+    return MigrateJob(
+        topic=args.topic,
+        bootstrap=",".join(f"{h}:{p}" for h, p in config.upstream.bootstrap),
+        metadata_topic=tiering.metadata_topic,
+        shard_count=tiering.shard_count,
+        store=StoreSpec.from_settings(tiering.object_store),
+        peer=(host, int(port)),
+        segment_dirs=tuple(args.from_segments or ()),
+        from_cluster=args.from_cluster,
+        target_object_bytes=args.object_mib << 20,
+    )
+
+
+def run(args: argparse.Namespace, spark=None) -> int:
+    from offload_jobs.fleet import NotTiered
+    from offload_jobs.migrate import migrate
+    from proxy.config import ConfigError
+
+    try:
+        job = job_from_args(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"tierproxy migrate: {exc}", file=sys.stderr)
+        return 2
+    own_session = spark is None
+    if own_session:
+        from proxy.devstack.spark import spark_session
+
+        spark = spark_session("tierproxy-migrate", master=args.master)
+    try:
+        summary = migrate(spark, job, progress=lambda line: print(line, flush=True))
+    except NotTiered as exc:
+        print(f"tierproxy migrate: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if own_session:
+            spark.stop()
+    print(summary.line(), flush=True)
+    return 0 if summary.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit's entry point: the session spark-submit configured."""
+    from pyspark.sql import SparkSession
+
+    parser = argparse.ArgumentParser(prog="migrate_cli.py", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args, SparkSession.builder.appName("tierproxy-migrate").getOrCreate())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
