@@ -5,7 +5,9 @@ log) and the spec values this module does not know (max timestamp, KIP-405's loc
 tiered ends): `answer_here` sends those upstream. The proxy answers:
 
 - EARLIEST, once retention moved the tiered log start past the cutover (Kafka's log
-  end): that log start. Kafka's records below it are trimmed as far as clients go;
+  end), or once the offload job has moved all of [log start, cutover) into objects
+  (Kafka's copy may then be deleted, its log start is no longer the log's): the tiered
+  log start. Kafka's records below it are trimmed as far as clients go;
 - LATEST: the partition's high watermark (on a proxy that does not own it, the committed
   end, or the owner's high watermark when the owner answers over the peer protocol);
 - a timestamp: Kafka's answer when Kafka's part of the log has a record at or after it
@@ -49,15 +51,17 @@ _SIZE = struct.Struct(">i")
 
 def answer_here(tiering, topic: str, partition: int, timestamp: int) -> bool:
     """Whether the proxy answers this ListOffsets partition (a cut-over tiered one, for
-    LATEST or a timestamp; for EARLIEST too once retention trimmed it past its cutover)."""
+    LATEST or a timestamp; for EARLIEST too once retention trimmed it past its cutover or
+    the offload job filled it below its cutover)."""
     found = tiering.topics.topic(topic)
     if found is None or (timestamp < 0 and timestamp not in (LATEST, EARLIEST)):
         return False
     stream = stream_of(found, partition)
-    info = tiering.state(stream).stream(stream)
+    state = tiering.state(stream)
+    info = state.stream(stream)
     if info is None:
         return False
-    return timestamp != EARLIEST or _trimmed_past_cutover(info)
+    return timestamp != EARLIEST or _trimmed_past_cutover(info) or not state.backfill_gaps(stream)
 
 
 def _trimmed_past_cutover(info) -> bool:
@@ -74,7 +78,7 @@ async def list_offset(tiering, topic: str, partition: int, timestamp: int) -> tu
     info = None if state is None else state.stream(stream)
     if info is None:
         return NOT_LEADER_OR_FOLLOWER, -1, -1
-    if timestamp == EARLIEST:  # answer_here took it: trimmed past the cutover
+    if timestamp == EARLIEST:  # answer_here took it: trimmed past the cutover, or backfilled
         return NONE, -1, info.log_start_offset
     end = await tiering.reads.high_watermark(stream)
     if timestamp == LATEST:

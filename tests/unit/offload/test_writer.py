@@ -5,6 +5,7 @@ object read back with the object format's own reader, batches verbatim."""
 from __future__ import annotations
 
 import pytest
+from test_segments import batch
 
 from offload_jobs.sources import SourceBatch
 from offload_jobs.writer import (
@@ -18,7 +19,6 @@ from proxy.tiering.batches import iter_batches
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id
 from proxy.tiering.objectformat import find_entries, read_block, read_object
 from proxy.tiering.objectkeys import ObjectKind, parse_object_key
-from tests.unit.offload.test_segments import batch
 
 STREAM = 12345
 
