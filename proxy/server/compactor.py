@@ -50,6 +50,7 @@ from proxy.tiering.metastreams import StreamRange
 from proxy.tiering.objectformat import BuiltObject, IndexEntry, ObjectWriter, read_block
 from proxy.tiering.objectkeys import ObjectKind
 from proxy.tiering.objectstore import ObjectStore
+from proxy.tiering.ratelimit import BandwidthLimiter, Priority
 
 log = logging.getLogger("tierproxy.compaction")
 
@@ -99,10 +100,12 @@ class Compactor:
         enabled: bool = True,
         forget: Callable[[str], None] | None = None,
         registry: CollectorRegistry | None = None,
+        bandwidth: BandwidthLimiter | None = None,
         clock: Callable[[], float] = time.monotonic,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.settings = settings or CompactionSettings()
+        self._bandwidth = bandwidth or BandwidthLimiter(None)  # reads and writes wait here
         self.interval_s, self.enabled = interval_s, enabled
         self.stats = CompactorStats()
         self.gc = GarbageCollector(
@@ -153,6 +156,7 @@ class Compactor:
             enabled=config.compaction_enabled,
             forget=cache.forget if cache is not None else None,
             registry=service.proxy.metrics.registry,
+            bandwidth=service.bandwidth.limiter if service.bandwidth is not None else None,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -270,6 +274,7 @@ class Compactor:
             for new in plan.objects:
                 fetched = await asyncio.gather(*(self._read(r, indexes) for r in new.sources))
                 obj = await asyncio.to_thread(self._assemble, new, self._allocate(), fetched)
+                await self._bandwidth.acquire(Priority.COMPACTION, obj.size)
                 await self._store.put(obj.key, obj.pieces)
                 built.append(obj)
         except BaseException:
@@ -282,6 +287,9 @@ class Compactor:
         if index is None:  # a small stream object taken in
             index = indexes[r.object_id] = await self._index(r)
         entries = blocks_for(index, r)
+        await self._bandwidth.acquire(
+            Priority.COMPACTION, entries[-1].end_position - entries[0].position
+        )
         async with self._gets:
             data = await self._store.get(
                 r.object_key, entries[0].position, entries[-1].end_position

@@ -27,6 +27,7 @@ from proxy.apis.produce_split import (
     split,
 )
 from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.ratelimit import Priority
 
 INVALID_REQUEST = 42
 MESSAGE_TOO_LARGE = 10
@@ -95,6 +96,8 @@ async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> Part
             error_message=f"{len(part.records)} bytes exceed {tiering.max_batch_bytes}",
         )
     else:
+        if part.records is not None and tiering.bandwidth is not None:  # never waits
+            await tiering.bandwidth.limiter.acquire(Priority.PRODUCE, len(part.records))
         answer = await tiering.produce(
             part.topic, part.partition, part.records, view.acks, view.timeout_ms
         )

@@ -26,6 +26,7 @@ from proxy.tiering.objectformat import ObjectFormatError
 from proxy.tiering.objectstore import ObjectStoreError
 from proxy.tiering.peer_codec import frame_size
 from proxy.tiering.peer_messages import FetchRequest, FetchResponse
+from proxy.tiering.ratelimit import Priority
 from proxy.tiering.stream_reader import StreamReader
 from proxy.tiering.topic_index import stream_of
 
@@ -172,6 +173,7 @@ class TieredReads:
         if offset < log_start or (partition is not None and offset > end):
             return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
         records: Sequence[memoryview] = ()
+        priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
         if max_bytes > 0 and offset < end:
             try:
                 found_batches = await self.reader.read(
@@ -186,6 +188,7 @@ class TieredReads:
             records = found_batches.batches
             if not records and partition is not None:
                 records, _ = self.log_cache.read(stream, offset, max_bytes)
+                priority = Priority.TAIL_READ
         if not records and partition is None and max_bytes > 0:  # the tail, on its owner
             tail = await self._owner_tail(stream, offset, max_bytes, 0)
             if tail is not None:
@@ -193,6 +196,10 @@ class TieredReads:
                 if tail.error_code == OFFSET_OUT_OF_RANGE:
                     return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
                 records = tail.records
+                priority = Priority.TAIL_READ
+        if records and self.service.bandwidth is not None:
+            size = sum(len(memoryview(piece)) for piece in records)
+            await self.service.bandwidth.limiter.acquire(priority, size)
         return TieredFetchResult(NONE, end, end, log_start, None, -1, tuple(records))
 
     async def _wait_for_data(self, parts: Sequence[TieredFetchPartition], left_s: float) -> None:

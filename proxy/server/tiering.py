@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.server.backfill import commit_backfill
+from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
@@ -101,6 +102,7 @@ class TieringService:
         self.block_cache: BlockCache | None = None
         self.log_cache = LogCache(self.config.log_cache_bytes)
         self.reads: TieredReads | None = None
+        self.bandwidth: Bandwidth | None = None  # bandwidth.py; set at start
         self.wal: WriteAheadLog | None = None
         self.partitions: PartitionSet | None = None
         self.uploader: Uploader | None = None
@@ -132,6 +134,9 @@ class TieringService:
         await asyncio.gather(*(reader.start() for reader in self.readers))
         await asyncio.gather(*(reader.caught_up() for reader in self.readers))
         registry = self.proxy.metrics.registry
+        self.bandwidth = Bandwidth(
+            config.bandwidth_bytes_per_s, config.bandwidth_burst_bytes, registry
+        )
         self.store = await open_store(config, registry)
         config.wal_directory.mkdir(parents=True, exist_ok=True)
         self.wal = await WriteAheadLog.open(
@@ -210,6 +215,8 @@ class TieringService:
             await self.block_cache.close()
         if self.store is not None:
             await self.store.close()
+        if self.bandwidth is not None:
+            self.bandwidth.close()
 
     @property
     def peer_port(self) -> int:

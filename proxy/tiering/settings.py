@@ -65,6 +65,10 @@ class TieringConfig:
     compaction_small_object_bytes: int = 32 * MiB  # objects below this are rewritten
     stream_object_bytes: int = 64 * MiB  # the stream objects compaction writes, at most
     compaction_max_bytes: int = 1024 * MiB  # source objects one pass reads, at most
+    # bytes per second shared, by priority, by produce (never waits), tail reads, compaction
+    # and catch-up reads (docs/tiering.md, "Bandwidth"); 0: unlimited
+    bandwidth_bytes_per_s: int = 0
+    bandwidth_burst_bytes: int = 0  # 0: one second's worth
     object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
 
     @property
@@ -115,6 +119,12 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         ),
         object_delete_grace_s=section.number(
             "object_delete_grace_s", defaults.object_delete_grace_s, minimum=0.0
+        ),
+        bandwidth_bytes_per_s=section.integer(
+            "bandwidth_bytes_per_s", defaults.bandwidth_bytes_per_s, minimum=0
+        ),
+        bandwidth_burst_bytes=section.integer(
+            "bandwidth_burst_bytes", defaults.bandwidth_burst_bytes, minimum=0
         ),
         object_store=_object_store(section.section("object_store")),
         **_compaction(section, defaults),

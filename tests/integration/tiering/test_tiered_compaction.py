@@ -17,23 +17,14 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from cutover_load import (
-    create_topic,
-    proxy_config,
-    tiered_topic_id,
-    topics_command,
-    wait_owned,
-    wait_until,
-)
+from cutover_load import create_topic, proxy_config, wait_owned, wait_until
+from tiered_topic import TieredTopic
 from tieredfleet import s3_settings
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
 from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectNotFound
 
 pytestmark = pytest.mark.kafka
 
@@ -42,99 +33,6 @@ SHARDS = 2
 ROUNDS = 4
 PER_ROUND = 25  # records per partition and round
 GRACE_S = 3.0
-
-
-def _produce(bootstrap: str, topic: str, prefix: str) -> dict[int, list[tuple[int, bytes]]]:
-    """PER_ROUND records to each partition; partition -> (offset, value) acknowledged."""
-    acked: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
-    errors: list[str] = []
-
-    def delivered(err, msg) -> None:
-        if err is not None:
-            errors.append(str(err))
-        else:
-            acked[msg.partition()].append((msg.offset(), msg.value()))
-
-    producer = Producer(
-        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
-    )
-    for p in range(PARTITIONS):
-        for n in range(PER_ROUND):
-            value = f"{prefix}-{p}-{n}".encode()
-            producer.produce(topic, value, key=b"k%d" % n, partition=p, on_delivery=delivered)
-        producer.poll(0)
-    assert producer.flush(60) == 0
-    assert not errors, errors[:5]
-    return {p: sorted(records) for p, records in acked.items()}
-
-
-def _read_all(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[int, list]:
-    """Every partition from its beginning to `ends[p]`: (offset, value) in order."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"c-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "error",
-        }
-    )
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline and any(len(got[p]) < ends[p] for p in range(PARTITIONS)):
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            assert msg.error() is None, msg.error()
-            got[msg.partition()].append((msg.offset(), msg.value()))
-    finally:
-        consumer.close()
-    return got
-
-
-class Topic:
-    """The tiered topic, its streams, and what was acknowledged for each partition."""
-
-    def __init__(self, proxy: ProxyThread, topic: str) -> None:
-        self.proxy, self.topic = proxy, topic
-        self.tiering = proxy.proxy.tiering
-        self.acked = _produce(proxy.bootstrap, topic, "kafka")
-        assert topics_command("tier", topic, self.tiering.peer_port).returncode == 0
-        topic_id = tiered_topic_id(proxy, topic)
-        self.streams = [stream_id(topic_id, p) for p in range(PARTITIONS)]
-        for s in self.streams:
-            wait_until(lambda s=s: self.tiering.partitions.get(s) is not None, 30, "started")
-            assert self.tiering.state(s).cutover(s) == PER_ROUND
-        assert len({self.tiering.state(s).shard for s in self.streams}) == SHARDS
-
-    def round(self, prefix: str) -> None:
-        """PER_ROUND records to each partition, then one upload: one stream set object."""
-        for p, records in _produce(self.proxy.bootstrap, self.topic, prefix).items():
-            self.acked[p] += records
-        self.proxy.run(lambda: self.tiering.uploader.flush())
-        for p, s in enumerate(self.streams):
-            end = self.acked[p][-1][0] + 1
-            wait_until(lambda s=s, e=end: self.tiering.state(s).stream_end(s) == e, 30, prefix)
-
-    def ranges(self, p: int):
-        s = self.streams[p]
-        return self.tiering.state(s).committed_ranges(s)
-
-    def owner_state(self, p: int):
-        s = self.streams[p]
-        return self.tiering.assignment.owner(self.tiering.state(s).shard).state
-
-    def exists(self, key: str) -> bool:
-        try:
-            self.proxy.run(lambda: self.tiering.store.size(key))
-        except ObjectNotFound:
-            return False
-        return True
-
-    def read_matches_acked(self) -> None:
-        ends = {p: records[-1][0] + 1 for p, records in self.acked.items()}
-        assert _read_all(self.proxy.bootstrap, self.topic, ends) == self.acked
 
 
 def test_compaction_rewrites_stream_set_objects_into_stream_objects_and_reads_stay_exact(
@@ -159,7 +57,8 @@ def test_compaction_rewrites_stream_set_objects_into_stream_objects_and_reads_st
     )
     with ProxyThread(parse_config(config)) as proxy:
         wait_owned([proxy], SHARDS)
-        t = Topic(proxy, topic)
+        t = TieredTopic(proxy, topic, PARTITIONS, PER_ROUND)
+        assert len({t.tiering.state(s).shard for s in t.streams}) == SHARDS
         for n in range(ROUNDS):
             t.round(f"r{n}")
         before = {p: t.ranges(p) for p in range(PARTITIONS)}
