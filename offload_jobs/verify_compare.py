@@ -140,6 +140,17 @@ class VerifyReport:
         document["partitions"] = [asdict(p) | {"ok": p.ok} for p in self.partitions]
         return json.dumps(document, indent=2)
 
+    def line(self) -> str:
+        """The summary: what was compared, how long it took, the verdict."""
+        mib = sum(p.kafka_bytes for p in self.partitions) / (1 << 20)
+        batches = sum(p.kafka_batches for p in self.partitions)
+        records = sum(p.kafka_records for p in self.partitions)
+        verdict = "OK" if self.ok else "FAILED"
+        return (
+            f"verified {self.topic}: {mib:.1f} MiB, {batches} batches, {records} records "
+            f"in {self.seconds:.1f} s: {verdict}"
+        )
+
     def table(self) -> str:
         """A table a person signs off: one line per partition, then every mismatch."""
         rows = [("partition", "range", "kafka batches", "records", "bytes", "objects", "verdict")]

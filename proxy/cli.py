@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     from offload_jobs.migrate_cli import add_parser as add_migrate
 
     add_migrate(commands)  # offload_jobs/migrate_cli.py: the migration job (PySpark)
+    from offload_jobs.report_cli import add_parsers as add_verify_and_export
+
+    add_verify_and_export(commands)  # offload_jobs/report_cli.py: verify, Parquet export
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -91,3 +91,4 @@ def test_the_report_as_json_and_table():
     assert "orders-1 offset 10: batch [10, 14]" in table
     assert "2 MISMATCH" in table and " OK" in table
     assert VerifyReport("orders", (good,)).table().splitlines()[0].endswith(": OK")
+    assert report.line() == "verified orders: 0.0 MiB, 8 batches, 30 records in 1.5 s: FAILED"

@@ -1,0 +1,237 @@
+"""The Parquet export: a topic's records for analytics backfills, from Kafka or from the
+object layout (docs/offload.md, "Parquet export").
+
+One Spark task per partition reads its batches (the cluster reader, Kafka's log start to
+its high watermark; or the objects of every range the fleet's metadata commits), decodes
+them (`export_records`: read_committed, markers and aborted records left out) and writes
+one Parquet file per day under hive-style directories:
+
+    <destination>/topic=<topic>/partition=<n>/date=<YYYY-MM-DD>/part-<n>-<first offset>.parquet
+
+File names are deterministic, so a run again overwrites what it wrote before. The
+destination is a local path or s3://bucket/prefix (pyarrow's S3 filesystem, pointed at
+the configured endpoint). A batch that cannot be read or decoded fails its partition with
+the offset, reported in the summary; the other partitions go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from offload_jobs.cluster_reader import ClusterReadError, read_batches
+from offload_jobs.export_records import ExportDecodeError, RecordDecoder, to_table
+from offload_jobs.kafka_client import describe_topic, log_offsets
+from offload_jobs.migrate import StoreSpec
+from offload_jobs.object_source import ObjectReadError, object_batches
+from offload_jobs.progress import TaskProgress
+from offload_jobs.sources import SourceBatch
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metastreams import StreamRange, shard_of, stream_id
+
+SOURCES = ("kafka", "objects")
+
+
+@dataclass(frozen=True, slots=True)
+class ExportJob:
+    topic: str
+    bootstrap: str
+    destination: str  # a local directory, or s3://bucket/prefix
+    source: str = "kafka"  # or "objects": the committed ranges in the object store
+    store: StoreSpec | None = None  # the object store (source "objects")
+    s3: dict[str, Any] | None = None  # S3Config fields for an s3:// destination
+    metadata_topic: str = "__tierproxy_metadata"
+    shard_count: int = 8
+    cluster_settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"export source {self.source!r}: one of {', '.join(SOURCES)}")
+        if self.source == "objects" and self.store is None:
+            raise ValueError("export source 'objects': needs the object store")
+        if self.destination.startswith("s3://"):
+            if self.s3 is None or not self.s3.get("endpoint_url"):
+                raise ValueError(f"export to {self.destination}: needs S3 settings (endpoint)")
+            if not urlparse(self.destination).netloc:
+                raise ValueError(f"export to {self.destination}: no bucket named")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionExport:
+    """One task: a partition, and where its batches come from."""
+
+    partition: int
+    start: int = 0  # Kafka: [start, end)
+    end: int = 0
+    stream_id: int = 0  # objects: these ranges of this stream
+    ranges: tuple[StreamRange, ...] = ()
+
+
+@dataclass
+class PartitionResult:
+    partition: int
+    batches: int = 0
+    bytes: int = 0
+    records: int = 0
+    aborted: int = 0
+    markers: int = 0
+    undecided: int = 0
+    files: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _filesystem(job: ExportJob):
+    """(pyarrow filesystem, root path in it)."""
+    from pyarrow import fs
+
+    if not job.destination.startswith("s3://"):
+        return fs.LocalFileSystem(), job.destination.rstrip("/")
+    s3 = job.s3 or {}
+    endpoint = urlparse(s3["endpoint_url"])
+    filesystem = fs.S3FileSystem(
+        access_key=s3.get("access_key_id"),
+        secret_key=s3.get("secret_access_key"),
+        region=s3.get("region") or "us-east-1",
+        endpoint_override=endpoint.netloc or endpoint.path,
+        scheme=endpoint.scheme or "https",
+        force_virtual_addressing=not s3.get("path_style", True),
+    )
+    target = urlparse(job.destination)
+    return filesystem, f"{target.netloc}/{target.path.strip('/')}".rstrip("/")
+
+
+def _batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
+    if job.source == "kafka":
+        yield from read_batches(
+            job.bootstrap, job.topic, task.partition, task.start, task.end,
+            allow_gaps=True, **job.cluster_settings,
+        )  # fmt: skip
+        return
+    assert job.store is not None
+
+    async def collect() -> list[SourceBatch]:
+        store = await job.store.open()
+        try:
+            return [b async for b in object_batches(store, task.stream_id, task.ranges)]
+        finally:
+            await store.close()
+
+    yield from asyncio.run(collect())
+
+
+def export_partition(job: ExportJob, task: PartitionExport) -> PartitionResult:
+    """One task, on an executor: read, decode, write one file per day."""
+    import pyarrow.parquet as pq
+
+    result = PartitionResult(task.partition)
+    where = f"{job.topic}-{task.partition}"
+    decoder = RecordDecoder()
+    try:
+        for batch in _batches(job, task):
+            decoder.add(batch)
+        rows = decoder.finish()
+        filesystem, root = _filesystem(job)
+        for date, day in sorted(rows.by_date.items()):
+            directory = f"{root}/topic={job.topic}/partition={task.partition}/date={date}"
+            filesystem.create_dir(directory, recursive=True)
+            path = f"{directory}/part-{task.partition}-{day[0][0]}.parquet"
+            pq.write_table(to_table(day), path, filesystem=filesystem)
+            result.files.append(path)
+    except ClusterReadError as exc:  # names the partition itself
+        result.error = str(exc)
+        return result
+    except (ExportDecodeError, ObjectReadError) as exc:
+        result.error = f"{where} at {exc}"
+        return result
+    except OSError as exc:  # pyarrow's for a destination it cannot write
+        result.error = f"{where}: writing to {job.destination}: {exc}"
+        return result
+    for name in ("batches", "bytes", "records", "aborted", "markers", "undecided"):
+        setattr(result, name, getattr(rows, name))
+    return result
+
+
+@dataclass
+class ExportSummary:
+    topic: str
+    destination: str
+    partitions: int = 0
+    batches: int = 0
+    bytes: int = 0
+    records: int = 0
+    aborted: int = 0
+    markers: int = 0
+    undecided: int = 0
+    files: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def line(self) -> str:
+        text = (
+            f"exported {self.topic} to {self.destination}: {self.bytes / (1 << 20):.1f} MiB, "
+            f"{self.batches} batches, {self.records} records ({self.aborted} aborted and "
+            f"{self.undecided} undecided left out, {self.markers} transaction markers), "
+            f"{self.files} files in {self.seconds:.1f} s"
+        )
+        return text + "".join(f"\n  FAILED: {error}" for error in self.errors)
+
+
+def plan(
+    job: ExportJob, topic_id, partitions: int, states: Mapping[int, MetadataState] | None
+) -> list[PartitionExport]:
+    tasks = []
+    for partition in range(partitions):
+        if job.source == "kafka":
+            start, end = log_offsets(job.bootstrap, job.topic, partition, **job.cluster_settings)
+            tasks.append(PartitionExport(partition, start, end))
+            continue
+        assert states is not None
+        stream = stream_id(topic_id, partition)
+        ranges = states[shard_of(stream, job.shard_count)].committed_ranges(stream)
+        if ranges:
+            tasks.append(PartitionExport(partition, stream_id=stream, ranges=ranges))
+    return tasks
+
+
+def export(
+    spark,
+    job: ExportJob,
+    states: Mapping[int, MetadataState] | None = None,
+    progress: Callable[[str], None] = print,
+) -> ExportSummary:
+    """Run the job on `spark`. `states` (source "objects"): each shard's metadata, read
+    from the metadata topic when not given."""
+    started = time.monotonic()
+    topic_id, partitions = describe_topic(job.bootstrap, job.topic, **job.cluster_settings)
+    if job.source == "objects" and states is None:
+        from offload_jobs.verify import read_states
+
+        states = asyncio.run(read_states(job.bootstrap, job.metadata_topic, job.shard_count))
+    tasks = plan(job, topic_id, partitions, states)
+    progress(f"{job.topic}: exporting {len(tasks)} partitions from {job.source}")
+    results: list[PartitionResult] = []
+    if tasks:
+        watcher = TaskProgress(spark, len(tasks), "partitions exported", progress)
+        try:
+            rdd = spark.sparkContext.parallelize(tasks, len(tasks))
+            results = rdd.map(lambda task: export_partition(job, task)).collect()
+        finally:
+            watcher.stop()
+    summary = ExportSummary(job.topic, job.destination, partitions=len(tasks))
+    for r in sorted(results, key=lambda r: r.partition):
+        if r.error:
+            summary.errors.append(r.error)
+            continue
+        for name in ("batches", "bytes", "records", "aborted", "markers", "undecided"):
+            setattr(summary, name, getattr(summary, name) + getattr(r, name))
+        summary.files += len(r.files)
+    summary.seconds = time.monotonic() - started
+    return summary

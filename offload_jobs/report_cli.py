@@ -1,0 +1,136 @@
+"""`tierproxy verify` and `tierproxy export`, and the same jobs under spark-submit:
+
+    spark-submit --py-files tierproxy.zip offload_jobs/report_cli.py verify TOPIC --config ...
+    spark-submit --py-files tierproxy.zip offload_jobs/report_cli.py export TOPIC \\
+        --config ... --to s3://bucket/prefix
+
+Settings come from a proxy's YAML (`--config`): the upstream bootstrap, the metadata
+topic, the shard count and the object store (whose S3 endpoint and credentials an
+s3:// export destination uses). Exit codes: 0 verified / exported, 1 a mismatch or a
+partition that failed, 2 bad settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parsers(commands) -> None:
+    """The `verify` and `export` subcommands of `tierproxy` (argparse subparsers)."""
+    text = "compare a tiered topic's objects with Kafka's log, batch by batch"
+    verify = commands.add_parser("verify", help=text, description=text)
+    _common(verify)
+    verify.add_argument("--json", type=Path, default=None, help="also write the report here")
+    verify.set_defaults(func=run_verify)
+    text = "write a topic's records as Parquet (topic/partition/date directories)"
+    export = commands.add_parser("export", help=text, description=text)
+    _common(export)
+    export.add_argument("--to", required=True, help="a local directory or s3://bucket/prefix")
+    export.add_argument(
+        "--from", dest="source", choices=("kafka", "objects"), default="kafka",
+        help="read Kafka's log (default) or the objects the fleet's metadata commits",
+    )  # fmt: skip
+    export.set_defaults(func=run_export)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+    parser.add_argument("--config", type=Path, required=True, help="a proxy's YAML config")
+    parser.add_argument("--master", default="local[*]", help="Spark master")
+
+
+def _settings(args: argparse.Namespace):
+    """(bootstrap, tiering config, store spec) from --config."""
+    from offload_jobs.migrate import StoreSpec
+    from proxy.config import load_config
+
+    config = load_config(args.config)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in config.upstream.bootstrap)
+    tiering = config.tiering
+    return bootstrap, tiering, StoreSpec.from_settings(tiering.object_store)
+
+
+def _spark(args: argparse.Namespace, spark, name: str):
+    if spark is not None:
+        return spark, False
+    from proxy.devstack.spark import spark_session
+
+    return spark_session(f"tierproxy-{name}", master=args.master), True
+
+
+def run_verify(args: argparse.Namespace, spark=None) -> int:
+    from offload_jobs.verify import VerifyJob, verify
+    from proxy.config import ConfigError
+
+    try:
+        bootstrap, tiering, store = _settings(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"tierproxy verify: {exc}", file=sys.stderr)
+        return 2
+    job = VerifyJob(args.topic, bootstrap, store, tiering.metadata_topic, tiering.shard_count)
+    spark, own = _spark(args, spark, "verify")
+    try:
+        report = verify(spark, job, progress=lambda line: print(line, flush=True))
+    except LookupError as exc:
+        print(f"tierproxy verify: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if own:
+            spark.stop()
+    print(report.table())
+    if args.json is not None:
+        args.json.write_text(report.to_json() + "\n")
+    print(report.line(), flush=True)
+    return 0 if report.ok else 1
+
+
+def run_export(args: argparse.Namespace, spark=None) -> int:
+    import dataclasses
+
+    from offload_jobs.export import ExportJob, export
+    from proxy.config import ConfigError
+
+    try:
+        bootstrap, tiering, store = _settings(args)
+        s3 = tiering.object_store.s3
+        if args.to.startswith("s3://") and s3 is None:
+            raise ValueError(
+                f"--to {args.to}: tiering.object_store.s3 is not set; the export uses its "
+                "endpoint and credentials"
+            )
+        job = ExportJob(
+            args.topic, bootstrap, args.to, source=args.source, store=store,
+            s3=None if s3 is None else dataclasses.asdict(s3),
+            metadata_topic=tiering.metadata_topic, shard_count=tiering.shard_count,
+        )  # fmt: skip
+    except (ConfigError, ValueError) as exc:
+        print(f"tierproxy export: {exc}", file=sys.stderr)
+        return 2
+    spark, own = _spark(args, spark, "export")
+    try:
+        summary = export(spark, job, progress=lambda line: print(line, flush=True))
+    except LookupError as exc:
+        print(f"tierproxy export: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if own:
+            spark.stop()
+    print(summary.line(), flush=True)
+    return 0 if summary.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """spark-submit's entry point: the session spark-submit configured."""
+    from pyspark.sql import SparkSession
+
+    parser = argparse.ArgumentParser(prog="report_cli.py", description=__doc__)
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    spark = SparkSession.builder.appName(f"tierproxy-{args.command}").getOrCreate()
+    return args.func(args, spark)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
