@@ -149,9 +149,14 @@ def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
                 t = reader.torn_tail
                 result.torn_tail = f"{t.path}: {t.size} bytes from byte {t.position} ({t.reason})"
 
+    bad_data: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
+    if job.from_cluster:
+        from offload_jobs.cluster_reader import ClusterReadError
+
+        bad_data += (ClusterReadError,)
     try:
         asyncio.run(write())
-    except (ValueError, FileNotFoundError) as exc:  # corrupt or missing data: this range only
+    except bad_data as exc:  # corrupt, missing or unreadable data: this range fails alone
         where = f"{job.topic}-{task.partition} [{task.start_offset}, {task.end_offset})"
         result.error = f"{where}: {exc}"
     return result
