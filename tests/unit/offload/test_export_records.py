@@ -1,0 +1,98 @@
+"""The export's decoding with batches built here: plain records become rows with every
+field; a transaction's records become rows at its commit marker and are dropped at its
+abort; markers are never rows; a transaction with no marker is undecided; rows are
+grouped by their UTC date; a batch that cannot be decoded names its offset."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from offload_jobs.export_records import (
+    ABORT,
+    COMMIT,
+    ExportDecodeError,
+    RecordDecoder,
+    to_table,
+    utc_date,
+)
+from offload_jobs.sources import SourceBatch
+from proxy.tiering.batches import (
+    ATTRIBUTES_POSITION,
+    CRC_POSITION,
+    read_batch_header,
+    with_base_offset,
+)
+
+DAY_MS = 86_400_000
+T0 = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC
+
+
+def batch(
+    base: int, rows: list[tuple], *, producer: int = -1, transactional=False, codec: int = 1
+) -> SourceBatch:
+    """A v2 batch as aiokafka's producer writes it; gzip unless told."""
+    epoch = sequence = 0 if producer >= 0 else -1
+    builder = DefaultRecordBatchBuilder(2, codec, transactional, producer, epoch, sequence, 1 << 20)
+    for i, (timestamp, key, value, headers) in enumerate(rows):
+        builder.append(i, timestamp=timestamp, key=key, value=value, headers=headers)
+    data = with_base_offset(bytes(builder.build()), base)
+    return SourceBatch(base, base + len(rows) - 1, memoryview(bytes(data)))
+
+
+def marker(offset: int, producer: int, kind: int) -> SourceBatch:
+    """A control batch as a transaction coordinator writes it (control bit, one record)."""
+    made = batch(offset, [(T0, struct.pack(">hh", 0, kind), b"\0\0\0\0\0\0", [])],
+                 producer=producer, transactional=True, codec=0)  # fmt: skip
+    data = bytearray(made.data)
+    attributes = struct.unpack_from(">h", data, ATTRIBUTES_POSITION)[0] | 0x20
+    struct.pack_into(">h", data, ATTRIBUTES_POSITION, attributes)
+    struct.pack_into(">I", data, CRC_POSITION, crc32c.crc32c(data[ATTRIBUTES_POSITION:]))
+    assert read_batch_header(data).is_control
+    return SourceBatch(offset, offset, memoryview(bytes(data)))
+
+
+def test_plain_records_become_rows_with_every_field():
+    decoder = RecordDecoder()
+    decoder.add(batch(0, [(T0, b"k", b"v", [("h", b"1"), ("h", None)]), (T0 + 1, None, None, [])]))
+    rows = decoder.finish()
+    assert rows.records == 2 and rows.batches == 1 and rows.bytes > 0
+    assert rows.by_date == {
+        "2023-11-14": [
+            (0, T0, b"k", b"v", [{"key": "h", "value": b"1"}, {"key": "h", "value": None}]),
+            (1, T0 + 1, None, None, []),
+        ]
+    }
+
+
+def test_transactions_commit_abort_and_undecided():
+    decoder = RecordDecoder()
+    decoder.add(batch(0, [(T0, None, b"a", [])] * 2, producer=7, transactional=True))
+    decoder.add(batch(2, [(T0, None, b"b", [])], producer=8, transactional=True))
+    decoder.add(batch(3, [(T0, None, b"plain", [])]))
+    decoder.add(marker(4, 8, ABORT))
+    decoder.add(marker(5, 7, COMMIT))
+    decoder.add(batch(6, [(T0, None, b"open", [])] * 3, producer=8, transactional=True))
+    rows = decoder.finish()
+    day = rows.by_date[utc_date(T0)]
+    assert [(r[0], r[3]) for r in day] == [(3, b"plain"), (0, b"a"), (1, b"a")]
+    assert (rows.records, rows.aborted, rows.markers, rows.undecided) == (3, 1, 2, 3)
+    table = to_table(sorted(day))
+    assert table.column("offset").to_pylist() == [0, 1, 3]
+
+
+def test_rows_are_grouped_by_utc_date():
+    decoder = RecordDecoder()
+    decoder.add(batch(0, [(T0, None, b"x", []), (T0 + DAY_MS, None, b"y", [])]))
+    assert sorted(decoder.finish().by_date) == ["2023-11-14", "2023-11-15"]
+
+
+def test_a_batch_that_cannot_be_decoded_names_its_offset():
+    good = batch(40, [(T0, None, b"x" * 50, [])])
+    data = bytearray(good.data)
+    data[-10:] = b"\xff" * 10  # the compressed records no longer decompress
+    with pytest.raises(ExportDecodeError, match="offset 40: cannot decode the batch"):
+        RecordDecoder().add(SourceBatch(40, 40, memoryview(bytes(data))))
