@@ -31,8 +31,9 @@ from offloaddata import CODECS, Produced, Topic, create_topic, position, produce
 
 from offload_jobs import migrate_cli
 from offload_jobs.segments import SegmentReader
+from proxy.server.peer_clients import PeerClients
 from proxy.tiering.batches import iter_batches
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, shard_of, stream_id
+from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of, stream_id
 from proxy.tiering.objectformat import find_entries, read_block, read_object
 from proxy.tiering.objectkeys import parse_object_key
 from tests.integration.tiering.tieredfleet import TieredFleet, wait_for
@@ -43,9 +44,10 @@ PER_CODEC = 200
 AFTER = 40  # records through the proxy, past the cutover
 
 
-@pytest.fixture
-def fleet(kafka_cluster, s3_server, tmp_path):
-    fleet = TieredFleet(kafka_cluster.bootstrap, s3_server, tmp_path, zones=("zone-a",),
+@pytest.fixture(scope="module")
+def fleet(kafka_cluster, s3_server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("fleet")
+    fleet = TieredFleet(kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",),
                         shard_count=2)  # fmt: skip
     try:
         fleet.start()
@@ -56,6 +58,8 @@ def fleet(kafka_cluster, s3_server, tmp_path):
 
 
 def _migrate(fleet: TieredFleet, spark, topic: str, dirs: list[Path], capsys) -> tuple[int, str]:
+    """`tierproxy migrate` in this process, on the session's Spark: (exit code, output).
+    No `dirs`: --from-cluster."""
     proxy = fleet["zone-a"]
     parser = argparse.ArgumentParser()
     migrate_cli.add_arguments(parser)
@@ -63,6 +67,8 @@ def _migrate(fleet: TieredFleet, spark, topic: str, dirs: list[Path], capsys) ->
     argv += ["--peer", f"127.0.0.1:{proxy.peer_port}"]
     for directory in dirs:
         argv += ["--from-segments", str(directory)]
+    if not dirs:
+        argv.append("--from-cluster")
     code = migrate_cli.run(parser.parse_args(argv), spark=spark)
     out = capsys.readouterr()
     return code, out.out + out.err
@@ -143,7 +149,8 @@ def _objects_hold_kafkas_batches(fleet: TieredFleet, topic_id, partition: int, l
 
     fleet._loop.run(read())
     kafka = [bytes(b.data) for b in SegmentReader(log_dir).read(0, cutover)]
-    assert stored == kafka and len(kafka) > 10
+    assert len(kafka) > 3
+    assert stored == kafka
 
 
 def test_migrate_from_segments_then_drop_kafkas_copy(fleet, kafka_cluster, spark, tmp_path, capsys):
@@ -157,14 +164,7 @@ def test_migrate_from_segments_then_drop_kafkas_copy(fleet, kafka_cluster, spark
         produce(bootstrap, topic, codec, PER_CODEC)
         time.sleep(0.6)
     produce(bootstrap, topic, "lz4", 100, transactional=True)
-    fleet.tier(topic.name)
-    topic_id = next(
-        state.topic(t).topic_id
-        for state in fleet.states()
-        for t in state.topic_ids()
-        if state.topic(t).topic == topic.name
-    )
-    cutovers = fleet.wait_for_cutover(topic_id, topic.partitions)
+    topic_id, cutovers = _tier(fleet, topic)
     _produce_through_proxy(fleet.bootstrap(), topic)
     log_dirs = [Path(node.data_dir) / "logs" for node in kafka_cluster.nodes]
 
@@ -206,7 +206,23 @@ def test_migrate_from_segments_then_drop_kafkas_copy(fleet, kafka_cluster, spark
     assert code == 0 and "0 ranges to move" in out and " 0 objects" in out, out
     assert _offload_keys(fleet) == before
 
-    # Kafka's copy goes; the proxy serves the whole log from the objects
+    _drop_kafkas_copy_and_read_all(fleet, bootstrap, topic, cutovers)
+
+
+def _tier(fleet: TieredFleet, topic: Topic):
+    """Tier the topic; (its id, {partition: cutover offset}) once every partition is."""
+    fleet.tier(topic.name)
+    topic_id = next(
+        state.topic(t).topic_id
+        for state in fleet.states()
+        for t in state.topic_ids()
+        if state.topic(t).topic == topic.name
+    )
+    return topic_id, fleet.wait_for_cutover(topic_id, topic.partitions)
+
+
+def _drop_kafkas_copy_and_read_all(fleet, bootstrap: str, topic: Topic, cutovers) -> None:
+    """DeleteRecords up to each cutover, then the whole topic through the proxy from 0."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     deleted = admin.delete_records(
         [TopicPartition(topic.name, p, cutovers[p]) for p in range(topic.partitions)]
@@ -217,6 +233,58 @@ def test_migrate_from_segments_then_drop_kafkas_copy(fleet, kafka_cluster, spark
     assert [r.offset for r in expected if r.partition == 0][0] == 0
     got = _read_all(fleet.bootstrap(), topic, len(expected))
     assert _same(got) == _same(expected)
+
+
+def _backfill(fleet: TieredFleet, object_id: int, size: int, stream: int, start: int, end: int):
+    """(error code, message) of a backfill commit sent to the proxy's peer listener."""
+
+    async def ask():
+        clients = PeerClients()
+        try:
+            address = ("127.0.0.1", fleet["zone-a"].peer_port)
+            return await clients.backfill(address, object_id, size, stream, start, end)
+        finally:
+            await clients.close()
+
+    return fleet._loop.run(ask())
+
+
+def test_migrate_from_the_cluster_and_what_the_owner_refuses(fleet, kafka_cluster, spark, capsys):
+    bootstrap = kafka_cluster.bootstrap
+    code, out = _migrate(fleet, spark, f"not-tiered-{uuid.uuid4().hex[:8]}", [], capsys)
+    assert code == 1 and "is not tiered in metadata topic" in out, out
+
+    topic = Topic(f"migrate-c-{uuid.uuid4().hex[:8]}", 1)
+    create_topic(bootstrap, topic.name, topic.partitions, {"min.insync.replicas": "2"})
+    produce(bootstrap, topic, "snappy", 150)
+    produce(bootstrap, topic, "zstd", 60, transactional=True)
+    topic_id, cutovers = _tier(fleet, topic)
+    _produce_through_proxy(fleet.bootstrap(), topic)
+    code, out = _migrate(fleet, spark, topic.name, [], capsys)
+    assert code == 0, out
+    assert "1 tiered partitions, 1 ranges to move" in out and "(1 committed" in out, out
+    log_dir = Path(kafka_cluster.nodes[0].data_dir) / "logs" / f"{topic.name}-0"
+    _objects_hold_kafkas_batches(fleet, topic_id, 0, log_dir)
+
+    # the owner checks every backfill commit: the one committed, sent again, is a no-op
+    stream = stream_id(topic_id, 0)
+    [migrated] = fleet.states()[shard_of(stream, 2)].committed_ranges(stream)[:1]
+    assert (migrated.start_offset, migrated.end_offset) == (0, cutovers[0])
+    again = (migrated.object_id, migrated.object_size, stream, 0, cutovers[0])
+    assert _backfill(fleet, *again) == (0, f"stream {stream} [0, {cutovers[0]}) in object "
+                                        f"{migrated.object_id}: committed already")  # fmt: skip
+    code, message = _backfill(fleet, migrated.object_id, 100, stream, 0, 5)
+    assert code == 42 and "not the offload object id of that range" in message
+    code, message = _backfill(fleet, offload_object_id(stream, 0, 5), 100, stream, 0, 5)
+    assert code == 44 and "overlap" in message, message
+    past = (offload_object_id(stream, 1, cutovers[0] + 1), 100, stream, 1, cutovers[0] + 1)
+    code, message = _backfill(fleet, *past)
+    assert code == 44 and f"ends past the cutover {cutovers[0]}" in message
+    other = stream_id(uuid.uuid4(), 0)
+    code, message = _backfill(fleet, offload_object_id(other, 0, 5), 100, other, 0, 5)
+    assert code == 3 and "the stream is not tiered" in message
+
+    _drop_kafkas_copy_and_read_all(fleet, bootstrap, topic, cutovers)
 
 
 def _offload_keys(fleet: TieredFleet) -> set[str]:
