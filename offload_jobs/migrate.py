@@ -34,6 +34,7 @@ from offload_jobs.writer import (
     cut_objects,
     plan_tasks,
 )
+from proxy.tiering.objectstore import ObjectStoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,14 +150,16 @@ def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
                 t = reader.torn_tail
                 result.torn_tail = f"{t.path}: {t.size} bytes from byte {t.position} ({t.reason})"
 
-    bad_data: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)
+    # Corrupt, missing or unreadable data, or a store that kept failing after its own
+    # retries: this range fails alone (reported, not committed), the others go on.
+    range_errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError, ObjectStoreError)
     if job.from_cluster:
         from offload_jobs.cluster_reader import ClusterReadError
 
-        bad_data += (ClusterReadError,)
+        range_errors += (ClusterReadError,)
     try:
         asyncio.run(write())
-    except bad_data as exc:  # corrupt, missing or unreadable data: this range fails alone
+    except range_errors as exc:
         where = f"{job.topic}-{task.partition} [{task.start_offset}, {task.end_offset})"
         result.error = f"{where}: {exc}"
     return result
