@@ -71,6 +71,8 @@ def job_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, spark=None) -> int:
+    from aiokafka.errors import KafkaError
+
     from offload_jobs.fleet import NotTiered
     from offload_jobs.migrate import migrate
     from proxy.config import ConfigError
@@ -89,6 +91,13 @@ def run(args: argparse.Namespace, spark=None) -> int:
         summary = migrate(spark, job, progress=lambda line: print(line, flush=True))
     except NotTiered as exc:
         print(f"tierproxy migrate: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, TimeoutError, KafkaError) as exc:  # Kafka or the peer unreachable
+        print(
+            f"tierproxy migrate: cannot reach Kafka or the proxy: {exc!r} (what is not "
+            "committed is not visible; run it again)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         if own_session:
