@@ -56,6 +56,7 @@ from proxy.server.streams import (
     read_whole,
 )
 from proxy.server.tiered_answers import TieredAnswers
+from proxy.server.tiered_deletes import plan_delete_records
 from proxy.server.tiered_fetch import plan_fetch
 from proxy.server.tiered_offsets import plan_list_offsets
 from proxy.server.tiered_produce import count_in_flight, plan_produce
@@ -67,7 +68,9 @@ _SIZE = struct.Struct(">i")
 API_PRODUCE = 0
 API_FETCH = 1
 API_LIST_OFFSETS = 2
-TIERED_APIS = frozenset((API_PRODUCE, API_FETCH, API_LIST_OFFSETS))  # split when tiering
+API_DELETE_RECORDS = 21
+# split when tiering
+TIERED_APIS = frozenset((API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_DELETE_RECORDS))
 API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
@@ -258,7 +261,8 @@ class ClientConnection(TieredAnswers):
                 self._upstream_task.result()  # re-raise why upstream stopped
 
     async def _plan(self, header: RequestHeader, frame: memoryview) -> Plan | None:
-        """How a Produce, Fetch or ListOffsets splits between the tiered partitions, answered
+        """How a Produce, Fetch, ListOffsets or DeleteRecords splits between the tiered
+        partitions, answered
         here, and the rest (None or a plan with no local part: all of it goes upstream)."""
         tiering, version = self.proxy.tiering, header.api_version
         head, body = frame[: header.size], frame[header.size :]
@@ -267,6 +271,8 @@ class ClientConnection(TieredAnswers):
                 return plan_produce(tiering, head, body, version)
             if header.api_key == API_FETCH:
                 return await plan_fetch(tiering, head, body, version, reader=id(self))
+            if header.api_key == API_DELETE_RECORDS:
+                return plan_delete_records(tiering, head, body, version)
             return plan_list_offsets(tiering, head, body, version)
         except FrameError as exc:
             raise RejectedFrame("malformed_request", str(exc)) from None

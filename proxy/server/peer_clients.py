@@ -31,6 +31,8 @@ from proxy.tiering.peer_codec import (
     PeerFrameReader,
     PeerMessage,
     PeerProtocolError,
+    TrimRequest,
+    TrimResponse,
     encode,
     frame_size,
 )
@@ -274,6 +276,17 @@ class PeerClients:
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)
         return response.error_code, response.message
+
+    async def trim(
+        self, address: Address, stream_id: int, offset: int, timeout_ms: int
+    ) -> tuple[int, int, str]:
+        """(error code, log start, message) from the owner of the stream's metadata shard,
+        asked to move the stream's log start up to `offset` (-1: its high watermark)."""
+        request = TrimRequest(0, stream_id, offset, timeout_ms)
+        timeout = self.admin_timeout_s + timeout_ms / 1000
+        response = await self._connection(address).call(request, TrimResponse, timeout)
+        assert isinstance(response, TrimResponse)
+        return response.error_code, response.log_start_offset, response.message
 
     async def fetch(
         self,

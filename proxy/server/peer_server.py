@@ -30,6 +30,8 @@ from proxy.tiering.peer_codec import (
     FetchResponse,
     PeerFrameReader,
     PeerProtocolError,
+    TrimRequest,
+    TrimResponse,
     encode,
     frame_size,
 )
@@ -45,6 +47,7 @@ OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
 OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
 OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
 OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
+OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 
 KAFKA_STORAGE_ERROR = int(ErrorCode.KAFKA_STORAGE_ERROR)  # retriable: the producer retries
 UNKNOWN_SERVER_ERROR = -1
@@ -61,7 +64,7 @@ def _describe(exc: BaseException) -> str:
 
 # -- shared with peer_clients.py -----------------------------------------------------------
 
-Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest
+Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest | TrimRequest
 READ_BYTES = 256 * 1024
 
 
@@ -76,8 +79,9 @@ def peer_name(address: object) -> str:
 
 class PeerServer:
     """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
-    fetches to other proxies, given `on_backfill`, offload jobs' commits; without a
-    handler such a request is answered UNSUPPORTED_VERSION.
+    fetches to other proxies, given `on_backfill`, offload jobs' commits, given
+    `on_trim`, DeleteRecords on tiered partitions; without a handler such a request is
+    answered UNSUPPORTED_VERSION.
 
     Handlers start in the order their requests arrive (each one's first step runs before the
     next one's), so an owner can queue one stream's batches in the order they were sent.
@@ -96,6 +100,7 @@ class PeerServer:
         on_fetch: OnFetch | None = None,
         *,
         on_backfill: OnBackfill | None = None,
+        on_trim: OnTrim | None = None,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
         linger_s: float = 10.0,
@@ -106,6 +111,7 @@ class PeerServer:
         self._on_admin = on_admin
         self._on_fetch = on_fetch
         self._on_backfill = on_backfill
+        self._on_trim = on_trim
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         self.linger_s = linger_s
@@ -206,6 +212,8 @@ class PeerServer:
             response = await self._fetch(request, peer)
         elif isinstance(request, BackfillRequest):
             response = await self._backfill(request, peer)
+        elif isinstance(request, TrimRequest):
+            response = await self._trim(request, peer)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
@@ -257,3 +265,14 @@ class PeerServer:
             stream, object_id = request.stream_id, request.object_id
             log.exception("backfill of stream %d object %d from %s failed", stream, object_id, peer)
             return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+
+    async def _trim(self, request: TrimRequest, peer: str) -> TrimResponse:
+        cid = request.correlation_id
+        if self._on_trim is None:
+            return TrimResponse(cid, UNSUPPORTED_VERSION, -1, "this proxy takes no trims")
+        try:
+            code, log_start, message = await self._on_trim(request)
+            return TrimResponse(cid, code, log_start, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            log.exception("trim of stream %d from %s failed", request.stream_id, peer)
+            return TrimResponse(cid, UNKNOWN_SERVER_ERROR, -1, _describe(exc))

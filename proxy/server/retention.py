@@ -30,9 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from proxy.server.trims import write_trim
 from proxy.tiering.batches import CorruptBatchError, iter_batches
 from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import StreamTrim
 from proxy.tiering.metastore import ShardFenced, ShardOwner
 from proxy.tiering.metastreams import StreamInfo, StreamRange, topic_shard
 from proxy.tiering.objectformat import ObjectFormatError, find_entries
@@ -239,16 +239,10 @@ class Retention:
         log_start = plan.log_start_offset if end is None else min(plan.log_start_offset, end)
         if log_start <= info.log_start_offset:
             return
-        trim = StreamTrim(
-            owner.state.generation, stream, info.incarnation, log_start, owner.epoch, now_ms
-        )
-        [verdict] = await owner.write([trim])
+        verdict = await write_trim(self.service, owner, info, log_start, now_ms)
         if not verdict.accepted:
             log.warning("retention of stream %d: trim to %d: %s", stream, log_start, verdict.reason)
             return
-        partition = self.service.partitions.get(stream) if self.service.partitions else None
-        if partition is not None:
-            partition.log_start_offset = max(partition.log_start_offset, log_start)
         report.trimmed[stream] = log_start
         log.info(
             "retention of stream %d: log start %d -> %d (%d ranges by retention.ms, %d by "

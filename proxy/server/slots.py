@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.server.tiered_deletes import DeletePlan
 from proxy.server.tiered_fetch import FetchPlan
 from proxy.server.tiered_offsets import OffsetsPlan
 from proxy.server.tiered_produce import ProducePlan
 
-Plan = ProducePlan | FetchPlan | OffsetsPlan  # each has view, upstream_frame, local, merge
+# each has view, upstream_frame, local, merge
+Plan = ProducePlan | FetchPlan | OffsetsPlan | DeletePlan
 
 
 @dataclass(slots=True)
@@ -21,6 +23,4 @@ class Slot:
     api_version: int
     data: tuple[bytes | bytearray | memoryview, ...] | None = None
     local: bool = False  # answered by the proxy itself, not by a broker
-    plan: ProducePlan | FetchPlan | OffsetsPlan | None = (
-        None  # a request split by a proxy that tiers topics
-    )
+    plan: Plan | None = None  # a request split by a proxy that tiers topics

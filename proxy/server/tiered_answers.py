@@ -27,9 +27,9 @@ class TieredAnswers:
     async def _tiered_request(
         self, header: RequestHeader, plan: Plan, expects_answer: bool, size: int
     ) -> None:
-        """A Produce, Fetch or ListOffsets with tiered partitions: those are under way in
-        `plan.local`; the rest, if any, goes upstream as a smaller request, and the
-        answers are merged."""
+        """A Produce, Fetch, ListOffsets or DeleteRecords with tiered partitions: those are
+        under way in `plan.local`; the rest, if any, goes upstream as a smaller request,
+        and the answers are merged."""
         assert plan.local is not None
         if plan.upstream_frame is not None and self.upstream_writer is None:
             await self._connect_upstream()
@@ -76,7 +76,9 @@ class TieredAnswers:
         view = memoryview(frame)
         head = response_header_size(slot.api_key, slot.api_version, view)
         body = self._merged_body(slot, view[head:])
-        body = RESPONSE_REWRITERS[slot.api_key](slot.api_version, body, self.zone.advertise)
+        rewriter = RESPONSE_REWRITERS.get(slot.api_key)  # ListOffsets, DeleteRecords: none
+        if rewriter is not None:
+            body = rewriter(slot.api_version, body, self.zone.advertise)
         return (_SIZE.pack(head + len(body)) + bytes(view[:head]) + bytes(body),)
 
     def _merged_body(self, slot: Slot, upstream: memoryview | None) -> bytes:

@@ -33,6 +33,7 @@ from proxy.server.peer_server import PeerServer
 from proxy.server.retention import Retention
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
+from proxy.server.trims import trim_stream
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
 from proxy.tiering.localstore import LocalDirectoryStore
@@ -160,6 +161,7 @@ class TieringService:
             self._on_peer_admin,
             self._on_peer_fetch,
             on_backfill=lambda request: commit_backfill(self, request),
+            on_trim=lambda request: trim_stream(self, request),
         )
         await self.peer_server.start()
         self.s3wal_reader = S3WalReader(self.store)

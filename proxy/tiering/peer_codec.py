@@ -19,7 +19,8 @@ Every message is one frame, big-endian::
     9       1     type            u8: 1 append request, 2 append response,
                                       3 admin request, 4 admin response,
                                       5 fetch request, 6 fetch response,
-                                      7 backfill request (answered by an admin response)
+                                      7 backfill request (answered by an admin response),
+                                      8 trim request, 9 trim response
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -40,6 +41,8 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      records size u32, records (whole batches, one after another)
     backfill request object_id u64, size i64 (> 0), stream_id u64, start_offset i64,
                      end_offset i64 (> start_offset)
+    trim request     stream_id u64, offset i64 (>= -1), timeout_ms i32 (>= 0)
+    trim response    error_code i16, log_start_offset i64 (>= -1), message string
 
 A type this code does not know is refused like any bad frame, so a peer sending fetches
 to a proxy that predates them loses that connection (and the calls waiting on it).
@@ -71,6 +74,8 @@ from proxy.tiering.peer_messages import (
     FetchRequest,
     FetchResponse,
     PeerMessage,
+    TrimRequest,
+    TrimResponse,
     buffer_size,
     check_range,
 )
@@ -95,6 +100,8 @@ _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms,
 _FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
 _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
 _BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset, end_offset
+_TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
+_TRIMMED = struct.Struct(">hq")  # error_code, log_start_offset
 
 DIRECT = 1
 S3 = 2
@@ -102,6 +109,7 @@ S3 = 2
 APPEND_REQUEST, APPEND_RESPONSE, ADMIN_REQUEST, ADMIN_RESPONSE = 1, 2, 3, 4
 FETCH_REQUEST, FETCH_RESPONSE = 5, 6
 BACKFILL_REQUEST = 7
+TRIM_REQUEST, TRIM_RESPONSE = 8, 9
 
 
 class PeerProtocolError(ValueError):
@@ -162,6 +170,13 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
         kind = BACKFILL_REQUEST
         m = message
         body = _BACKFILL.pack(m.object_id, m.size, m.stream_id, m.start_offset, m.end_offset)
+    elif isinstance(message, TrimRequest):
+        kind = TRIM_REQUEST
+        body = _TRIM.pack(message.stream_id, message.offset, message.timeout_ms)
+    elif isinstance(message, TrimResponse):
+        kind = TRIM_RESPONSE
+        body = _TRIMMED.pack(message.error_code, message.log_start_offset)
+        body += _string(message.message)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
@@ -292,6 +307,15 @@ def _backfill_request(cur: _Cursor, cid: int) -> BackfillRequest:
     return BackfillRequest(cid, *cur.fixed(_BACKFILL, "backfill request"))
 
 
+def _trim_request(cur: _Cursor, cid: int) -> TrimRequest:
+    return TrimRequest(cid, *cur.fixed(_TRIM, "trim request"))
+
+
+def _trim_response(cur: _Cursor, cid: int) -> TrimResponse:
+    error_code, log_start_offset = cur.fixed(_TRIMMED, "trim response")
+    return TrimResponse(cid, error_code, log_start_offset, cur.string("trim response message"))
+
+
 _DECODERS = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
@@ -300,6 +324,8 @@ _DECODERS = {
     FETCH_REQUEST: _fetch_request,
     FETCH_RESPONSE: _fetch_response,
     BACKFILL_REQUEST: _backfill_request,
+    TRIM_REQUEST: _trim_request,
+    TRIM_RESPONSE: _trim_response,
 }
 
 

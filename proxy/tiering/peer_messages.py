@@ -224,6 +224,42 @@ class BackfillRequest:
         check_range("end_offset", self.end_offset, self.start_offset + 1, I64_MAX)
 
 
+@dataclass(frozen=True, slots=True)
+class TrimRequest:
+    """DeleteRecords on a tiered partition: move `stream_id`'s log start up to `offset`
+    (-1: its high watermark). Sent to any proxy, which hands it to the owner of the
+    stream's metadata shard; that owner uploads what the trim needs committed first (for
+    at most `timeout_ms`) and writes the StreamTrim."""
+
+    correlation_id: int
+    stream_id: int
+    offset: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("offset", self.offset, -1, I64_MAX)
+        check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResponse:
+    """The answer to a TrimRequest: Kafka's error code, the stream's log start after it
+    (-1 with an error), and a message saying why."""
+
+    correlation_id: int
+    error_code: int
+    log_start_offset: int
+    message: str
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        check_range("log_start_offset", self.log_start_offset, -1, I64_MAX)
+        check_string("message", self.message, 0xFFFF)
+
+
 PeerMessage = (
     AppendRequest
     | AppendResponse
@@ -232,6 +268,8 @@ PeerMessage = (
     | FetchRequest
     | FetchResponse
     | BackfillRequest
+    | TrimRequest
+    | TrimResponse
 )
 
 

@@ -24,6 +24,8 @@ from proxy.tiering.peer_codec import (
     FetchResponse,
     PeerFrameReader,
     PeerProtocolError,
+    TrimRequest,
+    TrimResponse,
     decode_frame,
     encode,
     encode_frame,
@@ -52,6 +54,10 @@ MESSAGES = [
     FetchResponse(12, 1, 7, 0),
     FetchResponse(13, -1, -(1 << 63), (1 << 63) - 1),
     BackfillRequest(14, (1 << 64) - 1, 4096, 42, 0, 1000),
+    TrimRequest(15, 42, -1, 30_000),
+    TrimRequest(16, (1 << 64) - 1, (1 << 63) - 1, 0),
+    TrimResponse(17, 0, 1200, "stream 42: log start 1200"),
+    TrimResponse(18, 1, -1, "offset 9 is past the high watermark 5"),
 ]
 
 
@@ -230,7 +236,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 8, 255])
+@pytest.mark.parametrize("kind", [0, 10, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -346,3 +352,17 @@ def test_backfill_request_layout_and_bad_ranges():
         decode_frame(empty)
     with pytest.raises(ValueError, match="size 0"):
         BackfillRequest(3, 5, 0, 42, 10, 20)
+
+
+def test_trim_request_layout_and_bad_offsets():
+    frame = encode_frame(TrimRequest(3, 42, 1000, 500))
+    assert frame[8:10] == bytes([1, 8])
+    assert frame[14:] == struct.pack(">Qqi", 42, 1000, 500)
+    below = reframe(struct.pack(">BBIQqi", 1, 8, 3, 42, -2, 500))
+    with pytest.raises(PeerProtocolError, match="message type 8: offset -2"):
+        decode_frame(below)
+    negative_wait = reframe(struct.pack(">BBIQqi", 1, 8, 3, 42, 0, -1))
+    with pytest.raises(PeerProtocolError, match="timeout_ms -1"):
+        decode_frame(negative_wait)
+    with pytest.raises(ValueError, match="log_start_offset -2"):
+        TrimResponse(3, 0, -2, "")

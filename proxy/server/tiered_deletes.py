@@ -1,0 +1,117 @@
+"""DeleteRecords on tiered partitions (docs/tiering.md, "DeleteRecords").
+
+A tiered partition's log is Kafka's below the cutover and the stream's from it on, so
+deleting the records below offset o (-1: the high watermark) is two deletes:
+
+- Kafka deletes its records below min(o, cutover): the partition stays in the request
+  sent upstream, its offset rewritten when o is past the cutover (or -1);
+- the owner of the stream's shard moves the stream's log start to o (trims.py), so the
+  proxy no longer serves what objects hold below it (an offload job's copy included).
+
+The answer is Kafka's error if Kafka's part failed (the client retries the whole delete;
+both parts are idempotent), else the trim's error or its new log start, which is o.
+Partitions of topics that are not tiered go upstream as they came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.apis.api21_delete_records import (
+    HIGH_WATERMARK,
+    DeletePartitionView,
+    DeleteRecordsRequestView,
+    DeleteResult,
+    merge_responses,
+    read_delete_records_request,
+    read_delete_records_response,
+    split,
+)
+from proxy.server.trims import trim_stream
+from proxy.tiering.peer_messages import TrimRequest
+from proxy.tiering.topic_index import stream_of
+
+OFFSET_OUT_OF_RANGE = 1
+KAFKA_STORAGE_ERROR = 56
+_SIZE = struct.Struct(">i")
+
+Key = tuple[str, int]
+
+
+@dataclass(slots=True, eq=False)
+class DeletePlan:
+    view: DeleteRecordsRequestView
+    upstream_frame: tuple[bytes | memoryview, ...] | None  # framed, header included
+    local: asyncio.Future[dict]  # (topic, partition) -> DeleteResult of the trims
+    tiered: tuple[Key, ...] = ()
+    passthrough_topics: tuple[str, ...] = ()  # not counted in flight
+
+    def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
+        kafka = {} if upstream is None else read_delete_records_response(api_version, upstream)[1]
+        results = {}
+        for key, trimmed in local.items():
+            part = kafka.get(key)
+            results[key] = part if part is not None and part.error_code else trimmed
+        return merge_responses(api_version, self.view, upstream, results)
+
+    def failed(self, error: BaseException) -> dict:
+        return {key: DeleteResult(KAFKA_STORAGE_ERROR) for key in self.tiered}
+
+
+def plan_delete_records(
+    tiering, header_bytes: memoryview, body: memoryview, api_version: int
+) -> DeletePlan | None:
+    """The plan for one DeleteRecords; None to forward it as it came. FrameError if it
+    cannot be read."""
+    if not tiering.topics.any():
+        return None
+    view = read_delete_records_request(api_version, body)
+    cutovers: dict[Key, tuple[int, int]] = {}  # tiered (topic, partition) -> stream, cutover
+    for topic in view.topics:
+        found = tiering.topics.topic(topic.topic)
+        if found is None:
+            continue
+        for p in topic.partitions:
+            stream = stream_of(found, p.partition)
+            info = tiering.state(stream).stream(stream)
+            if info is not None:
+                cutovers[topic.topic, p.partition] = (stream, info.cutover_offset)
+    if not cutovers:
+        return None
+
+    def kafka_offset(topic: str, p: DeletePartitionView) -> int:
+        tiered = cutovers.get((topic, p.partition))
+        if tiered is None or HIGH_WATERMARK < p.offset <= tiered[1]:
+            return p.offset
+        return tiered[1]  # -1 or past the cutover: all of Kafka's part
+
+    upstream_body = split(view, kafka_offset)
+    assert upstream_body is not None  # every tiered partition has a Kafka part
+    asked = [
+        (topic.topic, p.partition, p.offset)
+        for topic in view.topics
+        for p in topic.partitions
+        if (topic.topic, p.partition) in cutovers
+    ]
+    local = asyncio.ensure_future(_trim_all(tiering, asked, cutovers, view.timeout_ms))
+    frame = (_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
+    return DeletePlan(view, frame, local, tuple(cutovers))
+
+
+async def _trim_all(
+    tiering, asked: Sequence[tuple[str, int, int]], cutovers: dict, timeout_ms: int
+) -> dict[Key, DeleteResult]:
+    timeout_ms = max(timeout_ms, 0)
+
+    async def one(topic: str, partition: int, offset: int) -> DeleteResult:
+        if offset < HIGH_WATERMARK:  # as Kafka answers a negative offset
+            return DeleteResult(OFFSET_OUT_OF_RANGE)
+        request = TrimRequest(0, cutovers[topic, partition][0], offset, timeout_ms)
+        code, log_start, _ = await trim_stream(tiering, request)
+        return DeleteResult(code, log_start)
+
+    answers = await asyncio.gather(*(one(*entry) for entry in asked))
+    return {(topic, partition): r for (topic, partition, _), r in zip(asked, answers, strict=True)}
