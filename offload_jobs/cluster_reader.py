@@ -15,6 +15,7 @@ unit-tested with bytes built by hand.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -103,7 +104,7 @@ def read_batches(
     if start < 0 or (end is not None and end < start):
         raise ValueError(f"{topic}-{partition}: range [{start}, {end}) is not a range")
     fetcher = PartitionFetcher(bootstrap, topic, partition, options)
-    position, first, empty_answers = start, True, 0
+    position, first, stalls = start, True, 0
     try:
         while end is None or position < end:
             answer = fetcher.fetch(position)
@@ -121,23 +122,32 @@ def read_batches(
             if taken.done:
                 return
             if taken.batches:
-                empty_answers = 0
+                stalls = 0
                 continue
             if taken.partial and fetcher.max_bytes < MAX_FETCH_BYTES_CAP:
                 fetcher.max_bytes *= 2  # a batch larger than what was asked for
                 continue
-            if position >= answer.high_watermark:
-                raise ClusterReadError(
-                    topic, partition, position,
-                    f"the log ends at the high watermark {answer.high_watermark}, "
-                    f"before the end {end} asked for",
-                )  # fmt: skip
-            empty_answers += 1
-            if empty_answers > 5:
-                raise ClusterReadError(
-                    topic, partition, position,
-                    f"Kafka answers no batch there, {empty_answers} times, below its high "
-                    f"watermark {answer.high_watermark}",
-                )  # fmt: skip
+            # Nothing to take below `end`. Right after a leader change the new leader's
+            # high watermark may lag for a moment: ask Metadata again, a few times.
+            stalls += 1
+            if stalls > MAX_STALLS:
+                raise ClusterReadError(topic, partition, position, _stalled(answer, end, stalls))
+            fetcher.close()
+            time.sleep(0.1 * stalls)
     finally:
         fetcher.close()
+
+
+MAX_STALLS = 5  # answers in a row with nothing to take, each after a fresh Metadata
+
+
+def _stalled(answer, end: int, stalls: int) -> str:
+    if answer.high_watermark < end:
+        return (
+            f"the log ends at the high watermark {answer.high_watermark}, before the end "
+            f"{end} asked for"
+        )
+    return (
+        f"Kafka answers no batch there, {stalls} times, below its high watermark "
+        f"{answer.high_watermark}"
+    )

@@ -10,6 +10,7 @@ upstream's. Plain sockets, no asyncio: it runs inside Spark tasks.
 from __future__ import annotations
 
 import datetime
+import logging
 import socket
 import time
 import uuid
@@ -49,6 +50,7 @@ RETRIABLE = {
     74: "FENCED_LEADER_EPOCH",
     75: "UNKNOWN_LEADER_EPOCH",
 }
+log = logging.getLogger("tierproxy.offload")
 MAX_FETCH_BYTES_CAP = 256 * 1024 * 1024  # a batch larger than this is not a Kafka batch
 
 
@@ -135,6 +137,9 @@ class PartitionFetcher:
         self.topic, self.partition, self.settings = topic, partition, settings
         self._bootstrap = parse_bootstrap(bootstrap)
         self._leader: _Connection | None = None
+        # sent with each request, so that a broker that lost the leadership answers
+        # FENCED_LEADER_EPOCH instead of serving as a follower (KIP-392 lets it)
+        self._leader_epoch = -1
         self.max_bytes = settings.fetch_max_bytes
 
     def close(self) -> None:
@@ -170,6 +175,7 @@ class PartitionFetcher:
                     self.topic, self.partition, offset, f"malformed answer: {exc}"
                 ) from None
             self.close()
+            log.info("%s-%d: %s; finding the leader again", self.topic, self.partition, problem)
             if time.monotonic() + backoff > deadline:
                 raise ClusterReadError(
                     self.topic, self.partition, offset,
@@ -198,7 +204,7 @@ class PartitionFetcher:
         if self._leader is None:
             self._leader = self._connect_to_leader()
         wanted = ListOffsetsPartition(
-            partition_index=i32(self.partition), current_leader_epoch=i32(-1),
+            partition_index=i32(self.partition), current_leader_epoch=i32(self._leader_epoch),
             timestamp=i64(timestamp),
         )  # fmt: skip
         request = ListOffsetsRequest(
@@ -216,7 +222,7 @@ class PartitionFetcher:
     def _fetch_request(self, offset: int) -> FetchRequest:
         wanted = FetchPartition(
             partition=i32(self.partition),
-            current_leader_epoch=i32(-1),
+            current_leader_epoch=i32(self._leader_epoch),
             fetch_offset=i64(offset),
             last_fetched_epoch=i32(-1),
             log_start_offset=i64(-1),
@@ -248,9 +254,10 @@ class PartitionFetcher:
                 self.topic, self.partition, -1,
                 f"no such partition: the topic has {len(leaders)} partitions",
             )  # fmt: skip
-        code, leader, _epoch = leaders[self.partition]
+        code, leader, epoch = leaders[self.partition]
         if code != 0 or leader not in brokers:
             raise _NoLeader(f"no leader (error code {code}, leader id {leader})")
+        self._leader_epoch = epoch
         host, port = brokers[leader]
         return _Connection(host, port, settings.timeout_s, settings.client_id)
 

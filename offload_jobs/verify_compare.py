@@ -4,7 +4,8 @@ A copy is verified batch by batch: the same base and last offsets, the same reco
 and the same CRC-32C (the CRC covers everything after the base offset, records included,
 so equal CRCs of batches whose CRCs were checked mean equal bytes for every field a
 consumer sees). The objects may hold more than Kafka still does (retention); over the
-range compared every Kafka batch must be in the objects and nothing else may be.
+range compared every Kafka batch must be in the objects and nothing else may be. A run
+of consecutive batches only one side holds is one mismatch, at its first offset.
 
 Pure: no I/O, no asyncio; the verify job runs it inside Spark tasks.
 """
@@ -75,31 +76,31 @@ def compare(
     kafka = [b for b in kafka if b.last_offset >= start and b.base_offset < end]
     objects = [b for b in objects if b.last_offset >= start and b.base_offset < end]
     found = list(problems)
+    only_kafka: list[BatchSummary] = []  # the run of batches missing from the objects
+    only_objects: list[BatchSummary] = []
     k = o = 0
     while k < len(kafka) or o < len(objects):
         ours = kafka[k] if k < len(kafka) else None
         theirs = objects[o] if o < len(objects) else None
         if theirs is None or (ours is not None and ours.base_offset < theirs.base_offset):
             assert ours is not None
-            found.append(
-                Mismatch(ours.base_offset, f"{_describe(ours)} is in Kafka, not in the objects")
-            )
+            _flush(only_objects, "in the objects, not in Kafka", found)
+            only_kafka.append(ours)
             k += 1
-        elif ours is None or theirs.base_offset < ours.base_offset:
-            found.append(
-                Mismatch(theirs.base_offset, f"{_describe(theirs)} is in the objects, not in Kafka")
-            )
+            continue
+        _flush(only_kafka, "in Kafka, not in the objects", found)
+        if ours is None or theirs.base_offset < ours.base_offset:
+            only_objects.append(theirs)
             o += 1
-        else:
-            if ours != theirs:
-                found.append(
-                    Mismatch(
-                        ours.base_offset,
-                        f"Kafka has {_describe(ours)}, the objects {_describe(theirs)}",
-                    )
-                )
-            k += 1
-            o += 1
+            continue
+        _flush(only_objects, "in the objects, not in Kafka", found)
+        if ours != theirs:
+            what = f"Kafka has {_describe(ours)}, the objects {_describe(theirs)}"
+            found.append(Mismatch(ours.base_offset, what))
+        k += 1
+        o += 1
+    _flush(only_kafka, "in Kafka, not in the objects", found)
+    _flush(only_objects, "in the objects, not in Kafka", found)
     found.sort(key=lambda m: m.offset)
     return PartitionReport(
         topic,
@@ -114,6 +115,23 @@ def compare(
         mismatch_count=len(found),
         mismatches=tuple(found[:MAX_LISTED]),
     )
+
+
+def _flush(run: list[BatchSummary], where: str, found: list[Mismatch]) -> None:
+    """One mismatch for a run of consecutive batches only one side holds (a range no
+    object holds reads as one line, not one per batch)."""
+    if len(run) == 1:
+        found.append(Mismatch(run[0].base_offset, f"{_describe(run[0])} is {where}"))
+    elif run:
+        records = sum(b.record_count for b in run)
+        found.append(
+            Mismatch(
+                run[0].base_offset,
+                f"batches [{run[0].base_offset}, {run[-1].last_offset}] ({len(run)} batches, "
+                f"{records} records) are {where}",
+            )
+        )
+    run.clear()
 
 
 def _describe(b: BatchSummary) -> str:

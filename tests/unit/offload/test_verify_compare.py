@@ -71,9 +71,19 @@ def test_problems_met_reading_objects_are_mismatches_in_offset_order():
     assert report.mismatch_count == 2
 
 
+def test_a_run_of_missing_batches_is_one_mismatch():
+    report = compare("t", 1, 0, 15, KAFKA, KAFKA[:1])
+    assert [(m.offset, m.what) for m in report.mismatches] == [
+        (5, "batches [5, 14] (3 batches, 10 records) are in Kafka, not in the objects")
+    ]
+    both_ways = compare("t", 1, 0, 17, KAFKA[:2], KAFKA[:1] + run((15, 16)))
+    assert [m.offset for m in both_ways.mismatches] == [5, 15]
+
+
 def test_many_mismatches_are_counted_and_the_first_listed():
     kafka = run(*((i, i) for i in range(100)))
-    report = compare("t", 0, 0, 100, kafka, [])
+    objects = [b._replace(crc=0) for b in kafka]
+    report = compare("t", 0, 0, 100, kafka, objects)
     assert report.mismatch_count == 100 and len(report.mismatches) == MAX_LISTED
 
 
@@ -87,8 +97,7 @@ def test_the_report_as_json_and_table():
     assert document["partitions"][1]["mismatches"][0]["offset"] == 6
     table = report.table()
     assert table.splitlines()[0] == "verification of orders: FAILED"
-    assert "orders-1 offset 6: batch [6, 9]" in table
-    assert "orders-1 offset 10: batch [10, 14]" in table
-    assert "2 MISMATCH" in table and " OK" in table
+    assert "orders-1 offset 6: batches [6, 14] (2 batches, 9 records) are in Kafka" in table
+    assert "1 MISMATCH" in table and " OK" in table
     assert VerifyReport("orders", (good,)).table().splitlines()[0].endswith(": OK")
     assert report.line() == "verified orders: 0.0 MiB, 8 batches, 30 records in 1.5 s: FAILED"
