@@ -29,6 +29,7 @@ from offload_jobs.segments import SegmentReader, list_segments
 from offload_jobs.sources import SourceBatch
 from offload_jobs.writer import (
     TARGET_OBJECT_BYTES,
+    MissingOffsets,
     OffloadTask,
     build_stream_object,
     cut_objects,
@@ -95,11 +96,19 @@ class TaskResult:
     torn_tail: str | None = None
 
 
-def _batches(job: MigrateJob, task: OffloadTask) -> tuple[Iterator[SourceBatch], str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Source:
+    batches: Iterator[SourceBatch]
+    where: str
+    reader: SegmentReader | None = None
+    require_start: bool = False  # see writer.cut_objects
+    require_end: bool = False
+
+
+def _source(job: MigrateJob, task: OffloadTask) -> _Source:
     if job.from_cluster:
         from offload_jobs import cluster_reader  # part of the job only where it exists
 
-        where = f"{job.topic}-{task.partition} on {job.bootstrap}"
         read = cluster_reader.read_batches(
             job.bootstrap,
             job.topic,
@@ -108,14 +117,27 @@ def _batches(job: MigrateJob, task: OffloadTask) -> tuple[Iterator[SourceBatch],
             task.end_offset,
             **job.cluster_settings,
         )
-        return read, where, None
+        # the reader itself names offsets the log lacks (compacted ones are no gap)
+        return _Source(read, f"{job.topic}-{task.partition} on {job.bootstrap}")
     directory = job.partition_dir(task.partition)
     if directory is None:
         raise FileNotFoundError(
             f"no {job.topic}-{task.partition} directory under {', '.join(job.segment_dirs)}"
         )
     reader = SegmentReader(directory)
-    return reader.read(task.start_offset, task.end_offset), str(directory), reader
+    bases = [s.base_offset for s in reader.segments]
+    if not bases or task.start_offset < bases[0]:
+        first = f"the first starts at {bases[0]}" if bases else "there are none"
+        raise MissingOffsets(
+            f"{directory}: offset {task.start_offset} is in no segment ({first}): deleted "
+            "by retention since the cutover?"
+        )
+    # Compaction may remove the offsets around a segment boundary, not at the end of the
+    # last segment (Kafka never cleans the active segment): a range ending there must
+    # reach its end, else the copy is older than the cutover.
+    ends_in_last = bases[-1] < task.end_offset
+    read = reader.read(task.start_offset, task.end_offset)
+    return _Source(read, str(directory), reader, require_end=ends_in_last)
 
 
 def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
@@ -123,16 +145,18 @@ def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
     result = TaskResult(task)
 
     async def write() -> None:
-        batches, where, reader = _batches(job, task)
+        source = _source(job, task)
         store = await job.store.open()
         try:
             plans = cut_objects(
                 task.stream_id,
                 task.start_offset,
                 task.end_offset,
-                batches,
+                source.batches,
                 target_bytes=job.target_object_bytes,
-                where=where,
+                where=source.where,
+                require_start=source.require_start,
+                require_end=source.require_end,
             )
             for plan in plans:
                 built = build_stream_object(plan)
@@ -146,8 +170,8 @@ def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
                 result.object_bytes += built.size
         finally:
             await store.close()
-            if reader is not None and reader.torn_tail is not None:
-                t = reader.torn_tail
+            if source.reader is not None and source.reader.torn_tail is not None:
+                t = source.reader.torn_tail
                 result.torn_tail = f"{t.path}: {t.size} bytes from byte {t.position} ({t.reason})"
 
     # Corrupt, missing or unreadable data, or a store that kept failing after its own

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import read_batch_header
+from proxy.tiering.batches import CorruptBatchError, read_batch_header, validate_batch
 from proxy.tiering.metastreams import offload_object_id
 from proxy.tiering.objectformat import DEFAULT_MAX_BLOCK_BYTES, BuiltObject, ObjectWriter
 from proxy.tiering.objectkeys import ObjectKind
@@ -87,16 +87,20 @@ def cut_objects(
     *,
     target_bytes: int = TARGET_OBJECT_BYTES,
     where: str = "",
+    require_start: bool = True,
+    require_end: bool = True,
 ) -> Iterator[ObjectPlan]:
     """The objects holding [start, end) of `stream`, each about `target_bytes` (a batch is
     never split; a larger one gets an object of its own), cut where a batch starts.
 
     `batches` are those holding an offset in [start, end), in offset order. The first
     object starts at `start` and the last ends at `end`, whatever batch boundary is nearby:
-    Kafka's log start may fall inside a batch, and a batch may run past a range that is
-    committed already (the object holds it whole; its commit names [start, end) only).
-    Raises MissingOffsets when the batches leave the start or the end of the range out;
-    `where` names the source in that message."""
+    Kafka's log start may fall inside a batch, a batch may run past a range that is
+    committed already (the object holds it whole; its commit names [start, end) only), and
+    compaction may have removed the offsets around a boundary. Raises MissingOffsets when
+    the first batch starts after `start` (`require_start`) or the last ends before `end`
+    (`require_end`): the caller says when offsets there cannot have been compacted away.
+    `where` names the source in errors."""
     if target_bytes < 1:
         raise ValueError(f"target_bytes {target_bytes}: must be positive")
     pending: list[SourceBatch] = []
@@ -107,10 +111,11 @@ def cut_objects(
                 f"{where}: batch [{batch.base_offset}, {batch.last_offset}] is out of order "
                 f"or outside [{start}, {end}) (next offset {next_offset})"
             )
-        if not pending and object_start == start and batch.base_offset > start:
+        first = not pending and object_start == start
+        if first and require_start and batch.base_offset > start:
             raise MissingOffsets(
                 f"{where}: offsets [{start}, {batch.base_offset}) of stream {stream} are not in "
-                "the source (deleted by retention, or compacted away)"
+                "the source"
             )
         if pending and pending_bytes + len(batch.data) > target_bytes:
             yield ObjectPlan(stream, object_start, batch.base_offset, tuple(pending))
@@ -118,7 +123,7 @@ def cut_objects(
         pending.append(batch)
         pending_bytes += len(batch.data)
         next_offset = batch.last_offset + 1
-    if next_offset < end:
+    if not pending or (require_end and next_offset < end):
         raise MissingOffsets(
             f"{where}: offsets [{next_offset}, {end}) of stream {stream} are not in the source"
         )
@@ -128,16 +133,32 @@ def cut_objects(
 def build_stream_object(
     plan: ObjectPlan, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES
 ) -> BuiltObject:
-    """The stream object of a plan, batches stored verbatim and checked (magic, CRC).
-    One copy: the batches are joined into one buffer, blocks are views of it."""
+    """The stream object of a plan: its batches stored verbatim (each checked: magic,
+    length, CRC-32C) in blocks of at most `max_block_bytes` (a larger batch gets a block of
+    its own). The blocks cover the plan's whole range: the first starts at the range's
+    start or its first batch's base offset, whichever is lower, the last ends at the
+    range's end or past its last batch, whichever is higher; offsets compaction removed
+    stay inside blocks, so a read of one finds the next batch. One copy: a block's
+    batches are joined into one buffer."""
     writer = ObjectWriter(plan.object_id, ObjectKind.STREAM)
-    first = plan.batches[0].base_offset
-    records = b"".join(b.data for b in plan.batches)
-    writer.add_batches(
-        plan.stream_id,
-        records,
-        # a range starting inside the first batch is held by a block starting at the batch
-        start_offset=plan.start_offset if first >= plan.start_offset else None,
-        max_block_bytes=max_block_bytes,
-    )
+    block: list[SourceBatch] = []
+    block_bytes, block_start, records = 0, min(plan.start_offset, plan.batches[0].base_offset), 0
+
+    def add(end_offset: int) -> None:
+        data = b"".join(b.data for b in block)
+        writer.add_block(plan.stream_id, data, block_start, end_offset, records)
+
+    for batch in plan.batches:
+        try:
+            header = validate_batch(batch.data)
+        except CorruptBatchError as exc:
+            where = f"stream {plan.stream_id}: the batch at offset {batch.base_offset}"
+            raise ValueError(f"{where}: {exc.what}") from None
+        if block and block_bytes + len(batch.data) > max_block_bytes:
+            add(batch.base_offset)
+            block, block_bytes, block_start, records = [], 0, batch.base_offset, 0
+        block.append(batch)
+        block_bytes += len(batch.data)
+        records += header.record_count
+    add(max(plan.end_offset, plan.batches[-1].last_offset + 1))
     return writer.build()

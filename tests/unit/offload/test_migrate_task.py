@@ -123,3 +123,14 @@ def test_settings_come_from_a_proxys_config(tmp_path: Path) -> None:
             migrate_cli.job_from_args(args)
     args = parser.parse_args(["orders", "--config", str(config), "--peer", "x", "--from-cluster"])
     assert migrate_cli.run(args) == 2
+
+
+def test_a_range_below_the_first_segment_or_past_the_copy_is_missing(tmp_path: Path) -> None:
+    write_partition(tmp_path / "logs" / "t-0", LAYOUT[1:])  # segments from offset 10 on
+    result = run_task(job(tmp_path), OffloadTask(0, STREAM, 4, 12))
+    assert result.error is not None
+    assert "offset 4 is in no segment (the first starts at 10)" in result.error
+    result = run_task(job(tmp_path), OffloadTask(0, STREAM, 15, 30))  # the copy ends at 24
+    assert result.error is not None and "offsets [24, 30) of stream 777" in result.error
+    result = run_task(job(tmp_path), OffloadTask(0, STREAM, 10, 15))  # a segment's range
+    assert result.error is None and [(a, b) for _, _, a, b in result.objects] == [(10, 15)]

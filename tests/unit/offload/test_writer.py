@@ -108,3 +108,27 @@ def test_a_range_starting_before_its_first_batch_starts_the_block_there() -> Non
     built = build_stream_object(plan)
     _, index = read_object(built.to_bytes(), built.key)
     assert [(e.start_offset, e.end_offset) for e in index] == [(2, 10)]
+
+
+def test_offsets_compacted_away_at_a_boundary_stay_inside_the_blocks() -> None:
+    # offsets 0..1 and 10..19 removed by the cleaner, around segment boundaries
+    batches = source([(2, 3), (5, 5)])
+    [plan] = cut_objects(STREAM, 0, 20, batches, require_start=False, require_end=False)
+    assert (plan.start_offset, plan.end_offset) == (0, 20)
+    built = build_stream_object(plan, max_block_bytes=1)
+    _, index = read_object(built.to_bytes(), built.key)
+    assert [(e.start_offset, e.end_offset, e.record_count) for e in index] == [
+        (0, 5, 3),
+        (5, 20, 5),
+    ]
+    with pytest.raises(MissingOffsets, match=r"offsets \[20, 30\)"):
+        list(cut_objects(STREAM, 20, 30, [], require_start=False, require_end=False))
+
+
+def test_a_corrupt_batch_is_named_by_its_offset_when_building() -> None:
+    good, bad = source([(0, 5), (5, 5)])
+    broken = bytearray(bad.data)
+    broken[-3] ^= 0x01
+    [plan] = cut_objects(STREAM, 0, 10, [good, bad._replace(data=memoryview(broken))])
+    with pytest.raises(ValueError, match="stream 12345: the batch at offset 5: CRC-32C mismatch"):
+        build_stream_object(plan)
