@@ -57,6 +57,7 @@ from proxy.server.streams import (
 )
 from proxy.server.tiered_answers import TieredAnswers
 from proxy.server.tiered_deletes import plan_delete_records
+from proxy.server.tiered_epochs import plan_offset_for_leader_epoch
 from proxy.server.tiered_fetch import plan_fetch
 from proxy.server.tiered_offsets import plan_list_offsets
 from proxy.server.tiered_produce import count_in_flight, plan_produce
@@ -69,8 +70,11 @@ API_PRODUCE = 0
 API_FETCH = 1
 API_LIST_OFFSETS = 2
 API_DELETE_RECORDS = 21
-# split when tiering
-TIERED_APIS = frozenset((API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_DELETE_RECORDS))
+API_OFFSET_FOR_LEADER_EPOCH = 23
+# split (or answered in part) when tiering
+TIERED_APIS = frozenset(
+    (API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_DELETE_RECORDS, API_OFFSET_FOR_LEADER_EPOCH)
+)
 API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
@@ -273,6 +277,8 @@ class ClientConnection(TieredAnswers):
                 return await plan_fetch(tiering, head, body, version, reader=id(self))
             if header.api_key == API_DELETE_RECORDS:
                 return plan_delete_records(tiering, head, body, version)
+            if header.api_key == API_OFFSET_FOR_LEADER_EPOCH:
+                return plan_offset_for_leader_epoch(tiering, head, body, version)
             return plan_list_offsets(tiering, head, body, version)
         except FrameError as exc:
             raise RejectedFrame("malformed_request", str(exc)) from None

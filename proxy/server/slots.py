@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.server.tiered_deletes import DeletePlan
+from proxy.server.tiered_epochs import EpochsPlan
 from proxy.server.tiered_fetch import FetchPlan
 from proxy.server.tiered_offsets import OffsetsPlan
 from proxy.server.tiered_produce import ProducePlan
 
-# each has view, upstream_frame, local, merge
-Plan = ProducePlan | FetchPlan | OffsetsPlan | DeletePlan
+# each has upstream_frame, local, merge, failed
+Plan = ProducePlan | FetchPlan | OffsetsPlan | DeletePlan | EpochsPlan
 
 
 @dataclass(slots=True)

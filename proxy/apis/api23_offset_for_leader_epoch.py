@@ -1,0 +1,106 @@
+"""OffsetForLeaderEpoch (api key 23), v2-v4 (all the proxy advertises): which partitions a
+request names, and an answer's end offsets rewritten.
+
+A consumer that sees a partition's leader epoch change asks where the epoch of its
+position ends, to detect a truncated log. The request is `[replica_id (v3+)],
+topics[topic, partitions[partition, current_leader_epoch, leader_epoch]]`, the answer
+`throttle_time_ms, topics[topic, partitions[error_code, partition, leader_epoch,
+end_offset]]`; v4 is flexible. A tiered partition's log goes on past Kafka's log end (the
+cutover) in the latest epoch, so where Kafka answers the cutover or more, the proxy
+answers the stream's high watermark (tiered_epochs.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from functools import cache
+
+from proxy.protocol.codec import load_response_types, load_types, response_type
+from proxy.protocol.frames import FrameError
+from proxy.protocol.wire import (
+    INT32,
+    expect_end,
+    read_count,
+    read_topic_key,
+    skip,
+    skip_tagged_fields,
+)
+
+API_KEY = 23
+REQUESTS = load_types(API_KEY, "request")
+RESPONSES = load_response_types(API_KEY)
+
+_ASKED = struct.Struct(">iii")  # partition, current_leader_epoch, leader_epoch
+_ANSWER = struct.Struct(">hiiq")  # error_code, partition, leader_epoch, end_offset
+_END_OFFSET = struct.Struct(">q")
+_END_AT = 10  # the end offset's position in an answer entry
+
+Key = tuple[str, int]
+# (topic, partition, leader_epoch, end_offset) -> the end offset to answer, or None to keep
+NewEnd = Callable[[str, int, int, int], int | None]
+
+
+@cache
+def _layout(api_version: int) -> tuple[bool, bool]:
+    """(flexible, has replica_id); FrameError if the version is not served."""
+    request = response_type(REQUESTS, API_KEY, api_version)
+    return request.__flexible__, "replica_id" in request.__dataclass_fields__
+
+
+def read_requested(api_version: int, body: memoryview | bytes) -> list[Key]:
+    """The (topic, partition) pairs a request names, in its order; FrameError if malformed."""
+    flexible, replica_id = _layout(api_version)
+    buf = memoryview(body)
+    asked: list[Key] = []
+    try:
+        offset = skip(buf, 0, 4) if replica_id else 0
+        count, offset = read_count(buf, offset, flexible, "topics")
+        for _ in range(count):
+            name, offset = read_topic_key(buf, offset, False, flexible)
+            partitions, offset = read_count(buf, offset, flexible, "partitions")
+            for _ in range(partitions):
+                start, offset = offset, skip(buf, offset, _ASKED.size)
+                asked.append((name, INT32.unpack_from(buf, start)[0]))
+                offset = skip_tagged_fields(buf, offset) if flexible else offset
+            offset = skip_tagged_fields(buf, offset) if flexible else offset
+        offset = skip_tagged_fields(buf, offset) if flexible else offset
+        expect_end(buf, offset)
+    except FrameError as exc:
+        raise FrameError(f"malformed OffsetForLeaderEpoch v{api_version} request: {exc}") from None
+    return asked
+
+
+def rewrite_end_offsets(
+    api_version: int, body: memoryview | bytes, new_end: NewEnd
+) -> memoryview | bytearray:
+    """The answer with the end offsets `new_end` replaces; the very view it was given
+    when none is replaced. FrameError if malformed."""
+    flexible, _ = _layout(api_version)
+    buf = body if isinstance(body, memoryview) else memoryview(body)
+    patches: list[tuple[int, int]] = []  # (position of an end offset, its new value)
+    try:
+        offset = skip(buf, 0, 4)  # throttle_time_ms
+        count, offset = read_count(buf, offset, flexible, "topics")
+        for _ in range(count):
+            name, offset = read_topic_key(buf, offset, False, flexible)
+            partitions, offset = read_count(buf, offset, flexible, "partitions")
+            for _ in range(partitions):
+                start, offset = offset, skip(buf, offset, _ANSWER.size)
+                error_code, partition, epoch, end = _ANSWER.unpack_from(buf, start)
+                if error_code == 0:
+                    new = new_end(name, partition, epoch, end)
+                    if new is not None and new != end:
+                        patches.append((start + _END_AT, new))
+                offset = skip_tagged_fields(buf, offset) if flexible else offset
+            offset = skip_tagged_fields(buf, offset) if flexible else offset
+        offset = skip_tagged_fields(buf, offset) if flexible else offset
+        expect_end(buf, offset)
+    except FrameError as exc:
+        raise FrameError(f"malformed OffsetForLeaderEpoch v{api_version} response: {exc}") from None
+    if not patches:
+        return buf
+    out = bytearray(buf)
+    for position, value in patches:
+        _END_OFFSET.pack_into(out, position, value)
+    return out
