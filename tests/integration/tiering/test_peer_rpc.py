@@ -187,6 +187,38 @@ async def test_admin_round_trip(server, clients):
     assert (code, message) == (0, f"untier orders {TOPIC_ID}")
 
 
+async def test_backfill_round_trip_and_a_server_without_a_handler(server, clients):
+    asked = []
+
+    async def on_backfill(request):
+        asked.append(request)
+        if request.end_offset > 100:
+            raise RuntimeError("past the cutover")
+        return 0, f"stream {request.stream_id} committed"
+
+    backfills = PeerServer("127.0.0.1", 0, server._on_append, server._on_admin,
+                           on_backfill=on_backfill)  # fmt: skip
+    await backfills.start()
+    try:
+        address = ("127.0.0.1", backfills.port)
+        assert await clients.backfill(address, 1 << 63 | 9, 4096, 42, 0, 100) == (
+            0,
+            "stream 42 committed",
+        )
+        code, message = await clients.backfill(address, 1 << 63 | 9, 4096, 42, 0, 101)
+        assert code == -1 and "past the cutover" in message
+        assert [
+            (r.object_id, r.size, r.stream_id, r.start_offset, r.end_offset) for r in asked
+        ] == [
+            (1 << 63 | 9, 4096, 42, 0, 100),
+            (1 << 63 | 9, 4096, 42, 0, 101),
+        ]
+    finally:
+        await backfills.close()
+    code, message = await clients.backfill(("127.0.0.1", server.port), 5, 1, 42, 0, 1)
+    assert code == 35 and "no backfill" in message
+
+
 async def test_a_failing_handler_answers_an_error_and_is_logged(owner, server, clients, caplog):
     address = ("127.0.0.1", server.port)
     owner.fail = RuntimeError("disk on fire")
@@ -423,14 +455,14 @@ async def test_a_fetch_to_a_server_without_a_handler_is_unsupported_version(serv
 
 def unknown_type_frame() -> bytes:
     body = bytearray(encode_frame(FetchRequest(1, 7, 0, 1, 1))[8:])
-    body[1] = 7  # the type after fetch response: what a newer peer might send
+    body[1] = 200  # a type from a newer peer
     return struct.pack(">II", len(body), crc32c(body)) + body
 
 
 @pytest.mark.parametrize(
     "frame, reason",
     [
-        (unknown_type_frame(), "unknown message type 7"),
+        (unknown_type_frame(), "unknown message type 200"),
         (encode_frame(FetchResponse(1, 0, records=[b"x"])), "a FetchResponse is not a request"),
     ],
     ids=["unknown type", "answer as request"],
