@@ -8,7 +8,8 @@ one Parquet file per day under hive-style directories:
 
     <destination>/topic=<topic>/partition=<n>/date=<YYYY-MM-DD>/part-<n>-<first offset>.parquet
 
-File names are deterministic, so a run again overwrites what it wrote before. The
+(a day of more than `rows_per_file` rows gets several files, so a task's memory stays
+bounded). File names are deterministic, so a run again overwrites what it wrote before. The
 destination is a local path or s3://bucket/prefix (pyarrow's S3 filesystem, pointed at
 the configured endpoint). A batch that cannot be read or decoded fails its partition with
 the offset, reported in the summary; the other partitions go on.
@@ -46,9 +47,12 @@ class ExportJob:
     s3: dict[str, Any] | None = None  # S3Config fields for an s3:// destination
     metadata_topic: str = "__tierproxy_metadata"
     shard_count: int = 8
+    rows_per_file: int = 100_000  # a day with more rows gets several files: bounded memory
     cluster_settings: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.rows_per_file < 1:
+            raise ValueError(f"export rows_per_file {self.rows_per_file}: must be at least 1")
         if self.source not in SOURCES:
             raise ValueError(f"export source {self.source!r}: one of {', '.join(SOURCES)}")
         if self.source == "objects" and self.store is None:
@@ -112,35 +116,47 @@ def _batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
         )  # fmt: skip
         return
     assert job.store is not None
+    # one object in memory at a time: a range's batches are views of its object
+    loop = asyncio.new_event_loop()
+    store = loop.run_until_complete(job.store.open())
+    try:
+        for r in task.ranges:
 
-    async def collect() -> list[SourceBatch]:
-        store = await job.store.open()
-        try:
-            return [b async for b in object_batches(store, task.stream_id, task.ranges)]
-        finally:
-            await store.close()
+            async def collect(r=r) -> list[SourceBatch]:
+                return [b async for b in object_batches(store, task.stream_id, (r,))]
 
-    yield from asyncio.run(collect())
+            yield from loop.run_until_complete(collect())
+    finally:
+        loop.run_until_complete(store.close())
+        loop.close()
 
 
 def export_partition(job: ExportJob, task: PartitionExport) -> PartitionResult:
-    """One task, on an executor: read, decode, write one file per day."""
+    """One task, on an executor: read, decode, write a file per day (or per
+    `rows_per_file` rows of a day), each in offset order."""
     import pyarrow.parquet as pq
 
     result = PartitionResult(task.partition)
     where = f"{job.topic}-{task.partition}"
     decoder = RecordDecoder()
     try:
-        for batch in _batches(job, task):
-            decoder.add(batch)
-        rows = decoder.finish()
         filesystem, root = _filesystem(job)
-        for date, day in sorted(rows.by_date.items()):
+
+        def write(date: str, rows) -> None:
+            rows.sort(key=lambda row: row[0])  # committed transactions come at their marker
             directory = f"{root}/topic={job.topic}/partition={task.partition}/date={date}"
             filesystem.create_dir(directory, recursive=True)
-            path = f"{directory}/part-{task.partition}-{day[0][0]}.parquet"
-            pq.write_table(to_table(day), path, filesystem=filesystem)
+            path = f"{directory}/part-{task.partition}-{rows[0][0]}.parquet"
+            pq.write_table(to_table(rows), path, filesystem=filesystem)
             result.files.append(path)
+
+        for batch in _batches(job, task):
+            decoder.add(batch)
+            for date, rows in decoder.drain(job.rows_per_file):
+                write(date, rows)
+        decoded = decoder.finish()
+        for date, rows in sorted(decoded.by_date.items()):
+            write(date, rows)
     except ClusterReadError as exc:  # names the partition itself
         result.error = str(exc)
         return result
@@ -151,7 +167,7 @@ def export_partition(job: ExportJob, task: PartitionExport) -> PartitionResult:
         result.error = f"{where}: writing to {job.destination}: {exc}"
         return result
     for name in ("batches", "bytes", "records", "aborted", "markers", "undecided"):
-        setattr(result, name, getattr(rows, name))
+        setattr(result, name, getattr(decoded, name))
     return result
 
 

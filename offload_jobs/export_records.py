@@ -96,6 +96,12 @@ class RecordDecoder:
         else:
             self._emit(rows)
 
+    def drain(self, limit: int) -> list[tuple[str, list[Row]]]:
+        """(date, rows) of each date holding `limit` rows or more, taken out: write them
+        now and memory stays bounded. Rows come in the order they were decided."""
+        full = [date for date, rows in self.rows.by_date.items() if len(rows) >= limit]
+        return [(date, self.rows.by_date.pop(date)) for date in full]
+
     def finish(self) -> DecodedRows:
         self.rows.undecided = sum(len(rows) for rows in self._open.values())
         self._open.clear()

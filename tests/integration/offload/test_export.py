@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from offloadcopies import offload, other_id, s3_spec, state_of, tampered
 from offloaddata import Topic
@@ -44,15 +45,20 @@ def expected(topic: Topic) -> list[tuple]:
 
 def test_export_from_kafka_reads_back_field_by_field(kafka_cluster, spark, mixed_topic, tmp_path):
     lines: list[str] = []
-    job = ExportJob(mixed_topic.name, kafka_cluster.bootstrap, str(tmp_path / "out"))
+    job = ExportJob(mixed_topic.name, kafka_cluster.bootstrap, str(tmp_path / "out"),
+                    rows_per_file=300)  # fmt: skip
     summary = export(spark, job, progress=lines.append)
     assert summary.ok, summary.line()
     assert lines[0] == f"{mixed_topic.name}: exporting 2 partitions from kafka"
     visible = expected(mixed_topic)
     aborted = sum(not r.committed for r in mixed_topic.records)
     assert (summary.records, summary.aborted, summary.markers) == (len(visible), aborted, 4)
-    assert summary.undecided == 0 and summary.files >= 2
+    assert summary.undecided == 0 and summary.files >= len(visible) // 300
     assert read_back(str(tmp_path / "out")) == visible
+    for path in (tmp_path / "out").rglob("*.parquet"):
+        offsets = pq.read_table(path).column("offset").to_pylist()
+        assert offsets == sorted(offsets) and len(offsets) <= 300
+        assert path.name == f"part-{path.parts[-3].split('=')[1]}-{offsets[0]}.parquet"
     assert f"{len(visible)} records ({aborted} aborted" in summary.line()
 
     frame = spark.read.parquet(str(tmp_path / "out"))

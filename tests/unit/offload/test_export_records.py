@@ -90,6 +90,17 @@ def test_rows_are_grouped_by_utc_date():
     assert sorted(decoder.finish().by_date) == ["2023-11-14", "2023-11-15"]
 
 
+def test_full_days_are_drained_and_the_rest_left():
+    decoder = RecordDecoder()
+    decoder.add(batch(0, [(T0, None, b"x", [])] * 3))
+    decoder.add(batch(3, [(T0 + DAY_MS, None, b"y", [])]))
+    drained = decoder.drain(3)
+    assert [(date, [r[0] for r in rows]) for date, rows in drained] == [("2023-11-14", [0, 1, 2])]
+    assert decoder.drain(3) == []
+    rows = decoder.finish()
+    assert list(rows.by_date) == ["2023-11-15"] and rows.records == 4
+
+
 def test_a_batch_that_cannot_be_decoded_names_its_offset():
     good = batch(40, [(T0, None, b"x" * 50, [])])
     data = bytearray(good.data)
