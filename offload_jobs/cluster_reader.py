@@ -39,7 +39,7 @@ class Taken:
     batches: list[SourceBatch]
     next_offset: int  # where the next Fetch starts
     done: bool  # a batch at or past `end` was seen
-    partial: bool  # the answer held nothing whole but a batch cut short
+    partial: bool  # nothing taken, and the answer ended inside a batch: fetch more bytes
 
 
 def take_batches(
@@ -89,7 +89,7 @@ def take_batches(
         position = header.next_offset
         if position >= end:
             return Taken(taken, position, True, False)
-    return Taken(taken, position, False, not whole and cut_at < len(records))
+    return Taken(taken, position, False, not taken and cut_at < len(records))
 
 
 def read_batches(
