@@ -39,16 +39,24 @@ class TopicGaps:
 
 
 async def read_gaps(
-    kafka_settings: dict, metadata_topic: str, shard_count: int, topic: str
+    kafka_settings: dict,
+    metadata_topic: str,
+    shard_count: int,
+    topic: str,
+    *,
+    timeout_s: float = 120.0,
 ) -> TopicGaps:
     """The topic's tiered partitions and what each still needs from Kafka, as every shard
-    of the metadata says now (read to its end, committed records only)."""
+    of the metadata says now (read to its end, committed records only). TimeoutError if
+    the metadata topic cannot be read to its end in `timeout_s` (a wrong name waits for
+    partitions that never come)."""
     readers = [
         ShardReader(kafka_settings, metadata_topic, k, shard_count) for k in range(shard_count)
     ]
     try:
-        await asyncio.gather(*(reader.start() for reader in readers))
-        await asyncio.gather(*(reader.read_to_end() for reader in readers))
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(reader.start() for reader in readers))
+            await asyncio.gather(*(reader.read_to_end() for reader in readers))
         states = [reader.state for reader in readers]
     finally:
         await asyncio.gather(*(reader.close() for reader in readers))
