@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from proxy.config_ops import AdminConfig, LoggingConfig, parse_admin, parse_logging
 from proxy.config_section import ConfigError, Section
 from proxy.protocol.sasl import MECHANISMS as SASL_MECHANISMS
 from proxy.tiering.settings import TieringConfig, parse_tiering
@@ -117,6 +118,8 @@ class ProxyConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     tiering: TieringConfig = field(default_factory=TieringConfig)
     log_level: str = "info"
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 def load_config(path: Path) -> ProxyConfig:
@@ -157,6 +160,8 @@ def parse_config(raw: Any) -> ProxyConfig:
         metrics=_metrics(root.section("metrics")),
         tiering=parse_tiering(root.section("tiering"), fleet.name),
         log_level=root.choice("log_level", "info", ("debug", "info", "warning", "error")),
+        admin=parse_admin(root.section("admin")),
+        logging=parse_logging(root.section("logging")),
     )
     upstream.reject_unknown()
     root.reject_unknown()

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from collections.abc import Callable
 
 import uvloop
 
+from proxy import logs
 from proxy.config import ProxyConfig
 from proxy.server.app import Proxy
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
 
 
 async def serve(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = None) -> None:
@@ -35,5 +29,5 @@ async def serve(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = 
 
 
 def run(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = None) -> None:
-    configure_logging(config.log_level)
+    logs.configure_logging(config.log_level, config.logging.format)
     uvloop.run(serve(config, on_ready))
