@@ -8,8 +8,8 @@ batches byte-exact (segment files, or a live cluster through `cluster_reader`), 
 into objects of about 64 MiB, and PUTs each under its deterministic key. Nothing a task
 writes is visible until the driver commits it through the shard's owner, so a task that
 fails leaves at most an object no metadata names (a re-run writes the same key again).
-A batch that cannot be trusted fails its task's partition range with the file and byte,
-reported in the summary; the other partitions go on.
+A batch that cannot be trusted stops its task's range there, with the file and byte,
+reported in the summary (the objects before it are committed); the other ranges go on.
 
 Runs as `tierproxy migrate` (local[*]) or through spark-submit on any cluster
 (`python -m offload_jobs.migrate` takes the same arguments; see docs/offload.md).
@@ -256,9 +256,8 @@ def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> 
     for r in results:
         if r.torn_tail:
             summary.torn_tails.append(r.torn_tail)
-        if r.error:
+        if r.error:  # the objects written before the range failed are good: commit them
             summary.errors.append(r.error)
-            continue
         summary.objects += len(r.objects)
         summary.batches += r.batches
         summary.records += r.records

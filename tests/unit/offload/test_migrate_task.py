@@ -134,3 +134,15 @@ def test_a_range_below_the_first_segment_or_past_the_copy_is_missing(tmp_path: P
     assert result.error is not None and "offsets [24, 30) of stream 777" in result.error
     result = run_task(job(tmp_path), OffloadTask(0, STREAM, 10, 15))  # a segment's range
     assert result.error is None and [(a, b) for _, _, a, b in result.objects] == [(10, 15)]
+
+
+def test_objects_before_a_corrupt_batch_are_kept_with_the_error(tmp_path: Path) -> None:
+    write_partition(tmp_path / "logs" / "t-0", LAYOUT)
+    segment = tmp_path / "logs" / "t-0" / f"{0:020d}.log"
+    data = bytearray(segment.read_bytes())
+    data[-20] ^= 0xFF  # the batch of offsets 8..9
+    segment.write_bytes(data)
+    result = run_task(job(tmp_path, target_object_bytes=1), OffloadTask(0, STREAM, 0, 10))
+    assert result.error is not None and "CRC-32C mismatch" in result.error
+    # an object is cut when the batch after it is read: [3, 8) waited for the bad one
+    assert [(a, b) for _, _, a, b in result.objects] == [(0, 3)]
