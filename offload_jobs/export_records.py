@@ -3,11 +3,12 @@ sees them.
 
 The one place the offload jobs look inside batches: analytics wants records. aiokafka's
 batch reader decompresses and decodes (per-record work, acceptable in a batch job, never
-on the proxy's path). Batches must come in offset order. Control batches (transaction
-markers) are not records and are never rows; a transactional batch's records wait for
-their producer's marker: a commit makes them rows, an abort drops them (counted). Records
-whose transaction has no marker in the range read (still open, or the marker lies past
-the end) are not exported either, and are counted as undecided.
+on the proxy's path; its package imports asyncio, nothing here uses it). Batches must
+come in offset order. Control batches (transaction markers) are not records and are never
+rows; a transactional batch's records wait for their producer's marker: a commit makes
+them rows, an abort drops them (counted). Records whose transaction has no marker in the
+range read (still open, or the marker lies past the end) are not exported either, and are
+counted as undecided.
 
 The rows: offset, timestamp (ms, UTC), key, value, headers; topic, partition and the date
 (UTC, of the timestamp) are the hive-style directories the export writes them under.

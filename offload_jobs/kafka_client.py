@@ -92,7 +92,8 @@ class _Connection:
     def __init__(self, host: str, port: int, timeout_s: float, client_id: str) -> None:
         self.address = f"{host}:{port}"
         self._sock = socket.create_connection((host, port), timeout=timeout_s)
-        self._decoder = FrameDecoder()
+        # room for the largest answer asked for, plus its headers
+        self._decoder = FrameDecoder(max_frame_bytes=MAX_FETCH_BYTES_CAP + (1 << 20))
         self._client_id = client_id
         self._correlation_id = 0
 
