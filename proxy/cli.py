@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -45,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     where = status.add_mutually_exclusive_group(required=True)
     where.add_argument("--config", type=Path, help="a proxy's YAML configuration")
     where.add_argument("--bootstrap", help="the upstream Kafka's bootstrap servers")
+    where.add_argument(
+        "--admin",
+        help="a proxy's admin API (http://host:port): members, shards and its uploader lag",
+    )
+    status.add_argument("--token", help="the admin API's token (or env TIERPROXY_ADMIN_TOKEN)")
     status.add_argument("--topic", default=None, help="the membership topic (fleet.topic)")
     status.add_argument(
         "--member-timeout", type=float, default=None, help="seconds before a member is dead"
@@ -67,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         command.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
         command.set_defaults(func=_topics, op=op)
+    _add_topic_views(topic_commands)
 
     from offload_jobs.migrate_cli import add_parser as add_migrate
 
@@ -96,7 +104,61 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_topic_views(topic_commands) -> None:
+    """`topics list` and `topics status <topic>`: read from a proxy's admin API."""
+    from proxy.admin_client import ADMIN_ENV, TOKEN_ENV
+
+    for op, text, description in (
+        ("list", "every topic and its mode (passthrough or tiered)",
+         "Lists Kafka's topics and the tiered ones, with their mode, partitions, the "
+         "partitions cut over, objects, and offsets still only in Kafka (to migrate)."),
+        ("status", "one topic: per partition its cutover, log start, ends, objects",
+         "Shows one topic's mode and, when tiered, per partition: shard, owner, log "
+         "start, cutover, committed end, high watermark (on the owner) and objects."),
+    ):  # fmt: skip
+        command = topic_commands.add_parser(op, help=text, description=description)
+        if op == "status":
+            command.add_argument("topic")
+        command.add_argument(
+            "--admin",
+            default=os.environ.get(ADMIN_ENV),
+            required=ADMIN_ENV not in os.environ,
+            help=f"a proxy's admin API, http://host:port (or env {ADMIN_ENV})",
+        )
+        command.add_argument("--token", help=f"the admin API's token (or env {TOKEN_ENV})")
+        command.add_argument("--json", action="store_true", help="print JSON")
+        command.set_defaults(func=_topic_view, op=op)
+
+
+def _topic_view(args: argparse.Namespace) -> int:
+    from proxy import admin_client
+
+    path = "/v1/topics" if args.op == "list" else admin_client.topic_path(args.topic)
+    try:
+        report = admin_client.get(args.admin, path, args.token)
+    except admin_client.AdminError as exc:
+        print(f"tierproxy topics {args.op}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif args.op == "list":
+        print(admin_client.render_topics(report))
+    else:
+        print(admin_client.render_topic(report))
+    return 0
+
+
 def _fleet_status(args: argparse.Namespace) -> int:
+    if args.admin is not None:
+        from proxy import admin_client
+
+        try:
+            report = admin_client.get(args.admin, "/v1/fleet", args.token)
+        except admin_client.AdminError as exc:
+            print(f"tierproxy fleet status: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(report, indent=2) if args.json else admin_client.render_fleet(report))
+        return 0
     from proxy.config import ConfigError, FleetConfig, load_config
     from proxy.fleet_status import fleet_status
 

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+
+# Request latency buckets, seconds: from a cached answer (sub-millisecond) to a Fetch that
+# waited its max.wait.ms or a Produce waiting for acks=all.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 
 
 class ProxyMetrics:
@@ -78,7 +91,17 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self.request_seconds = Histogram(
+            "tierproxy_request_seconds",
+            "Time from a request read off a client connection to its answer handed to the "
+            "connection, by API key (a Fetch includes its wait for data)",
+            ["api_key"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
         self._requests_by_key: dict[int, object] = {}
+        self._latency_by_key: dict[int, object] = {}
 
     def request(self, api_key: int) -> None:
         """Count one request; the labelled child is looked up once per API key, not per
@@ -87,6 +110,13 @@ class ProxyMetrics:
         if child is None:
             child = self._requests_by_key[api_key] = self.requests.labels(str(api_key))
         child.inc()
+
+    def answered(self, api_key: int, seconds: float) -> None:
+        """One answer written: one histogram observation (children cached as above)."""
+        child = self._latency_by_key.get(api_key)
+        if child is None:
+            child = self._latency_by_key[api_key] = self.request_seconds.labels(str(api_key))
+        child.observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -52,9 +52,11 @@ from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
+from proxy.server.admin_api import AdminServer
 from proxy.server.connection import ClientConnection
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tiering import TieringService
+from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
 
 log = logging.getLogger("tierproxy.proxy")
@@ -109,6 +111,9 @@ class Proxy:
         self._membership: Membership | None = None
         self._metrics_server = None
         self.tiering: TieringService | None = None  # set when config.tiering.enabled
+        self._tiering_metrics: TieringMetrics | None = None
+        self.admin: AdminServer | None = None  # admin_api.py, when admin.port is set
+        self.upstream_error: str | None = None  # why the last upstream refresh failed
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -117,6 +122,8 @@ class Proxy:
         if self.config.tiering.enabled:  # before clients come: it counts their Produce
             self.tiering = TieringService(self, kafka_settings(self.config, self._upstream_ssl))
             await self.tiering.start()
+            self._tiering_metrics = TieringMetrics(self.metrics.registry)
+            self._tiering_metrics.attach(self.tiering)
         await self._listen(None, self.config.listeners.bootstrap_port)
         await asyncio.gather(*self._listening.values())
         self._set_self_port(self.bound_port(None))
@@ -130,6 +137,9 @@ class Proxy:
             self._metrics_server = serve_metrics(
                 self.metrics, self.config.metrics.bind_host, self.config.metrics.port
             )
+        if self.config.admin.enabled:
+            self.admin = AdminServer(self)
+            await self.admin.start()
         self._refresh_task = asyncio.create_task(self._refresh_forever())
 
     def heartbeat(self) -> Heartbeat:
@@ -158,10 +168,14 @@ class Proxy:
             self.metrics.fleet_members.labels(zone).set(count)
 
     async def stop(self) -> None:
+        if self.admin is not None:
+            await self.admin.close()
         if self._membership is not None:  # leave first, so peers stop sending clients here
             await self._membership.stop()
         if self.tiering is not None:  # hands its shards over, everything uploaded
             await self.tiering.stop()
+        if self._tiering_metrics is not None:
+            self._tiering_metrics.close()
         if self._metrics_server is not None:
             await asyncio.to_thread(self._metrics_server.shutdown)
             self._metrics_server.server_close()
@@ -305,11 +319,13 @@ class Proxy:
         for host, port in self._bootstrap_candidates():
             try:
                 await self._query_upstream(host, port)
+                self.upstream_error = None
                 return
             except SaslFailed:
                 raise
             except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 errors.append(f"{host}:{port}: {exc or exc.__class__.__name__}")
+        self.upstream_error = "; ".join(errors)
         if self._upstream_ranges is None:
             raise ConnectionError("no upstream broker answered: " + "; ".join(errors))
         log.warning("upstream refresh failed: %s", "; ".join(errors))

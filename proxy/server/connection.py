@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections import deque
 
 from proxy.apis import NODE_ENDPOINTS_SINCE, RESPONSE_REWRITERS
@@ -144,14 +145,25 @@ class ClientConnection(TieredAnswers):
             pass  # counted and logged by the upstream loop
         except OSError as exc:
             metrics.upstream_errors.labels("connect").inc()
-            log.warning("client %s: cannot reach upstream: %s", self.peer, exc)
+            log.warning(
+                "client %s: cannot reach upstream: %s",
+                self.peer,
+                exc,
+                extra={"client": self.peer, "reason": "upstream_unreachable"},
+            )
         finally:
             metrics.connections.dec()
             await self._close()
 
     def _reject(self, exc: RejectedFrame) -> None:
         self.proxy.metrics.rejected_frames.labels(exc.reason).inc()
-        log.warning("closing client %s on %s: %s", self.peer, self.listener, exc)
+        log.warning(
+            "closing client %s on %s: %s",
+            self.peer,
+            self.listener,
+            exc,
+            extra={"client": self.peer, "reason": exc.reason},
+        )
 
     async def _answer_owed(self) -> None:
         """Send the answers owed for requests read before the bad frame, then return."""
@@ -339,6 +351,7 @@ class ClientConnection(TieredAnswers):
         return len(payload) + 4
 
     def _enqueue(self, slot: Slot) -> None:
+        slot.read_at = time.perf_counter()
         self._pending.append(slot)
         self._all_answered.clear()
         if len(self._pending) >= self._max_inflight:
@@ -435,6 +448,7 @@ class ClientConnection(TieredAnswers):
             await self._drain_client()
         if unsent_head is not None:  # an answer of nothing but its correlation id
             self._write(unsent_head)
+        self.proxy.metrics.answered(slot.api_key, time.perf_counter() - slot.read_at)
         self._pending.popleft()
         self._flush()  # the local answers queued behind this one
 
@@ -461,6 +475,7 @@ class ClientConnection(TieredAnswers):
             oldest.api_version,
             oldest.correlation_id,
             reason,
+            extra={"client": self.peer, "reason": "upstream_closed"},
         )
 
     def _flush(self) -> None:
@@ -470,6 +485,7 @@ class ClientConnection(TieredAnswers):
             slot = pending.popleft()
             assert slot.data is not None
             self._write(*slot.data, local=slot.local)
+            self.proxy.metrics.answered(slot.api_key, time.perf_counter() - slot.read_at)
         if len(pending) < self._max_inflight:
             self._room.set()
         if not pending:

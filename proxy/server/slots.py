@@ -25,3 +25,4 @@ class Slot:
     data: tuple[bytes | bytearray | memoryview, ...] | None = None
     local: bool = False  # answered by the proxy itself, not by a broker
     plan: Plan | None = None  # a request split by a proxy that tiers topics
+    read_at: float = 0.0  # perf_counter() when queued, for tierproxy_request_seconds

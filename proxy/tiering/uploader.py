@@ -164,6 +164,15 @@ class Uploader:
         return replace(self._stats, uploaded_to=self._position, backlog_bytes=backlog)
 
     @property
+    def backlog_seconds(self) -> float:
+        """How long WAL entries have waited for an upload: since the oldest one not yet
+        uploaded was seen (at most an upload's start); 0 when nothing waits."""
+        since = self._backlog_since
+        if since is None or self._wal.durable_end <= self._position:
+            return 0.0
+        return max(0.0, self._clock() - since)
+
+    @property
     def failed(self) -> UploadError | None:
         return self._failed
 

@@ -98,6 +98,9 @@ class WriteAheadLog:
         self._blocked_since: float | None = None
         self._inbox: asyncio.Queue[_Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        # called with each group's fsync time in seconds (the proxy's histogram), on the
+        # writer thread: it must be thread-safe and cheap
+        self.on_sync: Callable[[float], None] | None = None
 
     @classmethod
     async def open(
@@ -346,7 +349,9 @@ class WriteAheadLog:
                 self._segments = (*self._segments, new)
                 rolled = 1
             buffers = [part for item in group for part in (item.header, item.batch)]
-            await loop.run_in_executor(self._executor, _write_and_sync, self._active, buffers)
+            await loop.run_in_executor(
+                self._executor, _write_and_sync, self._active, buffers, self.on_sync
+            )
         except Exception as exc:
             self._broken = exc
             error = self._broken_error()
@@ -426,6 +431,11 @@ class WriteAheadLog:
             self._refuse(self._inbox.get_nowait(), error)
 
 
-def _write_and_sync(file: WalFile, buffers: list[Buffer]) -> None:
+def _write_and_sync(
+    file: WalFile, buffers: list[Buffer], on_sync: Callable[[float], None] | None = None
+) -> None:
     file.write(buffers)
+    started = time.perf_counter()
     file.fsync()
+    if on_sync is not None:
+        on_sync(time.perf_counter() - started)
