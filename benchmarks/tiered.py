@@ -67,6 +67,7 @@ from zones import Cluster  # noqa: E402
 from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
 from proxy.devstack.paths import free_port, kafka_libs  # noqa: E402
 from proxy.tiering.metastore import ShardReader  # noqa: E402
+from proxy.tiering.objectkeys import ObjectKind  # noqa: E402
 from proxy.tiering.peer_codec import frame_size  # noqa: E402
 from proxy.tiering.peer_messages import AppendResponse  # noqa: E402
 from proxy.tiering.settings import TieringConfig  # noqa: E402
@@ -242,6 +243,16 @@ class TieredFleet:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"tierproxy topics tier {topic}: {done.stdout}{done.stderr}")
+
+    def compacted(self, topic: str) -> bool:
+        """Whether every committed range of `topic`'s streams is in a stream object."""
+        assert self.watch is not None
+        streams = [i.stream_id for i in self.watch.streams(topic)]
+
+        def kinds(state) -> set:
+            return {r.object_kind for s in streams for r in state.committed_ranges(s)}
+
+        return bool(streams) and self.watch.read(kinds) == {ObjectKind.STREAM}
 
     def cut_over(self, topic: str) -> tuple[int, int]:
         """(partitions of `topic` cut over, records of them committed in objects)."""

@@ -249,6 +249,10 @@ class ReadBench:
         committed = lambda: self.fleet.cut_over(tiered)[1] >= self.records  # noqa: E731
         wait_until(f"{tiered} committed", committed, max(300.0, self.records / 2000))
         self.written["commit_wait_s"] = time.monotonic() - started
+        if self.args.compacted:
+            started = time.monotonic()
+            wait_until(f"{tiered} compacted", lambda: self.fleet.compacted(tiered), 900.0)
+            self.written["compaction_wait_s"] = time.monotonic() - started
 
     def warm_up(self) -> None:
         """Unmeasured reads of the first records of both topics (the brokers' JIT)."""
@@ -485,6 +489,12 @@ def render(run: dict, summary: dict, args) -> str:
         f"factor 3, written at {w['direct']:.1f} MB/s; tiered at offset 0, written through a "
         f"at {w['tiered']:.1f} MB/s, all in objects {w['commit_wait_s']:.0f} s after the last "
         "acknowledgement; librdkafka producers, acks=all, idempotence on",
+        (
+            f"- read as compacted: every range in a stream object {w['compaction_wait_s']:.0f} s "
+            "after the upload (compaction every 2 s once two objects are small)"
+            if "compaction_wait_s" in w
+            else "- read as uploaded: stream set objects holding every partition (--no-compacted)"
+        ),
         "- proxies a, b, c in zone-a, -b, -c, one metadata shard owned by a; catch-up "
         "consumers assign every partition at offset 0, no group, client defaults",
         f"- tail phases: {args.tail_seconds:g} s at {args.tail_rate:g} MB/s "
@@ -552,6 +562,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup-records", type=int, default=100_000, help="read of each topic, unmeasured")
     cache = TieringConfig().block_cache_bytes
     add("--block-cache-bytes", type=int, default=cache, help=f"every proxy's ({cache})")
+    add(
+        "--compacted",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read the catch-up topic once compaction made it stream objects (default), "
+        "or as uploaded (--no-compacted: stream set objects of every partition)",
+    )
     add("--json", type=Path, help="also write every phase's figures here")
     args = parser.parse_args(argv)
     args.clients = [c for c in CLIENTS if c in args.clients.split(",")]
@@ -564,10 +581,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def set_block_cache(fleet: TieredFleet, capacity: int) -> None:
-    """Every proxy's `tiering.block_cache_bytes` (TieredFleet leaves the default)."""
+def set_tiering(fleet: TieredFleet, args: argparse.Namespace) -> None:
+    """Every proxy's `tiering.block_cache_bytes` (TieredFleet leaves the default) and, with
+    --compacted, a compaction pass every few seconds once two objects are small."""
+    settings = {"block_cache_bytes": args.block_cache_bytes}
+    if args.compacted:
+        settings |= {"compaction_interval_s": 2.0, "compaction_min_objects": 2}
     for proxy in (member.proxy for member in fleet.members):
-        proxy.config["tiering"]["block_cache_bytes"] = capacity
+        proxy.config["tiering"].update(settings)
         proxy.config_path.write_text(yaml.safe_dump(proxy.config))
 
 
@@ -589,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
             service.start()
         cluster = stack.enter_context(closing(Cluster(kafka)))
         fleet = TieredFleet(kafka, minio, work, run_id, args)
-        set_block_cache(fleet, args.block_cache_bytes)
+        set_tiering(fleet, args)
         stack.callback(fleet.stop)
         fleet.start()
         proxy_code = _git_state()  # what the proxies have just loaded
