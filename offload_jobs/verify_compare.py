@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from proxy.tiering.batches import read_batch_header
@@ -146,7 +146,6 @@ class VerifyReport:
     topic: str
     partitions: tuple[PartitionReport, ...]
     seconds: float = 0.0
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def ok(self) -> bool:
@@ -154,7 +153,6 @@ class VerifyReport:
 
     def to_json(self) -> str:
         document = {"topic": self.topic, "ok": self.ok, "seconds": round(self.seconds, 3)}
-        document["notes"] = list(self.notes)
         document["partitions"] = [asdict(p) | {"ok": p.ok} for p in self.partitions]
         return json.dumps(document, indent=2)
 
@@ -199,5 +197,4 @@ class VerifyReport:
                 lines.append(
                     f"{self.topic}-{p.partition}: {p.mismatch_count - len(p.mismatches)} more"
                 )
-        lines += list(self.notes)
         return "\n".join(lines)
