@@ -91,6 +91,10 @@ class Proxy:
         self._listening: dict[int | None, asyncio.Task[None]] = {}
         self._connections: set[asyncio.Task[None]] = set()
         self._refresh_task: asyncio.Task[None] | None = None
+        # Broker listeners open while start() runs (refresh_upstream); a client served
+        # before tiering has started would have a tiered topic's Produce forwarded to
+        # Kafka, where no tiered reader sees it. Accepted connections wait for this.
+        self._serving = asyncio.Event()
         self._server_ssl = server_context(config.listeners.tls)
         self._upstream_ssl = client_context(config.upstream.tls)
         listeners, fleet = config.listeners, config.fleet
@@ -124,6 +128,7 @@ class Proxy:
             await self.tiering.start()
             self._tiering_metrics = TieringMetrics(self.metrics.registry)
             self._tiering_metrics.attach(self.tiering)
+        self._serving.set()
         await self._listen(None, self.config.listeners.bootstrap_port)
         await asyncio.gather(*self._listening.values())
         self._set_self_port(self.bound_port(None))
@@ -216,6 +221,7 @@ class Proxy:
 
         async def serve(connection: ClientConnection) -> None:
             try:
+                await self._serving.wait()
                 await connection.serve()
             except asyncio.CancelledError:
                 pass  # the proxy is stopping; ending quietly keeps asyncio from logging it
