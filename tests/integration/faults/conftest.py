@@ -1,0 +1,21 @@
+"""The fault-injection suite (issue 8): a tiered fleet under load while proxies are
+killed and paused, a broker restarts and the object store goes away.
+
+It breaks what it runs on, so it runs on a Kafka cluster and a MinIO of its own (started
+in the test, stopped at its end) and shares nothing with the session's `kafka_cluster`
+and `s3_server`. Marked `faults`: `-m "not faults"` leaves it out.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# tieredfleet.py and cutover_load.py: the tiering tests' fleet, producers and readers
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tiering"))
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "faults: the fault-injection suite (its own Kafka and MinIO, ~6 min)"
+    )

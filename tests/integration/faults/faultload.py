@@ -1,0 +1,244 @@
+"""What the fault-injection suite watches while it breaks things: what the producers were
+told (`Progress`, over cutover_load's `LoadProducer`s and a `BurstProducer`), what a
+consumer reading through the fleet got (`FleetConsumer`), and the figures of a run
+(`Figures`, written as JSON and printed).
+
+Values are `<producer>:<sequence>:<padding>` (cutover_load's format), so a consumed
+record names who wrote it and in what order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from cutover_load import Ack, LoadProducer
+
+
+def _quiet_logger(name: str, lines: list[str]) -> logging.Logger:
+    """librdkafka's log lines kept in `lines`, not printed: proxies that are down are
+    what this suite is about, and each would be a line on stderr."""
+    logger = logging.getLogger(f"faultload.{name}.{uuid.uuid4().hex[:6]}")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger.addHandler(Keep())
+    return logger
+
+
+class BurstProducer:
+    """An idempotent producer (acks=all) sending as fast as its queue takes records to
+    some partitions only (those of one owner, to fill its WAL), until `stop()`; its acks
+    are `Ack`s like LoadProducer's."""
+
+    def __init__(
+        self, name: str, bootstrap: str, topic: str, partitions: list[int], zone: str, size: int
+    ) -> None:
+        self.name, self.bootstrap, self.topic = name, bootstrap, topic
+        self.partitions, self.zone, self.size = partitions, zone, size
+        self.acks: list[Ack] = []
+        self.errors: list[str] = []
+        self.client_log: list[str] = []
+        self.sent = 0
+        self.flushed: int | None = None
+        self._flush_timeout_s = 300.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"burst {name}", daemon=True)
+
+    def start(self) -> BurstProducer:
+        self._thread.start()
+        return self
+
+    def stop_sending(self) -> None:
+        self._stop.set()
+
+    def stop(self, flush_timeout_s: float = 300.0) -> None:
+        """Stop sending, wait for the answers to what was sent."""
+        self._flush_timeout_s = flush_timeout_s
+        self._stop.set()
+        self._thread.join(flush_timeout_s + 30)
+        assert not self._thread.is_alive(), f"{self.name} is still flushing"
+
+    def _run(self) -> None:
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "client.id": f"{self.name},tierproxy_az={self.zone}",
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": 300_000,
+                "queue.buffering.max.messages": 20_000,
+            },
+            logger=_quiet_logger(self.name, self.client_log),
+        )
+
+        def delivered(err, msg) -> None:
+            now = time.monotonic()
+            if err is not None:
+                self.errors.append(f"{msg.partition()}: {err}")
+            else:
+                wall = time.time_ns() // 1_000_000
+                self.acks.append(Ack(msg.partition(), msg.offset(), msg.value(), 0, now, wall))
+
+        padding = b"x" * max(0, self.size - 24)
+        while not self._stop.is_set():
+            value = f"{self.name}:{self.sent}:".encode() + padding
+            partition = self.partitions[self.sent % len(self.partitions)]
+            try:
+                producer.produce(self.topic, value, partition=partition, on_delivery=delivered)
+            except BufferError:  # the queue is full: the proxy holds produce
+                producer.poll(0.1)
+                continue
+            self.sent += 1
+            producer.poll(0)
+        self.flushed = producer.flush(self._flush_timeout_s)
+
+
+class Progress:
+    """Per partition, when the last acknowledgement came and the highest offset
+    acknowledged so far, over every producer watched (read incrementally)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self._sources: list[tuple[list[Ack], list[int]]] = []
+        self.last_ack_at: dict[int, float] = {}
+        self.max_offset: dict[int, int] = {}
+
+    def watch(self, producer: LoadProducer | BurstProducer) -> None:
+        self._sources.append((producer.acks, [0]))
+
+    def update(self) -> None:
+        for acks, seen in self._sources:
+            end = len(acks)
+            for ack in acks[seen[0] : end]:
+                if ack.acked_at > self.last_ack_at.get(ack.partition, 0.0):
+                    self.last_ack_at[ack.partition] = ack.acked_at
+                if ack.offset > self.max_offset.get(ack.partition, -1):
+                    self.max_offset[ack.partition] = ack.offset
+            seen[0] = end
+
+    def acks(self) -> Iterator[Ack]:
+        """Every acknowledgement so far, of every producer watched."""
+        for acks, _ in self._sources:
+            yield from acks[:]
+
+    def acked_since(self, since: float) -> bool:
+        """Every partition had an acknowledgement after `since`."""
+        self.update()
+        return all(self.last_ack_at.get(p, 0.0) > since for p in range(self.partitions))
+
+
+class FleetConsumer:
+    """A librdkafka consumer reading every partition through the fleet from the cutover
+    on, in a thread; `records[p]` is (offset, value) in the order they came."""
+
+    def __init__(self, bootstrap: str, topic: str, starts: dict[int, int], zone: str) -> None:
+        self.bootstrap, self.topic, self.starts, self.zone = bootstrap, topic, starts, zone
+        self.records: dict[int, list[tuple[int, bytes]]] = {p: [] for p in starts}
+        self.position: dict[int, int] = dict(starts)  # the next offset expected
+        self.errors: Counter[str] = Counter()
+        self.client_log: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet consumer", daemon=True)
+
+    def start(self) -> FleetConsumer:
+        self._thread.start()
+        return self
+
+    def stop(self, flush_timeout_s: float = 0.0) -> None:
+        """Stop reading (`flush_timeout_s`: unused, as the producers' `stop` takes it)."""
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the consumer did not stop"
+
+    def caught_up(self, ends: dict[int, int]) -> bool:
+        """Read past offset `ends[p]` - 1 in every partition."""
+        return all(self.position[p] >= end for p, end in ends.items())
+
+    def _run(self) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "client.id": f"fault-consumer,tierproxy_az={self.zone}",
+                "group.id": f"faults-{uuid.uuid4().hex[:8]}",  # assign() only: never joins
+                "enable.auto.commit": False,
+                "auto.offset.reset": "error",  # a reset would hide a lost or repeated range
+                "fetch.error.backoff.ms": 100,
+                "reconnect.backoff.max.ms": 1000,
+            },
+            logger=_quiet_logger("consumer", self.client_log),
+        )
+        consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.starts.items()])
+        try:
+            while not self._stop.is_set():
+                for msg in consumer.consume(1000, 0.2):
+                    if msg.error() is not None:
+                        self.errors[msg.error().name()] += 1
+                        continue
+                    partition, offset = msg.partition(), msg.offset()
+                    self.records[partition].append((offset, msg.value()))
+                    self.position[partition] = offset + 1
+        finally:
+            consumer.close()
+
+
+@dataclass
+class Figures:
+    """The counts of a run, as docs/reliability.md shows them."""
+
+    seed: int
+    faults: Counter[str] = field(default_factory=Counter)
+    recovery_s: dict[str, list[float]] = field(default_factory=dict)  # fault end -> recovered
+    outage_s: dict[str, list[float]] = field(default_factory=dict)  # injected -> recovered
+    notes: dict[str, object] = field(default_factory=dict)
+    records_acknowledged: int = 0
+    records_consumed: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+
+    def fault(self, kind: str, injected: float, ended: float, recovered: float) -> None:
+        self.faults[kind] += 1
+        self.recovery_s.setdefault(kind, []).append(round(recovered - ended, 2))
+        self.outage_s.setdefault(kind, []).append(round(recovered - injected, 2))
+
+    def as_json(self) -> dict:
+        def spread(values: list[float]) -> dict[str, float]:
+            return {
+                "min": min(values),
+                "median": round(statistics.median(values), 2),
+                "max": max(values),
+            }
+
+        return {
+            "seed": self.seed,
+            "faults_injected": dict(self.faults),
+            "faults_total": sum(self.faults.values()),
+            "records_acknowledged": self.records_acknowledged,
+            "records_consumed": self.records_consumed,
+            "lost": self.lost,
+            "duplicates": self.duplicates,
+            "out_of_order": self.out_of_order,
+            "recovery_s": {kind: spread(v) for kind, v in self.recovery_s.items()},
+            "outage_s": {kind: spread(v) for kind, v in self.outage_s.items()},
+            **self.notes,
+        }
+
+    def write(self, path: Path) -> str:
+        text = json.dumps(self.as_json(), indent=2, sort_keys=True)
+        path.write_text(text + "\n")
+        return text

@@ -1,0 +1,276 @@
+"""The fault-injection suite (issue 8; figures in docs/reliability.md).
+
+A tiered fleet of two `tierproxy run` processes (zone-a, zone-b; tieredfleet.py) on a
+Kafka cluster and a MinIO of its own. An idempotent librdkafka producer (acks=all) in
+each zone writes a steady load through the fleet to a tiered topic of a few partitions,
+and a consumer reads every partition through the fleet. In sequence, each followed by a
+wait for recovery (faultsteps.py says what that is) whose time is measured:
+
+1. 20 times, a random proxy killed with SIGKILL at a random moment and restarted after a
+   short random delay (the RNG's seed is printed and in the figures:
+   TIERPROXY_FAULT_SEED=<seed> runs the same choices again);
+2. the owner of most partitions paused with SIGSTOP past its session timeout (the other
+   proxy fences it and waits), then resumed;
+3. a Kafka broker stopped and started again;
+4. MinIO stopped for 60 s while a burst producer fills zone-b's small WAL (4 MiB) to its
+   bound: its appends wait, nothing fails.
+
+At the end every acknowledged record was consumed exactly once, at the offset its
+producer was told, each partition read in offset order without a gap; what the metadata
+commits, read back from the objects, is what the consumer read; the bucket holds every
+object the metadata names, nothing left for the garbage collector after its grace, and
+the objects nothing names are counted (orphans); no process of the suite is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from cutover_load import LoadProducer
+from faultload import Figures, FleetConsumer, Progress
+from faultsteps import Injector
+from tieredfleet import TieredFleet, parse_value, wait_for, wal_backlog
+
+from proxy.devstack import KafkaCluster, MinioServer
+from proxy.devstack.process import ManagedProcess
+from proxy.tiering.s3store import S3Config, S3Store
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
+
+MiB = 1024 * 1024
+PARTITIONS = 4
+RATE = 150  # records a second, per producer
+VALUE_BYTES = 128
+KILLS = 20
+MINIO_DOWN_S = 60.0
+WAL_CAPACITY = 4 * MiB  # zone-b's WAL; the smallest the settings allow
+GRACE_S = 5.0
+TIERING = {
+    "session_timeout_ms": 3000,  # the dedicated cluster allows it (group.min.session...)
+    "upload_interval_s": 0.5,
+    "object_delete_grace_s": GRACE_S,
+    "compaction_interval_s": 10.0,  # compaction runs under the faults too: garbage to collect
+    "compaction_trigger_objects": 24,
+    "compaction_min_objects": 8,
+}
+CLIENT = {"socket.timeout.ms": 10_000, "message.timeout.ms": 300_000}
+
+
+class FaultFleet(TieredFleet):
+    """The tiered fleet, zone-b's WAL small enough to fill while MinIO is down."""
+
+    def _config(self, name: str, zone: str, base: int, wal_dir: Path) -> dict:
+        config = super()._config(name, zone, base, wal_dir)
+        if zone == "zone-b":
+            config["tiering"]["wal"].update(capacity_bytes=WAL_CAPACITY, segment_bytes=MiB)
+        return config
+
+
+def _seed() -> int:
+    chosen = os.environ.get("TIERPROXY_FAULT_SEED")
+    return int(chosen) if chosen else random.SystemRandom().randrange(2**32)
+
+
+def _bucket(minio: MinioServer) -> list[str]:
+    async def keys() -> list[str]:
+        config = S3Config(
+            bucket=minio.bucket,
+            endpoint_url=minio.endpoint,
+            access_key_id=minio.access_key,
+            secret_access_key=minio.secret_key,
+            path_style=True,
+        )
+        async with S3Store(config) as store:
+            return [info.key async for info in store.list("")]
+
+    return asyncio.run(keys())
+
+
+def _objects(fleet: TieredFleet, minio: MinioServer) -> dict[str, int]:
+    """Once the garbage collector had its grace: the stream objects in the bucket against
+    those the metadata names (a live range, or garbage not yet deleted)."""
+
+    def named() -> tuple[set[str], set[str]]:
+        live, garbage = set(), set()
+        for state in fleet.states():
+            garbage.update(commit.key for commit in state.garbage_objects())
+            for stream in state.stream_ids():
+                live.update(r.object_key for r in state.committed_ranges(stream))
+        return live, garbage - live
+
+    # the grace, then a compactor tick (at most half the grace) and its deletes
+    live, garbage = wait_for(named, lambda n: not n[1], "garbage deleted", GRACE_S * 4 + 30)
+    keys = _bucket(minio)
+    s3wal = [key for key in keys if key.startswith("wal/")]
+    stream_objects = set(keys) - set(s3wal)
+    return {
+        "objects_in_bucket": len(stream_objects),
+        "objects_named_by_metadata": len(live),
+        "objects_named_missing": len(live - stream_objects),
+        "orphans_never_committed": len(stream_objects - live),
+        "s3wal_objects_left": len(s3wal),
+    }
+
+
+def _compare(acked: dict[tuple[int, int], bytes], consumer: FleetConsumer, figures: Figures):
+    """Lost, duplicates, out of order: each acknowledged record consumed once at its
+    offset; offsets in each partition one after the other; each producer's records in
+    the order it sent them."""
+    consumed: dict[tuple[int, int], list[bytes]] = {}
+    where: dict[bytes, int] = Counter()
+    out_of_order = 0
+    for partition, records in consumer.records.items():
+        expected = consumer.starts[partition]
+        last: dict[str, int] = {}
+        for offset, value in records:
+            out_of_order += offset != expected
+            expected = offset + 1
+            consumed.setdefault((partition, offset), []).append(value)
+            where[value] += 1
+            name, n = parse_value(value)
+            out_of_order += n <= last.get(name, -1)
+            last[name] = n
+    figures.records_acknowledged = len(acked)
+    figures.records_consumed = sum(len(r) for r in consumer.records.values())
+    figures.lost = sum(1 for at, value in acked.items() if value not in consumed.get(at, ()))
+    figures.duplicates = sum(n - 1 for n in where.values())
+    figures.out_of_order = out_of_order
+    figures.notes["consumed_never_acknowledged"] = len(set(where) - set(acked.values()))
+    return consumed
+
+
+def _processes(fleet: TieredFleet, kafka: KafkaCluster, minio: MinioServer):
+    return [
+        *(p.process for p in fleet.proxies.values()),
+        *(node.process for node in kafka.nodes),
+        minio.process,
+    ]
+
+
+def _left_running(processes: list[ManagedProcess]) -> list[str]:
+    return [
+        f"{proc.name} (pid {proc.pid})"
+        for proc in processes
+        if proc.running() or (proc.pid is not None and Path(f"/proc/{proc.pid}").exists())
+    ]
+
+
+def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
+    seed = _seed()
+    print(f"\nfault injection seed {seed} (TIERPROXY_FAULT_SEED={seed} repeats it)")
+    rng, figures = random.Random(seed), Figures(seed)
+    began = time.monotonic()
+    kafka = KafkaCluster(
+        size=3,
+        racks=["zone-a", "zone-b", "zone-c"],
+        name="kafka-faults",
+        heap="-Xms128m -Xmx512m",
+        extra_config={"group.min.session.timeout.ms": "1000"},
+    )
+    minio = MinioServer(name="minio-faults")
+    fleet = None
+    producers: list[LoadProducer] = []
+    consumer = None
+    injector = None
+    try:
+        kafka.start()
+        minio.start()
+        fleet = FaultFleet(kafka.bootstrap, minio, tmp_path, tiering=TIERING)
+        fleet.start()
+        fleet.wait_until_owned()
+        topic, topic_id = fleet.create_spread_topic(PARTITIONS)
+        fleet.tier(topic)
+        starts = fleet.wait_for_cutover(topic_id, PARTITIONS)
+        progress = Progress(PARTITIONS)
+        for zone in fleet.proxies:
+            producer = LoadProducer(
+                f"load-{zone[-1]}",
+                fleet.bootstrap(),
+                topic,
+                PARTITIONS,
+                RATE,
+                zone,
+                value_bytes=VALUE_BYTES,
+                settings=CLIENT,
+            )
+            producers.append(producer.start())
+            progress.watch(producer)
+        consumer = FleetConsumer(fleet.bootstrap(), topic, starts, "zone-a").start()
+        injector = Injector(fleet, topic, topic_id, progress, consumer, figures, rng)
+        injector.settled(time.monotonic(), 60)
+        figures.notes["setup_s"] = round(time.monotonic() - began, 1)
+
+        injector.kill_proxies(KILLS)
+        injector.pause_owner()
+        injector.restart_broker(kafka)
+        fill = injector.object_store_outage(minio, fleet["zone-b"], WAL_CAPACITY, MINIO_DOWN_S)
+        figures.notes["wal_fill"] = vars(fill)
+
+        for producer in producers:
+            producer.stop(flush_timeout_s=120)
+        assert injector.burst is not None
+        for producer in [*producers, injector.burst]:
+            assert not producer.errors, f"{producer.name}: {producer.errors[:5]}"
+            assert producer.flushed == 0 and producer.sent == len(producer.acks), producer.name
+        progress.update()
+        ends = {p: offset + 1 for p, offset in progress.max_offset.items()}
+        wait_for(lambda: consumer.caught_up(ends), bool, "the consumer at the end", 60)
+        consumer.stop()
+        figures.notes["consumer_errors"] = dict(consumer.errors)
+        acked = {(a.partition, a.offset): a.value for a in progress.acks()}
+        assert len(acked) == sum(1 for _ in progress.acks()), "an offset acknowledged twice"
+        consumed = _compare(acked, consumer, figures)
+
+        wait_for(
+            lambda: [wal_backlog(p.wal_dir) for p in fleet.proxies.values()],
+            lambda backlogs: not any(backlogs),
+            "every WAL uploaded",
+            30,
+        )
+        figures.notes.update(_objects(fleet, minio))
+        committed = fleet.committed(topic_id, PARTITIONS)
+        from_objects = {
+            (p, offset): value
+            for p, records in committed.records.items()
+            for offset, value in records
+        }
+        figures.notes["committed_differs_from_consumed"] = sum(
+            1 for at, values in consumed.items() if from_objects.get(at) not in values
+        ) + len(set(from_objects) - set(consumed))
+    finally:
+        for stoppable in [*producers, consumer, getattr(injector, "burst", None)]:
+            if stoppable is not None:  # a failed run: quickly, whatever is left unsent
+                with contextlib.suppress(AssertionError):
+                    stoppable.stop(flush_timeout_s=5)
+        try:
+            if fleet is not None:
+                fleet.close()
+        finally:
+            minio.stop()
+            kafka.stop()
+    if fleet is not None:
+        figures.notes["left_running"] = _left_running(_processes(fleet, kafka, minio))
+    figures.notes["suite_s"] = round(time.monotonic() - began, 1)
+    print(figures.write(tmp_path / "fault-figures.json"))
+    print(f"figures written to {tmp_path / 'fault-figures.json'}")
+
+    assert figures.faults["kill -9 proxy"] == KILLS
+    assert figures.records_acknowledged > 10_000
+    assert figures.lost == 0, "acknowledged records lost"
+    assert figures.duplicates == 0, "records consumed more than once"
+    assert figures.out_of_order == 0, "a partition read out of offset order or with a gap"
+    assert figures.notes["consumed_never_acknowledged"] == 0
+    assert figures.notes["committed_differs_from_consumed"] == 0
+    wal = figures.notes["wal_fill"]
+    assert wal["peak"] <= WAL_CAPACITY, "the WAL passed its bound"
+    assert wal["held_s"] > 10, f"the WAL filled late or never: {wal}"
+    assert wal["acks_while_full"] == 0, "acknowledged while the WAL was full"
+    assert figures.notes["objects_named_missing"] == 0, "the metadata names a deleted object"
+    assert figures.notes["left_running"] == [], "processes left behind"
