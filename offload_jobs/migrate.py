@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from offload_jobs.progress import TaskProgress
 from offload_jobs.segments import SegmentReader, list_segments
 from offload_jobs.sources import SourceBatch
 from offload_jobs.writer import (
@@ -247,7 +248,7 @@ def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> 
     results: list[TaskResult] = []
     if tasks:
         rdd = spark.sparkContext.parallelize(tasks, len(tasks))
-        watcher = _Progress(spark, len(tasks), progress)
+        watcher = TaskProgress(spark, len(tasks), "ranges written", progress)
         try:
             results = rdd.map(lambda task: run_task(job, task)).collect()
         finally:
@@ -271,32 +272,3 @@ def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> 
         summary.errors.extend(f"commit refused: {reason}" for reason in outcome.refused)
     summary.seconds = time.monotonic() - started
     return summary
-
-
-class _Progress:
-    """A line per second while the job runs: tasks done of all."""
-
-    def __init__(self, spark, total: int, progress: Callable[[str], None]) -> None:
-        import threading
-
-        self._stop = threading.Event()
-        tracker = spark.sparkContext.statusTracker()
-
-        def watch() -> None:
-            last = None
-            while not self._stop.wait(1.0):
-                done = 0
-                for stage in tracker.getActiveStageIds():
-                    info = tracker.getStageInfo(stage)
-                    if info is not None:
-                        done += info.numCompletedTasks
-                if done != last:
-                    progress(f"  {done}/{total} ranges written")
-                    last = done
-
-        self._thread = threading.Thread(target=watch, name="migrate-progress", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -9,7 +9,8 @@ past the cutover. Then `tierproxy migrate` (in-process, on the session's Spark):
    flipped: that partition's range fails and the output names the file and the batch's
    byte; partition 0 is migrated and committed; partition 1 still has its gap;
 2. from the brokers' own log directories: only partition 1's range is moved;
-3. once more: nothing to move, no object written.
+3. once more: nothing to move, no object written;
+4. `tierproxy verify`: every batch below the cutover, Kafka's against the objects': OK.
 
 Every committed object holds Kafka's batches byte for byte. Then Kafka's copy is deleted
 (DeleteRecords up to the cutover) and a consumer reads the whole topic through the proxy
@@ -30,6 +31,7 @@ from confluent_kafka.admin import AdminClient
 from offloaddata import CODECS, Produced, Topic, create_topic, position, produce
 
 from offload_jobs import migrate_cli
+from offload_jobs.report_cli import add_parsers
 from offload_jobs.segments import SegmentReader
 from proxy.server.peer_clients import PeerClients
 from proxy.tiering.batches import iter_batches
@@ -55,6 +57,17 @@ def fleet(kafka_cluster, s3_server, tmp_path_factory):
         yield fleet
     finally:
         fleet.close()
+
+
+def _config(fleet: TieredFleet) -> str:
+    return str(fleet.base_dir / f"{fleet['zone-a'].name}.yaml")
+
+
+def _report_command(argv: list[str]) -> argparse.Namespace:
+    """`tierproxy verify|export ...` parsed as the CLI parses it."""
+    parser = argparse.ArgumentParser(prog="tierproxy")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
 
 
 def _migrate(fleet: TieredFleet, spark, topic: str, dirs: list[Path], capsys) -> tuple[int, str]:
@@ -205,6 +218,17 @@ def test_migrate_from_segments_then_drop_kafkas_copy(fleet, kafka_cluster, spark
     code, out = _migrate(fleet, spark, topic.name, log_dirs, capsys)
     assert code == 0 and "0 ranges to move" in out and " 0 objects" in out, out
     assert _offload_keys(fleet) == before
+
+    # 4. verify, before Kafka's copy goes: every batch below the cutover, Kafka vs objects
+    report = tmp_path / "verify.json"
+    args = _report_command(
+        ["verify", topic.name, "--config", _config(fleet), "--json", str(report)]
+    )
+    code = args.func(args, spark)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"verification of {topic.name}: OK" in out
+    assert '"ok": true' in report.read_text()
 
     _drop_kafkas_copy_and_read_all(fleet, bootstrap, topic, cutovers)
 
