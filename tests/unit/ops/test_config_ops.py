@@ -1,0 +1,75 @@
+"""The `admin` and `logging` config sections (proxy/config_ops.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_config, parse_config
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+TOKEN = "0123456789abcdef-token"
+
+
+def _config(admin=None, logging=None):
+    raw = {"upstream": {"bootstrap": "127.0.0.1:9092"}}
+    if admin is not None:
+        raw["admin"] = admin
+    if logging is not None:
+        raw["logging"] = logging
+    return parse_config(raw)
+
+
+def test_defaults_no_admin_api_and_text_logs():
+    config = _config()
+    assert not config.admin.enabled and config.admin.bind_host == "127.0.0.1"
+    assert config.logging.format == "text"
+    assert _config({"port": 0}).admin.enabled  # 0: any free port
+
+
+def test_the_token_comes_from_the_environment_and_is_never_printed(monkeypatch):
+    monkeypatch.setenv("ADMIN_TOKEN_FOR_TEST", TOKEN)
+    config = _config({"bind_host": "0.0.0.0", "port": 9644, "token": "${ADMIN_TOKEN_FOR_TEST}"})
+    assert config.admin.token == TOKEN
+    assert TOKEN not in repr(config) and TOKEN not in str(config.admin)
+
+
+@pytest.mark.parametrize(
+    ("admin", "key", "words"),
+    [
+        ({"bind_host": "0.0.0.0", "port": 9644}, "admin.token", "not a loopback address"),
+        ({"bind_host": "10.0.1.21", "port": 9644}, "admin.token", "10.0.1.21"),
+        ({"port": 9644, "token": "short"}, "admin.token", "at least 16 characters (got 5)"),
+        ({"port": 9644, "token": 1234}, "admin.token", "not a string"),
+        ({"port": 70000}, "admin.port", "70000 is not a port"),
+        ({"bind_host": "admin.local", "port": 1}, "admin.bind_host", "not an IP address"),
+        ({"port": 1, "tokn": TOKEN}, "admin.tokn", "is not a known setting"),
+        ({"port": 1, "token": "${NOT_SET_ANYWHERE_42}"}, "admin.token", "is not set"),
+    ],
+)
+def test_bad_admin_settings_name_the_key_and_reason(admin, key, words):
+    with pytest.raises(ConfigError) as bad:
+        _config(admin)
+    assert bad.value.key == key and words in bad.value.reason
+    token = admin.get("token")
+    if isinstance(token, str) and not token.startswith("${"):
+        assert token not in str(bad.value)  # a wrong secret is not echoed either
+
+
+def test_loopback_needs_no_token():
+    assert _config({"bind_host": "::1", "port": 9644}).admin.token is None
+
+
+def test_logging_format():
+    assert _config(logging={"format": "json"}).logging.format == "json"
+    with pytest.raises(ConfigError) as bad:
+        _config(logging={"format": "xml"})
+    assert bad.value.key == "logging.format" and "'xml' is not one of text, json" in str(bad.value)
+
+
+def test_the_example_configs_enable_the_admin_api_on_loopback():
+    for name in ("local.yaml", "tiered.yaml"):
+        config = load_config(CONFIGS / name)
+        assert config.admin.port == 9644 and config.admin.bind_host == "127.0.0.1", name
+    assert load_config(CONFIGS / "tiered.yaml").logging.format == "json"
