@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 from proxy.protocol.codec import load_response_types, load_types, response_type
@@ -37,8 +38,19 @@ _END_OFFSET = struct.Struct(">q")
 _END_AT = 10  # the end offset's position in an answer entry
 
 Key = tuple[str, int]
-# (topic, partition, leader_epoch, end_offset) -> the end offset to answer, or None to keep
-NewEnd = Callable[[str, int, int, int], int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class EpochError:
+    """An error to answer for a partition instead of Kafka's end offset (its leader
+    epoch and end offset then -1, as Kafka answers errors)."""
+
+    error_code: int
+
+
+# (topic, partition, leader_epoch, end_offset) -> the end offset to answer, an error to
+# answer instead, or None to keep Kafka's answer
+NewEnd = Callable[[str, int, int, int], int | EpochError | None]
 
 
 @cache
@@ -79,6 +91,7 @@ def rewrite_end_offsets(
     flexible, _ = _layout(api_version)
     buf = body if isinstance(body, memoryview) else memoryview(body)
     patches: list[tuple[int, int]] = []  # (position of an end offset, its new value)
+    errors: list[tuple[int, int, int]] = []  # (position of an answer, error code, partition)
     try:
         offset = skip(buf, 0, 4)  # throttle_time_ms
         count, offset = read_count(buf, offset, flexible, "topics")
@@ -90,7 +103,9 @@ def rewrite_end_offsets(
                 error_code, partition, epoch, end = _ANSWER.unpack_from(buf, start)
                 if error_code == 0:
                     new = new_end(name, partition, epoch, end)
-                    if new is not None and new != end:
+                    if isinstance(new, EpochError):
+                        errors.append((start, new.error_code, partition))
+                    elif new is not None and new != end:
                         patches.append((start + _END_AT, new))
                 offset = skip_tagged_fields(buf, offset) if flexible else offset
             offset = skip_tagged_fields(buf, offset) if flexible else offset
@@ -98,9 +113,11 @@ def rewrite_end_offsets(
         expect_end(buf, offset)
     except FrameError as exc:
         raise FrameError(f"malformed OffsetForLeaderEpoch v{api_version} response: {exc}") from None
-    if not patches:
+    if not patches and not errors:
         return buf
     out = bytearray(buf)
     for position, value in patches:
         _END_OFFSET.pack_into(out, position, value)
+    for position, error_code, partition in errors:
+        _ANSWER.pack_into(out, position, error_code, partition, -1, -1)
     return out

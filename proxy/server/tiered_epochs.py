@@ -4,8 +4,11 @@ The request goes to Kafka as it came. Kafka knows the partition's epochs up to t
 cutover: where it answers an end offset at or past the cutover (the epoch asked is the
 latest, and Kafka's log ends at the cutover), the log really ends at the stream's high
 watermark, which the proxy answers instead (asked of the owner when it is elsewhere, so
-a consumer never sees an end below its position and takes it for a truncation). Earlier
-epochs end below the cutover, as Kafka says.
+a consumer never sees an end below its position and takes it for a truncation). When no
+owner answers (it is away, or restarting and not serving the stream yet), the proxy does
+not know that end: it answers NOT_LEADER_OR_FOLLOWER and the client asks again, as it
+would a broker that is not the leader; the committed end may be below what the owner
+acknowledged and consumers have read. Earlier epochs end below the cutover, as Kafka says.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ import asyncio
 import struct
 from dataclasses import dataclass
 
-from proxy.apis.api23_offset_for_leader_epoch import read_requested, rewrite_end_offsets
+from proxy.apis.api23_offset_for_leader_epoch import (
+    EpochError,
+    read_requested,
+    rewrite_end_offsets,
+)
 from proxy.tiering.topic_index import stream_of
 
 _SIZE = struct.Struct(">i")
+NOT_LEADER_OR_FOLLOWER = 6
 
 Key = tuple[str, int]
 
@@ -25,22 +33,26 @@ Key = tuple[str, int]
 @dataclass(slots=True, eq=False)
 class EpochsPlan:
     upstream_frame: tuple[bytes | memoryview, ...]  # the request as it came, framed
-    local: asyncio.Future[dict]  # (topic, partition) -> (cutover, high watermark)
+    local: asyncio.Future[dict]  # (topic, partition) -> (cutover, high watermark or None)
+    cutovers: dict[Key, int]  # (topic, partition) -> cutover, of the tiered ones asked
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         assert upstream is not None  # the whole request went upstream
 
-        def new_end(topic: str, partition: int, epoch: int, end: int) -> int | None:
+        def new_end(topic: str, partition: int, epoch: int, end: int) -> int | EpochError | None:
             tiered = local.get((topic, partition))
             if tiered is None or end < tiered[0]:
                 return None
+            if tiered[1] is None:  # the stream's end is not known: not the cutover either
+                return EpochError(NOT_LEADER_OR_FOLLOWER)
             return max(end, tiered[1])
 
         return bytes(rewrite_end_offsets(api_version, upstream, new_end))
 
     def failed(self, error: BaseException) -> dict:
-        return {}  # Kafka's answers as they came: ends at the cutover, never past the log
+        # not Kafka's answers as they came: the cutover is below what consumers have read
+        return {key: (cutover, None) for key, cutover in self.cutovers.items()}
 
 
 def plan_offset_for_leader_epoch(
@@ -63,10 +75,11 @@ def plan_offset_for_leader_epoch(
         return None
     local = asyncio.ensure_future(_high_watermarks(tiering, streams))
     frame = (_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
-    return EpochsPlan(frame, local)
+    return EpochsPlan(frame, local, {key: cutover for key, (_, cutover) in streams.items()})
 
 
 async def _high_watermarks(tiering, streams: dict[Key, tuple[int, int]]) -> dict:
     keys = list(streams)
-    ends = await asyncio.gather(*(tiering.reads.high_watermark(streams[k][0]) for k in keys))
+    reads = tiering.reads
+    ends = await asyncio.gather(*(reads.owner_high_watermark(streams[k][0]) for k in keys))
     return {key: (streams[key][1], end) for key, end in zip(keys, ends, strict=True)}

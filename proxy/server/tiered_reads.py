@@ -70,14 +70,24 @@ class TieredReads:
     async def high_watermark(self, stream: int) -> int:
         """The owner's high watermark: here, or asked of the owner; the committed end if
         the owner does not answer."""
+        known = await self.owner_high_watermark(stream)
+        return known if known is not None else self._committed_end(stream)
+
+    async def owner_high_watermark(self, stream: int) -> int | None:
+        """The owner's high watermark, here or asked of the owner; None when no owner
+        answers (away, or restarting and not serving the stream yet): the committed end
+        may then be below offsets it acknowledged and consumers have read."""
         partition = self.service.partitions.get(stream)
         if partition is not None:
             return partition.high_watermark
+        end = self._committed_end(stream)
+        tail = await self._owner_tail(stream, end, 0, 0)
+        return max(end, tail.high_watermark) if tail is not None else None
+
+    def _committed_end(self, stream: int) -> int:
         state = self.service.state(stream)
         end = state.stream_end(stream)
-        end = end if end is not None else (state.cutover(stream) or 0)
-        tail = await self._owner_tail(stream, end, 0, 0)
-        return max(end, tail.high_watermark) if tail is not None else end
+        return end if end is not None else (state.cutover(stream) or 0)
 
     async def serve_tail(self, request) -> TieredFetchResult:
         """A peer's fetch (peer_messages.FetchRequest) of a stream owned here: the log
