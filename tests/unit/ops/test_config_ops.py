@@ -73,3 +73,23 @@ def test_the_example_configs_enable_the_admin_api_on_loopback():
         config = load_config(CONFIGS / name)
         assert config.admin.port == 9644 and config.admin.bind_host == "127.0.0.1", name
     assert load_config(CONFIGS / "tiered.yaml").logging.format == "json"
+
+
+def test_the_three_zone_demo_configs_differ_only_in_name_zone_and_ports(monkeypatch):
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    configs = [load_config(CONFIGS / "three-zones" / f"proxy-{z}.yaml") for z in "abc"]
+    assert [c.fleet.zone for c in configs] == ["zone-a", "zone-b", "zone-c"]
+    assert len({c.fleet.name for c in configs}) == 3
+    ports = [
+        (
+            c.listeners.bootstrap_port,
+            c.listeners.broker_port_base,
+            c.tiering.peer_port,
+            c.admin.port,
+        )
+        for c in configs
+    ]
+    assert len({p for group in ports for p in group}) == 12  # no two proxies share a port
+    assert len({c.tiering.wal_directory for c in configs}) == 3
+    shared = {(c.fleet.topic, c.tiering.metadata_topic, c.tiering.shard_count) for c in configs}
+    assert len(shared) == 1 and all(c.upstream.bootstrap == (("127.0.0.1", 9092),) for c in configs)
