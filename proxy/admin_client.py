@@ -141,7 +141,7 @@ def render_fleet(report: dict) -> str:
     lines = [
         f"as seen by {report['self']}; live members by zone: {zones or '-'}",
         table(headers, rows),
-        "(uploader lag: the answering proxy's own; ask each member's admin API for its)",
+        "(uploader lag of the others: as of their last heartbeat)",
     ]
     if report["shards"]:
         lines.append(f"shards: {len(report['shards'])}, without a live owner: {unowned or 'none'}")

@@ -74,6 +74,9 @@ def summarize(members: dict[str, tuple[Heartbeat, float]], member_timeout_s: flo
                 "address": f"{member.host}:{member.bootstrap_port}",
                 "live": age <= member_timeout_s,
                 "last_heartbeat_s": round(age, 1),
+                "uploader_lag_bytes": None
+                if heartbeat.uploader_lag is None
+                else heartbeat.uploader_lag[0],
             }
         )
         for key, count in heartbeat.zone_bytes.items():
@@ -107,6 +110,11 @@ def render(report: dict) -> str:
         lines.append(
             f"  {row['name']:<24} {row['zone']:<16} {row['address']:<24} {state} "
             f"(last heartbeat {row['last_heartbeat_s']} s ago)"
+            + (
+                ""
+                if row["uploader_lag_bytes"] is None
+                else f", uploader lag {row['uploader_lag_bytes']:,} bytes"
+            )
         )
     lines.append("bytes by client zone -> proxy zone -> broker zone:")
     for row in report["zone_bytes"]:

@@ -53,12 +53,17 @@ class Heartbeat:
     # being cut over for which this proxy forwards no produce to Kafka any more
     peer_port: int = 0
     drained: frozenset[str] = frozenset()
+    # the member's WAL bytes not yet uploaded and the oldest one's wait in seconds, for
+    # `fleet status` and /v1/fleet (None: tiering off, or a member that does not say)
+    uploader_lag: tuple[int, float] | None = None
 
 
 def encode_heartbeat(heartbeat: Heartbeat) -> bytes:
     member = heartbeat.member
+    lag = {} if heartbeat.uploader_lag is None else {"uploader_lag": [*heartbeat.uploader_lag]}
     return json.dumps(
         {
+            **lag,
             "v": HEARTBEAT_VERSION,
             "name": member.name,
             "zone": member.zone,
@@ -103,7 +108,15 @@ def decode_heartbeat(value: bytes) -> Heartbeat:
         drained = raw.get("drained", [])
         if not isinstance(drained, list) or not all(isinstance(t, str) for t in drained):
             raise HeartbeatError(f"drained {drained!r} is not a list of topic ids")
-        return Heartbeat(member, float(started_at), zone_bytes, peer_port, frozenset(drained))
+        lag = raw.get("uploader_lag")
+        if lag is not None:
+            lag_bytes, lag_seconds = lag
+            if isinstance(lag_bytes, bool) or not isinstance(lag_bytes, int) or lag_bytes < 0:
+                raise HeartbeatError(f"uploader_lag bytes {lag_bytes!r} is not a byte count")
+            if isinstance(lag_seconds, bool) or not isinstance(lag_seconds, int | float):
+                raise HeartbeatError(f"uploader_lag seconds {lag_seconds!r} is not a number")
+            lag = (lag_bytes, float(lag_seconds))
+        return Heartbeat(member, float(started_at), zone_bytes, peer_port, frozenset(drained), lag)
     except HeartbeatError:
         raise
     except (ValueError, TypeError, AttributeError) as exc:

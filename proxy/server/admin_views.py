@@ -100,7 +100,8 @@ def _shards_without_live_owner(tiering) -> list[int]:
 
 
 def fleet(proxy) -> dict:
-    """The members this proxy has heard from, the shards' owners, and its own uploader."""
+    """The members this proxy has heard from, the shards' owners, and each member's
+    uploader lag: this proxy's now, the others' from their last heartbeat."""
     view, now = proxy.fleet, time.time()
     live = {member.name for member in view.live()}
     owners: dict[str, list[int]] = {}
@@ -137,6 +138,9 @@ def fleet(proxy) -> dict:
         }
         if row["self"]:
             row["uploader"] = uploader_lag(proxy)
+        elif heartbeat is not None and heartbeat.uploader_lag is not None:
+            lag_bytes, lag_seconds = heartbeat.uploader_lag  # as of its last heartbeat
+            row["uploader"] = {"lag_bytes": lag_bytes, "lag_seconds": lag_seconds}
         members.append(row)
     zones: dict[str, int] = {}
     for member in view.live():

@@ -156,6 +156,7 @@ class Proxy:
             self.metrics.zone_bytes_totals(),
             peer_port=tiering.peer_port if tiering is not None else 0,
             drained=tiering.drained() if tiering is not None else frozenset(),
+            uploader_lag=tiering.uploader_lag() if tiering is not None else None,
         )
 
     def _set_self_port(self, port: int) -> None:

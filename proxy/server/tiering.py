@@ -228,6 +228,12 @@ class TieringService:
         """What the heartbeat reports: tiered topics with no passthrough produce in flight."""
         return drained_topics(self.topics.topics(), self.in_flight)
 
+    def uploader_lag(self) -> tuple[int, float] | None:
+        """(WAL bytes not yet uploaded, seconds the oldest has waited), for the heartbeat."""
+        if self.uploader is None:
+            return None
+        return self.uploader.stats.backlog_bytes, round(self.uploader.backlog_seconds, 3)
+
     def dirty_shards(self) -> list[int]:
         """Shards this proxy owned last and did not hand over cleanly: its WAL may hold
         what it acknowledged for them, so the group gives them back to it."""
