@@ -127,6 +127,8 @@ class Progress:
             for ack in acks[seen[0] : end]:
                 if ack.acked_at > self.last_ack_at.get(ack.partition, 0.0):
                     self.last_ack_at[ack.partition] = ack.acked_at
+                if ack.offset is None:  # persisted, the offset not told: see _compare
+                    continue
                 if ack.offset > self.max_offset.get(ack.partition, -1):
                     self.max_offset[ack.partition] = ack.offset
             seen[0] = end
@@ -210,8 +212,10 @@ class Figures:
     lost: int = 0
     duplicates: int = 0
     out_of_order: int = 0
+    timeline: list[tuple[str, float, float, float]] = field(default_factory=list)
 
     def fault(self, kind: str, injected: float, ended: float, recovered: float) -> None:
+        self.timeline.append((kind, injected, ended, recovered))
         self.faults[kind] += 1
         self.recovery_s.setdefault(kind, []).append(round(recovered - ended, 2))
         self.outage_s.setdefault(kind, []).append(round(recovered - injected, 2))
