@@ -104,13 +104,8 @@ class AdminServer:
     async def _answer(self, request: Request) -> bytes:
         head_only = request.method == "HEAD"
         path = request.path.rstrip("/") or "/"
-        if path == "/healthz":
-            return json_response(200, admin_views.health(self.proxy), head_only=head_only)
-        if path == "/readyz":
-            ready, body = admin_views.readiness(self.proxy)
-            return json_response(200 if ready else 503, body, head_only=head_only)
-        if not authorized(request, self.config.token):
-            return json_response(401, {"error": "a bearer token is required"})
+        if path not in ("/healthz", "/readyz") and not authorized(request, self.config.token):
+            return json_response(401, {"error": "a bearer token is required"}, head_only=head_only)
         try:
             return await self._route(path, head_only)
         except Exception as exc:  # a view's failure answers 500; the server goes on
@@ -118,6 +113,11 @@ class AdminServer:
             return error_response(500, f"{path}: {exc.__class__.__name__}: {exc}")
 
     async def _route(self, path: str, head_only: bool) -> bytes:
+        if path == "/healthz":
+            return json_response(200, admin_views.health(self.proxy), head_only=head_only)
+        if path == "/readyz":
+            ready, body = admin_views.readiness(self.proxy)
+            return json_response(200 if ready else 503, body, head_only=head_only)
         if path == "/metrics":
             text = await asyncio.to_thread(generate_latest, self.proxy.metrics.registry)
             return response(200, text, CONTENT_TYPE_LATEST, head_only=head_only)
@@ -142,13 +142,13 @@ class AdminServer:
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes:
     buffer = b""
-    while (end := head_end(buffer)) < 0:
-        if len(buffer) > MAX_HEAD_BYTES:
-            raise BadRequest(431, f"request head longer than {MAX_HEAD_BYTES} bytes")
+    while (end := head_end(buffer)) < 0 and len(buffer) <= MAX_HEAD_BYTES:
         chunk = await reader.read(4096)
         if not chunk:
             raise asyncio.IncompleteReadError(buffer, None)
         buffer += chunk
+    if end < 0 or end > MAX_HEAD_BYTES:
+        raise BadRequest(431, f"request head longer than {MAX_HEAD_BYTES} bytes")
     return buffer[:end]
 
 

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -188,6 +189,22 @@ def test_probes_need_no_token_and_everything_else_does(ops):
         assert _get(admin + path, TOKEN[:-1] + "x")[0] == 401, path
         assert _get(admin + path)[0] == 200, path
     assert _get(admin + "/v1/nothing")[0] == 404
+    port = proxy.proxy.admin.port
+    for raw, status in (
+        (b"POST /v1/topics HTTP/1.1\r\n\r\n", b"405"),
+        (b"\x16\x03\x01\x00\x05hello\r\n\r\n", b"400"),  # TLS spoken to plain HTTP
+        (b"GET /healthz HTTP/1.1\r\nX: " + b"y" * 20000 + b"\r\n\r\n", b"431"),
+        (b"HEAD /healthz HTTP/1.1\r\n\r\n", b"200"),
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(raw)
+            answer = b""
+            while chunk := conn.recv(65536):
+                answer += chunk
+        assert answer.split(b" ", 2)[1] == status, answer[:200]
+        if raw.startswith(b"HEAD"):
+            assert answer.endswith(b"\r\n\r\n")  # the head alone
+    assert _get(admin + "/healthz", None)[0] == 200  # and it goes on serving
     assert _get(admin + "/v1/topics/no-such-topic-" + uuid.uuid4().hex)[0] == 404
 
 
