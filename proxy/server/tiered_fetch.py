@@ -73,6 +73,7 @@ async def plan_fetch(
                 min_bytes=view.min_bytes,
                 max_bytes=view.max_bytes,
                 reader=reader,
+                isolation_level=view.isolation_level,
             )
         )
         return FetchPlan(view, None, local, keys)
@@ -81,7 +82,12 @@ async def plan_fetch(
     results: dict = {}
     if tiered:
         results = await reads.fetch(
-            tiered, max_wait_ms=0, min_bytes=0, max_bytes=view.max_bytes, reader=reader
+            tiered,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=view.max_bytes,
+            reader=reader,
+            isolation_level=view.isolation_level,
         )
         got = sum(len(piece) for r in results.values() for piece in r.records)
         if got:  # answer now: upstream must not wait

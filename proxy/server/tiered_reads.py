@@ -29,6 +29,7 @@ from proxy.tiering.peer_messages import FetchRequest, FetchResponse
 from proxy.tiering.ratelimit import Priority
 from proxy.tiering.stream_reader import StreamReader
 from proxy.tiering.topic_index import stream_of
+from proxy.tiering.transactions import ControlRecordError, committed_view
 
 log = logging.getLogger("tierproxy.reads")
 
@@ -37,6 +38,9 @@ OFFSET_OUT_OF_RANGE = 1
 CORRUPT_MESSAGE = 2
 NOT_LEADER_OR_FOLLOWER = 6
 KAFKA_STORAGE_ERROR = 56
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+# a read_committed answer reads this far for the marker of a transaction it starts with
+MAX_TRANSACTION_READ_BYTES = 64 << 20
 
 Key = tuple[object, int]  # (topic name or id, partition)
 FETCH_REQUEST_BYTES = frame_size(FetchRequest(0, 0, 0, 0, 0))
@@ -139,12 +143,13 @@ class TieredReads:
         min_bytes: int,
         max_bytes: int,
         reader: Hashable,
+        isolation_level: int = READ_UNCOMMITTED,
     ) -> dict[Key, TieredFetchResult]:
         """Every partition's answer, in request order within `max_bytes` (the first
         batch whole); waits up to `max_wait_ms` for `min_bytes` (0: answer now)."""
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
         while True:
-            results = await self._read_all(parts, max_bytes, reader)
+            results = await self._read_all(parts, max_bytes, reader, isolation_level)
             got = sum(sum(len(piece) for piece in r.records) for r in results.values())
             left = deadline - time.monotonic()
             if min_bytes <= 0 or got >= min_bytes or left <= 0:
@@ -154,19 +159,23 @@ class TieredReads:
             await self._wait_for_data(parts, left)
 
     async def _read_all(
-        self, parts: Sequence[TieredFetchPartition], max_bytes: int, reader: Hashable
+        self,
+        parts: Sequence[TieredFetchPartition],
+        max_bytes: int,
+        reader: Hashable,
+        isolation_level: int,
     ) -> dict[Key, TieredFetchResult]:
         results: dict[Key, TieredFetchResult] = {}
         room = max_bytes
         for part in parts:
             limit = min(part.partition_max_bytes, room) if results else part.partition_max_bytes
-            result = await self._read_one(part, max(limit, 0), reader)
+            result = await self._read_one(part, max(limit, 0), reader, isolation_level)
             results[part.topic, part.partition] = result
             room -= sum(len(piece) for piece in result.records)
         return results
 
     async def _read_one(
-        self, part: TieredFetchPartition, max_bytes: int, reader: Hashable
+        self, part: TieredFetchPartition, max_bytes: int, reader: Hashable, isolation_level: int
     ) -> TieredFetchResult:
         service = self.service
         found = service.topics.topic(part.topic)
@@ -183,19 +192,24 @@ class TieredReads:
         if offset < log_start or (partition is not None and offset > end):
             return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
         records: Sequence[memoryview] = ()
+        aborted: tuple[tuple[int, int], ...] | None = None
         priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
         if max_bytes > 0 and offset < end:
             try:
                 found_batches = await self.reader.read(
                     state, stream, offset, max_bytes, reader_id=(reader, stream)
                 )
-            except ObjectFormatError as exc:
+                records = found_batches.batches
+                if records and isolation_level == READ_COMMITTED:
+                    records, aborted = await self._decided(
+                        state, stream, offset, max_bytes, records, (reader, stream)
+                    )
+            except (ObjectFormatError, ControlRecordError) as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
                 return TieredFetchResult(CORRUPT_MESSAGE, end, end, log_start)
             except ObjectStoreError as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
                 return TieredFetchResult(KAFKA_STORAGE_ERROR, end, end, log_start)
-            records = found_batches.batches
             if not records and partition is not None:
                 records, _ = self.log_cache.read(stream, offset, max_bytes)
                 priority = Priority.TAIL_READ
@@ -210,7 +224,41 @@ class TieredReads:
         if records and self.service.bandwidth is not None:
             size = sum(len(memoryview(piece)) for piece in records)
             await self.service.bandwidth.limiter.acquire(priority, size)
-        return TieredFetchResult(NONE, end, end, log_start, None, -1, tuple(records))
+        if aborted is None and isolation_level == READ_COMMITTED:
+            aborted = ()
+        return TieredFetchResult(NONE, end, end, log_start, aborted, -1, tuple(records))
+
+    async def _decided(
+        self,
+        state,
+        stream: int,
+        offset: int,
+        max_bytes: int,
+        records: Sequence[memoryview],
+        reader_id: Hashable,
+    ) -> tuple[Sequence[memoryview], tuple[tuple[int, int], ...]]:
+        """A read_committed answer of stored batches (an offload job's copy of Kafka's
+        log holds transactions): up to the first transaction whose marker it lacks, with
+        the aborted ones named (transactions.py). When the first batch's transaction is
+        undecided, more is read, up to MAX_TRANSACTION_READ_BYTES; a transaction still
+        undecided then (its marker is not in the objects) is answered as it is."""
+        view = committed_view(records)
+        limit = max_bytes
+        while view.count == 0 and limit < MAX_TRANSACTION_READ_BYTES:
+            limit = min(max(2 * limit, 1 << 20), MAX_TRANSACTION_READ_BYTES)
+            more = await self.reader.read(state, stream, offset, limit, reader_id=reader_id)
+            records = more.batches
+            view = committed_view(records)
+        if view.count == 0:
+            log.warning(
+                "stream %d: the transaction from offset %s has no marker in the next %d bytes "
+                "of objects: answered to read_committed as it is",
+                stream,
+                view.undecided_at,
+                limit,
+            )
+            return records, view.aborted
+        return records[: view.count], view.aborted
 
     async def _wait_for_data(self, parts: Sequence[TieredFetchPartition], left_s: float) -> None:
         """Until a partition here may have more (an append on an owned one, a metadata

@@ -14,7 +14,8 @@ past the cutover. Then `tierproxy migrate` (in-process, on the session's Spark):
 
 Every committed object holds Kafka's batches byte for byte. Then Kafka's copy is deleted
 (DeleteRecords up to the cutover) and a consumer reads the whole topic through the proxy
-from offset 0: every record as produced, in order, across the cutover; EARLIEST is 0.
+from offset 0: every record as produced, in order, across the cutover, and with
+read_committed every record but the aborted transaction's; EARLIEST is 0.
 """
 
 from __future__ import annotations
@@ -106,12 +107,13 @@ def _produce_through_proxy(bootstrap: str, topic: Topic) -> None:
     topic.records += acked
 
 
-def _read_all(bootstrap: str, topic: Topic, want: int) -> list[Produced]:
-    """Every record through the proxy from offset 0 of each partition, aborted ones too
-    (read_uncommitted: the proxy keeps no transaction index for objects yet)."""
+def _read_all(bootstrap: str, topic: Topic, want: int, isolation: str) -> list[Produced]:
+    """Every record through the proxy from offset 0 of each partition: with
+    read_uncommitted the aborted ones too, with read_committed those a consumer of Kafka
+    would see (the proxy names the aborted transactions of the batches it answers)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"m-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "auto.offset.reset": "error",
-                         "isolation.level": "read_uncommitted"})  # fmt: skip
+                         "isolation.level": isolation})  # fmt: skip
     got: list[Produced] = []
     try:
         consumer.assign([TopicPartition(topic.name, p, 0) for p in range(topic.partitions)])
@@ -255,8 +257,12 @@ def _drop_kafkas_copy_and_read_all(fleet, bootstrap: str, topic: Topic, cutovers
         assert future.result(30).low_watermark == cutovers[tp.partition]
     expected = sorted(topic.records, key=position)
     assert [r.offset for r in expected if r.partition == 0][0] == 0
-    got = _read_all(fleet.bootstrap(), topic, len(expected))
+    got = _read_all(fleet.bootstrap(), topic, len(expected), "read_uncommitted")
     assert _same(got) == _same(expected)
+    visible = topic.visible()
+    assert len(visible) < len(expected)  # an aborted transaction is in the migrated range
+    got = _read_all(fleet.bootstrap(), topic, len(visible), "read_committed")
+    assert _same(got) == _same(visible)
 
 
 def _backfill(fleet: TieredFleet, object_id: int, size: int, stream: int, start: int, end: int):
