@@ -8,8 +8,11 @@
    Produce requests for T in flight are answered, its heartbeat lists T as drained.
 3. The owner of each stream's shard (this loop), once every live proxy reports T drained,
    reads the partition's upstream log end until it is stable (the high watermark reaches
-   the log end once nothing is in flight), writes `StreamCutover` at that offset, and
-   starts the stream's partition there: offsets continue with no gap and no duplicate.
+   the log end once nothing is in flight) and no transaction is open in it (the last
+   stable offset is the high watermark: else the coordinator would write the
+   transaction's marker to Kafka past the cutover), writes `StreamCutover` at that
+   offset, and starts the stream's partition there: offsets continue with no gap and no
+   duplicate.
 
 `untier` is refused while a partition holds offsets past its cutover: committed ones from
 the metadata, and those only in an owner's WAL too (server/seals.py closes every partition
@@ -50,12 +53,20 @@ class CutoverLoop:
     def __init__(self, service) -> None:  # service: server.tiering.TieringService
         self.service = service
         self._consumer: AIOKafkaConsumer | None = None
+        self._committed: AIOKafkaConsumer | None = None  # ListOffsets read_committed: LSO
         self._partitions: dict[str, int] = {}
 
     async def run(self) -> None:
         service = self.service
         self._consumer = AIOKafkaConsumer(**service._kafka, group_id=None, enable_auto_commit=False)
+        self._committed = AIOKafkaConsumer(
+            **service._kafka,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         await self._consumer.start()
+        await self._committed.start()
         try:
             while True:
                 waiting = False
@@ -72,6 +83,7 @@ class CutoverLoop:
                 await service.changed(WAITING_POLL_S if waiting else IDLE_POLL_S)
         finally:
             await self._consumer.stop()
+            await self._committed.stop()
 
     def _reports(self) -> list[frozenset[str]]:
         """Every live proxy's drained topics: this one's now, the others' last heartbeat."""
@@ -108,6 +120,9 @@ class CutoverLoop:
                 waiting_for_reports = True
                 continue
             ends = await self._stable_ends(topic.name, [p for p, _ in mine])
+            if ends is None:  # a transaction is open: its marker is still to come
+                waiting_for_reports = True
+                continue
             starts = await self._consumer.beginning_offsets(
                 [TopicPartition(topic.name, p) for p, _ in mine]
             )
@@ -193,10 +208,17 @@ class CutoverLoop:
                 self._partitions[topic] = count
         return count
 
-    async def _stable_ends(self, topic: str, partitions: list[int]) -> dict[TopicPartition, int]:
+    async def _stable_ends(
+        self, topic: str, partitions: list[int]
+    ) -> dict[TopicPartition, int] | None:
         """The log ends of the partitions, read until two reads in a row agree: with no
-        produce in flight the high watermark (what ListOffsets gives) reaches the log end."""
-        assert self._consumer is not None
+        produce in flight the high watermark (what ListOffsets gives) reaches the log end.
+        None while a transaction is open in one of them (its last stable offset is below
+        its high watermark): the coordinator writes its marker to Kafka when it ends, and
+        that offset must be Kafka's, below the cutover. Produce to the topic is held
+        meanwhile (`cutover_hold_ms`), so the producer's commit or abort, or the
+        transaction's timeout, ends it."""
+        assert self._consumer is not None and self._committed is not None
         tps = [TopicPartition(topic, p) for p in partitions]
         last, same = None, 0
         while same < STABLE_READS:
@@ -206,6 +228,11 @@ class CutoverLoop:
             if same < STABLE_READS:
                 await asyncio.sleep(READ_INTERVAL_S)
         assert last is not None
+        stable = await self._committed.end_offsets(tps)
+        if stable != last:
+            open_at = {tp.partition: stable[tp] for tp in tps if stable[tp] != last[tp]}
+            log.info("cutover of %s waits for open transactions at %s", topic, open_at)
+            return None
         return last
 
     async def offset_for_time(self, tp: TopicPartition, timestamp: int) -> tuple[int, int] | None:
