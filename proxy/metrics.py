@@ -100,6 +100,14 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self.unanswered = Counter(
+            "tierproxy_unanswered_requests",
+            "Requests read whose connection closed before their answer was written (the "
+            "client went away, upstream was lost, or a later frame was rejected), by API key",
+            ["api_key"],
+            registry=self.registry,
+        )
+
         self._requests_by_key: dict[int, object] = {}
         self._latency_by_key: dict[int, object] = {}
 

@@ -182,6 +182,8 @@ class ClientConnection(TieredAnswers):
             answered.cancel()
 
     async def _close(self) -> None:
+        for slot in self._pending:  # read, never answered: the request's outcome
+            self.proxy.metrics.unanswered.labels(str(slot.api_key)).inc()
         for slot in self._awaiting_upstream:  # never answered: no longer in flight
             if slot.plan is not None:
                 count_in_flight(self.proxy.tiering.in_flight, slot.plan.passthrough_topics, -1)

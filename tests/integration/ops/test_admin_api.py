@@ -15,6 +15,7 @@ nor the token appears in anything served or logged.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -31,12 +32,15 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.static.primitive import i32, i64
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import parse_config
 from proxy.devstack.minio import SECRET_KEY
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
+from proxy.protocol.messages import encode_request
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -320,3 +324,58 @@ def test_no_secret_is_served_or_logged(ops):
         assert secret.encode() not in served
         assert secret not in lines.text()
     assert len(lines.records) > 10  # the check read real log output
+
+
+def test_a_request_whose_connection_closes_unanswered_is_counted(ops, kafka_cluster):
+    """A Fetch the broker holds (no data, max wait 30 s) on a connection the client then
+    closes: one unanswered Fetch."""
+    proxy, admin, _ = ops
+    topic = f"ops-unanswered-{uuid.uuid4().hex[:8]}"
+    kafka_admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    kafka_admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+
+    def leader() -> int:
+        partitions = kafka_admin.list_topics(topic, timeout=10).topics[topic].partitions
+        return partitions[0].leader if 0 in partitions else -1
+
+    _wait(lambda: leader() >= 0, 30, "a leader")
+    port = proxy.config.listeners.broker_port_base + leader()
+    fetch = FetchRequest(
+        max_wait=datetime.timedelta(seconds=30),
+        min_bytes=i32(1),
+        max_bytes=i32(1 << 20),
+        topics=(
+            FetchTopic(
+                topic=topic,
+                partitions=(
+                    FetchPartition(
+                        partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+    before = _value(_metrics(admin), "tierproxy_unanswered_requests_total", api_key="1")
+    # a partition just created may be answered at once (its leader not settled yet):
+    # again until the broker holds the Fetch
+    for _ in range(40):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(encode_request(fetch, correlation_id=7))
+            conn.settimeout(1.0)
+            try:
+                conn.recv(1)
+            except TimeoutError:
+                break  # held by the broker: closed now, unanswered
+        time.sleep(0.25)
+    else:
+        raise AssertionError("the broker never held the Fetch")
+    _wait(
+        lambda: (
+            _value(_metrics(admin), "tierproxy_unanswered_requests_total", api_key="1")
+            == before + 1
+        ),
+        30,
+        "the unanswered Fetch counted",
+    )
