@@ -285,10 +285,15 @@ def _sasl(section: Section) -> SaslConfig | None:
     for name in ("mechanism", "username", "password"):
         if section.raw.get(name) in (None, ""):
             raise ConfigError(section.key(name), "is required with sasl")
+    password = section.get("password")
+    if not isinstance(password, str):  # a secret: its type is named, never its value
+        raise ConfigError(
+            section.key("password"), f"is a {type(password).__name__}, not a string (quote it)"
+        )
     config = SaslConfig(
         mechanism=section.choice("mechanism", "", SASL_MECHANISMS),
         username=section.string("username", ""),
-        password=section.string("password", ""),
+        password=password,
     )
     section.reject_unknown()
     return config

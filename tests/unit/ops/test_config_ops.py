@@ -93,3 +93,16 @@ def test_the_three_zone_demo_configs_differ_only_in_name_zone_and_ports(monkeypa
     assert len({c.tiering.wal_directory for c in configs}) == 3
     shared = {(c.fleet.topic, c.tiering.metadata_topic, c.tiering.shard_count) for c in configs}
     assert len(shared) == 1 and all(c.upstream.bootstrap == (("127.0.0.1", 9092),) for c in configs)
+
+
+def test_a_sasl_password_of_the_wrong_type_is_not_echoed():
+    raw = {
+        "upstream": {
+            "bootstrap": "127.0.0.1:9092",
+            "sasl": {"mechanism": "PLAIN", "username": "u", "password": 918273645},
+        }
+    }
+    with pytest.raises(ConfigError) as bad:
+        parse_config(raw)
+    assert bad.value.key == "upstream.sasl.password" and "is a int, not a string" in str(bad.value)
+    assert "918273645" not in str(bad.value)
