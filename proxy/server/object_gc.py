@@ -14,7 +14,11 @@ their own ObjectDelete.
 
 A shard that does not know the object at all (its commit is still coming, or it was
 deleted there, and then it is gone from the store) keeps it: the store is asked again
-after `grace_s`.
+after `grace_s`. Unless the commit can never come: the uploader commits an object shard
+by shard, and killed in between, the object is committed in some shards only; the
+restarted uploader uploads that shard's part again in a new object. Once the shard's
+streams end at or past the object's blocks of them, a commit of it there would not
+continue them and would be refused: that shard does not use it, and never will.
 """
 
 from __future__ import annotations
@@ -107,14 +111,17 @@ class GarbageCollector:
         self._since: dict[int, float] = {}  # object -> first seen garbage everywhere
         self._next_look: dict[int, float] = {}  # object -> when to ask the store again
         self._naming: OrderedDict[int, frozenset[int]] = OrderedDict()  # object -> shards
+        self._blocks: dict[int, tuple[IndexEntry, ...]] = {}  # object -> its index
         self._unsure: dict[int, tuple[int, str, float]] = {}  # object -> shard, key, since
 
     def remember(self, number: int, index: tuple[IndexEntry, ...]) -> None:
         """The shards an object's index names (every index read passes here)."""
         self._naming[number] = frozenset(shard_of(e.stream_id, self._shard_count) for e in index)
+        self._blocks[number] = index
         self._naming.move_to_end(number)
         while len(self._naming) > KNOWN_OBJECTS:
-            self._naming.popitem(last=False)
+            forgotten, _ = self._naming.popitem(last=False)
+            self._blocks.pop(forgotten, None)
 
     def unsure(self, shard: int, objects: list[tuple[int, str]]) -> None:
         """New objects whose commit failed with an outcome not known here: once the grace
@@ -157,7 +164,7 @@ class GarbageCollector:
         done = []
         for commit, verdict in zip(due + gone, verdicts, strict=True):
             number = commit.object_id
-            for table in (self._since, self._next_look, self._naming):
+            for table in (self._since, self._next_look, self._naming, self._blocks):
                 table.pop(number, None)
             if verdict.outcome is Outcome.REFUSE:
                 log.warning("shard %d: delete of %s refused: %s", shard, commit.key, verdict.reason)
@@ -176,7 +183,10 @@ class GarbageCollector:
             others = [self._state_of(k) for k in self._naming[number] if k != shard]
             if any(state.object_ranges(number) for state in others):
                 return "no"
-            if all(state.object_commit(number) is not None for state in others):
+            if all(
+                state.object_commit(number) is not None or self._never_committed(number, state)
+                for state in others
+            ):
                 return "yes"
             self._next_look[number] = self._clock() + self.grace_s
             await self._store.size(commit.key)
@@ -187,6 +197,16 @@ class GarbageCollector:
             self._next_look[number] = self._clock() + self.grace_s
             log.warning("compaction: cannot look at object %s: %s", commit.key, exc)
             return "no"
+
+    def _never_committed(self, number: int, state: MetadataState) -> bool:
+        """Whether a shard that does not know the object never will: each of its streams
+        the object holds a block of ends at or past that block already."""
+        for entry in self._blocks.get(number, ()):
+            if shard_of(entry.stream_id, self._shard_count) == state.shard:
+                end = state.stream_end(entry.stream_id)
+                if end is None or end < entry.end_offset:
+                    return False
+        return number in self._blocks
 
     async def settle_unsure(self) -> None:
         """Delete the new objects of failed commits that the shard's records, read to the
