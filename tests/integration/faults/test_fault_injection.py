@@ -315,11 +315,4 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
     assert wal["acks_while_full"] == 0, "acknowledged while the WAL was full"
     assert figures.notes["objects_named_missing"] == 0, "the metadata names a deleted object"
     assert figures.notes["left_running"] == [], "processes left behind"
-    # Known, not fixed (docs/reliability.md, "What the suite found"): an object committed
-    # in some of its shards only (the uploader killed between two shards' commits) stays
-    # garbage for ever. Shown as xfail when it happens, never hidden as a pass.
-    if figures.notes["garbage_left_after_grace"]:
-        pytest.xfail(
-            f"{len(figures.notes['garbage_left_after_grace'])} objects still garbage after "
-            "the grace: an object committed in some of its shards only is never deleted"
-        )
+    assert figures.notes["garbage_left_after_grace"] == [], "garbage not collected"
