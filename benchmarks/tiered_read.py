@@ -474,6 +474,7 @@ def render(run: dict, summary: dict, args) -> str:
     m, w = run["machine"], run["written"]
     loads = [", ".join(f"{x:.2f}" for x in m[k]) for k in ("loadavg_at_start", "loadavg_at_end")]
     tiering = {key: getattr(args, key) for key in (*UPLOAD_SETTINGS, "block_cache_bytes")}
+    tiering["bandwidth_bytes_per_s"] = args.bandwidth  # 0: unlimited
     out = [
         "### Run",
         "",
@@ -569,6 +570,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="read the catch-up topic once compaction made it stream objects (default), "
         "or as uploaded (--no-compacted: stream set objects of every partition)",
     )
+    add(
+        "--bandwidth",
+        type=int,
+        default=0,
+        help="every proxy's tiering.bandwidth_bytes_per_s (0: unlimited, the default): "
+        "produce never waits for it, reads do",
+    )
     add("--json", type=Path, help="also write every phase's figures here")
     args = parser.parse_args(argv)
     args.clients = [c for c in CLIENTS if c in args.clients.split(",")]
@@ -585,6 +593,7 @@ def set_tiering(fleet: TieredFleet, args: argparse.Namespace) -> None:
     """Every proxy's `tiering.block_cache_bytes` (TieredFleet leaves the default) and, with
     --compacted, a compaction pass every few seconds once two objects are small."""
     settings = {"block_cache_bytes": args.block_cache_bytes}
+    settings["bandwidth_bytes_per_s"] = args.bandwidth
     if args.compacted:
         settings |= {"compaction_interval_s": 2.0, "compaction_min_objects": 2}
     for proxy in (member.proxy for member in fleet.members):
