@@ -80,8 +80,10 @@ async def list_offset(tiering, topic: str, partition: int, timestamp: int) -> tu
         return NOT_LEADER_OR_FOLLOWER, -1, -1
     if timestamp == EARLIEST:  # answer_here took it: trimmed past the cutover, or backfilled
         return NONE, -1, info.log_start_offset
-    end = await tiering.reads.high_watermark(stream)
     if timestamp == LATEST:
+        end = await tiering.reads.owner_high_watermark(stream)
+        if end is None:  # the owner is away: the committed end may be below its acks
+            return NOT_LEADER_OR_FOLLOWER, -1, -1
         return NONE, -1, end
     if not _trimmed_past_cutover(info):  # else Kafka's records are below the log start
         upstream = await tiering.cutover.offset_for_time(

@@ -71,12 +71,6 @@ class TieredReads:
             return True
         return bool(state.objects_for(stream, p.fetch_offset, limit=1))
 
-    async def high_watermark(self, stream: int) -> int:
-        """The owner's high watermark: here, or asked of the owner; the committed end if
-        the owner does not answer."""
-        known = await self.owner_high_watermark(stream)
-        return known if known is not None else self._committed_end(stream)
-
     async def owner_high_watermark(self, stream: int) -> int | None:
         """The owner's high watermark, here or asked of the owner; None when no owner
         answers (away, or restarting and not serving the stream yet): the committed end

@@ -1,4 +1,5 @@
-"""OffsetForLeaderEpoch on a tiered partition whose owner is away (tiered_epochs.py).
+"""OffsetForLeaderEpoch and ListOffsets LATEST on a tiered partition whose owner is away
+(tiered_epochs.py, tiered_offsets.py).
 
 A consumer that reconnects after a proxy died asks where its position's epoch ends. The
 latest epoch of a tiered partition ends at the owner's high watermark; with the owner
@@ -8,14 +9,23 @@ answered that committed end, and the consumer took it for a truncated log (the
 fault-injection suite's consumer stopped on it with auto.offset.reset=error; with
 earliest or latest it would have read records again or skipped them). The answer is now
 NOT_LEADER_OR_FOLLOWER, and the client asks again later, as of a broker that is not the
-leader. The owner's partitions are not committed at all here (uploads every 60 s).
+leader. ListOffsets LATEST likewise (a consumer starting at "latest" would have read the
+tail again). The owner's partitions are not committed at all here (uploads every 60 s).
 """
 
 from __future__ import annotations
 
 import pytest
 from confluent_kafka import Producer
-from test_tiered_leader_epochs import _epoch_ends, _leaders
+from kio.schema.list_offsets.v7.request import (
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsTopic,
+)
+from kio.schema.list_offsets.v7.response import ListOffsetsResponse
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i8, i32, i64
+from test_tiered_leader_epochs import _call, _epoch_ends, _leaders
 from tieredfleet import TieredFleet
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
@@ -23,6 +33,29 @@ pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 PARTITIONS = 4
 RECORDS = 40  # per partition
 NOT_LEADER_OR_FOLLOWER = 6
+LATEST = -1
+
+
+def _latest(address, topic: str, partition: int) -> tuple[int, int]:
+    """(error code, offset) of ListOffsets LATEST for one partition."""
+    request = ListOffsetsRequest(
+        replica_id=BrokerId(-1),
+        isolation_level=i8(0),
+        topics=(
+            ListOffsetsTopic(
+                name=TopicName(topic),
+                partitions=(
+                    ListOffsetsPartition(
+                        partition_index=i32(partition),
+                        current_leader_epoch=i32(-1),
+                        timestamp=i64(LATEST),
+                    ),
+                ),
+            ),
+        ),
+    )
+    [answer] = _call(address, request, ListOffsetsResponse).topics[0].partitions
+    return answer.error_code.value, int(answer.offset)
 
 
 def test_latest_epoch_of_a_partition_whose_owner_is_away_is_not_answered(
@@ -52,21 +85,26 @@ def test_latest_epoch_of_a_partition_whose_owner_is_away_is_not_answered(
         leaders = _leaders(("127.0.0.1", survivor.port), [topic])
 
         def ask() -> dict[int, tuple]:
-            return {
-                p: _epoch_ends(
-                    ("127.0.0.1", survivor.base_port + leaders[topic, p][0]),
-                    {(topic, p): leaders[topic, p][1]},
-                )[topic, p]
-                for p in range(PARTITIONS)
-            }
+            """partition -> (OffsetForLeaderEpoch's answer, ListOffsets LATEST's)."""
+            answers = {}
+            for p in range(PARTITIONS):
+                leader, epoch = leaders[topic, p]
+                address = ("127.0.0.1", survivor.base_port + leader)
+                answers[p] = (
+                    _epoch_ends(address, {(topic, p): epoch})[topic, p],
+                    _latest(address, topic, p),
+                )
+            return answers
 
         live = ask()
-        assert live == {p: (0, leaders[topic, p][1], RECORDS) for p in range(PARTITIONS)}
+        assert live == {
+            p: ((0, leaders[topic, p][1], RECORDS), (0, RECORDS)) for p in range(PARTITIONS)
+        }
         fleet.kill(victim.zone)
         dead = ask()
         for p in range(PARTITIONS):
             if p in away:  # its WAL holds the records: the end is not known here
-                assert dead[p] == (NOT_LEADER_OR_FOLLOWER, -1, -1), (p, dead[p])
+                assert dead[p] == ((NOT_LEADER_OR_FOLLOWER, -1, -1), (NOT_LEADER_OR_FOLLOWER, -1))
             else:
                 assert dead[p] == live[p]
     finally:
