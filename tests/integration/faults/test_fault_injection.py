@@ -19,7 +19,10 @@ At the end every acknowledged record was consumed exactly once, at the offset it
 producer was told, each partition read in offset order without a gap; what the metadata
 commits, read back from the objects, is what the consumer read; the bucket holds every
 object the metadata names, nothing left for the garbage collector after its grace, and
-the objects nothing names are counted (orphans); no process of the suite is left.
+the objects nothing names are counted (orphans: uploaded, never committed; no sweep
+deletes them yet); no process of the suite is left. A record appended twice in the log
+is a known bug (docs/reliability.md): the run then ends as xfail naming it, after every
+other check passed. The figures go to fault-figures.json in the test's tmp dir.
 """
 
 from __future__ import annotations
