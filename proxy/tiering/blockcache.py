@@ -42,7 +42,7 @@ from proxy.tiering.objectstore import ObjectNotFound, ObjectStore
 
 MiB = 1024 * 1024
 DEFAULT_CAPACITY_BYTES = 256 * MiB
-DEFAULT_MAX_READAHEAD_BYTES = 32 * MiB  # a quarter of the cache at most; ~3 GETs per 64 MiB
+DEFAULT_MAX_READAHEAD_BYTES = 16 * MiB  # a quarter of the cache at most; see docs/benchmarks.md
 DEFAULT_INDEX_ENTRIES = 1024  # objects whose parsed index is kept
 DEFAULT_INDEX_READ_BYTES = 64 * 1024  # the tail read: the footer and, usually, the index
 DEFAULT_READERS = 10_000  # readers whose readahead state is kept
