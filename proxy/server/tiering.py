@@ -45,7 +45,7 @@ from proxy.tiering.metastore import ShardOwner, ShardReader
 from proxy.tiering.metastreams import shard_of
 from proxy.tiering.objectstore import ObjectStore
 from proxy.tiering.partition import PartitionSet
-from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, PartitionConfig, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.s3store import S3Store
@@ -65,6 +65,9 @@ REQUEST_TIMED_OUT = 7
 INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
+# a sequence gap this soon after a partition starts here is a hand-over's straddle, not a
+# lost batch: answered retriable (partition_rules.refusal; docs/reliability.md, duplicates)
+HANDOVER_GRACE_MS = 5_000
 
 
 def _now_ms() -> int:
@@ -148,7 +151,10 @@ class TieringService:
             )
         )
         self.partitions = PartitionSet(
-            self.wal, on_broken=self._partition_broken, log_cache=self.log_cache
+            self.wal,
+            config=PartitionConfig(handover_grace_ms=HANDOVER_GRACE_MS),
+            on_broken=self._partition_broken,
+            log_cache=self.log_cache,
         )
         self.block_cache = BlockCache(
             self.store, capacity_bytes=config.block_cache_bytes, registry=registry

@@ -15,6 +15,7 @@ recovery sources are in docs/sequencer.md ("The owner of a tiered partition").
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Sequence
@@ -32,6 +33,7 @@ from proxy.tiering.partition_rules import (
     missing_committed,
     not_owner,
     rebuild_sequencer,
+    refusal,
     storage_error,
 )
 from proxy.tiering.producer_state import ErrorCode
@@ -48,6 +50,8 @@ __all__ = [
     "TieredPartition",
     "read_wal_batches",
 ]
+
+log = logging.getLogger(__name__)
 
 Records = bytes | bytearray | memoryview
 # (stream, start, end) -> headers of the committed batches covering [start, end), in order
@@ -106,6 +110,7 @@ class TieredPartition:
         self._wake: asyncio.Future[None] | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        self._started_ms = clock_ms()  # reset by start(): when this owner began answering
 
     @classmethod
     async def recover(
@@ -152,6 +157,7 @@ class TieredPartition:
 
     def start(self) -> None:
         if self._task is None:
+            self._started_ms = self._clock_ms()
             self._task = asyncio.create_task(self._run(), name=f"partition {self.stream_id}")
 
     async def __aenter__(self) -> TieredPartition:
@@ -271,7 +277,16 @@ class TieredPartition:
         result = self._sequencer.append(request.records, now)
         future = request.future
         if isinstance(result, Rejected):
-            _answer(future, ProduceResult(int(result.error_code), error_message=result.message))
+            answer = refusal(result, self.stream_id, now - self._started_ms, self.config)
+            if result.error_code in _SEQUENCE_REFUSALS:  # rare, and what settles a duplicate
+                log.warning(
+                    "stream %d: %s refused (%s), answered %d",
+                    self.stream_id,
+                    result.error_code.name,
+                    result.message,
+                    answer.error_code,
+                )
+            _answer(future, answer)
         elif isinstance(result, Duplicate):
             if result.awaiting is None:  # the original is durable
                 _answer(future, self._success(result.base_offset, result.log_append_time_ms))
@@ -356,6 +371,9 @@ class TieredPartition:
     def _notify(self) -> None:
         self._appended.set()
         self._appended = asyncio.Event()
+
+
+_SEQUENCE_REFUSALS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH)
 
 
 def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult) -> None:
