@@ -110,11 +110,15 @@ class KafkaPythonMember:
     def __init__(self, bootstrap: str, group: str, topic: str) -> None:
         self.assigned: set[int] = set()
         self.paused = False
+        # A 30 s session, not kafka-python's 10 s: on the loaded CI machine its heartbeat
+        # thread was late for 10 s and the member was dropped after the split, the other
+        # one reading everything ("a member got nothing: [0, 20000]").
         self._consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            session_timeout_ms=30_000,
         )
         # Metadata first: kafka-python may otherwise join and, as the group's leader,
         # assign before it knows the topic's partitions, leaving itself with nothing.

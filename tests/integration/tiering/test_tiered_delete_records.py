@@ -120,7 +120,8 @@ def test_delete_records_trims_tiered_partitions_and_passes_the_rest(kafka_cluste
 
         # -1: everything below the high watermark, the WAL's tail included (uploaded first)
         assert _delete(proxy.bootstrap, {(topic, 1): OFFSET_END}) == {(topic, 1): ends[1]}
-        assert t.tiering.state(s1).stream_end(s1) == ends[1]
+        wait_until(lambda: t.tiering.state(s1).stream_end(s1) == ends[1], 30, "uploaded first")
+        wait_until(lambda: t.tiering.state(s1).stream(s1).log_start_offset == ends[1], 30, "trim")
         assert _watermarks(proxy.bootstrap, topic, 1) == (ends[1], ends[1])
         past = _delete(proxy.bootstrap, {(topic, 0): ends[0] + 5})[topic, 0]
         assert isinstance(past, KafkaError) and past.code() == KafkaError.OFFSET_OUT_OF_RANGE

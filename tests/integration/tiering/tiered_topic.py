@@ -10,13 +10,31 @@ import time
 import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from cutover_load import tiered_topic_id, topics_command, wait_until
+from tieredfleet import topic_id_of, wait_for
 
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
+from proxy.tiering.metastreams import shard_of, stream_id
 from proxy.tiering.objectstore import ObjectNotFound
 
 Acked = dict[int, list[tuple[int, bytes]]]  # partition -> (offset, value), in offset order
+
+
+def create_spread_topic(cluster, name: str, partitions: int, shards: int) -> str:
+    """A new topic whose partitions' streams fall in every one of `shards` metadata shards
+    (topic ids are random: a topic that misses one is deleted and another made)."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    for attempt in range(20):
+        topic = f"{name}-{attempt}"
+        admin.create_topics([NewTopic(topic, partitions, 3)])[topic].result(30)
+        topic_id = wait_for(
+            lambda topic=topic: topic_id_of(admin, topic), lambda found: found is not None, topic
+        )
+        if len({shard_of(stream_id(topic_id, p), shards) for p in range(partitions)}) == shards:
+            return topic
+        admin.delete_topics([topic])[topic].result(30)
+    raise AssertionError(f"20 topics of {partitions} partitions, none in all {shards} shards")
 
 
 def produce(

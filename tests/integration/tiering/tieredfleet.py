@@ -378,7 +378,7 @@ class TieredFleet:
             name = f"tiered-{self.suffix}-{attempt}"
             admin.create_topics([NewTopic(name, partitions, 3)])[name].result(30)
             topic_id = wait_for(
-                lambda name=name: _topic_id(admin, name),
+                lambda name=name: topic_id_of(admin, name),
                 lambda found: found is not None,
                 f"{name} known",
             )
@@ -442,7 +442,7 @@ class TieredFleet:
         return committed
 
 
-def _topic_id(admin: AdminClient, name: str) -> uuid.UUID | None:
+def topic_id_of(admin: AdminClient, name: str) -> uuid.UUID | None:
     """The topic's id, or None while the broker asked does not know the topic yet."""
     try:
         described = admin.describe_topics(TopicCollection([name]))[name].result(30)
