@@ -5,6 +5,10 @@ the `ObjectCommit` (only an owner writes metadata); another proxy hands it on to
 
 Answers (error code, message), as the admin requests do: 0 with "committed" or "committed
 already" (the same object again: a re-run), or the reason it is refused.
+
+An object whose PUT (its LastModified in the store) is older than half of
+`tiering.offload_orphan_grace_s` is refused: the orphan sweep may delete it from then on
+(orphan_plan.py). Running the job again PUTs it anew under the same key.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from proxy.tiering.metarules import Outcome
 from proxy.tiering.metastore import ShardFenced
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of
 from proxy.tiering.objectkeys import ObjectKind
+from proxy.tiering.objectstore import ObjectStoreError
+from proxy.tiering.orphan_plan import commit_age_limit, too_old_to_commit
 from proxy.tiering.peer_messages import BackfillRequest
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 NOT_COORDINATOR = 16
 INVALID_REQUEST = 42
 POLICY_VIOLATION = 44
+KAFKA_STORAGE_ERROR = 56
 
 
 async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
@@ -64,6 +71,9 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
         return 0, f"{what}: committed already"
     if verdict.outcome is Outcome.REFUSE:
         return POLICY_VIOLATION, verdict.reason
+    refused = await _too_old(service, commit.key, what)
+    if refused is not None:
+        return refused
     try:
         [verdict] = await owner.write([commit])
     except ShardFenced as exc:
@@ -71,3 +81,22 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
     if verdict.outcome is Outcome.REFUSE:
         return POLICY_VIOLATION, verdict.reason
     return 0, f"{what}: committed"
+
+
+async def _too_old(service, key: str, what: str) -> tuple[int, str] | None:
+    """Why the object cannot be committed now (missing, or PUT too long ago), else None."""
+    grace = service.config.offload_orphan_grace_s
+    try:
+        found = [info async for info in service.store.list(key) if info.key == key]
+    except ObjectStoreError as exc:
+        return KAFKA_STORAGE_ERROR, f"{what}: cannot look at object {key}: {exc}"
+    if not found or found[0].last_modified is None:
+        return POLICY_VIOLATION, f"{what}: object {key} is not in the store"
+    put_at = found[0].last_modified
+    if too_old_to_commit(put_at, time.time(), grace):
+        return POLICY_VIOLATION, (
+            f"{what}: object {key} was PUT {time.time() - put_at:.0f} s ago, more than "
+            f"{commit_age_limit(grace):.0f} s (half of tiering.offload_orphan_grace_s): the "
+            "orphan sweep may delete it; run the job again to PUT it anew"
+        )
+    return None

@@ -50,6 +50,7 @@ from proxy.tiering.metastreams import StreamRange
 from proxy.tiering.objectformat import BuiltObject, IndexEntry, ObjectWriter, read_block
 from proxy.tiering.objectkeys import ObjectKind
 from proxy.tiering.objectstore import ObjectStore
+from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.ratelimit import BandwidthLimiter, Priority
 
 log = logging.getLogger("tierproxy.compaction")
@@ -98,6 +99,7 @@ class Compactor:
         interval_s: float = 300.0,
         grace_s: float = 60.0,
         enabled: bool = True,
+        max_commit_age_s: float = float("inf"),
         forget: Callable[[str], None] | None = None,
         registry: CollectorRegistry | None = None,
         bandwidth: BandwidthLimiter | None = None,
@@ -107,6 +109,7 @@ class Compactor:
         self.settings = settings or CompactionSettings()
         self._bandwidth = bandwidth or BandwidthLimiter(None)  # reads and writes wait here
         self.interval_s, self.enabled = interval_s, enabled
+        self.max_commit_age_s = max_commit_age_s  # past it the orphan sweep may take an object
         self.stats = CompactorStats()
         self.gc = GarbageCollector(
             store,
@@ -154,6 +157,7 @@ class Compactor:
             interval_s=config.compaction_interval_s,
             grace_s=config.object_delete_grace_s,
             enabled=config.compaction_enabled,
+            max_commit_age_s=commit_age_limit(config.orphan_grace_s),
             forget=cache.forget if cache is not None else None,
             registry=service.proxy.metrics.registry,
             bandwidth=service.bandwidth.limiter if service.bandwidth is not None else None,
@@ -252,7 +256,15 @@ class Compactor:
             self._count_at_pass[shard] = object_stats(state)[0]
             return None
         self._count_at_pass.pop(shard, None)
+        first_put = self._clock()
         built = await self._write_objects(plan, indexes)
+        if self._clock() - first_put > self.max_commit_age_s:
+            # the orphan sweep may judge them orphans before the commit is read: the next
+            # pass writes them again
+            log.warning("shard %d: compaction's objects too old to commit, dropped", shard)
+            self.stats.failures += 1
+            await discard(self._store, [b.key for b in built])
+            return None
         return await self._commit(shard, owner, plan, built)
 
     async def _index(self, commit: ObjectCommit | StreamRange | None) -> Index:

@@ -28,6 +28,7 @@ from proxy.server.backfill import commit_backfill
 from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
+from proxy.server.orphan_sweep import OrphanSweep
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
 from proxy.server.retention import Retention
@@ -44,6 +45,7 @@ from proxy.tiering.metarecords import ObjectCommit
 from proxy.tiering.metastore import ShardOwner, ShardReader
 from proxy.tiering.metastreams import shard_of
 from proxy.tiering.objectstore import ObjectStore
+from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, PartitionConfig, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, frame_size
@@ -65,6 +67,7 @@ REQUEST_TIMED_OUT = 7
 INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
+ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released this late
 # a sequence gap this soon after a partition starts here is a hand-over's straddle, not a
 # lost batch: answered retriable (partition_rules.refusal; docs/reliability.md, duplicates)
 HANDOVER_GRACE_MS = 5_000
@@ -126,6 +129,7 @@ class TieringService:
         self.seals = Seals(self)
         self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
         self.retention = Retention(self)
+        self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object
         self.max_batch_bytes = min(self.config.wal_segment_bytes, self.config.s3wal_max_bytes)
@@ -198,6 +202,8 @@ class TieringService:
         self.compactor.start()
         self._tasks.append(asyncio.create_task(self.cutover.run(), name="cutover"))
         self._tasks.append(asyncio.create_task(self.retention.run(), name="retention"))
+        self.orphans = OrphanSweep.for_service(self)
+        self._tasks.append(asyncio.create_task(self.orphans.run(), name="orphan-sweep"))
 
     async def stop(self) -> None:
         if self.compactor is not None:  # first: its commits go through the shards' owners
@@ -341,9 +347,11 @@ class TieringService:
         previous = self._sends.get(stream)
         started = asyncio.get_running_loop().create_future()
         self._sends[stream] = started
+        location = None  # released once the owner answered: s3walgc.py
         try:
             if self.s3wal is not None:
-                payload = {"location": await self.s3wal.append(stream, records)}
+                location = await self.s3wal.append(stream, records)
+                payload = {"location": location}
             else:
                 payload = {"records": records}
             if previous is not None:
@@ -354,6 +362,8 @@ class TieringService:
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
+            if location is not None and self.s3wal is not None:
+                self.s3wal.release(location)
             return ProduceResult(56, error_message=f"could not hand the batch over: {exc}")
         finally:
             started.set_result(None)
@@ -365,11 +375,24 @@ class TieringService:
             result = await call
         except (PeerUnavailable, TimeoutError, OSError) as exc:
             return _not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
+        finally:  # answered: the owner read the batch first; failed: nothing acknowledged
+            if location is not None and self.s3wal is not None:
+                self._release_location(location, acks)
         if result is not None:
             self.count_peer_bytes(
                 address, "from_owner", frame_size(AppendResponse.from_result(0, result))
             )
         return result
+
+    def _release_location(self, location, acks: int) -> None:
+        """acks=0 gets no answer (the call returns once the request is written): its
+        batch is released later, when the owner has long read it; nothing was promised."""
+        assert self.s3wal is not None
+        if acks == 0:
+            loop = asyncio.get_running_loop()
+            loop.call_later(ACKS0_RELEASE_DELAY_S, self.s3wal.release, location)
+        else:
+            self.s3wal.release(location)
 
     def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None:
         owner_zone = self._zones_by_address.get(address)
@@ -490,7 +513,9 @@ class TieringService:
     async def _upload_forever(self) -> None:
         assert self.wal is not None and self.store is not None
         config = UploaderConfig(
-            upload_bytes=self.config.upload_bytes, upload_interval_s=self.config.upload_interval_s
+            upload_bytes=self.config.upload_bytes,
+            upload_interval_s=self.config.upload_interval_s,
+            max_commit_age_s=commit_age_limit(self.config.orphan_grace_s),
         )
         while True:
             self.uploader = Uploader(
@@ -514,6 +539,9 @@ class TieringService:
                 by_shard.setdefault(shard, []).append((uploaded, ranges))
         for shard, items in sorted(by_shard.items()):
             owner = await self._owner_for_commit(shard)
+            if time.monotonic() > min(o.commit_by for o, _ in items):
+                # the orphan sweep may delete it now: the restarted uploader uploads again
+                raise CommitRefused(f"shard {shard}: the objects' PUT is too old to commit")
             now = _now_ms()
             commits = [
                 ObjectCommit(

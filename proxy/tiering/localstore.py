@@ -217,7 +217,8 @@ class LocalDirectoryStore:
                         stack.append((Path(entry.path), key + "/"))
                 elif key.startswith(prefix):
                     try:
-                        found.append(ObjectInfo(key, entry.stat().st_size))
+                        stat = entry.stat()
+                        found.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
                     except FileNotFoundError:
                         continue  # deleted while we listed
         found.sort(key=lambda info: info.key.encode("utf-8", "surrogatepass"))

@@ -11,7 +11,8 @@ accepts the other accepts too.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 MAX_KEY_BYTES = 1024  # S3's limit on a key's UTF-8 length
 
@@ -54,9 +55,15 @@ class ObjectNotFound(ObjectStoreError):
         super().__init__(key, operation, "no such key")
 
 
-class ObjectInfo(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One listed object. `last_modified` (seconds since the epoch, the store's clock) is
+    what the orphan sweep judges age by; it is left out of comparisons, so a listing
+    compares by key and size."""
+
     key: str
     size: int
+    last_modified: float | None = field(default=None, compare=False)
 
 
 @runtime_checkable

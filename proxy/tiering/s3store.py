@@ -205,7 +205,9 @@ class S3Store:
             call = functools.partial(self._s3().list_objects_v2, **args)
             page = await self._request("ListObjectsV2", "list", prefix, call)
             for item in page.get("Contents", ()):
-                yield ObjectInfo(item["Key"], int(item["Size"]))
+                modified = item.get("LastModified")
+                stamp = modified.timestamp() if modified is not None else None
+                yield ObjectInfo(item["Key"], int(item["Size"]), stamp)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return

@@ -69,6 +69,13 @@ class TieringConfig:
     # and catch-up reads (docs/tiering.md, "Bandwidth"); 0: unlimited
     bandwidth_bytes_per_s: int = 0
     bandwidth_burst_bytes: int = 0  # 0: one second's worth
+    # the orphan sweep (docs/reliability.md, "Orphans"), run by shard 0's owner: objects no
+    # shard names go once their PUT is this old; a commit is refused past half of it
+    orphan_grace_s: float = 6 * 3600.0
+    offload_orphan_grace_s: float = 7 * 86400.0  # a Spark job may PUT long before it commits
+    orphan_sweep_interval_s: float = 600.0
+    # S3-WAL objects their writer did not delete (it died): far above any notification
+    s3wal_retention_s: float = 86400.0
     object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
 
     @property
@@ -128,6 +135,7 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         ),
         object_store=_object_store(section.section("object_store")),
         **_compaction(section, defaults),
+        **_orphans(section, defaults),
     )
     if config.wal_segment_bytes > config.wal_capacity_bytes:
         raise ConfigError(
@@ -170,6 +178,26 @@ def _compaction(section: Section, defaults: TieringConfig) -> dict:
             raise ConfigError(
                 section.key(name), f"{values[name]} is below {at_least} ({values[at_least]})"
             )
+    return values
+
+
+def _orphans(section: Section, defaults: TieringConfig) -> dict:
+    values = {
+        name: section.number(name, getattr(defaults, name), minimum=0.001)
+        for name in (
+            "orphan_grace_s",
+            "offload_orphan_grace_s",
+            "orphan_sweep_interval_s",
+            "s3wal_retention_s",
+        )
+    }
+    offload, grace = values["offload_orphan_grace_s"], values["orphan_grace_s"]
+    if offload < grace:
+        raise ConfigError(
+            section.key("offload_orphan_grace_s"),
+            f"{offload} is below orphan_grace_s ({grace}): an offload job's object may wait "
+            "longer for its commit than an upload's",
+        )
     return values
 
 

@@ -109,6 +109,9 @@ class UploadedObject:
     kind: ObjectKind
     size: int
     ranges: tuple[OffsetRange, ...]  # sorted by stream id, one per stream
+    # the uploader's clock past which this must not be committed (orphan_plan.py): the
+    # orphan sweep may take it for an orphan from then on
+    commit_by: float = field(default=float("inf"), compare=False)
 
     @property
     def key(self) -> str:

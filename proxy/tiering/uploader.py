@@ -11,6 +11,9 @@ the PUT rate is bounded whatever the number of partitions.
   after a backoff, until it succeeds or the uploader is closed. Nothing is trimmed.
 - A commit that raises (refused, fenced, unknown outcome) stops the uploader with
   `UploadError`: nothing is trimmed, the data stays in the WAL.
+- An object whose PUT started more than `max_commit_age_s` ago (half the orphan sweep's
+  grace, orphan_plan.py) is not committed: the sweep may take it for an orphan. It is
+  deleted and its data uploaded again, in new objects (the WAL still holds it).
 - After a restart the uploader starts at `wal.trimmed_to`. Entries a crash left between
   commit and trim are skipped by `committed_end(stream)`, the stream's committed end in
   the metadata, so nothing is uploaded twice.
@@ -83,6 +86,8 @@ class UploaderConfig:
     # (at 30 s, a 30 s outage held produce ~24 s longer). A failed round costs a few
     # refused requests; the store retries transient errors itself first.
     retry_backoff_max_s: float = 5.0
+    # an object's PUT this old is not committed but uploaded again (tiering.orphan_grace_s / 2)
+    max_commit_age_s: float = float("inf")
 
     def __post_init__(self) -> None:
         for spec in fields(self):
@@ -105,6 +110,7 @@ class UploaderStats:
     object_bytes: int = 0  # bytes of the objects put
     puts: int = 0  # successful `store.put` calls (one per object)
     put_failures: int = 0  # failed ones, retried
+    late_puts: int = 0  # rounds of objects too old to commit when PUT, uploaded again
     skipped_entries: int = 0  # already committed before a restart
     trim_failures: int = 0
     last_upload_seconds: float = 0.0  # read to trim
@@ -296,10 +302,7 @@ class Uploader:
         plan = await asyncio.to_thread(plan_upload, entries, self.config.limits, ends.get)
         uploaded: list[UploadedObject] = []
         if plan.objects:
-            ids = [self._allocate_id() for _ in plan.objects]
-            built = await asyncio.to_thread(self._build, plan, ids)
-            await self._put_all([b for b, _ in built])
-            uploaded = [u for _, u in built]
+            uploaded = await self._put_fresh(plan)
             await self._commit_all(uploaded)
         if plan.wal_end is not None:
             await self._trim(plan.wal_end)
@@ -328,9 +331,37 @@ class Uploader:
     def _build(self, plan: UploadPlan, ids: list[int]) -> list[tuple[BuiltObject, UploadedObject]]:
         return [build_object(p, i) for p, i in zip(plan.objects, ids, strict=True)]
 
-    async def _put_all(self, objects: list[BuiltObject]) -> None:
-        delay = self.config.retry_backoff_s
+    async def _put_fresh(self, plan: UploadPlan) -> list[UploadedObject]:
+        """PUT the plan's objects; again, under new ids, while the PUT that succeeded
+        started longer than `max_commit_age_s` ago (a store outage, a paused process)."""
+        limit = self.config.max_commit_age_s
         while True:
+            ids = [self._allocate_id() for _ in plan.objects]
+            built = await asyncio.to_thread(self._build, plan, ids)
+            put_started = await self._put_all([b for b, _ in built])
+            if self._clock() - put_started <= limit:
+                return [replace(u, commit_by=put_started + limit) for _, u in built]
+            keys = [b.key for b, _ in built]
+            self._stats = replace(self._stats, late_puts=self._stats.late_puts + 1)
+            log.warning(
+                "uploader: %s PUT %.1f s ago, past max_commit_age_s (%s): not committed, "
+                "uploading again",
+                ", ".join(keys),
+                self._clock() - put_started,
+                limit,
+            )
+            try:  # never named: the orphan sweep deletes what this leaves
+                await self._store.delete(keys)
+            except ObjectStoreError as exc:
+                log.warning("uploader: could not delete %s: %s", ", ".join(keys), exc)
+
+    async def _put_all(self, objects: list[BuiltObject]) -> float:
+        """PUT every object, retrying failed ones; returns when (the uploader's clock) the
+        first round with a successful PUT started: no object is older than that."""
+        delay = self.config.retry_backoff_s
+        first_success: float | None = None
+        while True:
+            started = self._clock()
             results = await asyncio.gather(
                 *(self._store.put(o.key, o.pieces) for o in objects), return_exceptions=True
             )
@@ -346,8 +377,11 @@ class Uploader:
                 puts=self._stats.puts + len(objects) - len(failed),
                 put_failures=self._stats.put_failures + len(failed),
             )
+            if first_success is None and len(failed) < len(objects):
+                first_success = started
             if not failed:
-                return
+                assert first_success is not None
+                return first_success
             objects = failed
             await self._wait(self._closing, self._rng.uniform(delay / 2, delay))
             if self._closing.is_set():

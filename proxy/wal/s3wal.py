@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
+from proxy.wal.s3walgc import S3WalReleases
 from proxy.wal.s3walobject import (
     STREAM_ID_MAX,
     U32_MAX,
@@ -110,6 +111,11 @@ class S3WalMetrics:
             buckets=latency,
             registry=r,
         )
+        self.deleted = Counter(
+            "tierproxy_s3wal_objects_deleted",
+            "S3-WAL objects their writer deleted once every append in them was released",
+            registry=r,
+        )
         self.pending_bytes = Gauge(
             "tierproxy_s3wal_pending_bytes", "Appended bytes not yet PUT", registry=r
         )
@@ -146,11 +152,13 @@ class S3WalWriter:
         first_sequence: int = 0,
         metrics: S3WalMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
+        delete_delay_s: float = 1.0,
     ) -> None:
         """`writer_id`: unique to this process (s3walobject.writer_id_for), never reused;
         `max_pending_bytes`: appends wait while this much is appended and not yet PUT;
         `validate`: check each batch's CRC on append (a bad batch raises, goes nowhere);
-        `wall_clock`: stamps objects (footer), for garbage collection by age."""
+        `wall_clock`: stamps objects (footer), for garbage collection by age;
+        `delete_delay_s`: released objects are deleted in a batch this often."""
         for name, value in (
             ("max_delay_s", max_delay_s),
             ("max_bytes", max_bytes),
@@ -182,6 +190,15 @@ class S3WalWriter:
         self._room = asyncio.Event()
         self._room.set()
         self._closing = False
+        # what the owners answered; a released object is deleted (s3walgc.py)
+        self.releases = S3WalReleases(
+            store, delay_s=delete_delay_s, on_deleted=self.metrics.deleted.inc
+        )
+
+    def release(self, location: S3WalLocation) -> None:
+        """The owner answered the notification of this append (or it failed): its
+        object no longer needs to keep it."""
+        self.releases.release(location.object_key)
 
     @property
     def pending_bytes(self) -> int:
@@ -261,6 +278,7 @@ class S3WalWriter:
         await self.flush()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.releases.close()
 
     # -- state changes: synchronous, on the loop --------------------------------------------
 
@@ -318,9 +336,13 @@ class S3WalWriter:
             self.metrics.puts.labels("ok").inc()
             self.metrics.bytes.inc(built.size)
             self.metrics.appends.labels("ok").inc(len(obj.futures))
+            cancelled = 0  # appends no one waits for: no one will release them
             for future, location in zip(obj.futures, built.locations, strict=True):
                 if not future.done():
                     future.set_result(location)
+                else:
+                    cancelled += 1
+            self.releases.hold(built.key, len(obj.futures), cancelled)
         finally:
             self.metrics.put_seconds.observe(loop.time() - started)
             self._in_flight.discard(obj)
