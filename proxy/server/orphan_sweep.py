@@ -116,9 +116,9 @@ class OrphanSweep:
                 continue
             try:
                 await self.run_once()
-            except (ObjectStoreError, RuntimeError) as exc:
+            except Exception:  # the store, a metadata reader: the next round tries again
                 self.metrics.rounds.labels("failed").inc()
-                log.warning("orphan sweep failed, next round in %s s: %s", self.interval_s, exc)
+                log.exception("orphan sweep failed, next round in %s s", self.interval_s)
 
     async def run_once(self) -> SweepResult | None:
         """One round; None if the metadata could not be read to its end (skipped)."""
