@@ -182,13 +182,15 @@ def _compaction(section: Section, defaults: TieringConfig) -> dict:
 
 
 def _orphans(section: Section, defaults: TieringConfig) -> dict:
+    # seconds at least: an upload commits within half the grace or writes its data again,
+    # and one PUT can take that long (hours in production; seconds only in tests)
     values = {
-        name: section.number(name, getattr(defaults, name), minimum=0.001)
-        for name in (
-            "orphan_grace_s",
-            "offload_orphan_grace_s",
-            "orphan_sweep_interval_s",
-            "s3wal_retention_s",
+        name: section.number(name, getattr(defaults, name), minimum=minimum)
+        for name, minimum in (
+            ("orphan_grace_s", 1.0),
+            ("offload_orphan_grace_s", 1.0),
+            ("orphan_sweep_interval_s", 0.1),
+            ("s3wal_retention_s", 1.0),
         )
     }
     offload, grace = values["offload_orphan_grace_s"], values["orphan_grace_s"]

@@ -123,6 +123,7 @@ def test_config_defaults_and_values():
     ("keys", "key", "reason"),
     [
         ({"orphan_grace_s": 0}, "tiering.orphan_grace_s", "below the minimum"),
+        ({"orphan_grace_s": 0.5}, "tiering.orphan_grace_s", "below the minimum 1.0"),
         ({"s3wal_retention_s": "1d"}, "tiering.s3wal_retention_s", "not a number"),
         ({"orphan_sweep_interval_s": -5}, "tiering.orphan_sweep_interval_s", "below"),
         (
