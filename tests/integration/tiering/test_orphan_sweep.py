@@ -10,7 +10,7 @@ business.
    younger stays; committed objects stay and read back; an offload job's object (id with
    the top bit set) outlives the short grace; an S3-WAL object no one released goes after
    `s3wal_retention_s` (a younger one stays until then); a key of neither layout is never
-   touched.
+   touched. A commit past its objects' `commit_by` is refused by the service, shard by shard.
 2. Two proxies, `notify: s3`: the one that does not own a partition hands its batches
    over through S3-WAL objects; once the owner answered every append in one, its writer
    deletes it: none is left, without waiting for the retention.
@@ -30,8 +30,10 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
+from proxy.tiering.metarecords import OffsetRange
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT
 from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.tiering.uploader import CommitRefused, UploadedObject
 from proxy.wal.s3walobject import wal_object_key
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
@@ -90,6 +92,18 @@ def test_the_sweep_deletes_only_unnamed_objects_past_their_grace(
         t.round("r1")
         committed = {r.object_key for p in range(2) for r in t.ranges(p)}
         assert len(committed) == 2
+        # the service refuses, shard by shard, a commit past the object's `commit_by`
+        end = t.ranges(0)[-1].end_offset
+        late = UploadedObject(
+            0x7FFF_0000_0009,
+            ObjectKind.STREAM_SET,
+            100,
+            (OffsetRange(t.streams[0], end, end + 1),),
+            commit_by=time.monotonic() - 0.001,
+        )
+        with pytest.raises(CommitRefused, match="too old to commit"):
+            proxy.run(lambda: t.tiering._commit([late]))
+        assert t.owner_state(0).object_commit(late.object_id) is None
         orphan = object_key(0x7FFF_0000_0001, ObjectKind.STREAM_SET)
         compaction_orphan = object_key(0x7FFF_0000_0002, ObjectKind.STREAM)
         offload = object_key(OFFLOAD_ID_BIT | 0x1234_5678, ObjectKind.STREAM)
