@@ -116,7 +116,10 @@ class OrphanSweep:
                 continue
             try:
                 await self.run_once()
-            except Exception:  # the store, a metadata reader: the next round tries again
+            except ObjectStoreError as exc:  # the store is down: the next round tries again
+                self.metrics.rounds.labels("failed").inc()
+                log.warning("orphan sweep failed, next round in %s s: %s", self.interval_s, exc)
+            except Exception:  # a metadata reader, or a bug: logged whole, the schedule goes on
                 self.metrics.rounds.labels("failed").inc()
                 log.exception("orphan sweep failed, next round in %s s", self.interval_s)
 

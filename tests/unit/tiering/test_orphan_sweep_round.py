@@ -2,7 +2,7 @@
 (file mtimes set back to age objects) against a real `MetadataState`: it deletes what
 no shard names past the grace, keeps what a shard names, skips the round when the
 metadata cannot be read to its end, and keeps an offload object PUT again since it was
-listed (a job run again)."""
+listed (a job run again); a failed round leaves the schedule running, on the sweeper only."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarecords import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, stream_id
 from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.tiering.objectstore import ObjectStoreError
 from proxy.tiering.orphan_plan import SweepLimits
 
 TOPIC = UUID("5b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9")
@@ -60,7 +61,9 @@ async def put_aged(store: LocalDirectoryStore, root, object_id: int, age_s: floa
     return key
 
 
-def sweep(store, state: MetadataState, read_to_end=None) -> OrphanSweep:
+def sweep(
+    store, state: MetadataState, read_to_end=None, is_sweeper=lambda: True, interval_s=60.0
+) -> OrphanSweep:
     async def caught_up(shard: int) -> None:
         return None
 
@@ -69,9 +72,9 @@ def sweep(store, state: MetadataState, read_to_end=None) -> OrphanSweep:
         1,
         state_of=lambda k: state,
         read_to_end=read_to_end or caught_up,
-        is_sweeper=lambda: True,
+        is_sweeper=is_sweeper,
         limits=LIMITS,
-        interval_s=60.0,
+        interval_s=interval_s,
     )
 
 
@@ -124,3 +127,25 @@ async def test_an_offload_object_put_again_since_the_listing_stays(tmp_path, put
         assert result is not None
         assert result.deleted == (() if put_again else (offload,))
         assert (offload in await listed(store)) is put_again
+
+
+async def test_the_schedule_survives_a_failed_round_and_runs_only_on_the_sweeper(tmp_path):
+    class Down(LocalDirectoryStore):
+        async def list(self, prefix: str = ""):
+            raise ObjectStoreError(prefix, "list", "injected: the store is down")
+            yield  # an async generator, like the stores'
+
+    async with Down(tmp_path) as store:
+        sweeper = {"now": False}
+        s = sweep(
+            store, shard_naming(COMMITTED), is_sweeper=lambda: sweeper["now"], interval_s=0.01
+        )
+        task = asyncio.create_task(s.run())
+        await asyncio.sleep(0.1)
+        assert s.metrics.value("tierproxy_orphan_sweeps_total", outcome="failed") == 0
+        sweeper["now"] = True
+        await asyncio.sleep(0.1)
+        assert s.metrics.value("tierproxy_orphan_sweeps_total", outcome="failed") >= 2
+        assert not task.done()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
