@@ -40,10 +40,9 @@ class _Fill:
     total stays within `max_bytes`, except the first, which goes in whole whatever its size
     (KIP-74), so a consumer always makes progress."""
 
-    __slots__ = ("offset", "max_bytes", "batches", "size", "next_offset", "full")
+    __slots__ = ("max_bytes", "batches", "size", "next_offset", "full")
 
     def __init__(self, offset: int, max_bytes: int) -> None:
-        self.offset = offset
         self.max_bytes = max_bytes
         self.batches: list[memoryview] = []
         self.size = 0
@@ -158,7 +157,7 @@ def _blocks_wanted(run: Sequence[IndexEntry], first: int, room: int) -> int:
 
 
 def _take_batches(key: str, entry: IndexEntry, block: memoryview, end: int, fill: _Fill) -> bool:
-    """Put the block's batches from `fill.offset` on and before `end` into `fill`, reading
+    """Put the block's batches from `fill.next_offset` on and before `end` into `fill`, reading
     their headers only; False when the range or the read is done."""
     position = 0
     while position < len(block):
@@ -174,7 +173,9 @@ def _take_batches(key: str, entry: IndexEntry, block: memoryview, end: int, fill
             )
         if header.base_offset >= end:
             return False
-        if header.next_offset > fill.offset:
+        # past what the read took already, not only past where it started: after a
+        # compaction swapped the objects mid-read, the next range may start below it
+        if header.next_offset > fill.next_offset:
             batch = block[position : position + header.size]
             if not fill.take(batch, header.next_offset) or fill.full:
                 return False

@@ -341,3 +341,52 @@ async def test_a_deleted_object_raises_object_not_found(store, cache):
     assert not cache.has_index(last.key) and cache.cached_positions(last.key) == []
     got = await reader.read(layout.state, S1, 0, 1000, reader_id="c")  # objects before it
     assert [bytes(b) for b in got.batches] == layout.expected(S1, 0, 1000)[0]
+
+
+class CompactsOnFirstBlockRead(PrefixedStore):
+    """The store, and a compaction committed to `layout.state` while a read is between two
+    objects: right after the first GET of a block of `first_key` (an index read is a tail
+    read, not counted)."""
+
+    def __init__(self, inner: PrefixedStore, layout: Layout, first_key: str, compaction) -> None:
+        super().__init__(inner.inner, inner.prefix)
+        self.layout, self.first_key, self.compaction = layout, first_key, compaction
+        self.swapped = False
+
+    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        data = await super().get(key, start, end)
+        if key == self.first_key and not self.swapped:
+            self.swapped = True
+            self.layout.write(self.compaction)
+        return data
+
+
+async def test_a_compaction_between_two_objects_of_a_read_repeats_no_batch(store):
+    """A read moves from one object to the next while the compactor swaps both for one
+    stream object holding the whole run: the read goes on in the new object, from where it
+    was, and no batch is returned twice (a consumer took the repeats as new records)."""
+    rng = random.Random(11)
+    layout = Layout()
+    layout.tier([0])
+    first = stream_batches(rng, 12, 0, 1)
+    second = stream_batches(rng, 12, first[-1].next, 2)
+    layout.commit(ObjectKind.STREAM, {S1: first}, 2048)
+    layout.commit(ObjectKind.STREAM, {S1: second}, 2048)
+    merged = ObjectWriter(3, ObjectKind.STREAM)
+    merged.add_batches(
+        S1, b"".join(b.data for b in first + second), start_offset=0, max_block_bytes=1 << 20
+    )  # one block: the block holding where the read is starts at the run's first batch
+    built = merged.build()
+    await put_all(store, layout)
+    await store.put(built.key, built.pieces)
+    ranges = (OffsetRange(S1, 0, second[-1].next),)
+    compaction = ObjectCommit(0, 3, ObjectKind.STREAM, built.size, 1, NOW_MS, ranges, (1, 2))
+    swapping = CompactsOnFirstBlockRead(store, layout, layout.objects[0].key, compaction)
+    cache = BlockCache(swapping, capacity_bytes=64 * MiB)
+    try:
+        got = await StreamReader(cache).read(layout.state, S1, 0, MiB, reader_id="r")
+    finally:
+        await cache.close()
+    assert swapping.swapped
+    assert [bytes(b) for b in got.batches] == [b.data for b in first + second]
+    assert got.next_offset == second[-1].next
