@@ -10,6 +10,7 @@ timeout a default broker allows (group.min.session.timeout.ms = 6 s).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -281,9 +282,17 @@ async def spawn_member(
 
 
 async def end(child: asyncio.subprocess.Process) -> None:
+    """Kill the child and close its pipes: a pipe transport left open warns when it is
+    collected, and pytest charges the warning to whichever test runs then."""
     if child.returncode is None:
         os.kill(child.pid, signal.SIGCONT)
         child.kill()
+    if child.stdin is not None:
+        child.stdin.close()
+        with contextlib.suppress(ConnectionError):
+            await child.stdin.wait_closed()
+    if child.stdout is not None:
+        await child.stdout.read()  # to EOF: the transport closes once every pipe has
     await child.wait()
 
 
