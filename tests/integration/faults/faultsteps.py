@@ -87,6 +87,16 @@ class Injector:
             )
         return None
 
+    def _warnings(self, lines: int = 12) -> str:
+        """Each proxy's last WARNING and ERROR lines: in the assertion itself, since a CI
+        summary may keep only that of a failure."""
+        out = []
+        for proxy in self.fleet.proxies.values():
+            tail = proxy.process.tail(400).splitlines()
+            worst = [line[:300] for line in tail if " WARNING " in line or " ERROR " in line]
+            out.append(f"-- {proxy.name}: " + ("\n".join(worst[-lines:]) or "(none)"))
+        return "\n".join(out)
+
     def settled(self, since: float, bound: float) -> None:
         """Until the fleet is as `recovered` wants it, not counted as a fault."""
         deadline = since + bound
@@ -107,7 +117,9 @@ class Injector:
         deadline = ended + bound
         while (why := self._not_yet(ended, victim, before or {})) is not None:
             if time.monotonic() > deadline:
-                raise AssertionError(f"{kind}: not recovered {bound} s after it ended: {why}")
+                raise AssertionError(
+                    f"{kind}: not recovered {bound} s after it ended: {why}\n{self._warnings()}"
+                )
             time.sleep(0.2)
         done = time.monotonic()
         self.figures.fault(kind, injected, ended, done)
