@@ -57,6 +57,8 @@ from proxy.tiering.topic_index import TieredTopic, TopicIndex, drained_topics, s
 from proxy.tiering.upload_plan import ObjectIdAllocator
 from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
 from proxy.wal.log import WriteAheadLog
+from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
+from proxy.wal.s3logobject import log_prefix
 from proxy.wal.s3wal import S3WalMetrics, S3WalReader, S3WalWriter
 from proxy.wal.s3walobject import writer_id_for
 from proxy.wal.types import WalConfig
@@ -110,7 +112,7 @@ class TieringService:
         self.log_cache = LogCache(self.config.log_cache_bytes)
         self.reads: TieredReads | None = None
         self.bandwidth: Bandwidth | None = None  # bandwidth.py; set at start
-        self.wal: WriteAheadLog | None = None
+        self.wal: WriteAheadLog | S3WriteAheadLog | None = None
         self.partitions: PartitionSet | None = None
         self.uploader: Uploader | None = None
         self.assignment: ShardAssignment | None = None
@@ -146,14 +148,24 @@ class TieringService:
             config.bandwidth_bytes_per_s, config.bandwidth_burst_bytes, registry
         )
         self.store = await open_store(config, registry)
-        config.wal_directory.mkdir(parents=True, exist_ok=True)
-        self.wal = await WriteAheadLog.open(
-            WalConfig(
-                str(config.wal_directory),
-                segment_bytes=config.wal_segment_bytes,
-                capacity_bytes=config.wal_capacity_bytes,
+        if config.wal_mode == "s3":  # no local disk: the ack waits for a PUT (docs/wal.md)
+            self.wal = await S3WriteAheadLog.open(
+                S3WalConfig(
+                    log_prefix(self.name),
+                    capacity_bytes=config.wal_capacity_bytes,
+                    max_object_bytes=config.s3wal_max_bytes,
+                ),
+                self.store,
             )
-        )
+        else:
+            config.wal_directory.mkdir(parents=True, exist_ok=True)
+            self.wal = await WriteAheadLog.open(
+                WalConfig(
+                    str(config.wal_directory),
+                    segment_bytes=config.wal_segment_bytes,
+                    capacity_bytes=config.wal_capacity_bytes,
+                )
+            )
         self.partitions = PartitionSet(
             self.wal,
             config=PartitionConfig(handover_grace_ms=HANDOVER_GRACE_MS),

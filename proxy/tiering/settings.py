@@ -16,6 +16,7 @@ from proxy.tiering.s3store import S3Config
 from proxy.tiering.upload_plan import MiB
 
 NOTIFY_MODES = ("s3", "direct")
+WAL_MODES = ("local", "s3")  # local: files + fsync; s3: the ack waits for a PUT (wal.md)
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _MIN_SESSION_MS = 1000
 
@@ -43,6 +44,7 @@ class TieringConfig:
     wal_directory: Path = Path(".tierproxy/wal")
     wal_capacity_bytes: int = 1024 * MiB  # then produce waits (backpressure)
     wal_segment_bytes: int = 64 * MiB
+    wal_mode: str = "local"  # s3: objects under walog/<fleet.name>/ in the object store
     notify: str = "s3"  # how a proxy that is not the owner hands batches over
     s3wal_max_delay_ms: int = 250
     s3wal_max_bytes: int = 8 * MiB
@@ -107,6 +109,7 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
             "capacity_bytes", defaults.wal_capacity_bytes, minimum=4 * MiB
         ),
         wal_segment_bytes=wal.integer("segment_bytes", defaults.wal_segment_bytes, minimum=MiB),
+        wal_mode=wal.choice("mode", defaults.wal_mode, WAL_MODES),
         notify=section.choice("notify", defaults.notify, NOTIFY_MODES),
         s3wal_max_delay_ms=section.integer("s3wal_max_delay_ms", 250, minimum=1),
         s3wal_max_bytes=section.integer("s3wal_max_bytes", defaults.s3wal_max_bytes, minimum=1024),
