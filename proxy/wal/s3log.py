@@ -148,6 +148,14 @@ class S3WriteAheadLog:
             len(plan.leftovers),
             len(plan.foreign),
         )
+        log.info(
+            "S3 WAL %s: recovered %d objects, %d entries, offsets [%d, %d)",
+            config.prefix,
+            recovery.objects,
+            recovery.entries,
+            recovery.start,
+            recovery.end,
+        )
         wal = cls(config, store, clock, list(plan.objects), entries, recovery)
         wal._task = asyncio.create_task(wal._run(), name=f"s3-wal {config.prefix}")
         return wal
