@@ -43,6 +43,7 @@ from proxy.wal.types import (
 
 log = logging.getLogger("tierproxy.wal")
 MiB = 1024 * 1024
+RECOVERY_GETS = 8  # objects read at once by `open` (each up to s3wal_max_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +139,12 @@ class S3WriteAheadLog:
             except ObjectStoreError as exc:
                 log.warning("S3 WAL: could not delete %s: %s", ", ".join(keys), exc)
         entries: list[WalEntry] = []
-        for obj in plan.objects:
-            entries.extend(decode_object(obj, await store.get(obj.path)))
+        for first in range(0, len(plan.objects), RECOVERY_GETS):  # a few GETs at a time
+            chunk = plan.objects[first : first + RECOVERY_GETS]
+            for obj, data in zip(
+                chunk, await asyncio.gather(*(store.get(o.path) for o in chunk)), strict=True
+            ):
+                entries.extend(decode_object(obj, data))
         recovery = S3WalRecovery(
             len(plan.objects),
             len(entries),

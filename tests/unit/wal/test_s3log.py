@@ -130,6 +130,22 @@ async def test_appends_group_into_objects_and_replay_after_reopen(tmp_path):
             assert after.start == positions[-1].end
 
 
+async def test_recovery_reads_many_objects_back_in_offset_order(tmp_path):
+    async with LocalDirectoryStore(tmp_path) as store:
+        async with await S3WriteAheadLog.open(S3WalConfig(PREFIX), store) as wal:
+            for i in range(20):  # one object each: more than one round of GETs
+                await wal.append(i % 3, i, batch(i, 50 + i))
+        async with await S3WriteAheadLog.open(S3WalConfig(PREFIX), store) as wal:
+            replayed = [e async for e in wal.replay()]
+            assert wal.recovery.objects == 20 and len(wal.segments) == 20
+        assert [(e.stream_id, e.base_offset, len(e.batch)) for e in replayed] == [
+            (i % 3, i, 50 + i) for i in range(20)
+        ]
+        assert all(
+            a.position.end == b.position.start for a, b in zip(replayed, replayed[1:], strict=False)
+        )
+
+
 async def test_a_group_stops_at_max_object_bytes(tmp_path):
     async with LocalDirectoryStore(tmp_path) as store:
         config = S3WalConfig(PREFIX, max_object_bytes=300)
