@@ -4,7 +4,9 @@
 - `fs` / `memfs`: the filesystem interface, the real one and a fault-injecting twin;
 - `segments`: segment files, the trim checkpoint, `recover`;
 - `log`: `WriteAheadLog`, the one task that owns the files (group commit, trimming,
-  capacity backpressure).
+  capacity backpressure);
+- `s3log` / `s3logobject`: `S3WriteAheadLog`, the same surface with the log as objects in
+  the bucket (`wal.mode: s3`: the ack waits for a PUT).
 """
 
 from proxy.wal.fs import Filesystem, OsFilesystem
