@@ -22,6 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from proxy.tiering.client_start import start_client
 from proxy.tiering.metastore import ShardFenced, ShardOwner
 from proxy.tiering.shard_assignor import ShardAssignor
 
@@ -191,7 +192,7 @@ class ShardAssignment:
             partition_assignment_strategy=(self._assignor,),
         )
         self._consumer.subscribe([self.topic], listener=_Listener(self))
-        await self._consumer.start()
+        await start_client(self._consumer)
         self._poller = asyncio.create_task(self._poll(), name=f"shard-group-{self.name}")
 
     def assigned(self) -> list[int]:

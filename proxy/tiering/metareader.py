@@ -13,6 +13,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from proxy.tiering.client_start import start_client
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarules import Outcome, Verdict
 
@@ -59,7 +60,7 @@ class ShardReader:
             fetch_max_wait_ms=self._fetch_max_wait_ms,
         )
         self._consumer = consumer
-        await consumer.start()
+        await start_client(consumer)
         consumer.assign([self._tp])
         await consumer.seek_to_beginning(self._tp)
         self._end_at_start = await self._end()

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
+from proxy.tiering.client_start import start_client
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metareader import ShardReader
@@ -152,7 +153,8 @@ class ShardOwner:
                 linger_ms=0,
                 transaction_timeout_ms=self._transaction_timeout_ms,
             )
-            await self._producer.start()  # InitProducerId: the previous owner is fenced
+            # InitProducerId: the previous owner is fenced
+            await start_client(self._producer)
             await self.reader.start()
         loop = asyncio.get_running_loop()
         waiting_since: float | None = None

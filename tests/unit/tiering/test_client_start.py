@@ -1,0 +1,69 @@
+"""start_client: a cancelled start ends first (so the client's stop closes what it opened),
+within a bound. A fake client with a scripted start: pure asyncio logic."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.tiering.client_start import start_client
+
+
+class ScriptedClient:
+    def __init__(self, takes_s: float, fails: bool = False) -> None:
+        self.takes_s, self.fails = takes_s, fails
+        self.started = self.cancelled = False
+
+    async def start(self) -> None:
+        try:
+            await asyncio.sleep(self.takes_s)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        if self.fails:
+            raise ConnectionError("bootstrap failed")
+        self.started = True
+
+
+async def test_a_start_not_cancelled_is_just_a_start():
+    client = ScriptedClient(0.01)
+    await start_client(client)
+    assert client.started and not client.cancelled
+
+
+async def test_a_cancelled_start_ends_first_then_the_cancellation_is_raised():
+    client = ScriptedClient(0.2)
+    task = asyncio.ensure_future(start_client(client, settle_s=5))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.started and not client.cancelled
+
+
+async def test_a_start_that_does_not_end_within_the_bound_is_cancelled():
+    client = ScriptedClient(60)
+    task = asyncio.ensure_future(start_client(client, settle_s=0.1))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    await asyncio.sleep(0)
+    assert client.cancelled and not client.started
+
+
+async def test_a_start_failing_while_it_settles_still_raises_the_cancellation():
+    client = ScriptedClient(0.2, fails=True)
+    task = asyncio.ensure_future(start_client(client, settle_s=5))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not client.started
+
+
+async def test_a_failed_start_raises_its_error():
+    with pytest.raises(ConnectionError, match="bootstrap failed"):
+        await start_client(ScriptedClient(0.01, fails=True))
