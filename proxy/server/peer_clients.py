@@ -119,6 +119,8 @@ class _PeerConnection:
                     return None if waiter is None else await waiter
                 finally:
                     self._pending.pop(cid, None)  # a late answer to it is dropped
+                    if waiter is not None and waiter.done() and not waiter.cancelled():
+                        waiter.exception()  # retrieved: _fail sets it when the write fails
         except TimeoutError:
             what = type(request).__name__ + ("" if cid is None else f" {cid}")
             raise TimeoutError(
