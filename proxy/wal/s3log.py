@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
 from proxy.wal.entry import encode_header, entry_size
 from proxy.wal.fs import Buffer
-from proxy.wal.s3logobject import LogObject, decode_object, object_key, plan_recovery
+from proxy.wal.s3logobject import decode_object, object_key, plan_recovery
+from proxy.wal.segments import Segment
 from proxy.wal.types import (
     WalBrokenError,
     WalClosedError,
@@ -94,7 +95,7 @@ class S3WriteAheadLog:
         config: S3WalConfig,
         store: ObjectStore,
         clock: Callable[[], float],
-        objects: list[LogObject],
+        objects: list[Segment],
         entries: list[WalEntry],
         recovery: S3WalRecovery,
     ) -> None:
@@ -188,7 +189,7 @@ class S3WriteAheadLog:
         return self._durable_end
 
     @property
-    def segments(self) -> tuple[LogObject, ...]:
+    def segments(self) -> tuple[Segment, ...]:
         """The objects not yet deleted, in order (the local WAL's segments)."""
         return tuple(self._objects)
 
@@ -372,7 +373,7 @@ class S3WriteAheadLog:
         if self.on_sync is not None:
             self.on_sync(time.perf_counter() - started)
         self._end = self._durable_end = start + size
-        self._objects.append(LogObject(key, start, size))
+        self._objects.append(Segment(key, start, size))
         position = start
         for item in group:
             entry = WalEntry(

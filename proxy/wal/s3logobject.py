@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from proxy.tiering.objectstore import ObjectInfo
 from proxy.wal.entry import classify_stop, read_entries
+from proxy.wal.segments import Segment
 from proxy.wal.types import WalCorruptError, WalEntry, WalPosition
 
 KEY_ROOT = "walog"
@@ -64,25 +65,12 @@ def parse_object_start(prefix: str, key: str) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class LogObject:
-    """One object of the log: the WAL offsets [base, base + size). Shaped like a local
-    `Segment` (`path` is the key), so the uploader treats both alike."""
-
-    path: str
-    base: int
-    size: int
-
-    @property
-    def end(self) -> int:
-        return self.base + self.size
-
-
-@dataclass(frozen=True, slots=True)
 class RecoveryPlan:
-    """What a listing says: the log's objects in order, and the leftovers to delete."""
+    """What a listing says: the log's objects in order, and the leftovers to delete. Each
+    object is a `Segment` whose `path` is its key: the uploader treats both logs alike."""
 
-    objects: tuple[LogObject, ...]
-    leftovers: tuple[LogObject, ...]  # below the log's last gap: a trim's unfinished work
+    objects: tuple[Segment, ...]
+    leftovers: tuple[Segment, ...]  # below the log's last gap: a trim's unfinished work
     foreign: tuple[str, ...]  # keys under the prefix that are not the log's: left alone
 
     @property
@@ -97,7 +85,7 @@ class RecoveryPlan:
 def plan_recovery(prefix: str, listed: Iterable[ObjectInfo]) -> RecoveryPlan:
     """Split a listing of `prefix` into the log (its last contiguous run) and leftovers.
     Empty objects are never written, so one is damage: WalCorruptError naming it."""
-    objects: list[LogObject] = []
+    objects: list[Segment] = []
     foreign: list[str] = []
     for info in listed:
         start = parse_object_start(prefix, info.key)
@@ -106,7 +94,7 @@ def plan_recovery(prefix: str, listed: Iterable[ObjectInfo]) -> RecoveryPlan:
             continue
         if info.size <= 0:
             raise WalCorruptError(f"S3 WAL object {info.key} is empty; the WAL never writes one")
-        objects.append(LogObject(info.key, start, info.size))
+        objects.append(Segment(info.key, start, info.size))
     objects.sort(key=lambda o: o.base)
     first = 0
     for i in range(1, len(objects)):
@@ -121,7 +109,7 @@ def plan_recovery(prefix: str, listed: Iterable[ObjectInfo]) -> RecoveryPlan:
     return RecoveryPlan(tuple(objects[first:]), tuple(objects[:first]), tuple(foreign))
 
 
-def decode_object(obj: LogObject, data: bytes | memoryview) -> list[WalEntry]:
+def decode_object(obj: Segment, data: bytes | memoryview) -> list[WalEntry]:
     """The entries of one object read back, each at its WAL position. Every byte must be a
     whole, valid entry: a PUT is all or nothing, so anything else is damage, reported
     with the key and the byte position."""

@@ -17,13 +17,13 @@ from proxy.tiering.settings import parse_tiering
 from proxy.wal.entry import encode_entry
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
 from proxy.wal.s3logobject import (
-    LogObject,
     decode_object,
     log_prefix,
     object_key,
     parse_object_start,
     plan_recovery,
 )
+from proxy.wal.segments import Segment
 from proxy.wal.types import WalBrokenError, WalCorruptError
 
 PREFIX = log_prefix("proxy-a")
@@ -77,7 +77,7 @@ def test_overlapping_or_empty_objects_are_damage_named_by_key():
 
 def test_decode_names_the_key_and_byte_of_a_bad_entry():
     data = bytearray(encode_entry(1, 0, batch(1)) + encode_entry(1, 1, batch(2)))
-    obj = LogObject(object_key(PREFIX, 1000), 1000, len(data))
+    obj = Segment(object_key(PREFIX, 1000), 1000, len(data))
     entries = decode_object(obj, bytes(data))
     assert [(e.position.start, e.base_offset) for e in entries] == [(1000, 0), (1125, 1)]
     data[-1] ^= 0xFF
