@@ -35,6 +35,7 @@ from proxy.server.retention import Retention
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
 from proxy.server.trims import trim_stream
+from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
 from proxy.tiering.localstore import LocalDirectoryStore
@@ -131,6 +132,8 @@ class TieringService:
         self.seals = Seals(self)
         self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
         self.retention = Retention(self)
+        # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
+        self.beyond_cutover = BeyondCutover()
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object

@@ -109,3 +109,12 @@ class _Collector:
              cache.max_bytes),
         ):  # fmt: skip
             yield family(f"tierproxy_{name}", documentation, value=value)
+        clamped = CounterMetricFamily(
+            "tierproxy_kafka_beyond_cutover",
+            "Kafka answers for a tiered partition clamped at its cutover: Kafka's log held "
+            "data past it (transaction markers, records written to a broker directly)",
+            labels=["api"],
+        )
+        for kind, count in sorted(service.beyond_cutover.counts.items()):
+            clamped.add_metric([kind], count)
+        yield clamped
