@@ -6,7 +6,10 @@ leader_epoch); v6 is flexible; v7-v9 and v11 only admit new special timestamps (
 v10 adds timeout_ms (KIP-1075). v0 (max_num_offsets, old_style_offsets) is not served.
 
 `read_list_offsets_request` locates every partition's entry; `split` keeps the passthrough
-entries as they came (tags kio does not know included), rewriting only array counts;
+entries as they came (tags kio does not know included), rewriting only array counts, and
+routes each tiered one: answered here only, or (BOTH) also sent upstream as it came, so
+Kafka answers for its part of the log and the caller completes the answer with the
+stream's part, from `read_list_offsets_response`;
 `merge_responses` answers every partition of the request, in its order: upstream's
 entries as slices of its answer, tiered ones written; `read_list_offsets_response` gives
 upstream's values to a caller that decides from them. The answer names no broker, so it
@@ -43,6 +46,7 @@ import importlib
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import IntEnum
 from functools import cache
 
 from kio.schema.errors import ErrorCode
@@ -74,6 +78,14 @@ EARLIEST_PENDING_UPLOAD_TIMESTAMP = -6  # v11+: the first offset not yet tiered 
 
 Span = slice  # of the request body
 _NO_TAGS = b"\x00"
+
+
+class Route(IntEnum):
+    """Where a partition's entry goes (False and True read as UPSTREAM and HERE)."""
+
+    UPSTREAM = 0  # a passthrough partition, or one Kafka alone answers
+    HERE = 1  # answered here only
+    BOTH = 2  # Kafka answers its part of the log, the caller completes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +121,7 @@ class TieredOffsetsPartition:
     partition: int
     timestamp: int
     current_leader_epoch: int = -1
+    also_upstream: bool = False  # routed BOTH: upstream answers it too
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +208,12 @@ def _read_request(layout: _Layout, body: memoryview) -> ListOffsetsRequestView:
 
 
 def split(
-    view: ListOffsetsRequestView, is_tiered: Callable[[str, OffsetsPartitionView], bool]
+    view: ListOffsetsRequestView, is_tiered: Callable[[str, OffsetsPartitionView], bool | Route]
 ) -> tuple[bytes | None, list[TieredOffsetsPartition]]:
-    """(the request for upstream with only the passthrough partitions, or None if none is
-    left; the tiered partitions, in request order). `is_tiered` sees each partition's
-    entry, so it can decide by timestamp (EARLIEST from Kafka, LATEST answered locally).
+    """(the request for upstream with the passthrough partitions and those routed BOTH,
+    or None if none is left; the tiered partitions, HERE and BOTH, in request order).
+    `is_tiered` sees each partition's entry and routes it (a bool: HERE or UPSTREAM), so
+    it can decide by timestamp (EARLIEST from Kafka, LATEST answered locally).
 
     Everything kept is copied as it came, in one join: the head, each kept entry, the
     topic tags, the timeout and the top-level tags; only array counts are rewritten, and
@@ -212,11 +226,15 @@ def split(
     for topic in view.topics:
         kept = []
         for p in topic.partitions:
-            if not is_tiered(topic.topic, p):
+            route = Route(is_tiered(topic.topic, p))
+            if route != Route.HERE:
                 kept.append(p)
+            if route == Route.UPSTREAM:
                 continue
-            epoch = p.current_leader_epoch
-            tiered.append(TieredOffsetsPartition(topic.topic, p.partition, p.timestamp, epoch))
+            epoch, both = p.current_leader_epoch, route == Route.BOTH
+            tiered.append(
+                TieredOffsetsPartition(topic.topic, p.partition, p.timestamp, epoch, both)
+            )
         if kept:
             topic_count += 1
             pieces += (body[topic.key_span], write_array_length(len(kept), flexible))

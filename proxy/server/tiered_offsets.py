@@ -1,21 +1,30 @@
-"""ListOffsets for tiered partitions (docs/tiering.md, "Reading a tiered topic").
+"""ListOffsets for tiered partitions (docs/tiering.md, "Reading a tiered topic"): every
+answer is Kafka's for the same log.
 
-Kafka still answers the earliest offset (its log start; the tiered stream continues its
-log) and the spec values this module does not know (max timestamp, KIP-405's local and
-tiered ends): `answer_here` sends those upstream. The proxy answers:
+A tiered partition's log is Kafka's part below the cutover C, then the stream. Each
+tiered partition of a request is routed (`route`):
 
-- EARLIEST, once retention moved the tiered log start past the cutover (Kafka's log
-  end), or once the offload job has moved all of [log start, cutover) into objects
-  (Kafka's copy may then be deleted, its log start is no longer the log's): the tiered
-  log start. Kafka's records below it are trimmed as far as clients go;
-- LATEST: the partition's high watermark (on a proxy that does not own it, the committed
-  end, or the owner's high watermark when the owner answers over the peer protocol);
-- a timestamp: Kafka's answer when Kafka's part of the log has a record at or after it
-  (and is not trimmed, as above), else the first tiered record at or after it. The
-  tiered search reads the stream's batch headers from its cutover (or log start) on
-  (through the block cache; no time index yet); inside the batch found, records are
-  read one by one when the batch is not compressed (exact, as Kafka), else the batch's
-  base offset is answered (at most one batch early).
+- HERE, answered from the stream alone, when the objects hold all of [log start, C)
+  (the offload job moved it, or retention or DeleteRecords moved the log start to C or
+  past it; Kafka's copy may be gone): EARLIEST and EARLIEST_LOCAL (-4; no remote log on
+  Kafka's side, so the same) answer the log start; a timestamp and MAX_TIMESTAMP (-3)
+  are searched in the objects from the log start on, migrated ranges included. LATEST is
+  always answered here: the high watermark (the owner's; NOT_LEADER_OR_FOLLOWER when the
+  owner is away, the committed end may be below its acks);
+- BOTH, otherwise, for EARLIEST, -4, a timestamp and MAX_TIMESTAMP: the entry also goes to
+  Kafka as it came (so Kafka's answer keeps its timestamp and leader epoch), the stream's
+  part is searched meanwhile, and `combine` completes Kafka's answer with it. Kafka's
+  answer is clamped at C: its log may hold data past C that is not the partition's (a
+  transaction marker its coordinator wrote, records written to a broker directly), so an
+  offset at or past C from Kafka is noted (`beyond_cutover`) and the stream's answer
+  taken instead;
+- the other special timestamps (-5 LATEST_TIERED, -6 EARLIEST_PENDING_UPLOAD) go to Kafka
+  alone: Kafka keeps no remote log of the topic, and answers them as for any topic.
+
+Timestamps follow Kafka's rules exactly (`proxy/tiering/timestamp_search.py`): the first
+record, in offset order, at or after the target and at or above the log start, inside
+compressed batches too; MAX_TIMESTAMP is the largest over the whole log, Kafka's part
+first on a tie.
 """
 
 from __future__ import annotations
@@ -25,18 +34,23 @@ import logging
 import struct
 from dataclasses import dataclass
 
-from aiokafka import TopicPartition
-
 from proxy.apis.offsets_split import (
+    EARLIEST_LOCAL_TIMESTAMP,
+    MAX_TIMESTAMP,
     ListOffsetsRequestView,
     OffsetsResult,
+    Route,
+    TieredOffsetsPartition,
     merge_responses,
     read_list_offsets_request,
+    read_list_offsets_response,
     split,
 )
-from proxy.tiering.batches import Compression, iter_batches
+from proxy.server.tiered_timestamps import OwnerAway, StreamSearch
+from proxy.tiering.batches import CorruptBatchError
 from proxy.tiering.objectformat import ObjectFormatError
 from proxy.tiering.objectstore import ObjectStoreError
+from proxy.tiering.timestamp_search import Found
 from proxy.tiering.topic_index import stream_of
 
 log = logging.getLogger("tierproxy.reads")
@@ -45,136 +59,158 @@ LATEST, EARLIEST = -1, -2
 NONE = 0
 NOT_LEADER_OR_FOLLOWER = 6
 KAFKA_STORAGE_ERROR = 56
-SEARCH_READ_BYTES = 1 << 20
 _SIZE = struct.Struct(">i")
+_FIRST_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8}  # older: Kafka refuses it
+_EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
 
 
-def answer_here(tiering, topic: str, partition: int, timestamp: int) -> bool:
-    """Whether the proxy answers this ListOffsets partition (a cut-over tiered one, for
-    LATEST or a timestamp; for EARLIEST too once retention trimmed it past its cutover or
-    the offload job filled it below its cutover)."""
+def route(tiering, topic: str, partition: int, timestamp: int, api_version: int) -> Route:
+    """Where this partition's entry is answered (see the module docstring)."""
     found = tiering.topics.topic(topic)
-    if found is None or (timestamp < 0 and timestamp not in (LATEST, EARLIEST)):
-        return False
+    if found is None:
+        return Route.UPSTREAM
+    if timestamp < 0 and timestamp not in (
+        LATEST,
+        EARLIEST,
+        MAX_TIMESTAMP,
+        EARLIEST_LOCAL_TIMESTAMP,
+    ):
+        return Route.UPSTREAM
+    if api_version < _FIRST_VERSION.get(timestamp, 0):
+        return Route.UPSTREAM  # Kafka answers UNSUPPORTED_VERSION
     stream = stream_of(found, partition)
     state = tiering.state(stream)
-    info = state.stream(stream)
-    if info is None:
-        return False
-    return timestamp != EARLIEST or _trimmed_past_cutover(info) or not state.backfill_gaps(stream)
+    if state.stream(stream) is None:
+        return Route.UPSTREAM  # not cut over yet: Kafka's log is the whole log
+    if timestamp == LATEST or not state.backfill_gaps(stream):
+        return Route.HERE
+    return Route.BOTH
 
 
-def _trimmed_past_cutover(info) -> bool:
-    """The tiered log start is above Kafka's log end (the cutover): Kafka's part of the
-    log is gone as far as clients are concerned, and Kafka's log start is not the answer."""
-    return info.log_start_offset > info.cutover_offset
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """The stream's part of an answer, for `combine` (or alone, routed HERE)."""
+
+    error_code: int
+    cutover: int = -1
+    log_start: int = -1
+    found: Found | None = None  # the stream's record for a timestamp or MAX_TIMESTAMP
+
+    def alone(self, timestamp: int) -> OffsetsResult:
+        """The answer when the stream holds the whole log."""
+        if self.error_code != NONE:
+            return OffsetsResult(self.error_code)
+        if timestamp in _EARLIEST:
+            return OffsetsResult(NONE, -1, self.log_start)
+        if self.found is None:
+            return OffsetsResult(NONE)  # no record at or after it: Kafka answers -1 too
+        return OffsetsResult(NONE, self.found.timestamp, self.found.offset, self.found.leader_epoch)
 
 
-async def list_offset(tiering, topic: str, partition: int, timestamp: int) -> tuple[int, int, int]:
-    """(error code, timestamp, offset) for one partition `answer_here` took."""
-    found = tiering.topics.topic(topic)
-    stream = None if found is None else stream_of(found, partition)
+def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note) -> OffsetsResult:
+    """Kafka's answer for its part of the log (below the cutover), completed with the
+    stream's. `note(seen)` is told of a Kafka answer at or past the cutover."""
+    if kafka is None or kafka.error_code != NONE:
+        return kafka if kafka is not None else OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+    if part.error_code != NONE and timestamp not in _EARLIEST:
+        return OffsetsResult(part.error_code)
+    cutover = part.cutover
+    if timestamp in _EARLIEST:
+        if kafka.offset > cutover:  # Kafka's log start past its part: the stream's
+            note(kafka.offset)
+            return OffsetsResult(NONE, -1, max(cutover, part.log_start))
+        return kafka
+    below = 0 <= kafka.offset < cutover
+    if kafka.offset >= cutover:
+        note(kafka.offset)
+    if timestamp == MAX_TIMESTAMP:
+        stream = part.found
+        if below and (stream is None or stream.timestamp <= kafka.timestamp):
+            return kafka  # Kafka's part first on a tie, as Kafka's maxBy keeps the first
+        return part.alone(timestamp)
+    return kafka if below else part.alone(timestamp)
+
+
+async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
+    """The stream's part of one partition's answer."""
+    found = tiering.topics.topic(item.topic)
+    stream = None if found is None else stream_of(found, item.partition)
     state = None if stream is None else tiering.state(stream)
     info = None if state is None else state.stream(stream)
-    if info is None:
-        return NOT_LEADER_OR_FOLLOWER, -1, -1
-    if timestamp == EARLIEST:  # answer_here took it: trimmed past the cutover, or backfilled
-        return NONE, -1, info.log_start_offset
-    if timestamp == LATEST:
-        end = await tiering.reads.owner_high_watermark(stream)
-        if end is None:  # the owner is away: the committed end may be below its acks
-            return NOT_LEADER_OR_FOLLOWER, -1, -1
-        return NONE, -1, end
-    if not _trimmed_past_cutover(info):  # else Kafka's records are below the log start
-        upstream = await tiering.cutover.offset_for_time(
-            TopicPartition(found.name, partition), timestamp
-        )
-        if upstream is not None and upstream[1] < info.cutover_offset:
-            return NONE, upstream[0], upstream[1]
+    if info is None:  # untiered since the split
+        return StreamPart(NOT_LEADER_OR_FOLLOWER)
+    timestamp = item.timestamp
+    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset)
+    if timestamp in _EARLIEST:
+        return part
+    search = StreamSearch(tiering, stream)
+    # BOTH: Kafka answers below the cutover; HERE: the objects hold the whole log
+    start = (
+        max(info.cutover_offset, info.log_start_offset)
+        if item.also_upstream
+        else info.log_start_offset
+    )
+    where = f"{found.name}-{item.partition}: ListOffsets timestamp {timestamp}"
     try:
-        hit = await _search(
-            tiering, state, stream, max(info.cutover_offset, info.log_start_offset), timestamp
-        )
-    except (ObjectFormatError, ObjectStoreError) as exc:
-        log.error("%s-%d: timestamp %d: %s", found.name, partition, timestamp, exc)
-        return KAFKA_STORAGE_ERROR, -1, -1
-    if hit is None:
-        return NONE, -1, -1  # no record at or after it: Kafka answers -1 too
-    return NONE, hit[0], hit[1]
+        if timestamp == MAX_TIMESTAMP:
+            hit = await search.max_timestamp(start)
+        else:
+            hit = await search.first_at_or_after(timestamp, start)
+    except OwnerAway:
+        return StreamPart(NOT_LEADER_OR_FOLLOWER)
+    except (ObjectFormatError, ObjectStoreError, CorruptBatchError) as exc:
+        log.error("%s: %s", where, exc)
+        return StreamPart(KAFKA_STORAGE_ERROR)
+    return StreamPart(NONE, info.cutover_offset, info.log_start_offset, hit)
 
 
-async def _search(tiering, state, stream: int, offset: int, timestamp: int):
-    """(timestamp, offset) of the first tiered record at or after `timestamp`: the
-    committed objects first, then (on the owner) the log cache."""
-    reads = tiering.reads
-    while True:
-        result = await reads.reader.read(
-            state, stream, offset, SEARCH_READ_BYTES, reader_id=("timestamp search", stream)
-        )
-        pieces = list(result.batches)
-        if not pieces and tiering.partitions.get(stream) is not None:
-            pieces, _ = reads.log_cache.read(stream, offset, SEARCH_READ_BYTES)
-        start = offset
-        for piece in pieces:
-            for header, batch in iter_batches(piece):
-                if header.next_offset <= offset or header.max_timestamp < timestamp:
-                    offset = max(offset, header.next_offset)
-                    continue
-                return _in_batch(header, batch, timestamp)
-        if offset == start:  # nothing further here
-            return None
-
-
-def _in_batch(header, batch: memoryview, timestamp: int) -> tuple[int, int]:
-    """The first record of the batch at or after `timestamp` (the batch's max timestamp
-    is): exact for an uncompressed batch, the base offset for a compressed one."""
-    if header.compression != Compression.NONE or header.is_log_append_time:
-        ts = header.max_timestamp if header.is_log_append_time else header.base_timestamp
-        return max(ts, header.base_timestamp), header.base_offset
-    for delta_offset, delta_ts in _record_deltas(batch, header.record_count):
-        if header.base_timestamp + delta_ts >= timestamp:
-            return header.base_timestamp + delta_ts, header.base_offset + delta_offset
-    return header.max_timestamp, header.last_offset
-
-
-def _record_deltas(batch: memoryview, count: int):
-    """(offset delta, timestamp delta) of each record of an uncompressed batch."""
-    pos = 61  # the records follow the 61-byte batch header
-    for _ in range(count):
-        length, pos = _varint(batch, pos)
-        end = pos + length
-        pos += 1  # attributes
-        ts_delta, pos = _varint(batch, pos)
-        offset_delta, pos = _varint(batch, pos)
-        yield offset_delta, ts_delta
-        pos = end
-
-
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    """A zigzag varint (Kafka's record fields)."""
-    shift = value = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), pos
-        shift += 7
+async def _latest(tiering, item: TieredOffsetsPartition) -> OffsetsResult:
+    found = tiering.topics.topic(item.topic)
+    stream = None if found is None else stream_of(found, item.partition)
+    if stream is None or tiering.state(stream).stream(stream) is None:
+        return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+    end = await tiering.reads.owner_high_watermark(stream)
+    if end is None:  # the owner is away: the committed end may be below its acks
+        return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+    return OffsetsResult(NONE, -1, end)
 
 
 @dataclass(slots=True, eq=False)
 class OffsetsPlan:
     view: ListOffsetsRequestView
     upstream_frame: tuple[bytes | memoryview, ...] | None  # framed, header included
-    local: asyncio.Future[dict]  # (topic, partition) -> OffsetsResult
-    tiered: tuple[tuple[str, int], ...] = ()
+    local: asyncio.Future[dict]  # (topic, partition) -> OffsetsResult, or StreamPart if BOTH
+    tiered: tuple[TieredOffsetsPartition, ...] = ()
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
+    tiering: object = None  # the service: beyond_cutover is noted on it
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
-        return merge_responses(api_version, self.view, upstream, local)
+        """The answer: HERE partitions as `local` has them, BOTH ones Kafka's answer
+        completed with the stream's part, the rest upstream's."""
+        kafka = {}
+        if upstream is not None and any(p.also_upstream for p in self.tiered):
+            kafka = read_list_offsets_response(api_version, upstream)
+        results = {}
+        for item in self.tiered:
+            key = (item.topic, item.partition)
+            answer = local.get(key)
+            if isinstance(answer, StreamPart):
+                answer = combine(item.timestamp, kafka.get(key), answer, self._noter(item, answer))
+            if answer is not None:
+                results[key] = answer
+        return merge_responses(api_version, self.view, upstream, results)
+
+    def _noter(self, item: TieredOffsetsPartition, part: StreamPart):
+        def note(seen: int) -> None:
+            if self.tiering is not None:
+                self.tiering.beyond_cutover.note(
+                    "list_offsets", item.topic, item.partition, part.cutover, seen
+                )
+
+        return note
 
     def failed(self, error: BaseException) -> dict:
-        return {key: OffsetsResult(KAFKA_STORAGE_ERROR) for key in self.tiered}
+        return {(p.topic, p.partition): OffsetsResult(KAFKA_STORAGE_ERROR) for p in self.tiered}
 
 
 def plan_list_offsets(
@@ -186,7 +222,7 @@ def plan_list_offsets(
         return None
     view = read_list_offsets_request(api_version, body)
     upstream_body, tiered = split(
-        view, lambda topic, p: answer_here(tiering, topic, p.partition, p.timestamp)
+        view, lambda topic, p: route(tiering, topic, p.partition, p.timestamp, api_version)
     )
     if not tiered:
         return None
@@ -195,14 +231,16 @@ def plan_list_offsets(
     if upstream_body is not None:
         size = len(header_bytes) + len(upstream_body)
         frame = (_SIZE.pack(size), header_bytes, upstream_body)
-    return OffsetsPlan(view, frame, local, tuple((p.topic, p.partition) for p in tiered))
+    return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
 
 
 async def _answer_all(tiering, tiered) -> dict:
-    answers = await asyncio.gather(
-        *(list_offset(tiering, p.topic, p.partition, p.timestamp) for p in tiered)
-    )
-    return {
-        (p.topic, p.partition): OffsetsResult(code, timestamp, offset)
-        for p, (code, timestamp, offset) in zip(tiered, answers, strict=True)
-    }
+    answers = await asyncio.gather(*(_answer(tiering, p) for p in tiered))
+    return {(p.topic, p.partition): a for p, a in zip(tiered, answers, strict=True)}
+
+
+async def _answer(tiering, item: TieredOffsetsPartition) -> OffsetsResult | StreamPart:
+    if item.timestamp == LATEST:
+        return await _latest(tiering, item)
+    part = await stream_part(tiering, item)
+    return part if item.also_upstream else part.alone(item.timestamp)

@@ -82,6 +82,21 @@ class TieredReads:
         tail = await self._owner_tail(stream, end, 0, 0)
         return max(end, tail.high_watermark) if tail is not None else None
 
+    async def tail_records(
+        self, stream: int, offset: int, max_bytes: int
+    ) -> tuple[Sequence[memoryview], int] | None:
+        """(the stream's batches past its committed objects from `offset` on, its high
+        watermark): the log cache on the owner, else asked of the owner over the peer
+        protocol; None when no owner answers. For ListOffsets' timestamp search."""
+        partition = self.service.partitions.get(stream)
+        if partition is not None:
+            records, _ = self.log_cache.read(stream, offset, max_bytes)
+            return records, partition.high_watermark
+        answer = await self._owner_tail(stream, offset, max_bytes, 0)
+        if answer is None:
+            return None
+        return tuple(memoryview(piece) for piece in answer.records), answer.high_watermark
+
     def _committed_end(self, stream: int) -> int:
         state = self.service.state(stream)
         end = state.stream_end(stream)

@@ -8,6 +8,11 @@ needs one ranged read of the tail, one of the index (often the same read), and o
 run of blocks. Integers are big-endian. Every part is covered by a CRC-32C: the footer
 by its own, the index by one in the footer, each block by one in its index entry.
 
+Version 2 adds each block's max timestamp to its index entry (the object's time index),
+so a ListOffsets timestamp lookup reads the index and one block instead of every batch
+header; version 1 objects (no max timestamp: `IndexEntry.max_timestamp` is None) are
+still read, and still written when a writer is asked for them.
+
 Pure: no I/O, no asyncio. The offload jobs run this module inside Spark tasks.
 """
 
@@ -23,7 +28,8 @@ import crc32c
 from proxy.tiering.batches import iter_batches, validate_batch
 from proxy.tiering.objectkeys import U64_MAX, ObjectKind, object_key, parse_object_key
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what writers write
+READ_VERSIONS = (1, 2)  # what readers read
 HEAD_MAGIC = b"TPOF"
 TAIL_MAGIC = b"TPOE"
 # magic, kind, reserved, object id, index position, index size, block count, index CRC,
@@ -34,8 +40,13 @@ FOOTER_SIZE = _FOOTER.size  # 48
 _FOOTER_TRAILER = struct.Struct(">HHI4s")
 _FOOTER_CRC_COVERS = FOOTER_SIZE - 8  # every footer byte before the CRC and the tail magic
 # stream id, start offset, end offset delta, record count, position, size, block CRC
-_ENTRY = struct.Struct(">QqQIQII")
-INDEX_ENTRY_SIZE = _ENTRY.size  # 44
+_ENTRY_V1 = struct.Struct(">QqQIQII")
+# ... and (version 2) the block's max timestamp
+_ENTRY_V2 = struct.Struct(">QqQIQIIq")
+_ENTRIES = {1: _ENTRY_V1, 2: _ENTRY_V2}
+INDEX_ENTRY_SIZE_V1 = _ENTRY_V1.size  # 44
+INDEX_ENTRY_SIZE = _ENTRY_V2.size  # 52, the size writers write
+NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP
 U32_MAX = (1 << 32) - 1
 I64_MAX = (1 << 63) - 1
 DEFAULT_MAX_BLOCK_BYTES = 1 << 20
@@ -63,6 +74,10 @@ class Footer:
     version: int = FORMAT_VERSION
 
     @property
+    def entry_size(self) -> int:
+        return _ENTRIES[self.version].size
+
+    @property
     def index_end(self) -> int:
         return self.index_position + self.index_size
 
@@ -74,7 +89,9 @@ class Footer:
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     """One data block: offsets [start_offset, end_offset) of a stream, at bytes
-    [position, position + size) of the object."""
+    [position, position + size) of the object. `max_timestamp` is the largest max
+    timestamp of the block's batches (Kafka's NO_TIMESTAMP, -1, when none has one); None
+    in a version 1 object, which does not record it."""
 
     stream_id: int
     start_offset: int
@@ -83,6 +100,7 @@ class IndexEntry:
     position: int
     size: int
     crc: int
+    max_timestamp: int | None = None
 
     @property
     def end_position(self) -> int:
@@ -116,12 +134,16 @@ class ObjectWriter:
     side by side and one ranged read fetches a run of them.
     """
 
-    def __init__(self, object_id: int, kind: ObjectKind) -> None:
+    def __init__(self, object_id: int, kind: ObjectKind, *, version: int = FORMAT_VERSION) -> None:
+        if version not in READ_VERSIONS:
+            raise ValueError(f"object format version {version}: writers write {READ_VERSIONS}")
         self.object_id = object_id
         self.kind = ObjectKind(kind)
         self.key = object_key(object_id, self.kind)
-        # per stream: (start, end, record count, bytes, crc) of each block, in offset order
-        self._streams: dict[int, list[tuple[int, int, int, memoryview, int]]] = {}
+        self.version = version
+        # per stream: (start, end, record count, bytes, crc, max timestamp) of each block,
+        # in offset order
+        self._streams: dict[int, list[tuple[int, int, int, memoryview, int, int | None]]] = {}
 
     def stream_end(self, stream_id: int) -> int | None:
         """Where the stream's last block added so far ends, or None if it has none."""
@@ -129,9 +151,18 @@ class ObjectWriter:
         return blocks[-1][1] if blocks else None
 
     def add_block(
-        self, stream_id: int, data: Buffer, start_offset: int, end_offset: int, record_count: int
+        self,
+        stream_id: int,
+        data: Buffer,
+        start_offset: int,
+        end_offset: int,
+        record_count: int,
+        *,
+        max_timestamp: int | None = None,
     ) -> None:
-        """Add one block: `data` holds the stream's offsets [start_offset, end_offset)."""
+        """Add one block: `data` holds the stream's offsets [start_offset, end_offset).
+        Version 2 records the block's max timestamp: `max_timestamp` when given, else read
+        off the batch headers (CorruptBatchError if `data` is not record batches)."""
         view = _view(data)
         where = f"{self.key}: stream {stream_id} block [{start_offset}, {end_offset})"
         if not 0 <= stream_id <= U64_MAX:
@@ -148,7 +179,11 @@ class ObjectWriter:
         if end is not None and start_offset != end:
             problem = "overlaps" if start_offset < end else "leaves a gap after"
             raise ValueError(f"{where} {problem} the stream's previous block, ending at {end}")
-        entry = (start_offset, end_offset, record_count, view, crc32c.crc32c(view))
+        if self.version == 1:
+            max_timestamp = None
+        elif max_timestamp is None:
+            max_timestamp = max_timestamp_of(view)
+        entry = (start_offset, end_offset, record_count, view, crc32c.crc32c(view), max_timestamp)
         self._streams.setdefault(stream_id, []).append(entry)
 
     def add_batches(
@@ -172,8 +207,9 @@ class ObjectWriter:
         if not 1 <= max_block_bytes <= U32_MAX:
             raise ValueError(f"max_block_bytes {max_block_bytes} is not in 1..2**32-1")
         view = _view(records)
-        planned = []  # (first byte, end byte, start offset, end offset, record count)
+        planned = []  # (first byte, end byte, start offset, end offset, records, max ts)
         block_pos, block_start, next_offset, count, pos = 0, start_offset, start_offset, 0, 0
+        max_ts = NO_TIMESTAMP
         for header, batch in iter_batches(view):
             if validate:
                 validate_batch(batch, pos)
@@ -185,18 +221,26 @@ class ObjectWriter:
             if block_start is None:
                 block_start = header.base_offset
             elif pos > block_pos and pos + header.size - block_pos > max_block_bytes:
-                planned.append((block_pos, pos, block_start, next_offset, count))
-                block_pos, block_start, count = pos, next_offset, 0
+                planned.append((block_pos, pos, block_start, next_offset, count, max_ts))
+                block_pos, block_start, count, max_ts = pos, next_offset, 0, NO_TIMESTAMP
             next_offset = header.next_offset
             count += header.record_count
+            max_ts = max(max_ts, header.max_timestamp)
             pos += header.size
         if pos == 0:
             raise ValueError(f"{self.key}: stream {stream_id}: no record batches to add")
-        planned.append((block_pos, pos, block_start, next_offset, count))
+        planned.append((block_pos, pos, block_start, next_offset, count, max_ts))
         before = len(self._streams.get(stream_id, ()))
         try:
-            for first, end, start, end_offset, records_in_block in planned:
-                self.add_block(stream_id, view[first:end], start, end_offset, records_in_block)
+            for first, end, start, end_offset, records_in_block, block_max in planned:
+                self.add_block(
+                    stream_id,
+                    view[first:end],
+                    start,
+                    end_offset,
+                    records_in_block,
+                    max_timestamp=block_max,
+                )
         except ValueError:
             # a run is added whole or not at all
             if before:
@@ -213,17 +257,25 @@ class ObjectWriter:
         index = bytearray()
         entries = []
         position = 0
+        layout = _ENTRIES[self.version]
         for stream_id in sorted(self._streams):
-            for start, end, count, view, crc in self._streams[stream_id]:
-                entry = IndexEntry(stream_id, start, end, count, position, len(view), crc)
-                index += _ENTRY.pack(stream_id, start, end - start, count, position, len(view), crc)
+            for start, end, count, view, crc, max_ts in self._streams[stream_id]:
+                entry = IndexEntry(stream_id, start, end, count, position, len(view), crc, max_ts)
+                fields = (stream_id, start, end - start, count, position, len(view), crc)
+                index += layout.pack(*fields, *(() if max_ts is None else (max_ts,)))
                 entries.append(entry)
                 pieces.append(view)
                 position += len(view)
         if len(index) > U32_MAX:
             raise ValueError(f"{self.key}: {len(entries)} blocks are too many for one index")
         footer = Footer(
-            self.object_id, self.kind, position, len(index), len(entries), crc32c.crc32c(index)
+            self.object_id,
+            self.kind,
+            position,
+            len(index),
+            len(entries),
+            crc32c.crc32c(index),
+            self.version,
         )
         pieces.append(memoryview(bytes(index)))
         pieces.append(memoryview(_pack_footer(footer)))
@@ -277,9 +329,10 @@ def parse_footer(tail: Buffer, object_size: int, key: str) -> Footer:
             raise ObjectFormatError(
                 key, f"footer CRC mismatch: stored {stored_crc:#010x}, computed {computed:#010x}"
             )
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
+        readable = " and ".join(map(str, READ_VERSIONS))
         raise ObjectFormatError(
-            key, f"unsupported format version {version}; this reader reads {FORMAT_VERSION}"
+            key, f"unsupported format version {version}; this reader reads {readable}"
         )
     if footer_size != FOOTER_SIZE:
         raise ObjectFormatError(
@@ -292,11 +345,13 @@ def parse_footer(tail: Buffer, object_size: int, key: str) -> Footer:
         raise ObjectFormatError(key, f"bad footer magic {head_magic!r}, expected {HEAD_MAGIC!r}")
     if kind not in set(ObjectKind) or reserved != bytes(3):
         raise ObjectFormatError(key, f"unknown object kind {kind} or flags {reserved.hex()}")
-    if block_count < 1 or block_count * INDEX_ENTRY_SIZE != index_size:
+    if block_count < 1 or block_count * _ENTRIES[version].size != index_size:
         raise ObjectFormatError(
             key, f"index of {index_size} bytes cannot hold {block_count} blocks (>= 1)"
         )
-    footer = Footer(object_id, ObjectKind(kind), index_position, index_size, block_count, index_crc)
+    footer = Footer(
+        object_id, ObjectKind(kind), index_position, index_size, block_count, index_crc, version
+    )
     if footer.object_size != object_size:
         raise ObjectFormatError(
             key,
@@ -328,7 +383,7 @@ def parse_index(index: Buffer, footer: Footer, key: str) -> tuple[IndexEntry, ..
         raise ObjectFormatError(
             key, f"index is {len(view)} bytes, the footer says {footer.index_size}: truncated"
         )
-    if footer.block_count < 1 or footer.block_count * INDEX_ENTRY_SIZE != len(view):
+    if footer.block_count < 1 or footer.block_count * footer.entry_size != len(view):
         raise ObjectFormatError(
             key, f"index of {len(view)} bytes cannot hold {footer.block_count} blocks (>= 1)"
         )
@@ -341,9 +396,11 @@ def parse_index(index: Buffer, footer: Footer, key: str) -> tuple[IndexEntry, ..
     entries: list[IndexEntry] = []
     position = 0
     previous: IndexEntry | None = None
-    for number, fields in enumerate(_ENTRY.iter_unpack(view)):
-        stream_id, start, delta, count, block_position, size, crc = fields
-        entry = IndexEntry(stream_id, start, start + delta, count, block_position, size, crc)
+    for number, fields in enumerate(_ENTRIES[footer.version].iter_unpack(view)):
+        stream_id, start, delta, count, block_position, size, crc, *max_ts = fields
+        entry = IndexEntry(
+            stream_id, start, start + delta, count, block_position, size, crc, *max_ts
+        )
         what = f"index entry {number} (stream {stream_id}, offsets [{start}, {start + delta}))"
         if not (0 <= start and 1 <= delta <= I64_MAX - start and count <= delta and size >= 1):
             raise ObjectFormatError(key, f"{what}: impossible offsets, count {count} or size")
@@ -417,3 +474,9 @@ def find_entries(index: Sequence[IndexEntry], stream_id: int, offset: int) -> Se
 
 def _entry_key(entry: IndexEntry) -> tuple[int, int]:
     return (entry.stream_id, entry.start_offset)
+
+
+def max_timestamp_of(block: Buffer) -> int:
+    """The largest max timestamp of a block's batches, read off their headers (-1, Kafka's
+    NO_TIMESTAMP, when none has one). CorruptBatchError if they are not record batches."""
+    return max((h.max_timestamp for h, _ in iter_batches(_view(block))), default=NO_TIMESTAMP)

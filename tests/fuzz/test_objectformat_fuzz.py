@@ -190,7 +190,8 @@ def indexes(draw) -> tuple[bytes, int]:
 def test_indexes_that_are_nearly_valid(index_and_size, kind, size_delta):
     index, data_size = index_and_size
     for index_position in (data_size, max(0, data_size + size_delta)):
-        footer = Footer(7, kind, index_position, len(index), len(index) // 44, crc32c.crc32c(index))
+        count, crc = len(index) // 44, crc32c.crc32c(index)
+        footer = Footer(7, kind, index_position, len(index), count, crc, version=1)
         only_object_format_errors(lambda footer=footer: parse_index(index, footer, KEY))
 
 
@@ -209,9 +210,9 @@ def test_random_block_reads(data, position, size, data_position, crc):
 
 def sample_object() -> bytes:
     writer = ObjectWriter(7, ObjectKind.STREAM_SET)
-    writer.add_block(1, b"a" * 30, 0, 10, 10)
-    writer.add_block(1, b"b" * 20, 10, 1 << 40, 5)
-    writer.add_block(4, b"c" * 10, 3, 4, 1)
+    writer.add_block(1, b"a" * 30, 0, 10, 10, max_timestamp=1_700_000_000_000)
+    writer.add_block(1, b"b" * 20, 10, 1 << 40, 5, max_timestamp=-1)
+    writer.add_block(4, b"c" * 10, 3, 4, 1, max_timestamp=5)
     return writer.build().to_bytes()
 
 

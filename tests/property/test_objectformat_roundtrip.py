@@ -52,9 +52,10 @@ def objects(draw) -> tuple[BuiltObject, list[tuple[int, bytes, int, int, int]]]:
     # interleave the streams' blocks in any order, each stream's own blocks in offset order
     labels = [i for i, blocks in enumerate(per_stream) for _ in blocks]
     added = [per_stream[i].pop(0) for i in draw(st.permutations(labels))]
-    writer = ObjectWriter(draw(U64), kind)
+    writer = ObjectWriter(draw(U64), kind, version=draw(st.sampled_from((1, 2))))
     for block in added:
-        writer.add_block(*block)
+        # version 2 records each block's max timestamp; these blocks are not batches
+        writer.add_block(*block, max_timestamp=draw(st.integers(-1, (1 << 63) - 1)))
     return writer.build(), added
 
 

@@ -58,7 +58,7 @@ class CountingStore:
 def put_object(store: CountingStore, object_id: int, sizes: list[int]) -> tuple[str, tuple]:
     """An object of one stream with blocks of these sizes, each of 10 offsets; block n's
     bytes are all n."""
-    writer = ObjectWriter(object_id, ObjectKind.STREAM)
+    writer = ObjectWriter(object_id, ObjectKind.STREAM, version=1)  # blocks of filler bytes
     for n, size in enumerate(sizes):
         writer.add_block(STREAM, bytes([n % 256]) * size, 10 * n, 10 * n + 10, 10)
     built = writer.build()

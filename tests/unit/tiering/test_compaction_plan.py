@@ -251,7 +251,7 @@ def test_settings_name_the_field_they_refuse():
 
 def test_adjacent_blocks_are_joined_up_to_the_block_limit_bytes_unchanged():
     blocks = [(10 * n, 10 * n + 10, 3, memoryview(bytes([n]) * 100)) for n in range(7)]
-    writer = ObjectWriter(5, ObjectKind.STREAM)
+    writer = ObjectWriter(5, ObjectKind.STREAM, version=1)  # the blocks are not batches
     add_blocks(writer, 42, blocks, max_block_bytes=250)
     data = writer.build().to_bytes()
     _, index = read_object(data, writer.key)
@@ -266,7 +266,7 @@ def test_adjacent_blocks_are_joined_up_to_the_block_limit_bytes_unchanged():
 
 
 def test_blocks_for_a_range_must_tile_it_exactly():
-    writer = ObjectWriter(6, ObjectKind.STREAM_SET)
+    writer = ObjectWriter(6, ObjectKind.STREAM_SET, version=1)
     writer.add_block(1, b"a" * 10, 0, 10, 1)
     writer.add_block(1, b"b" * 10, 10, 20, 1)
     writer.add_block(2, b"c" * 10, 0, 5, 1)

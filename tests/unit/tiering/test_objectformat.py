@@ -17,7 +17,7 @@ import pytest
 from proxy.tiering.batches import CorruptBatchError, iter_batches, with_base_offset
 from proxy.tiering.objectformat import (
     FOOTER_SIZE,
-    INDEX_ENTRY_SIZE,
+    INDEX_ENTRY_SIZE_V1,
     Footer,
     IndexEntry,
     ObjectFormatError,
@@ -84,7 +84,7 @@ def pack_entry(stream_id, start, end, count, position, size, crc) -> bytes:
 
 def sample_object() -> tuple[bytes, str, dict[tuple[int, int], bytes]]:
     """A stream set object: streams 9 and 2, added out of order, 3 blocks in all."""
-    writer = ObjectWriter(0xABCDEF, ObjectKind.STREAM_SET)
+    writer = ObjectWriter(0xABCDEF, ObjectKind.STREAM_SET, version=1)
     blocks = {(9, 100): b"nine-a", (9, 104): b"nine-bb", (2, 0): b"two"}
     writer.add_block(9, blocks[(9, 100)], 100, 104, 4)
     writer.add_block(2, blocks[(2, 0)], 0, 1, 1)
@@ -96,7 +96,7 @@ def sample_object() -> tuple[bytes, str, dict[tuple[int, int], bytes]]:
 def test_a_stream_set_object_round_trips_in_stream_order():
     data, key, blocks = sample_object()
     footer, index = read_object(data, key)
-    assert footer == Footer(0xABCDEF, ObjectKind.STREAM_SET, 16, 3 * 44, 3, footer.index_crc)
+    assert footer == Footer(0xABCDEF, ObjectKind.STREAM_SET, 16, 3 * 44, 3, footer.index_crc, 1)
     assert [(e.stream_id, e.start_offset, e.end_offset, e.record_count) for e in index] == [
         (2, 0, 1, 1),
         (9, 100, 104, 4),
@@ -106,7 +106,7 @@ def test_a_stream_set_object_round_trips_in_stream_order():
     for entry in index:
         assert bytes(read_block(data, entry, key)) == blocks[(entry.stream_id, entry.start_offset)]
     assert data[:16] == b"twonine-anine-bb"
-    assert len(data) == 16 + 3 * INDEX_ENTRY_SIZE + FOOTER_SIZE == footer.object_size
+    assert len(data) == 16 + 3 * INDEX_ENTRY_SIZE_V1 + FOOTER_SIZE == footer.object_size
 
 
 def test_the_layout_is_the_documented_one():
@@ -127,7 +127,7 @@ def test_the_layout_is_the_documented_one():
 
 def test_pieces_are_the_callers_buffers_not_copies():
     records = bytearray(b"x" * 1000)
-    writer = ObjectWriter(1, ObjectKind.STREAM)
+    writer = ObjectWriter(1, ObjectKind.STREAM, version=1)
     writer.add_block(5, memoryview(records)[:600], 0, 10, 10)
     writer.add_block(5, memoryview(records)[600:], 10, 20, 10)
     built = writer.build()
@@ -197,7 +197,7 @@ def test_add_batches_adds_a_run_whole_or_not_at_all():
     good = with_base_offset(kafka_batch(2), 0)
     lying = bytearray(with_base_offset(kafka_batch(2), 2))
     struct.pack_into(">i", lying, 57, 100)  # record count 100 in a range of 2 offsets
-    writer = ObjectWriter(9, ObjectKind.STREAM_SET)
+    writer = ObjectWriter(9, ObjectKind.STREAM_SET, version=1)
     writer.add_block(1, b"x", 0, 5, 1)
     with pytest.raises(ValueError, match="100 records cannot fit"):
         writer.add_batches(3, good + lying, max_block_bytes=len(good), validate=False)
@@ -211,14 +211,14 @@ def test_add_batches_adds_a_run_whole_or_not_at_all():
 
 
 def test_a_stream_object_holds_exactly_one_stream():
-    writer = ObjectWriter(3, ObjectKind.STREAM)
+    writer = ObjectWriter(3, ObjectKind.STREAM, version=1)
     writer.add_block(1, b"a", 0, 1, 1)
     with pytest.raises(ValueError, match="a stream object holds one stream"):
         writer.add_block(2, b"b", 0, 1, 1)
 
 
 def test_blocks_of_a_stream_must_be_consecutive():
-    writer = ObjectWriter(3, ObjectKind.STREAM_SET)
+    writer = ObjectWriter(3, ObjectKind.STREAM_SET, version=1)
     writer.add_block(1, b"a", 10, 20, 1)
     with pytest.raises(ValueError, match="overlaps the stream's previous block, ending at 20"):
         writer.add_block(1, b"b", 15, 25, 1)
@@ -243,7 +243,7 @@ def test_blocks_of_a_stream_must_be_consecutive():
 )
 def test_add_block_refuses_impossible_blocks(args, message):
     with pytest.raises(ValueError, match=message):
-        ObjectWriter(3, ObjectKind.STREAM_SET).add_block(*args)
+        ObjectWriter(3, ObjectKind.STREAM_SET, version=1).add_block(*args)
 
 
 def test_an_empty_object_is_refused():
@@ -252,7 +252,7 @@ def test_an_empty_object_is_refused():
 
 
 def test_find_entries_locates_the_block_holding_an_offset():
-    writer = ObjectWriter(4, ObjectKind.STREAM_SET)
+    writer = ObjectWriter(4, ObjectKind.STREAM_SET, version=1)
     writer.add_block(1, b"a", 0, 10, 1)
     writer.add_block(5, b"b", 100, 110, 1)
     writer.add_block(5, b"c", 110, 120, 1)
@@ -402,7 +402,7 @@ GOOD_ENTRIES = [
         pytest.param(flip(DATA, len(DATA) - 11), "footer CRC mismatch", id="version-flip"),
         pytest.param(flip(DATA, len(DATA) - 5), "footer CRC mismatch", id="crc-flip"),
         pytest.param(flip(DATA, len(DATA) - 33), "footer CRC mismatch", id="index-size-flip"),
-        pytest.param(refooter(DATA, version=2), "unsupported format version 2", id="newer"),
+        pytest.param(refooter(DATA, version=3), "unsupported format version 3", id="newer"),
         pytest.param(refooter(DATA, version=0), "unsupported format version 0", id="v0"),
         pytest.param(refooter(DATA, footer_size=64), "footer size 64", id="footer-size"),
         pytest.param(refooter(DATA, head_magic=b"XXXX"), "bad footer magic", id="head-magic"),
