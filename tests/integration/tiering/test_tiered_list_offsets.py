@@ -1,0 +1,254 @@
+"""ListOffsets on a tiered partition answers exactly what Kafka answers for the same log
+(proxy/server/tiered_offsets.py), Kafka itself being the oracle.
+
+The same batches go to a passthrough topic and to a tiered one, through one proxy: two
+gzip batches before the cutover (Kafka's part), then, tiered, a zstd, an lz4 and a snappy
+batch uploaded to objects, then an uncompressed and a gzip batch only the owner's log
+cache holds. Each batch holds several records whose timestamps are out of order, and one
+batch is older than the batches before it. Both topics have the same offsets, so every
+answer must be equal: earliest, latest, MAX_TIMESTAMP and a timestamp at, just before and
+just after every record's, asked with librdkafka (consumer and admin), kafka-python and
+aiokafka; then again after DeleteRecords to an offset inside a batch of Kafka's part, and
+after DeleteRecords inside a compressed batch of the objects (Kafka's copy of the
+partition deleted to its cutover). A consumer seeking to a timestamp's answer then reads
+from it: never OFFSET_OUT_OF_RANGE below the log start.
+
+Leader epochs: an answer from Kafka's part carries Kafka's epoch on both topics; an answer
+from the stream carries its stored batch's epoch (the proxy keeps the producer's, see
+docs/tiering.md), so only the former is compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import warnings
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as AioTopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from cutover_load import (
+    create_topic,
+    proxy_config,
+    tiered_topic_id,
+    topics_command,
+    wait_owned,
+    wait_until,
+)
+
+from proxy.config import parse_config
+from proxy.devstack.paths import free_port_block
+from proxy.devstack.proxy_thread import ProxyThread
+from proxy.tiering.metastreams import stream_id
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KpTopicPartition
+
+pytestmark = pytest.mark.kafka
+
+T0 = (int(time.time() * 1000) - 3_600_000) // 1000 * 1000
+# (codec, timestamps relative to T0) of each batch, in offset order
+KAFKA_PART = [("gzip", (30, 10, 50, 20, 40)), ("gzip", (130, 110, 150, 120, 140))]
+OBJECTS = [
+    ("zstd", (230, 210, 250, 220, 240)),
+    ("lz4", (60, 70, 65)),  # older than the batches before it
+    ("snappy", (330, 310, 350, 320, 340)),
+]
+TAIL = [("none", (430, 410, 450, 420, 440)), ("gzip", (530, 510, 900, 520, 540))]
+ALL = KAFKA_PART + OBJECTS + TAIL
+CUTOVER = sum(len(ts) for _, ts in KAFKA_PART)  # 10
+MID_KAFKA = 2  # inside the first batch
+MID_OBJECTS = CUTOVER + 2  # inside the zstd batch
+
+
+def _targets() -> list[int]:
+    stamps = {T0 + t for _, ts in ALL for t in ts}
+    near = {s + d for s in stamps for d in (-1, 0, 1)}
+    return sorted(near | {T0 - 10_000, T0 + 5_000})
+
+
+def _produce(bootstrap: str, topics: list[str], batches) -> None:
+    """Each batch as one producer batch (records queued, then one flush) to each topic."""
+    for codec, stamps in batches:
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "compression.type": codec,
+                "linger.ms": 5_000,
+                "enable.idempotence": True,
+            }
+        )
+        errors: list[str] = []
+
+        def delivered(err, _msg, errors=errors) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        for topic in topics:
+            for n, t in enumerate(stamps):
+                producer.produce(
+                    topic,
+                    b"%s-%d-%d" % (codec.encode(), t, n) * 10,
+                    partition=0,
+                    timestamp=T0 + t,
+                    on_delivery=delivered,
+                )
+        assert producer.flush(60) == 0 and not errors, errors
+
+
+def _lookups(bootstrap: str, topic: str, targets: list[int]) -> dict[int, tuple[int, int]]:
+    """librdkafka's offsets_for_times: target -> (offset, leader epoch)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lo-{uuid.uuid4().hex}"})
+    try:
+        answers = {}
+        for target in targets:
+            [found] = consumer.offsets_for_times([TopicPartition(topic, 0, target)], 30)
+            assert found.error is None, (target, found.error)
+            answers[target] = (found.offset, found.leader_epoch)
+        return answers
+    finally:
+        consumer.close()
+
+
+def _specials(bootstrap: str, topic: str) -> dict[str, tuple[int, int, int]]:
+    """librdkafka's admin list_offsets: spec -> (offset, timestamp, leader epoch)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    specs = {
+        "earliest": OffsetSpec.earliest(),
+        "latest": OffsetSpec.latest(),
+        "max_timestamp": OffsetSpec.max_timestamp(),
+    }
+    answers = {}
+    for name, spec in specs.items():
+        [(_, future)] = admin.list_offsets({TopicPartition(topic, 0): spec}).items()
+        got = future.result(30)
+        answers[name] = (got.offset, got.timestamp, got.leader_epoch)
+    return answers
+
+
+def _kafka_python(bootstrap: str, topic: str, targets: list[int]) -> dict[int, tuple[int, int]]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
+    try:
+        tp = KpTopicPartition(topic, 0)
+        answers = {}
+        for target in targets:
+            found = consumer.offsets_for_times({tp: target})[tp]
+            answers[target] = (-1, -1) if found is None else (found.offset, found.timestamp)
+        return answers
+    finally:
+        consumer.close()
+
+
+def _aiokafka(bootstrap: str, topic: str, targets: list[int]) -> dict[int, tuple[int, int]]:
+    async def run() -> dict[int, tuple[int, int]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await consumer.start()
+        try:
+            tp = AioTopicPartition(topic, 0)
+            answers = {}
+            for target in targets:
+                found = (await consumer.offsets_for_times({tp: target}))[tp]
+                answers[target] = (-1, -1) if found is None else (found.offset, found.timestamp)
+            return answers
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def _delete(bootstrap: str, topic: str, offset: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.delete_records([TopicPartition(topic, 0, offset)]).values()
+    assert future.result(60).low_watermark == offset
+
+
+def _first_read(bootstrap: str, topic: str, offset: int) -> int:
+    """The offset of the first record a consumer gets from `offset` (no reset allowed)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"seek-{uuid.uuid4().hex}",
+            "auto.offset.reset": "error",
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, offset)])
+    try:
+        for _ in range(120):
+            msg = consumer.poll(0.5)
+            if msg is not None:
+                assert msg.error() is None, (offset, msg.error())
+                return msg.offset()
+    finally:
+        consumer.close()
+    raise AssertionError(f"nothing read from {topic} at {offset}")
+
+
+def _compare(bootstrap: str, plain: str, tiered: str, log_start: int) -> None:
+    """Every answer equal on both topics; epochs equal where Kafka's part answers."""
+    targets = _targets()
+    want, got = _lookups(bootstrap, plain, targets), _lookups(bootstrap, tiered, targets)
+    diverged = {
+        t: (want[t], got[t])
+        for t in targets
+        if want[t][0] != got[t][0] or (0 <= got[t][0] < CUTOVER and want[t][1] != got[t][1])
+    }
+    assert not diverged, f"target: (Kafka's (offset, epoch), the tiered topic's): {diverged}"
+    assert all(o == -1 or o >= log_start for o, _ in got.values())
+    want_s, got_s = _specials(bootstrap, plain), _specials(bootstrap, tiered)
+    assert want_s["earliest"][0] == got_s["earliest"][0] == log_start
+    assert want_s["latest"][0] == got_s["latest"][0] == sum(len(ts) for _, ts in ALL)
+    assert want_s["max_timestamp"][:2] == got_s["max_timestamp"][:2] == (30, T0 + 900)
+    some = targets[:: max(1, len(targets) // 25)]
+    assert _kafka_python(bootstrap, plain, some) == _kafka_python(bootstrap, tiered, some)
+    assert _aiokafka(bootstrap, plain, some) == _aiokafka(bootstrap, tiered, some)
+
+
+def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
+    suffix = uuid.uuid4().hex[:8]
+    plain, tiered = f"lo-plain-{suffix}", f"lo-tiered-{suffix}"
+    for topic in (plain, tiered):
+        create_topic(kafka_cluster, topic, 1)
+    config = proxy_config(
+        kafka_cluster, tmp_path, f"lo-{suffix}", "zone-a", suffix, free_port_block(8),
+        upload_interval_s=3600.0,
+    )  # fmt: skip
+    with ProxyThread(parse_config(config)) as proxy:
+        wait_owned([proxy], 2)
+        tiering = proxy.proxy.tiering
+        _produce(proxy.bootstrap, [plain, tiered], KAFKA_PART)
+        assert topics_command("tier", tiered, tiering.peer_port).returncode == 0
+        stream = stream_id(tiered_topic_id(proxy, tiered), 0)
+        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "owned")
+        assert tiering.state(stream).cutover(stream) == CUTOVER
+        _produce(proxy.bootstrap, [plain, tiered], OBJECTS)
+        proxy.run(lambda: tiering.uploader.flush())
+        objects_end = CUTOVER + sum(len(ts) for _, ts in OBJECTS)
+        wait_until(lambda: tiering.state(stream).stream_end(stream) == objects_end, 30, "upload")
+        _produce(proxy.bootstrap, [plain, tiered], TAIL)  # the owner's log cache only
+
+        _compare(proxy.bootstrap, plain, tiered, 0)
+
+        # inside a batch of Kafka's part: Kafka's log start there, the stream's follows
+        for topic in (plain, tiered):
+            _delete(proxy.bootstrap, topic, MID_KAFKA)
+        wait_until(
+            lambda: tiering.state(stream).stream(stream).log_start_offset == MID_KAFKA, 30, "trim"
+        )
+        _compare(proxy.bootstrap, plain, tiered, MID_KAFKA)
+
+        # inside the zstd batch in the objects: answered from the objects alone
+        for topic in (plain, tiered):
+            _delete(proxy.bootstrap, topic, MID_OBJECTS)
+        wait_until(
+            lambda: tiering.state(stream).stream(stream).log_start_offset == MID_OBJECTS, 30, "trim"
+        )
+        _compare(proxy.bootstrap, plain, tiered, MID_OBJECTS)
+        # the zstd batch's first record at or after 225 is offset 10 (230), below the log start
+        [found] = _lookups(proxy.bootstrap, tiered, [T0 + 225]).values()
+        assert found[0] == MID_OBJECTS
+        assert _first_read(proxy.bootstrap, tiered, found[0]) == MID_OBJECTS
