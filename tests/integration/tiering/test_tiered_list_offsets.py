@@ -252,3 +252,34 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
         [found] = _lookups(proxy.bootstrap, tiered, [T0 + 225]).values()
         assert found[0] == MID_OBJECTS
         assert _first_read(proxy.bootstrap, tiered, found[0]) == MID_OBJECTS
+
+
+def test_kafka_answers_past_the_cutover_are_clamped_and_noted(kafka_cluster, tmp_path):
+    """Records written to a broker directly, past a tiered partition's cutover, are not the
+    partition's: no ListOffsets answer comes from them (timestamps, MAX_TIMESTAMP), and
+    each clamped answer is counted (tierproxy_kafka_beyond_cutover)."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"lo-beyond-{suffix}"
+    create_topic(kafka_cluster, topic, 1)
+    config = proxy_config(
+        kafka_cluster, tmp_path, f"lob-{suffix}", "zone-a", suffix, free_port_block(8),
+        upload_interval_s=3600.0,
+    )  # fmt: skip
+    with ProxyThread(parse_config(config)) as proxy:
+        wait_owned([proxy], 2)
+        tiering = proxy.proxy.tiering
+        _produce(proxy.bootstrap, [topic], [("gzip", (10, 30, 20, 50, 40))])  # offsets 0-4
+        assert topics_command("tier", topic, tiering.peer_port).returncode == 0
+        stream = stream_id(tiered_topic_id(proxy, topic), 0)
+        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "owned")
+        assert tiering.state(stream).cutover(stream) == 5
+        _produce(proxy.bootstrap, [topic], [("zstd", (100, 110, 120, 130, 140))])  # 5-9
+        _produce(kafka_cluster.bootstrap, [topic], [("none", (10_000, 10_001))])  # Kafka's 5-6
+
+        before = tiering.beyond_cutover.counts.get("list_offsets", 0)
+        answers = _lookups(proxy.bootstrap, topic, [T0 + 5_000, T0 + 120, T0 + 35])
+        assert [offset for offset, _ in answers.values()] == [-1, 7, 3]
+        specials = _specials(proxy.bootstrap, topic)
+        assert specials["max_timestamp"][:2] == (9, T0 + 140)
+        assert specials["earliest"][0] == 0 and specials["latest"][0] == 10
+        assert tiering.beyond_cutover.counts["list_offsets"] - before == 3
