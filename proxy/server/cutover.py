@@ -235,13 +235,6 @@ class CutoverLoop:
             return None
         return last
 
-    async def offset_for_time(self, tp: TopicPartition, timestamp: int) -> tuple[int, int] | None:
-        """Kafka's (timestamp, offset) of its first record at or after `timestamp`."""
-        if self._consumer is None:
-            raise KafkaError("the cutover loop has not started")
-        found = (await self._consumer.offsets_for_times({tp: timestamp}))[tp]
-        return None if found is None else (found.timestamp, found.offset)
-
     # -- the admin API ---------------------------------------------------------------------
 
     async def admin(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:

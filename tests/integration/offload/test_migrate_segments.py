@@ -15,7 +15,8 @@ past the cutover. Then `tierproxy migrate` (in-process, on the session's Spark):
 Every committed object holds Kafka's batches byte for byte. Then Kafka's copy is deleted
 (DeleteRecords up to the cutover) and a consumer reads the whole topic through the proxy
 from offset 0: every record as produced, in order, across the cutover, and with
-read_committed every record but the aborted transaction's; EARLIEST is 0.
+read_committed every record but the aborted transaction's; EARLIEST is 0, and a
+timestamp in the migrated range is answered from the objects as Kafka answered it.
 """
 
 from __future__ import annotations
