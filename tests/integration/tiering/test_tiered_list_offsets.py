@@ -13,6 +13,9 @@ after DeleteRecords inside a compressed batch of the objects (Kafka's copy of th
 partition deleted to its cutover). A consumer seeking to a timestamp's answer then reads
 from it: never OFFSET_OUT_OF_RANGE below the log start.
 
+Then the migrated case (docs/offload.md): Kafka's part copied into objects with the offload
+jobs' writer and committed as `tierproxy migrate` commits it, then deleted from Kafka.
+
 Leader epochs: an answer from Kafka's part carries Kafka's epoch on both topics; an answer
 from the stream carries its stored batch's epoch (the proxy keeps the producer's, see
 docs/tiering.md), so only the former is compared.
@@ -39,10 +42,13 @@ from cutover_load import (
     wait_until,
 )
 
+from offload_jobs.cluster_reader import read_batches
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
+from proxy.server.peer_clients import PeerClients
+from proxy.tiering.metastreams import offload_object_id, stream_id
+from proxy.tiering.objectformat import ObjectKind, ObjectWriter
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
@@ -283,3 +289,73 @@ def test_kafka_answers_past_the_cutover_are_clamped_and_noted(kafka_cluster, tmp
         assert specials["max_timestamp"][:2] == (9, T0 + 140)
         assert specials["earliest"][0] == 0 and specials["latest"][0] == 10
         assert tiering.beyond_cutover.counts["list_offsets"] - before == 3
+
+
+def _backfill(proxy, bootstrap: str, topic: str, stream: int, end: int) -> None:
+    """What `tierproxy migrate --from-cluster` does, without Spark: Kafka's batches of
+    [0, end) in one stream object (the offload jobs' writer, so with the time index),
+    uploaded, and committed through the owner's peer listener."""
+    batches = list(read_batches(bootstrap, topic, 0, 0, end))
+    object_id = offload_object_id(stream, 0, end)
+    writer = ObjectWriter(object_id, ObjectKind.STREAM)
+    writer.add_batches(stream, b"".join(b.data for b in batches), max_block_bytes=200)
+    built = writer.build()
+    assert len(built.index) > 1 and all(e.max_timestamp is not None for e in built.index)
+    tiering = proxy.proxy.tiering
+    proxy.run(lambda: tiering.store.put(built.key, built.to_bytes()))
+
+    async def commit() -> tuple[int, str]:
+        clients = PeerClients()
+        try:
+            address = ("127.0.0.1", tiering.peer_port)
+            return await clients.backfill(address, object_id, built.size, stream, 0, end)
+        finally:
+            await clients.close()
+
+    assert asyncio.run(commit())[0] == 0
+    wait_until(lambda: not tiering.state(stream).backfill_gaps(stream), 30, "backfilled")
+
+
+def test_migrated_ranges_answer_from_the_objects_once_kafkas_copy_is_gone(kafka_cluster, tmp_path):
+    """Kafka's part moved into objects (as `tierproxy migrate` does), then deleted from
+    Kafka: timestamps and MAX_TIMESTAMP in the migrated range are answered from the
+    objects, exactly as Kafka answered them while it held the records."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"lo-migrated-{suffix}"
+    create_topic(kafka_cluster, topic, 1)
+    config = proxy_config(
+        kafka_cluster, tmp_path, f"lom-{suffix}", "zone-a", suffix, free_port_block(8),
+        upload_interval_s=3600.0,
+    )  # fmt: skip
+    migrated = [
+        ("gzip", (30, 10, 50, 20, 40)),
+        ("snappy", (130, 110, 900, 120, 140)),  # the log's largest timestamp
+        ("lz4", (60, 70, 65)),
+        ("zstd", (230, 210, 250, 220, 240)),
+    ]
+    cutover = sum(len(ts) for _, ts in migrated)
+    with ProxyThread(parse_config(config)) as proxy:
+        wait_owned([proxy], 2)
+        tiering = proxy.proxy.tiering
+        _produce(proxy.bootstrap, [topic], migrated)
+        assert topics_command("tier", topic, tiering.peer_port).returncode == 0
+        stream = stream_id(tiered_topic_id(proxy, topic), 0)
+        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "owned")
+        assert tiering.state(stream).cutover(stream) == cutover
+        _produce(proxy.bootstrap, [topic], [("zstd", (330, 310, 350))])  # the stream's
+        stamps = sorted({T0 + t + d for _, ts in migrated for t in ts for d in (-1, 0, 1)})
+        kafkas = _lookups(kafka_cluster.bootstrap, topic, stamps)
+        kafkas_max = _specials(kafka_cluster.bootstrap, topic)["max_timestamp"]
+        assert kafkas_max[:2] == (7, T0 + 900)
+
+        _backfill(proxy, kafka_cluster.bootstrap, topic, stream, cutover)
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        [deleted] = admin.delete_records([TopicPartition(topic, 0, cutover)]).values()
+        assert deleted.result(60).low_watermark == cutover
+
+        got = _lookups(proxy.bootstrap, topic, stamps)
+        in_kafkas_part = {t: kafkas[t] for t in stamps if 0 <= kafkas[t][0] < cutover}
+        assert {t: got[t] for t in in_kafkas_part} == in_kafkas_part
+        specials = _specials(proxy.bootstrap, topic)
+        assert specials["max_timestamp"] == kafkas_max
+        assert specials["earliest"][0] == 0 and specials["latest"][0] == cutover + 3
