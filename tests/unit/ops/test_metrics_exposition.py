@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import ProxyMetrics
 from proxy.server.tiering_metrics import TieringMetrics
+from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.uploader import Uploader
@@ -55,6 +56,7 @@ async def test_wal_uploader_and_log_cache_metrics_follow_the_real_parts(tmp_path
         uploader=uploader,
         log_cache=cache,
         config=SimpleNamespace(wal_capacity_bytes=1 << 20),
+        beyond_cutover=BeyondCutover(),
     )
     tiering = TieringMetrics(metrics.registry)
     tiering.attach(service)
@@ -65,6 +67,8 @@ async def test_wal_uploader_and_log_cache_metrics_follow_the_real_parts(tmp_path
         assert cache.read(7, 0, 1000)[0]
         cache.read(7, 5, 1000)  # at the end: neither hit nor miss
         cache.read(8, 0, 1000)  # a stream it lacks: a miss
+        service.beyond_cutover.note("fetch", "t", 0, 10, 11)
+        service.beyond_cutover.note("fetch", "t", 0, 10, 12)
         samples = _samples(metrics)
     finally:
         tiering.close()
@@ -88,5 +92,6 @@ async def test_wal_uploader_and_log_cache_metrics_follow_the_real_parts(tmp_path
     assert value("tierproxy_log_cache_misses_total") == 1
     assert value("tierproxy_log_cache_bytes") == 50
     assert value("tierproxy_log_cache_capacity_bytes") == 4096
+    assert samples["tierproxy_kafka_beyond_cutover_total", (("api", "fetch"),)] == 2
     # closed: off the registry, so a proxy restarted in the same process registers again
     assert not any(n.startswith("tierproxy_wal") for n, _ in _samples(metrics))
