@@ -138,6 +138,9 @@ class TieredFetchResult:
 
 
 _UNANSWERED = TieredFetchResult(error_code=0)
+# (topic, partition), upstream's entry for it -> the pieces of the entry to answer instead,
+# or None to answer it as it came
+Clamp = Callable[[tuple[TopicKey, int], memoryview], Sequence[bytes | memoryview] | None]
 
 
 class _Layout:
@@ -164,6 +167,11 @@ class _Layout:
 
 
 _layout = cache(_Layout)
+
+
+def answer_layout(api_version: int) -> _Layout:
+    """Which fields a Fetch answer of this version has (FrameError if not served)."""
+    return _layout(api_version)
 
 
 # -- the request ------------------------------------------------------------------------
@@ -314,10 +322,13 @@ def merge_responses(
     results: Mapping[tuple[TopicKey, int], TieredFetchResult],
     *,
     throttle_ms: int = 0,
+    clamp: Clamp | None = None,
 ) -> bytes:
     """The answer body (no header) to `view`: each of its partitions, in its order, from
     `results` (tiered) or else upstream's answer (None: nothing went upstream) or else
     unanswered (see the module docstring); topics named as the request named them.
+    `clamp` may replace an upstream partition entry (fetch_clamp: a tiered partition read
+    below its cutover is cut there).
 
     Top-level error 0 and session id 0; the throttle time is the larger of upstream's and
     `throttle_ms`. FrameError if upstream's answer is malformed.
@@ -344,7 +355,8 @@ def merge_responses(
             key = (topic.topic, p.partition)
             result = results.get(key)
             if result is None and key in answered:
-                out.append(answered[key])
+                pieces = None if clamp is None else clamp(key, answered[key])
+                out += (answered[key],) if pieces is None else pieces
             else:
                 out += _partition_answer(
                     layout, p.partition, result if result is not None else _UNANSWERED

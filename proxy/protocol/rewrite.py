@@ -89,30 +89,49 @@ def rewrite_tagged_address_array(
     entity_type: type, name: str, body: memoryview, advertise: Advertise, id_field: str = "node_id"
 ) -> bytes | memoryview:
     """As `rewrite_address_array`, for an array in the top-level tagged fields."""
-    tag = entity_type.__dataclass_fields__[name].metadata["tag"]
     start = tagged_fields_offset(entity_type, body)
-    fields, end = read_tagged_fields(body, start)
-    if end != len(body):
-        raise FrameError(f"{len(body) - end} bytes after the tagged fields")
+    fields = rewrite_tagged_fields(entity_type, name, body[start:], advertise, id_field)
+    if fields is None:
+        return body
+    return b"".join((body[:start], *encode_tagged_fields(fields)))
+
+
+def rewrite_tagged_fields(
+    entity_type: type,
+    name: str,
+    section: memoryview,
+    advertise: Advertise,
+    id_field: str = "node_id",
+) -> list[tuple[int, bytes | memoryview]] | None:
+    """The (tag, value) pairs of a top-level tagged-field section (nothing after it), with
+    the triple of every item of the tagged array `name` rewritten; None if none changed."""
+    tag = entity_type.__dataclass_fields__[name].metadata["tag"]
+    fields, end = read_tagged_fields(section, 0)
+    if end != len(section):
+        raise FrameError(f"{len(section) - end} bytes after the tagged fields")
     spans = [(value_start, value_end) for each, value_start, value_end in fields if each == tag]
     if not spans:
-        return body
-    value = body[spans[0][0] : spans[0][1]]
+        return None
+    value = section[spans[0][0] : spans[0][1]]
     pieces: list[bytes | memoryview] = []
     used = _rewrite_array(_item_type(entity_type, name), id_field, value, 0, advertise, pieces)
     if used != len(value):
         raise FrameError(f"tagged field {tag} holds {len(value)} bytes, its value {used}")
     if not pieces:
-        return body
+        return None
     new_value = b"".join(pieces)
-    section = [body[:start], write_uvarint(len(fields))]
-    for each, each_start, each_end in fields:
-        section.append(write_uvarint(each))
-        if each == tag:
-            section += (write_uvarint(len(new_value)), new_value)
-        else:
-            section += (write_uvarint(each_end - each_start), body[each_start:each_end])
-    return b"".join(section)
+    return [
+        (each, new_value if each == tag else section[each_start:each_end])
+        for each, each_start, each_end in fields
+    ]
+
+
+def encode_tagged_fields(fields: list[tuple[int, bytes | memoryview]]) -> list[bytes | memoryview]:
+    """A tagged-field section of these (tag, value) pairs, in pieces."""
+    section: list[bytes | memoryview] = [write_uvarint(len(fields))]
+    for tag, value in fields:
+        section += (write_uvarint(tag), write_uvarint(len(value)), value)
+    return section
 
 
 @_naming_the_message

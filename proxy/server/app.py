@@ -26,7 +26,6 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from proxy.apis import CAPPED_VERSIONS
 from proxy.apis.api03_metadata import read_brokers, read_topics
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
@@ -60,12 +59,9 @@ from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
 
 log = logging.getLogger("tierproxy.proxy")
-API_FETCH = 1
-# Fetch stays below v16: a v16+ answer may name brokers in a tagged field after all its
-# partitions, so it would have to be held whole to be rewritten, while a v15 answer
-# streams through a buffer at a time. Clients lose only KIP-951's shortcut to a moved
-# leader (they refresh metadata instead). Produce answers are small: v10+ is rewritten.
-_VERSION_CAPS = {API_FETCH: CAPPED_VERSIONS[API_FETCH]}
+# No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints
+# (fetch_stream.py); Produce answers are small, read whole and rewritten.
+_VERSION_CAPS: dict[int, int] = {}
 _SIZE = struct.Struct(">i")
 
 

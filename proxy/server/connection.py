@@ -6,8 +6,10 @@ Two loops per connection, each owning one direction:
   forward, expect no answer for acks=0), and writes them upstream;
 - the upstream loop reads response frames, rewrites the few that name brokers, and hands
   them to the writer, which sends answers strictly in request order. An answer that is
-  not rewritten (Fetch, Produce and every other API that names no broker) is passed on
-  as it arrives, a buffer at a time, never held whole.
+  not rewritten (Fetch before v16, Produce before v10 and every other API that names no
+  broker) is passed on as it arrives, a buffer at a time, never held whole; a large
+  Fetch v16+ answer too, walked as it streams and only its trailing tagged fields held
+  back (fetch_stream.py).
 
 Backpressure comes from awaiting `drain()` on each side: a client that stops reading
 stops the upstream loop, the upstream socket fills, and the broker stops sending; the
@@ -37,6 +39,7 @@ from proxy.apis.api18_api_versions import (
     check_api_versions_request,
     unsupported_version_response,
 )
+from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
 from proxy.protocol.apis import is_known
 from proxy.protocol.frames import FrameError
 from proxy.protocol.headers import (
@@ -55,6 +58,7 @@ from proxy.server.streams import (
     check_correlation_id,
     read_exactly,
     read_whole,
+    stream_walked_answer,
 )
 from proxy.server.tiered_answers import TieredAnswers
 from proxy.server.tiered_deletes import plan_delete_records
@@ -389,7 +393,7 @@ class ClientConnection(TieredAnswers):
                     self._answered_upstream(slot)
                     self._flush()
                     await self._drain_client()
-                elif _rewrites(slot):
+                elif _rewrites(slot) and not _walks(slot, size, self._chunk_bytes):
                     frame = await read_whole(reader, size, self._chunk_bytes)
                     check_correlation_id(slot.correlation_id, frame)
                     slot.data = self._rewritten(slot, size_bytes, frame)
@@ -437,6 +441,14 @@ class ClientConnection(TieredAnswers):
         reader = self.upstream_reader
         assert reader is not None
         unsent_head: bytes | None = head  # sent with the first chunk, in one system call
+        if slot.api_key == API_FETCH and _rewrites(slot):  # large, v16+ (`_walks`)
+            version = slot.api_version
+            await stream_walked_answer(
+                reader, head, remaining, walk_fetch_answer(version), self._chunk_bytes,
+                self._write, self._drain_client,
+                lambda tail: rewrite_tail(version, tail, self.zone.advertise),
+            )  # fmt: skip
+            unsent_head, remaining = None, 0
         while remaining:
             chunk = await reader.read(min(remaining, self._chunk_bytes))
             if not chunk:
@@ -508,6 +520,14 @@ class ClientConnection(TieredAnswers):
         if tap is not None:
             for piece in pieces:
                 tap(piece)
+
+
+def _walks(slot: Slot, size: int, buffer_bytes: int) -> bool:
+    """Whether a Fetch answer to rewrite is walked as it streams (fetch_stream.py) rather
+    than read whole: one larger than the connection's buffer. A smaller one, such as
+    the answers that name a moved leader (its partitions carry no records), is read whole
+    and rewritten at its own length."""
+    return slot.api_key == API_FETCH and size > buffer_bytes
 
 
 def _rewrites(slot: Slot) -> bool:

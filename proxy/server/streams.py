@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from collections.abc import Awaitable, Callable
+
+from proxy.protocol.frames import FrameError
 
 _SIZE = struct.Struct(">i")
 
@@ -40,3 +43,58 @@ def check_correlation_id(expected: int, frame: bytes | bytearray) -> None:
     (correlation_id,) = _SIZE.unpack_from(frame, 0)
     if correlation_id != expected:
         raise UpstreamClosed(f"correlation id {correlation_id}, expected {expected}")
+
+
+# structure and small fixed fields are gathered and sent with the next large piece
+_GATHER_BELOW = 4096
+
+
+async def stream_walked_answer(
+    reader: asyncio.StreamReader,
+    head: bytes,
+    remaining: int,
+    walk,  # fetch_stream.Walk
+    chunk_bytes: int,
+    write: Callable[..., None],
+    drain: Callable[[], Awaitable[None]],
+    rewrite_tail: Callable[[memoryview], bytes | memoryview],
+) -> None:
+    """Pass on an answer of `remaining` bytes after `head` (its size and correlation id)
+    as `walk` reads it: the bytes it asks for are read and sent on, those it jumps over
+    pass through a buffer at a time, and what follows where it stops (the trailing tagged
+    fields) is read whole and sent as `rewrite_tail` makes it. FrameError if the answer
+    ends before the walk."""
+    pending: list[bytes | memoryview] = [head]
+    gathered = len(head)
+    try:
+        want = next(walk)
+        while True:
+            size = abs(want)
+            if size > remaining:
+                raise FrameError(f"the answer ends {size - remaining} bytes early")
+            if want > 0 or size < _GATHER_BELOW:
+                data = await read_exactly(reader, size)
+                pending.append(data)
+                gathered += size
+                remaining -= size
+                if gathered >= chunk_bytes:
+                    write(*pending)
+                    pending, gathered = [], 0
+                    await drain()
+                want = walk.send(data if want > 0 else b"")
+                continue
+            while size:
+                chunk = await reader.read(min(size, chunk_bytes))
+                if not chunk:
+                    raise UpstreamClosed(f"connection closed by the broker, {size} bytes short")
+                write(*pending, chunk)
+                pending, gathered = [], 0
+                size -= len(chunk)
+                remaining -= len(chunk)
+                await drain()
+            want = walk.send(b"")
+    except StopIteration:
+        pass
+    tail = await read_exactly(reader, remaining)
+    write(*pending, rewrite_tail(memoryview(tail)))
+    await drain()

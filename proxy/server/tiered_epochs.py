@@ -1,14 +1,18 @@
 """OffsetForLeaderEpoch on tiered partitions (docs/tiering.md, "Reading a tiered topic").
 
 The request goes to Kafka as it came. Kafka knows the partition's epochs up to the
-cutover: where it answers an end offset at or past the cutover (the epoch asked is the
-latest, and Kafka's log ends at the cutover), the log really ends at the stream's high
-watermark, which the proxy answers instead (asked of the owner when it is elsewhere, so
-a consumer never sees an end below its position and takes it for a truncation). When no
-owner answers (it is away, or restarting and not serving the stream yet), the proxy does
-not know that end: it answers NOT_LEADER_OR_FOLLOWER and the client asks again, as it
-would a broker that is not the leader; the committed end may be below what the owner
-acknowledged and consumers have read. Earlier epochs end below the cutover, as Kafka says.
+cutover: where it answers an end offset below the cutover (an earlier epoch), that is the
+partition's answer. Where it answers the cutover (the epoch asked is the latest, and
+Kafka's log ends at the cutover), the log really ends at the stream's high watermark,
+which the proxy answers instead (asked of the owner when it is elsewhere, so a consumer
+never sees an end below its position and takes it for a truncation). Kafka's answer past
+the cutover is cut there first: Kafka's log may hold a transaction marker or records
+written to a broker directly past the cutover, which are not the partition's, so such an
+answer is the stream's high watermark too, and is noted (`beyond_cutover`). When no owner
+answers (it is away, or restarting and not serving the stream yet), the proxy does not
+know that end: it answers NOT_LEADER_OR_FOLLOWER and the client asks again, as it would a
+broker that is not the leader; the committed end may be below what the owner acknowledged
+and consumers have read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from proxy.apis.api23_offset_for_leader_epoch import (
     read_requested,
     rewrite_end_offsets,
 )
+from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.topic_index import stream_of
 
 _SIZE = struct.Struct(">i")
@@ -36,6 +41,7 @@ class EpochsPlan:
     local: asyncio.Future[dict]  # (topic, partition) -> (cutover, high watermark or None)
     cutovers: dict[Key, int]  # (topic, partition) -> cutover, of the tiered ones asked
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
+    beyond: BeyondCutover | None = None  # notes an answer past a cutover
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         assert upstream is not None  # the whole request went upstream
@@ -44,9 +50,12 @@ class EpochsPlan:
             tiered = local.get((topic, partition))
             if tiered is None or end < tiered[0]:
                 return None
-            if tiered[1] is None:  # the stream's end is not known: not the cutover either
+            cutover, high_watermark = tiered
+            if end > cutover and self.beyond is not None:
+                self.beyond.note("offset_for_leader_epoch", topic, partition, cutover, end)
+            if high_watermark is None:  # the stream's end is not known: not the cutover either
                 return EpochError(NOT_LEADER_OR_FOLLOWER)
-            return max(end, tiered[1])
+            return max(high_watermark, cutover)
 
         return bytes(rewrite_end_offsets(api_version, upstream, new_end))
 
@@ -75,7 +84,8 @@ def plan_offset_for_leader_epoch(
         return None
     local = asyncio.ensure_future(_high_watermarks(tiering, streams))
     frame = (_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
-    return EpochsPlan(frame, local, {key: cutover for key, (_, cutover) in streams.items()})
+    cutovers = {key: cutover for key, (_, cutover) in streams.items()}
+    return EpochsPlan(frame, local, cutovers, beyond=tiering.beyond_cutover)
 
 
 async def _high_watermarks(tiering, streams: dict[Key, tuple[int, int]]) -> dict:

@@ -8,6 +8,11 @@ full fetches and the client an answer with session id 0, so it sends full fetche
 session the broker kept would leave out the tiered partitions a client stops listing in
 its incremental fetches.
 
+A tiered partition read below its cutover goes to Kafka, and Kafka's answer for it is cut
+at the cutover (fetch_clamp.py): what Kafka's log holds past it (a transaction marker,
+records written to a broker directly) is not the partition's data, and a consumer must not
+move past a tiered offset because of it. Each cut is noted (`beyond_cutover`).
+
 A request only for tiered partitions waits here (max_wait_ms, min_bytes). A mixed one is
 read here at once first: with data, upstream is asked not to wait; without, upstream
 waits as the client asked, and what is appended here meanwhile goes out in the next
@@ -18,18 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from proxy.apis.fetch_clamp import clamp_partition_answer
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
     FetchRequestView,
     TieredFetchResult,
     TopicKey,
+    answer_layout,
     merge_responses,
     read_fetch_request,
     split,
 )
+from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.tiering.topic_index import stream_of
 
 KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")
@@ -42,9 +51,26 @@ class FetchPlan:
     local: asyncio.Future[dict]  # (topic, partition) -> TieredFetchResult
     tiered: tuple[tuple[TopicKey, int], ...] = ()
     passthrough_topics: tuple[TopicKey, ...] = ()  # fetches are not counted in flight
+    # tiered partitions read from Kafka, below their cutover: key -> (topic name, cutover)
+    cutovers: dict[tuple[TopicKey, int], tuple[str, int]] = field(default_factory=dict)
+    beyond: BeyondCutover | None = None
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
-        return merge_responses(api_version, self.view, upstream, local)
+        clamp = self._clamp if self.cutovers else None
+        return merge_responses(api_version, self.view, upstream, local, clamp=clamp)
+
+    def _clamp(self, key: tuple[TopicKey, int], entry: memoryview):
+        """Kafka's entry for a tiered partition, cut at its cutover (None: as it came)."""
+        found = self.cutovers.get(key)
+        if found is None:
+            return None
+        name, cutover = found
+        clamped = clamp_partition_answer(answer_layout(self.view.api_version), entry, cutover)
+        if clamped is None:
+            return None
+        if self.beyond is not None:
+            self.beyond.note("fetch", name, key[1], cutover, clamped.seen)
+        return clamped.pieces
 
     def failed(self, error: BaseException) -> dict:
         """Every partition read here answered KAFKA_STORAGE_ERROR (retriable)."""
@@ -64,6 +90,7 @@ async def plan_fetch(
     reads = tiering.reads
     upstream_body, tiered = split(view, reads.fetch_here)
     keys = tuple((p.topic, p.partition) for p in tiered)
+    cutovers = _below_cutover(tiering, view, frozenset(keys)) if upstream_body else {}
     loop = asyncio.get_running_loop()
     if upstream_body is None:
         local = asyncio.ensure_future(
@@ -77,7 +104,8 @@ async def plan_fetch(
             )
         )
         return FetchPlan(view, None, local, keys)
-    if not tiered and view.session_id == NO_SESSION and view.session_epoch == FINAL_EPOCH:
+    sessionless = view.session_id == NO_SESSION and view.session_epoch == FINAL_EPOCH
+    if not tiered and not cutovers and sessionless:
         return None
     results: dict = {}
     if tiered:
@@ -97,4 +125,23 @@ async def plan_fetch(
     local = loop.create_future()
     local.set_result(results)
     frame = (_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
-    return FetchPlan(view, frame, local, keys)
+    return FetchPlan(view, frame, local, keys, cutovers=cutovers, beyond=tiering.beyond_cutover)
+
+
+def _below_cutover(tiering, view: FetchRequestView, tiered: frozenset) -> dict:
+    """The partitions of tiered topics that go to Kafka (read below their cutover):
+    (topic, partition) -> (topic name, cutover)."""
+    found_cutovers = {}
+    for topic in view.topics:
+        found = tiering.topics.topic(topic.topic)
+        if found is None:
+            continue
+        for p in topic.partitions:
+            key = (topic.topic, p.partition)
+            if key in tiered:
+                continue
+            stream = stream_of(found, p.partition)
+            info = tiering.state(stream).stream(stream)
+            if info is not None:
+                found_cutovers[key] = (found.name, info.cutover_offset)
+    return found_cutovers

@@ -12,6 +12,7 @@ from test_offset_for_leader_epoch import RESPONSES, VERSIONS, response
 from proxy.apis.api23_offset_for_leader_epoch import EpochError, rewrite_end_offsets
 from proxy.protocol.codec import decode, encode
 from proxy.server.tiered_epochs import EpochsPlan
+from proxy.tiering.beyond_cutover import BeyondCutover
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -26,10 +27,10 @@ def test_rewrite_answers_an_error_where_asked(version):
     )
 
 
-def _plan(cutovers: dict) -> EpochsPlan:
+def _plan(cutovers: dict, beyond: BeyondCutover | None = None) -> EpochsPlan:
     loop = asyncio.new_event_loop()
     try:
-        return EpochsPlan((), loop.create_future(), cutovers)
+        return EpochsPlan((), loop.create_future(), cutovers, beyond=beyond)
     finally:
         loop.close()
 
@@ -49,3 +50,20 @@ def test_merge_where_the_owner_did_not_answer(version):
     assert decode(RESPONSES[version], failed) == response(
         version, {"t": [(6, 0, -1, -1), (6, 1, -1, -1), (0, 2, 1, 30)]}
     )
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_merge_cuts_an_end_past_the_cutover(version):
+    # Kafka's log of t-0 and t-1 goes on past the cutover 40 (an ABORT marker at 40, records
+    # a producer wrote to a broker directly): its end is not the partition's. The stream's
+    # high watermark is answered: 40 when nothing was produced through the proxy since the
+    # cutover (never Kafka's 41), 95 when it was; an epoch ending below stays Kafka's.
+    kafka = encode(response(version, {"t": [(0, 0, 2, 41), (0, 1, 2, 47), (0, 2, 1, 30)]}))
+    beyond = BeyondCutover()
+    plan = _plan({("t", 0): 40, ("t", 1): 40, ("t", 2): 40}, beyond)
+    local = {("t", 0): (40, 40), ("t", 1): (40, 95), ("t", 2): (40, 95)}
+    merged = plan.merge(version, memoryview(kafka), local)
+    assert decode(RESPONSES[version], merged) == response(
+        version, {"t": [(0, 0, 2, 40), (0, 1, 2, 95), (0, 2, 1, 30)]}
+    )
+    assert beyond.counts == {"offset_for_leader_epoch": 2}
