@@ -5,7 +5,8 @@ Every `tiering.retention_check_interval_s`, for each stream of each shard this p
 1. the topic's `retention.ms`, `retention.bytes` and `cleanup.policy` as Kafka resolves
    them (DescribeConfigs gives the effective value: the topic's override, else the broker
    default), cached for `CONFIG_MAX_AGE_S`;
-2. the facts of each committed range from the cutover on: its size (the stream's blocks
+2. the facts of each committed range of the stream, the offload job's below the cutover
+   as well as the uploads' from it on (the log is one log): its size (the stream's blocks
    in the object's index) and its largest timestamp (the batch headers of its last block:
    one ranged read through the block cache), kept for as long as the range lives;
 3. `plan_trim` (retention_plan.py) says which of the oldest ranges go; the owner writes
@@ -15,7 +16,8 @@ Every `tiering.retention_check_interval_s`, for each stream of each shard this p
 The objects a trim leaves with no range are deleted like every other object no range
 uses any more, by the compactor's garbage collector (object_gc.py) after
 `tiering.object_delete_grace_s`, so that readers which began before the trim finish.
-Kafka trims its own log below the cutover itself.
+Kafka trims its own copy below the cutover itself (offsets no object holds, and the
+migrated ones until its copy is dropped).
 """
 
 from __future__ import annotations
@@ -164,11 +166,7 @@ class Retention:
         names = {info.stream_id: self._topic_name(info) for info in streams}
         configs = await self.configs.get({n for n in names.values() if n}, refresh=refresh)
         for info in streams:
-            ranges = [
-                r
-                for r in state.committed_ranges(info.stream_id)
-                if r.end_offset > info.cutover_offset
-            ]
+            ranges = list(state.committed_ranges(info.stream_id))
             live.update(_range_key(r) for r in ranges)
             config = configs.get(names[info.stream_id] or "")
             if config is None or config.unlimited or not ranges:

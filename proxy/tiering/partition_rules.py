@@ -22,6 +22,14 @@ has three sources for a stream:
    from S on, is a RecoveryError: offsets would be handed out twice or acknowledged data
    skipped.
 
+**A log start inside a batch.** DeleteRecords may move the log start L to any offset up
+to the high watermark, in the middle of a batch too (Kafka Streams purges its
+repartition topics after every commit). Kafka keeps such a batch whole in its segment,
+and with it its producer's last sequence. So with no snapshot and S = L above the
+cutover, the first batch from S on may begin below S: it is replayed whole and the
+rebuild goes on from its end. A snapshot's offset and the cutover are batch boundaries,
+so a batch straddling them is still a RecoveryError.
+
 Assumption: the WAL's entries of the stream were written under the ownership the
 metadata continues (a restart of the same owner, or a new owner whose WAL holds none).
 A proxy that gives a shard up uploads and trims its streams' entries first: batches carry
@@ -146,6 +154,15 @@ class RecoveryPoint:
     committed_end: int  # E: every offset below is in objects
     state_offset: int  # S: the producer state (snapshot) covers every batch below
     snapshot: bytes | None  # PartitionSequencer.snapshot() bytes, or None: empty at S
+    cutover_offset: int = 0
+
+    @property
+    def starts_at_log_start(self) -> bool:
+        """S is a log start above the cutover, with no snapshot: DeleteRecords may have
+        put it inside a batch, which the rebuild then replays whole (module docstring)."""
+        return self.snapshot is None and self.state_offset == self.log_start_offset > (
+            self.cutover_offset
+        )
 
     @classmethod
     def from_metadata(cls, state: MetadataState, stream: int) -> RecoveryPoint:
@@ -162,7 +179,9 @@ class RecoveryPoint:
                 f"stream {stream}: producer state at {offset} is past the committed end "
                 f"{info.end_offset}"
             )
-        return cls(stream, info.log_start_offset, info.end_offset, offset, data)
+        return cls(
+            stream, info.log_start_offset, info.end_offset, offset, data, info.cutover_offset
+        )
 
 
 def entry_batches(stream: int, base_offset: int, batch: bytes | memoryview) -> list[BatchHeader]:
@@ -199,15 +218,22 @@ def rebuild_sequencer(
     """The sequencer at the stream's log end: the snapshot (or empty state at S), then
     every batch from S on, from `committed` (read from the objects for
     `missing_committed`; None: not read) and then `wal_batches` (this stream's WAL
-    batches in order), each offset taken once.
+    batches in order), each offset taken once. A batch straddling a log start S is
+    replayed whole (module docstring).
     Producers count as used at `now_ms`, so each gets a full expiration period."""
     stream, end = point.stream_id, point.committed_end
     options = {
         "log_append_time": config.log_append_time,
         "producer_id_expiration_ms": config.producer_id_expiration_ms,
     }
+    committed = None if committed is None else list(committed)
+    expected = point.state_offset
+    if point.starts_at_log_start:
+        first = _first_batch_from(expected, end, committed or (), wal_batches)
+        if first is not None and first.base_offset < expected:
+            expected = first.base_offset  # the batch holding the log start: kept whole
     if point.snapshot is None:
-        sequencer = PartitionSequencer(point.state_offset, **options)
+        sequencer = PartitionSequencer(expected, **options)
     else:
         try:
             sequencer = PartitionSequencer.restore(point.snapshot, point.state_offset, **options)
@@ -224,7 +250,6 @@ def rebuild_sequencer(
             f"stream {stream}: the producer state needs committed offsets [{gap[0]}, {gap[1]}) "
             f"that the WAL no longer holds: read them from the objects (read_committed)"
         )
-    expected = point.state_offset
     for source, headers in (("objects", committed or ()), ("WAL", wal_batches)):
         for header in headers:
             if source == "objects" and header.base_offset >= end:
@@ -249,3 +274,16 @@ def rebuild_sequencer(
             f"nor in what was read from the objects"
         )
     return sequencer
+
+
+def _first_batch_from(
+    offset: int, end: int, committed: Iterable[BatchHeader], wal_batches: Iterable[BatchHeader]
+) -> BatchHeader | None:
+    """The first batch the rebuild would replay from `offset`: the objects' (below the
+    committed end `end`), else the WAL's."""
+    for header in committed:
+        if header.base_offset >= end:
+            break
+        if header.next_offset > offset:
+            return header
+    return next((h for h in wal_batches if h.next_offset > offset), None)

@@ -2,7 +2,12 @@
 
 Kafka's rule, applied to a tiered stream's committed ranges (one object's part of the
 stream each) as Kafka applies it to a partition's closed segments, whole units only,
-oldest first:
+oldest first. The stream is one log: its ranges are all of them, those an offload job
+migrated below the cutover and those uploaded from the cutover on. Offsets below the
+cutover that no object holds are Kafka's own copy, which Kafka's retention trims; they
+are no unit here, so they neither count nor stop a pass, and a trim past a migrated
+range moves the log start past them too, as Kafka would have dropped them first (they
+are older):
 
 - **retention.ms**: a range goes when its largest record timestamp is more than
   `retention.ms` before now; the first range that is not expired stops the pass.

@@ -14,6 +14,7 @@ period, then are deleted (ObjectDelete written, the block cache forgets them).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -28,6 +29,8 @@ from confluent_kafka.admin import (
 )
 from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned, wait_until
 
+from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
+from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
@@ -154,11 +157,16 @@ def _offset_for_time(bootstrap: str, topic: str, timestamp: int) -> int:
 class TieredTopic:
     """A proxy, a tiered one-partition topic with BEFORE records in Kafka, and objects."""
 
-    def __init__(self, cluster, tmp_path, proxy: ProxyThread, topic: str) -> None:
+    def __init__(
+        self, cluster, tmp_path, proxy: ProxyThread, topic: str, before_batches: int = 1
+    ) -> None:
         self.cluster, self.proxy, self.topic = cluster, proxy, topic
         wait_owned([proxy], SHARDS)
         self.tiering = proxy.proxy.tiering
-        self.before = _produce(proxy.bootstrap, topic, "before", BEFORE)
+        self.before: list[Record] = []
+        for n in range(before_batches):  # one flush each: at least that many batches
+            count = BEFORE // before_batches
+            self.before += _produce(proxy.bootstrap, topic, f"before{n}", count)
         assert topics_command("tier", topic, self.tiering.peer_port).returncode == 0
         self.stream = stream_id(tiered_topic_id(proxy, topic), 0)
         wait_until(lambda: self.tiering.partitions.get(self.stream) is not None, 30, "started")
@@ -326,3 +334,78 @@ def test_retention_bytes_keeps_at_least_the_limit_dropping_oldest_objects_whole(
         expected = [(offset, value) for offset, value, _ in kept]
         assert _read_from_earliest(proxy.bootstrap, topic, 2 * PER_OBJECT) == expected
     print(f"retention.bytes test took {time.monotonic() - started:.1f} s")
+
+
+def _migrate(t: TieredTopic) -> int:
+    """What `tierproxy migrate --from-cluster` does, its tasks run here instead of on Spark
+    executors: the backfill gaps from the metadata, one object per Kafka batch below the
+    cutover (PUT), each committed through the proxy's peer port (the owner's backfill
+    commit). Returns how many objects were committed."""
+    tiering = t.proxy.config.tiering
+    job = MigrateJob(
+        t.topic,
+        t.cluster.bootstrap,
+        tiering.metadata_topic,
+        tiering.shard_count,
+        StoreSpec.from_settings(tiering.object_store),
+        ("127.0.0.1", t.tiering.peer_port),
+        from_cluster=True,
+        target_object_bytes=1,
+    )
+    kafka = {"bootstrap_servers": t.cluster.bootstrap}
+    gaps = asyncio.run(read_gaps(kafka, job.metadata_topic, job.shard_count, t.topic))
+    results = [run_task(job, task) for task in plan(job, gaps)]
+    assert [r.error for r in results if r.error] == []
+    objects = [
+        ObjectToCommit(object_id, size, r.task.stream_id, start, end)
+        for r in results
+        for object_id, size, start, end in r.objects
+    ]
+    outcome = asyncio.run(commit_objects(job.peer, objects))
+    assert outcome.refused == [] and outcome.committed == len(objects)
+    return len(objects)
+
+
+def test_retention_trims_migrated_ranges_below_the_cutover_as_one_log(kafka_cluster, tmp_path):
+    """The offload job's ranges below the cutover and the uploads' above it are one log:
+    retention.bytes counts them all and drops the oldest first, migrated ones included,
+    so the log start moves below the cutover; then up to the cutover."""
+    topic, thread = _start(kafka_cluster, tmp_path, "ret-mig")
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic, before_batches=3)
+        assert _migrate(t) >= 3
+        migrated = t.ranges()
+        assert migrated[0].start_offset == 0 and migrated[-1].end_offset == BEFORE
+        kept = t.upload("g") + t.upload("h")
+        ranges = t.ranges()
+        assert len(ranges) == len(migrated) + 2
+        # docs/offload.md step 4: Kafka's copy below the cutover is dropped, in Kafka
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        [future] = admin.delete_records([TopicPartition(topic, 0, BEFORE)]).values()
+        assert future.result(30).low_watermark == BEFORE
+        sizes = [t.block_bytes(r) for r in ranges]
+        assert all(size > 0 for size in sizes)
+
+        # what all but the oldest migrated range hold: that one goes, below the cutover
+        t.retention_sees(**{"retention.bytes": sum(sizes[1:])})
+        log_start = ranges[0].end_offset
+        assert 0 < log_start < BEFORE
+        assert t.run_retention().trimmed == {t.stream: log_start}
+        assert t.tiering.partitions.get(t.stream).log_start_offset == log_start
+        wait_until(lambda: t.state.stream(t.stream).log_start_offset == log_start, 30, "read")
+        assert [r.object_key for r in t.ranges()] == [r.object_key for r in ranges[1:]]
+        assert t.run_retention().trimmed == {}  # the rest is exactly the limit: kept
+        end = kept[-1][0] + 1
+        assert _earliest_latest(proxy.bootstrap, topic) == (log_start, end)
+        assert _fetch_error_at(proxy.bootstrap, topic, 0) == KafkaError._AUTO_OFFSET_RESET
+        expected = [(o, v) for o, v, _ in t.before[log_start:] + kept]
+        assert _read_from_earliest(proxy.bootstrap, topic, end - log_start) == expected
+
+        # what the uploads hold: every migrated range goes, the log starts at the cutover
+        t.retention_sees(**{"retention.bytes": sum(sizes[len(migrated) :])})
+        assert t.run_retention().trimmed == {t.stream: BEFORE}
+        wait_until(lambda: t.state.stream(t.stream).log_start_offset == BEFORE, 30, "cutover")
+        assert [r.object_key for r in t.ranges()] == [r.object_key for r in ranges[-2:]]
+        assert _earliest_latest(proxy.bootstrap, topic) == (BEFORE, end)
+        expected = [(o, v) for o, v, _ in kept]
+        assert _read_from_earliest(proxy.bootstrap, topic, len(kept)) == expected

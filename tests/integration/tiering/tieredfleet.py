@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Coroutine
@@ -58,7 +59,7 @@ from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoi
 
 HEARTBEAT_S = 0.5
 MEMBER_TIMEOUT_S = 3.0
-PORTS_PER_PROXY = 10  # brokers at base + node id (1..3), then bootstrap, metrics, peer
+PORTS_PER_PROXY = 10  # brokers at base + node id (1..3), then bootstrap, metrics, peer, admin
 _READY = "proxy ready at"
 
 
@@ -108,8 +109,23 @@ class TieredProxy:
         return self.base_port + 7
 
     @property
+    def admin_port(self) -> int:
+        return self.base_port + 8
+
+    @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def ready(self) -> tuple[bool, str]:
+        """GET /readyz of the admin API: (ready, the answer's body, or why none came)."""
+        url = f"http://127.0.0.1:{self.admin_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return answer.status == 200, answer.read().decode()
+        except urllib.error.HTTPError as exc:  # 503: not ready, with each check's reason
+            return False, exc.read().decode()
+        except OSError as exc:
+            return False, repr(exc)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples matching these labels (0 if none)."""
@@ -212,6 +228,7 @@ class TieredFleet:
                 "member_timeout_s": MEMBER_TIMEOUT_S,
             },
             "metrics": {"port": base + 6},
+            "admin": {"port": base + 8},
             "tiering": tiering,
         }
 

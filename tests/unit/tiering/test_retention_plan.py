@@ -64,6 +64,24 @@ def test_size_counts_what_time_left_and_both_add_up():
     assert plan.by_size == 1
 
 
+def test_migrated_ranges_below_the_cutover_and_uploaded_ones_are_one_log():
+    # offload objects [0, 40) and [60, 100) (Kafka alone holds [40, 60): no unit here),
+    # cutover 100, uploads [100, 110) and [110, 120); oldest first across all of them
+    ranges = [
+        RangeFacts(0, 40, 100, NOW - 9000),
+        RangeFacts(60, 100, 100, NOW - 8000),
+        RangeFacts(100, 110, 10, NOW - 7000),
+        RangeFacts(110, 120, 10, NOW),
+    ]
+    by_time = RetentionConfig(retention_ms=8500)
+    assert plan_trim(ranges, NOW, by_time) == TrimPlan(1, 1, 40)  # below the cutover
+    assert plan_trim(ranges, NOW, RetentionConfig(retention_ms=7500)).log_start_offset == 100
+    # retention.bytes counts the migrated bytes too: 220 in all
+    assert plan_trim(ranges, NOW, RetentionConfig(retention_bytes=120)) == TrimPlan(1, 0, 40)
+    assert plan_trim(ranges, NOW, RetentionConfig(retention_bytes=20)) == TrimPlan(2, 0, 100)
+    assert plan_trim(ranges, NOW, RetentionConfig(retention_bytes=10)) == TrimPlan(3, 0, 110)
+
+
 def test_unlimited_and_compact_only_topics_drop_nothing():
     ranges = _ranges((100, 10**9), (50, 10**9))
     assert plan_trim(ranges, NOW, RetentionConfig()) == TrimPlan(0, 0, None)

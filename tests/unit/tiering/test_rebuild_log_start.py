@@ -1,0 +1,175 @@
+"""Rebuilding a tiered partition's sequencer when its log start is inside a batch
+(`partition_rules.rebuild_sequencer`), on every source a rebuild reads: a restart whose WAL
+still holds the batch, a hand-over or a WAL gone (the objects alone), the objects and
+the WAL together, and the metadata's view after a DeleteRecords (StreamTrim) and after
+retention. Real batches from kafka-python's producer code, sequenced by the proxy's
+sequencer; the metadata is applied from real records.
+
+Kafka keeps a batch straddling its log start whole in its segment, and its producer's
+last sequence with it: a retry of that batch is answered as a duplicate."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import pytest
+from test_sequencer import PID, idem
+
+from proxy.tiering.batches import BatchHeader, iter_batches
+from proxy.tiering.metacodec import encode
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metarecords import (
+    ObjectCommit,
+    OffsetRange,
+    ProducerSnapshot,
+    ShardClaim,
+    StreamCutover,
+    StreamTrim,
+)
+from proxy.tiering.metastreams import stream_id
+from proxy.tiering.objectkeys import ObjectKind
+from proxy.tiering.partition_rules import (
+    PartitionConfig,
+    RecoveryError,
+    RecoveryPoint,
+    missing_committed,
+    rebuild_sequencer,
+)
+from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend
+
+TOPIC = UUID("0f3c5a0e-7b8d-4c1e-9a2b-3c4d5e6f7a8b")
+STREAM = stream_id(TOPIC, 0)
+CUTOVER = 1000
+NOW = 1_700_000_000_000
+CONFIG = PartitionConfig()
+
+
+def written(counts: list[int]) -> tuple[list[bytes], list[BatchHeader]]:
+    """The producer's batches (sequences from 0) and their headers as the owner wrote them
+    from the cutover on."""
+    sequencer = PartitionSequencer(CUTOVER)
+    batches, headers, seq = [], [], 0
+    for count in counts:
+        records = idem(seq, count)
+        pending = sequencer.append(records, NOW)
+        assert isinstance(pending, PendingAppend)
+        sequencer.commit(pending)
+        batches.append(records)
+        headers += [header for header, _ in iter_batches(pending.records)]
+        seq += count
+    return batches, headers
+
+
+def point(log_start: int, end: int, *, snapshot: bytes | None = None, state: int | None = None):
+    state_offset = max(CUTOVER, log_start) if state is None else state
+    return RecoveryPoint(STREAM, log_start, end, state_offset, snapshot, CUTOVER)
+
+
+def rebuilt(p: RecoveryPoint, committed, wal) -> PartitionSequencer:
+    return rebuild_sequencer(p, committed, wal, NOW, CONFIG)
+
+
+def test_restart_replays_the_wal_batch_holding_the_log_start_whole():
+    batches, headers = written([100, 10])
+    p = point(CUTOVER + 50, CUTOVER + 100)  # DeleteRecords to 50 of the first batch
+    assert missing_committed(p, headers) is None  # the WAL has it: no object is read
+    sequencer = rebuilt(p, None, headers)
+    assert sequencer.high_watermark == sequencer.log_end_offset == CUTOVER + 110
+    assert sequencer.producer_states[PID].last_seq == 109
+    # retries of both batches are duplicates, the straddling one included
+    assert sequencer.append(batches[0], NOW) == Duplicate(CUTOVER, CUTOVER + 99, -1, None)
+    assert sequencer.append(batches[1], NOW) == Duplicate(CUTOVER + 100, CUTOVER + 109, -1, None)
+    assert sequencer.append(idem(110, 5), NOW).base_offset == CUTOVER + 110
+
+
+def test_handover_and_a_lost_wal_rebuild_from_the_objects_batch_holding_the_log_start():
+    batches, headers = written([100, 10])
+    p = point(CUTOVER + 50, CUTOVER + 110)
+    assert missing_committed(p, []) == (CUTOVER + 50, CUTOVER + 110)
+    # what committed_headers yields for [50, 110): every batch ending past 50
+    sequencer = rebuilt(p, headers, [])
+    assert sequencer.high_watermark == CUTOVER + 110
+    assert sequencer.append(batches[0], NOW) == Duplicate(CUTOVER, CUTOVER + 99, -1, None)
+
+
+def test_objects_then_the_wal_when_the_log_start_is_inside_a_batch():
+    _, headers = written([100, 10, 10])
+    p = point(CUTOVER + 50, CUTOVER + 110)  # the third batch is in the WAL only
+    wal = headers[2:]
+    assert missing_committed(p, wal) == (CUTOVER + 50, CUTOVER + 110)
+    sequencer = rebuilt(p, headers[:2], wal)
+    assert sequencer.high_watermark == CUTOVER + 120
+    assert sequencer.producer_states[PID].last_seq == 119
+
+
+def test_a_log_start_at_the_batch_end_or_past_the_committed_end_still_works():
+    _, headers = written([100, 10])
+    assert rebuilt(point(CUTOVER + 100, CUTOVER + 110), None, headers).high_watermark == (
+        CUTOVER + 110
+    )
+    # DeleteRecords to the high watermark: nothing to replay, the log continues there
+    sequencer = rebuilt(point(CUTOVER + 110, CUTOVER + 110), [], [])
+    assert sequencer.high_watermark == sequencer.log_end_offset == CUTOVER + 110
+    with pytest.raises(RecoveryError, match=r"offsets \[1110, 1120\) are missing"):
+        rebuilt(point(CUTOVER + 110, CUTOVER + 110), [], written([120, 10])[1][1:])
+
+
+def test_a_batch_straddling_a_snapshot_or_the_cutover_is_still_refused():
+    _, headers = written([100])
+    snapshot = PartitionSequencer(CUTOVER + 50).snapshot()
+    with pytest.raises(RecoveryError, match=r"offsets \[1050, 1000\) are missing"):
+        rebuilt(point(CUTOVER + 50, CUTOVER + 100, snapshot=snapshot), None, headers)
+    # below the cutover nothing is the proxy's: a batch reaching over it is a disagreement
+    moved = [h.__class__(**{**_fields(h), "base_offset": CUTOVER - 5}) for h in headers]
+    with pytest.raises(RecoveryError, match=r"offsets \[1000, 995\) are missing"):
+        rebuilt(point(0, CUTOVER + 95), None, moved)
+
+
+def _fields(header: BatchHeader) -> dict:
+    return {name: getattr(header, name) for name in header.__slots__}
+
+
+class Shard:
+    def __init__(self) -> None:
+        self.state = MetadataState(0, 1)
+        self.write(ShardClaim(0, 1, "proxy-a", NOW))
+        self.write(StreamCutover(0, STREAM, 1, 1, TOPIC, 0, 0, CUTOVER, CUTOVER, NOW))
+
+    def write(self, record: object) -> None:
+        verdict = self.state.apply(*encode(record), self.state.next_offset)
+        assert verdict.accepted, verdict.reason
+
+    def commit(self, object_id: int, start: int, end: int) -> None:
+        ranges = (OffsetRange(STREAM, start, end),)
+        self.write(ObjectCommit(0, object_id, ObjectKind.STREAM_SET, 100, 1, NOW, ranges))
+
+
+def test_the_metadata_after_delete_records_and_after_retention():
+    _, headers = written([100, 10, 10])
+    shard = Shard()
+    shard.commit(1, CUTOVER, CUTOVER + 100)
+    shard.commit(2, CUTOVER + 100, CUTOVER + 110)
+    shard.write(ProducerSnapshot(0, STREAM, 1, CUTOVER + 100, NOW, _snapshot(headers[:1])))
+    shard.write(StreamTrim(0, STREAM, 1, CUTOVER + 50, 1, NOW))  # DeleteRecords, mid-batch
+    p = RecoveryPoint.from_metadata(shard.state, STREAM)
+    assert (p.state_offset, p.snapshot is not None) == (CUTOVER + 100, True)  # kept: above
+    assert rebuilt(p, headers[1:2], headers[2:]).high_watermark == CUTOVER + 120
+    # a trim past the snapshot drops it: S is the log start, inside the second batch
+    shard.write(StreamTrim(0, STREAM, 1, CUTOVER + 105, 1, NOW))
+    p = RecoveryPoint.from_metadata(shard.state, STREAM)
+    assert (p.state_offset, p.snapshot, p.starts_at_log_start) == (CUTOVER + 105, None, True)
+    sequencer = rebuilt(p, headers[1:2], headers[2:])
+    assert sequencer.high_watermark == CUTOVER + 120
+    assert sequencer.producer_states[PID].last_seq == 119
+    # retention moves the log start to a range's end (a batch boundary), past it all
+    shard.write(StreamTrim(0, STREAM, 1, CUTOVER + 110, 1, NOW))
+    p = RecoveryPoint.from_metadata(shard.state, STREAM)
+    assert rebuilt(p, None, headers).high_watermark == CUTOVER + 120
+    assert shard.state.committed_ranges(STREAM) == ()
+
+
+def _snapshot(headers: list[BatchHeader]) -> bytes:
+    sequencer = PartitionSequencer(CUTOVER)
+    for header in headers:
+        sequencer.replay(header, NOW)
+    return sequencer.snapshot()
