@@ -66,6 +66,7 @@ from proxy.server.tiered_epochs import plan_offset_for_leader_epoch
 from proxy.server.tiered_fetch import plan_fetch
 from proxy.server.tiered_offsets import plan_list_offsets
 from proxy.server.tiered_produce import count_in_flight, plan_produce
+from proxy.server.tiered_txn_refusal import plan_add_partitions_to_txn
 from proxy.server.zoning import ConnectionZone
 
 log = logging.getLogger("tierproxy.connection")
@@ -76,9 +77,17 @@ API_FETCH = 1
 API_LIST_OFFSETS = 2
 API_DELETE_RECORDS = 21
 API_OFFSET_FOR_LEADER_EPOCH = 23
+API_ADD_PARTITIONS_TO_TXN = 24
 # split (or answered in part) when tiering
 TIERED_APIS = frozenset(
-    (API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_DELETE_RECORDS, API_OFFSET_FOR_LEADER_EPOCH)
+    (
+        API_PRODUCE,
+        API_FETCH,
+        API_LIST_OFFSETS,
+        API_DELETE_RECORDS,
+        API_OFFSET_FOR_LEADER_EPOCH,
+        API_ADD_PARTITIONS_TO_TXN,
+    )
 )
 API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
@@ -283,9 +292,10 @@ class ClientConnection(TieredAnswers):
                 self._upstream_task.result()  # re-raise why upstream stopped
 
     async def _plan(self, header: RequestHeader, frame: memoryview) -> Plan | None:
-        """How a Produce, Fetch, ListOffsets or DeleteRecords splits between the tiered
-        partitions, answered
-        here, and the rest (None or a plan with no local part: all of it goes upstream)."""
+        """How a Produce, Fetch, ListOffsets, DeleteRecords or OffsetForLeaderEpoch splits
+        between the tiered partitions, answered here, and the rest (None or a plan with no
+        local part: all of it goes upstream); an AddPartitionsToTxn naming a tiered topic
+        is refused here whole."""
         tiering, version = self.proxy.tiering, header.api_version
         head, body = frame[: header.size], frame[header.size :]
         try:
@@ -297,6 +307,8 @@ class ClientConnection(TieredAnswers):
                 return plan_delete_records(tiering, head, body, version)
             if header.api_key == API_OFFSET_FOR_LEADER_EPOCH:
                 return plan_offset_for_leader_epoch(tiering, head, body, version)
+            if header.api_key == API_ADD_PARTITIONS_TO_TXN:
+                return plan_add_partitions_to_txn(tiering, body, version, self.peer)
             return plan_list_offsets(tiering, head, body, version)
         except FrameError as exc:
             raise RejectedFrame("malformed_request", str(exc)) from None

@@ -9,9 +9,10 @@ from proxy.server.tiered_epochs import EpochsPlan
 from proxy.server.tiered_fetch import FetchPlan
 from proxy.server.tiered_offsets import OffsetsPlan
 from proxy.server.tiered_produce import ProducePlan
+from proxy.server.tiered_txn_refusal import AddPartitionsPlan
 
 # each has upstream_frame, local, merge, failed
-Plan = ProducePlan | FetchPlan | OffsetsPlan | DeletePlan | EpochsPlan
+Plan = ProducePlan | FetchPlan | OffsetsPlan | DeletePlan | EpochsPlan | AddPartitionsPlan
 
 
 @dataclass(slots=True)

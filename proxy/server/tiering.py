@@ -34,6 +34,7 @@ from proxy.server.peer_server import PeerServer
 from proxy.server.retention import Retention
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
+from proxy.server.tiered_txn_refusal import TxnRefusals
 from proxy.server.trims import trim_stream
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
@@ -134,6 +135,8 @@ class TieringService:
         self.retention = Retention(self)
         # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
         self.beyond_cutover = BeyondCutover()
+        # AddPartitionsToTxn refused for tiered topics (tiered_txn_refusal.py)
+        self.txn_refusals = TxnRefusals()
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object
