@@ -36,6 +36,7 @@ from offload_jobs.writer import (
     cut_objects,
     plan_tasks,
 )
+from proxy.tiering.objectformat import FORMAT_VERSION
 from proxy.tiering.objectstore import ObjectStoreError
 
 
@@ -75,6 +76,7 @@ class MigrateJob:
     from_cluster: bool = False
     target_object_bytes: int = TARGET_OBJECT_BYTES
     cluster_settings: dict[str, Any] = field(default_factory=dict)
+    object_format_version: int = FORMAT_VERSION  # tiering.object_format_version
 
     def partition_dir(self, partition: int) -> Path | None:
         """The first of the log directories holding this partition's segments."""
@@ -160,7 +162,7 @@ def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
                 require_end=source.require_end,
             )
             for plan in plans:
-                built = build_stream_object(plan)
+                built = build_stream_object(plan, version=job.object_format_version)
                 await store.put(built.key, built.pieces)
                 result.objects.append(
                     (plan.object_id, built.size, plan.start_offset, plan.end_offset)

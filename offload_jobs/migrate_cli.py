@@ -67,6 +67,7 @@ def job_from_args(args: argparse.Namespace):
         segment_dirs=tuple(args.from_segments or ()),
         from_cluster=args.from_cluster,
         target_object_bytes=args.object_mib << 20,
+        object_format_version=tiering.object_format_version,
     )
 
 

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from offload_jobs.sources import SourceBatch
 from proxy.tiering.batches import CorruptBatchError, read_batch_header, validate_batch
 from proxy.tiering.metastreams import offload_object_id
-from proxy.tiering.objectformat import DEFAULT_MAX_BLOCK_BYTES, BuiltObject, ObjectWriter
+from proxy.tiering.objectformat import (
+    DEFAULT_MAX_BLOCK_BYTES,
+    FORMAT_VERSION,
+    BuiltObject,
+    ObjectWriter,
+)
 from proxy.tiering.objectkeys import ObjectKind
 
 TARGET_OBJECT_BYTES = 64 * 1024 * 1024
@@ -131,7 +136,10 @@ def cut_objects(
 
 
 def build_stream_object(
-    plan: ObjectPlan, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES
+    plan: ObjectPlan,
+    *,
+    max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+    version: int = FORMAT_VERSION,
 ) -> BuiltObject:
     """The stream object of a plan: its batches stored verbatim (each checked: magic,
     length, CRC-32C) in blocks of at most `max_block_bytes` (a larger batch gets a block of
@@ -139,8 +147,9 @@ def build_stream_object(
     start or its first batch's base offset, whichever is lower, the last ends at the
     range's end or past its last batch, whichever is higher; offsets compaction removed
     stay inside blocks, so a read of one finds the next batch. One copy: a block's
-    batches are joined into one buffer."""
-    writer = ObjectWriter(plan.object_id, ObjectKind.STREAM)
+    batches are joined into one buffer. `version`: the object format version written
+    (tiering.object_format_version)."""
+    writer = ObjectWriter(plan.object_id, ObjectKind.STREAM, version=version)
     block: list[SourceBatch] = []
     block_bytes, block_start, records = 0, min(plan.start_offset, plan.batches[0].base_offset), 0
 

@@ -153,6 +153,7 @@ class Compactor:
                 min_objects=config.compaction_min_objects,
                 trigger_objects=config.compaction_trigger_objects,
                 max_pass_bytes=config.compaction_max_bytes,
+                format_version=config.object_format_version,
             ),
             interval_s=config.compaction_interval_s,
             grace_s=config.object_delete_grace_s,
@@ -317,7 +318,7 @@ class Compactor:
             for e in entries:
                 view = read_block(data, e, r.object_key, entries[0].position)
                 blocks.append((e.start_offset, e.end_offset, e.record_count, view))
-        writer = ObjectWriter(object_id, ObjectKind.STREAM)
+        writer = ObjectWriter(object_id, ObjectKind.STREAM, version=self.settings.format_version)
         add_blocks(writer, new.stream_id, blocks, self.settings.max_block_bytes)
         return writer.build()
 

@@ -77,6 +77,16 @@ ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released th
 HANDOVER_GRACE_MS = 5_000
 
 
+def uploader_config(config: TieringConfig) -> UploaderConfig:
+    """The uploader's settings from the `tiering` section."""
+    return UploaderConfig(
+        upload_bytes=config.upload_bytes,
+        upload_interval_s=config.upload_interval_s,
+        max_commit_age_s=commit_age_limit(config.orphan_grace_s),
+        object_format_version=config.object_format_version,
+    )
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -530,11 +540,7 @@ class TieringService:
 
     async def _upload_forever(self) -> None:
         assert self.wal is not None and self.store is not None
-        config = UploaderConfig(
-            upload_bytes=self.config.upload_bytes,
-            upload_interval_s=self.config.upload_interval_s,
-            max_commit_age_s=commit_age_limit(self.config.orphan_grace_s),
-        )
+        config = uploader_config(self.config)
         while True:
             self.uploader = Uploader(
                 self.wal,

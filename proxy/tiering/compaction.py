@@ -41,7 +41,13 @@ from dataclasses import dataclass, fields
 
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metastreams import StreamRange
-from proxy.tiering.objectformat import IndexEntry, ObjectWriter, find_entries
+from proxy.tiering.objectformat import (
+    FORMAT_VERSION,
+    READ_VERSIONS,
+    IndexEntry,
+    ObjectWriter,
+    find_entries,
+)
 from proxy.tiering.objectkeys import ObjectKind
 
 MiB = 1 << 20
@@ -57,12 +63,18 @@ class CompactionSettings:
     trigger_objects: int = 1000  # a shard with this many objects is compacted at once
     max_pass_bytes: int = 1024 * MiB  # source objects' bytes one pass takes at most
     max_block_bytes: int = 1 * MiB  # adjacent small blocks are joined up to this
+    format_version: int = FORMAT_VERSION  # of the objects written (docs/operations.md)
 
     def __post_init__(self) -> None:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"compaction setting {spec.name}: {value!r} is not positive")
+        if self.format_version not in READ_VERSIONS:
+            raise ValueError(
+                f"compaction setting format_version: {self.format_version} is not one of "
+                f"{READ_VERSIONS}"
+            )
         if self.min_objects < 2:
             raise ValueError(f"compaction setting min_objects: {self.min_objects} is below 2")
         if self.stream_object_bytes < self.small_object_bytes:

@@ -2,8 +2,10 @@
 
 Key `a/b/c` is the file `<root>/a/b/c`. A put writes `.c.<random>.tmp` beside it, fsyncs it,
 renames it over `c` and fsyncs the directory, so an object is either absent, the old one or
-the whole new one, also after a crash. Names starting with `.` are the store's own and are
-refused as keys (objectstore.check_key) and hidden from `list`.
+the whole new one, also after a crash. A create links the temporary file to `c` instead
+(`link` fails when `c` exists, where a rename would replace it) and removes it. Names
+starting with `.` are the store's own and are refused as keys (objectstore.check_key) and
+hidden from `list`.
 
 File I/O runs on a small thread pool of the store's own, so a slow disk never blocks the
 event loop and never starves the loop's default executor.
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from proxy.tiering.objectstore import (
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
@@ -52,16 +55,28 @@ class LocalDirectoryStore:
         await self.close()
 
     async def put(self, key: str, data: Payload) -> None:
+        await self._write(key, data, "put", exclusive=False)
+
+    async def create(self, key: str, data: Payload) -> None:
+        await self._write(key, data, "create", exclusive=True)
+
+    async def _write(self, key: str, data: Payload, operation: str, *, exclusive: bool) -> None:
         path = self._path(key)
         pieces = pieces_of(data)
         try:
-            await self._run(self._put_sync, path, pieces)
-        except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:
+            await self._run(self._put_sync, path, pieces, exclusive)
+        except FileExistsError as exc:
+            if exclusive and not await self._run(path.is_dir):
+                raise ObjectExists(key) from exc
             raise ObjectStoreError(
-                key, "put", f"{exc}: a directory store cannot hold both 'a' and 'a/b' as keys"
+                key, operation, f"{exc}: a directory store cannot hold both 'a' and 'a/b' as keys"
+            ) from exc
+        except (IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectStoreError(
+                key, operation, f"{exc}: a directory store cannot hold both 'a' and 'a/b' as keys"
             ) from exc
         except OSError as exc:
-            raise ObjectStoreError(key, "put", exc) from exc
+            raise ObjectStoreError(key, operation, exc) from exc
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         path = self._path(key)
@@ -133,7 +148,7 @@ class LocalDirectoryStore:
 
     # -- the thread side -------------------------------------------------------------------
 
-    def _put_sync(self, path: Path, pieces: list[memoryview]) -> None:
+    def _put_sync(self, path: Path, pieces: list[memoryview], exclusive: bool) -> None:
         directory = path.parent
         self._make_dirs(directory)
         tmp = directory / f".{path.name}.{secrets.token_hex(8)}{TMP_SUFFIX}"
@@ -145,7 +160,11 @@ class LocalDirectoryStore:
                 _fsync_file(fd)
             finally:
                 os.close(fd)
-            _rename(tmp, path)
+            if exclusive:
+                os.link(tmp, path)  # FileExistsError if there is one: never replaced
+                tmp.unlink()
+            else:
+                _rename(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

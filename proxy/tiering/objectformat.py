@@ -54,6 +54,13 @@ DEFAULT_MAX_BLOCK_BYTES = 1 << 20
 Buffer = bytes | bytearray | memoryview
 
 
+def index_entry_size(version: int) -> int:
+    """The bytes of one index entry in a version `version` object (ValueError if unknown)."""
+    if version not in _ENTRIES:
+        raise ValueError(f"object format version {version}: known versions are {READ_VERSIONS}")
+    return _ENTRIES[version].size
+
+
 class ObjectFormatError(ValueError):
     """An object that is corrupt, truncated or not of this format; names the object."""
 

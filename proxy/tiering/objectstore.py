@@ -55,6 +55,13 @@ class ObjectNotFound(ObjectStoreError):
         super().__init__(key, operation, "no such key")
 
 
+class ObjectExists(ObjectStoreError):
+    """`create` found an object under the key already (S3: 412 PreconditionFailed)."""
+
+    def __init__(self, key: str, where: str | None = None) -> None:
+        super().__init__(key, "create", "an object exists under this key", where=where)
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """One listed object. `last_modified` (seconds since the epoch, the store's clock) is
@@ -75,6 +82,15 @@ class ObjectStore(Protocol):
     async def put(self, key: str, data: Payload) -> None:
         """Store `data` under `key`, replacing any object there. All or nothing: a reader
         sees the old object or the new one, never part of one."""
+        ...
+
+    async def create(self, key: str, data: Payload) -> None:
+        """Store `data` under `key` only if no object is there, atomically (S3: a PUT with
+        `If-None-Match: *`; the local store: a hard link, which never replaces a file);
+        ObjectExists otherwise. For keys two writers could race on: a late write of a
+        dead writer fails instead of replacing what a live one wrote (docs/object-store.md,
+        "Exclusive creates"). A retried attempt that meets its own earlier attempt's
+        object (same bytes) succeeds."""
         ...
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -33,7 +33,9 @@ THROTTLE_CODES = frozenset(
     }
 )
 TIMEOUT_CODES = frozenset({"RequestTimeout", "RequestTimeoutException"})
-SERVER_CODES = frozenset({"InternalError", "PriorRequestNotComplete"})
+# ConditionalRequestConflict (409): another conditional write to the key was in flight;
+# retried, the create then meets that write's object or none
+SERVER_CODES = frozenset({"InternalError", "PriorRequestNotComplete", "ConditionalRequestConflict"})
 
 
 @dataclass(frozen=True, slots=True)

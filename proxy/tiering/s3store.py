@@ -24,6 +24,7 @@ from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import ClientError
 
 from proxy.tiering.objectstore import (
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectStoreError,
@@ -43,6 +44,7 @@ MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3 refuses smaller parts, except the last
 MAX_PARTS = 10_000
 MAX_DELETE_BATCH = 1000  # DeleteObjects' limit
+PRECONDITION_FAILED = "PreconditionFailed"  # 412: `If-None-Match: *` met an object
 
 
 @dataclass(frozen=True)
@@ -152,17 +154,39 @@ class S3Store:
     # -- the ObjectStore interface ---------------------------------------------------------
 
     async def put(self, key: str, data: Payload) -> None:
+        await self._put(key, data, exclusive=False)
+
+    async def create(self, key: str, data: Payload) -> None:
+        """A PUT with `If-None-Match: *` (S3 since 2024, MinIO): 412 PreconditionFailed,
+        ObjectExists here, when the key names an object. An attempt after one that timed
+        out may meet that attempt's object: it is ours when it holds our bytes."""
+        await self._put(key, data, exclusive=True)
+
+    async def _put(self, key: str, data: Payload, *, exclusive: bool) -> None:
         check_key(key)
         pieces = pieces_of(data)
         total = sum(piece.nbytes for piece in pieces)
         if total > self.config.multipart_threshold:
-            await self._put_multipart(key, pieces, total)
+            await self._put_multipart(key, pieces, total, exclusive)
             return
         body = _join(pieces, 0, total)
-        call = functools.partial(
-            self._s3().put_object, Bucket=self.config.bucket, Key=key, Body=body
-        )
-        await self._request("PutObject", "put", key, call)
+        condition = {"IfNoneMatch": "*"} if exclusive else {}
+        tries = 0
+
+        async def attempt() -> None:
+            nonlocal tries
+            tries += 1
+            try:
+                await self._s3().put_object(
+                    Bucket=self.config.bucket, Key=key, Body=body, **condition
+                )
+            except ClientError as exc:
+                if not exclusive or _code(exc) != PRECONDITION_FAILED:
+                    raise
+                if tries == 1 or not await self._holds(key, body):
+                    raise ObjectExists(key, f"{self._where} PutObject") from exc
+
+        await self._request("PutObject", "create" if exclusive else "put", key, attempt)
         self.metrics.uploaded(total)
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -297,7 +321,9 @@ class S3Store:
 
     # -- multipart upload ------------------------------------------------------------------
 
-    async def _put_multipart(self, key: str, pieces: list[memoryview], total: int) -> None:
+    async def _put_multipart(
+        self, key: str, pieces: list[memoryview], total: int, exclusive: bool = False
+    ) -> None:
         config = self.config
         s3 = self._s3()
         part_size = max(config.part_size, -(-total // MAX_PARTS))
@@ -333,15 +359,21 @@ class S3Store:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
-            await self._complete(key, upload_id, parts, total)
+            await self._complete(key, upload_id, parts, total, exclusive)
         except BaseException:
             await self._abort(key, upload_id)
             raise
 
     async def _complete(
-        self, key: str, upload_id: str, parts: list[dict[str, Any]], total: int
+        self,
+        key: str,
+        upload_id: str,
+        parts: list[dict[str, Any]],
+        total: int,
+        exclusive: bool = False,
     ) -> None:
         tries = 0
+        condition = {"IfNoneMatch": "*"} if exclusive else {}
 
         async def attempt() -> None:
             nonlocal tries
@@ -352,16 +384,29 @@ class S3Store:
                     Key=key,
                     UploadId=upload_id,
                     MultipartUpload={"Parts": parts},
+                    **condition,
                 )
             except ClientError as exc:
                 # An earlier attempt timed out after S3 had completed the upload: the
                 # upload is gone and the object is there.
-                if tries == 1 or _code(exc) != "NoSuchUpload":
+                code = _code(exc)
+                if exclusive and code == PRECONDITION_FAILED and tries == 1:
+                    raise ObjectExists(key, f"{self._where} CompleteMultipartUpload") from exc
+                if tries == 1 or code not in ("NoSuchUpload", PRECONDITION_FAILED):
                     raise
                 if not await self._has_size(key, total):
+                    if code == PRECONDITION_FAILED:
+                        raise ObjectExists(key, f"{self._where} CompleteMultipartUpload") from exc
                     raise
 
         await self._request("CompleteMultipartUpload", "put", key, attempt)
+
+    async def _holds(self, key: str, body: bytes) -> bool:
+        """Whether the object under `key` is `body` (False when it cannot be read)."""
+        try:
+            return await self.get(key) == body
+        except ObjectStoreError:
+            return False
 
     async def _has_size(self, key: str, size: int) -> bool:
         try:

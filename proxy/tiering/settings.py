@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxy.config_section import ConfigError, Section
+from proxy.tiering.objectformat import FORMAT_VERSION, READ_VERSIONS
 from proxy.tiering.s3store import S3Config
 from proxy.tiering.upload_plan import MiB
 
@@ -78,6 +79,9 @@ class TieringConfig:
     orphan_sweep_interval_s: float = 600.0
     # S3-WAL objects their writer did not delete (it died): far above any notification
     s3wal_retention_s: float = 86400.0
+    # the object format version the uploader, compactor and offload jobs write: 1 while a
+    # proxy or job of a release before version 2 may read the bucket (operations.md)
+    object_format_version: int = FORMAT_VERSION
     object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
 
     @property
@@ -136,6 +140,7 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         bandwidth_burst_bytes=section.integer(
             "bandwidth_burst_bytes", defaults.bandwidth_burst_bytes, minimum=0
         ),
+        object_format_version=_format_version(section),
         object_store=_object_store(section.section("object_store")),
         **_compaction(section, defaults),
         **_orphans(section, defaults),
@@ -204,6 +209,17 @@ def _orphans(section: Section, defaults: TieringConfig) -> dict:
             "longer for its commit than an upload's",
         )
     return values
+
+
+def _format_version(section: Section) -> int:
+    value = section.integer("object_format_version", FORMAT_VERSION, minimum=1)
+    if value not in READ_VERSIONS:
+        known = " or ".join(map(str, READ_VERSIONS))
+        raise ConfigError(
+            section.key("object_format_version"),
+            f"{value} is not an object format version this release writes ({known})",
+        )
+    return value
 
 
 def _topic(section: Section, name: str, default: str) -> str:

@@ -33,10 +33,12 @@ from proxy.tiering.metastreams import OFFLOAD_ID_BIT, shard_of
 from proxy.tiering.objectformat import (
     DEFAULT_MAX_BLOCK_BYTES,
     FOOTER_SIZE,
-    INDEX_ENTRY_SIZE,
+    FORMAT_VERSION,
+    READ_VERSIONS,
     U32_MAX,
     BuiltObject,
     ObjectWriter,
+    index_entry_size,
 )
 from proxy.tiering.objectkeys import ObjectKind, object_key
 from proxy.wal.types import WalEntry
@@ -53,6 +55,9 @@ class PlanLimits:
     # a stream with more than this in one upload gets objects of its own
     stream_object_threshold: int = 16 * MiB
     max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES
+    # the object format version written (tiering.object_format_version): 1 while proxies
+    # of the release before version 2 may still read the objects (docs/operations.md)
+    format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
         for key in ("max_object_bytes", "stream_object_threshold", "max_block_bytes"):
@@ -61,6 +66,11 @@ class PlanLimits:
                 raise ValueError(f"upload plan config error at {key}: {value!r} is not positive")
         if self.max_block_bytes > U32_MAX:
             raise ValueError(f"upload plan config error at max_block_bytes: above {U32_MAX}")
+        if self.format_version not in READ_VERSIONS or isinstance(self.format_version, bool):
+            raise ValueError(
+                f"upload plan config error at format_version: {self.format_version!r} is not "
+                f"one of {READ_VERSIONS}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,7 @@ class ObjectPlan:
     runs: tuple[Run, ...]  # sorted by stream id
     size: int  # the built object's size in bytes
     max_block_bytes: int  # blocks are cut as `add_batches` cuts them with this limit
+    format_version: int = FORMAT_VERSION
 
     @property
     def data_bytes(self) -> int:
@@ -206,7 +217,7 @@ def build_object(plan: ObjectPlan, object_id: int) -> tuple[BuiltObject, Uploade
     entries are not adjacent in the WAL); a run of one entry is not copied."""
     if not 0 <= object_id < OFFLOAD_ID_BIT:
         raise ValueError(f"object id {object_id}: upload path ids are in [0, 2**63)")
-    writer = ObjectWriter(object_id, plan.kind)
+    writer = ObjectWriter(object_id, plan.kind, version=plan.format_version)
     ranges = []
     for run in plan.runs:
         data = run.entries[0].batch if len(run.entries) == 1 else _join(run.entries)
@@ -263,7 +274,7 @@ class _RunCost:
     blocks: int = 0
     block_bytes: int = 0  # bytes in the run's last block so far
 
-    def grown_by(self, entry: _Entry, max_block: int) -> tuple[int, int, int]:
+    def grown_by(self, entry: _Entry, max_block: int, entry_size: int) -> tuple[int, int, int]:
         """(bytes the object grows by, blocks, bytes in the last block) if `entry` joins."""
         blocks, block_bytes = self.blocks, self.block_bytes
         for size in entry.batch_sizes:
@@ -271,7 +282,7 @@ class _RunCost:
                 blocks, block_bytes = blocks + 1, size
             else:
                 blocks, block_bytes = max(blocks, 1), block_bytes + size
-        return entry.size + (blocks - self.blocks) * INDEX_ENTRY_SIZE, blocks, block_bytes
+        return entry.size + (blocks - self.blocks) * entry_size, blocks, block_bytes
 
     def add(self, entry: _Entry, blocks: int, block_bytes: int) -> None:
         self.blocks, self.block_bytes = blocks, block_bytes
@@ -292,21 +303,22 @@ def _pack(
     objects: list[ObjectPlan] = []
     runs: dict[int, _RunCost] = {}
     size = FOOTER_SIZE
-    max_block = limits.max_block_bytes
+    max_block, version = limits.max_block_bytes, limits.format_version
+    entry_size = index_entry_size(version)
 
     def close() -> None:
         plans = tuple(runs[stream].run() for stream in sorted(runs))
-        objects.append(ObjectPlan(kind, plans, size, max_block))
+        objects.append(ObjectPlan(kind, plans, size, max_block, version))
 
     for stream, entries in streams:
         for entry in entries:
             run = runs.get(stream) or _RunCost(stream)
-            cost, blocks, block_bytes = run.grown_by(entry, max_block)
+            cost, blocks, block_bytes = run.grown_by(entry, max_block, entry_size)
             if runs and size + cost > limits.max_object_bytes:
                 close()
                 runs, size = {}, FOOTER_SIZE
                 run = _RunCost(stream)
-                cost, blocks, block_bytes = run.grown_by(entry, max_block)
+                cost, blocks, block_bytes = run.grown_by(entry, max_block, entry_size)
             run.add(entry, blocks, block_bytes)
             runs[stream] = run
             size += cost

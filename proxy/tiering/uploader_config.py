@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from proxy.tiering.objectformat import FORMAT_VERSION
 from proxy.tiering.upload_plan import MiB, PlanLimits
 
 
@@ -27,17 +28,23 @@ class UploaderConfig:
     retry_backoff_max_s: float = 5.0
     # an object's PUT this old is not committed but uploaded again (tiering.orphan_grace_s / 2)
     max_commit_age_s: float = float("inf")
+    object_format_version: int = FORMAT_VERSION  # tiering.object_format_version
 
     def __post_init__(self) -> None:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"uploader config error at {spec.name}: {value!r} not positive")
-        PlanLimits(self.max_object_bytes, self.stream_object_threshold, self.max_block_bytes)
+        self.limits  # noqa: B018 - PlanLimits checks the limits and the format version
 
     @property
     def limits(self) -> PlanLimits:
-        return PlanLimits(self.max_object_bytes, self.stream_object_threshold, self.max_block_bytes)
+        return PlanLimits(
+            self.max_object_bytes,
+            self.stream_object_threshold,
+            self.max_block_bytes,
+            self.object_format_version,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,14 @@ the next trim.
 
 A failed PUT (after the store's own retries) breaks the WAL as a failed fsync does
 (WalBrokenError); reopening recovers it.
+
+Every object is written with the store's exclusive `create`, never replacing one: a PUT
+still in flight from a killed process (a late PUT) can only land at the key the restarted
+log writes next, and then either fails (the restarted log was first) or makes the
+restarted log's create fail, which breaks that WAL: the next restart replays the late
+object as the log's unacknowledged tail. The newest object is kept by trims, so a
+restart never starts the log's offsets over below a key an earlier process may still
+write (docs/wal.md, "Late PUTs").
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
+from proxy.tiering.objectstore import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.wal.entry import encode_header, entry_size
 from proxy.wal.fs import Buffer
 from proxy.wal.s3logobject import decode_object, object_key, plan_recovery
@@ -237,7 +245,9 @@ class S3WriteAheadLog:
         # object and entry lists, and this only drops objects it named from their front.
         self._trimmed_to = max(self._trimmed_to, offset)
         self._wakeup.set()  # room may have been made
-        doomed = [o for o in self._objects if o.end <= self._trimmed_to]
+        # the newest object stays: the next open continues after it, not from offset 0,
+        # so no key an earlier process may still write is used again
+        doomed = [o for o in self._objects[:-1] if o.end <= self._trimmed_to]
         if not doomed:
             return
         try:
@@ -362,7 +372,7 @@ class S3WriteAheadLog:
         pieces = [part for item in group for part in (item.header, item.batch)]
         started = time.perf_counter()
         try:
-            await self._store.put(key, pieces)
+            await self._create(key, pieces)
         except Exception as exc:
             self._broken = exc
             error = self._broken_error()
@@ -398,6 +408,23 @@ class S3WriteAheadLog:
             throttled_appends=s.throttled_appends + sum(item.throttled for item in group),
         )
         return True
+
+    async def _create(self, key: str, pieces: list) -> None:
+        """Create the object, never replacing one. One already at the key was written by
+        another process after this log listed its objects: a late PUT of an earlier
+        process of this name (never acknowledged), or, where this process is the late
+        one, the restarted log's. Neither can tell which: the WAL breaks, nothing is
+        deleted, and a restart replays what the listing then shows (docs/wal.md)."""
+        try:
+            await self._store.create(key, pieces)
+        except ObjectExists:
+            log.error(
+                "S3 WAL: %s holds an object this log did not write: a late PUT of an "
+                "earlier process of this fleet.name, or this process was stopped and a "
+                "newer one runs (or two proxies share the name); restart this proxy",
+                key,
+            )
+            raise
 
     def _broken_error(self) -> WalBrokenError:
         error = WalBrokenError(f"S3 WAL PUT failed: {self._broken!r}; reopen the WAL")

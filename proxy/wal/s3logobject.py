@@ -20,6 +20,12 @@ leftover lies below the last trim point, and everything above it is one contiguo
 before its last gap are leftovers of a trim and may go. A failed PUT leaves nothing (a PUT
 is all or nothing) or a whole object at the very end, which was never acknowledged and is
 replayed like an entry a failed fsync left on a local disk.
+
+Late PUTs (docs/wal.md): objects are created exclusively and the newest is never trimmed,
+so the log's end never goes back and a late PUT of a killed process lands at the key
+the log writes next (the log's tail, replayed, unacknowledged) or, very late, at a key
+whose object the restarted log has trimmed since: below the log, where it leaves a gap or
+overlaps the next object, a leftover too, never replayed.
 """
 
 from __future__ import annotations
@@ -83,7 +89,8 @@ class RecoveryPlan:
 
 
 def plan_recovery(prefix: str, listed: Iterable[ObjectInfo]) -> RecoveryPlan:
-    """Split a listing of `prefix` into the log (its last contiguous run) and leftovers.
+    """Split a listing of `prefix` into the log (its last contiguous run: each object
+    starting where the one before ends) and leftovers (before its last gap or overlap).
     Empty objects are never written, so one is damage: WalCorruptError naming it."""
     objects: list[Segment] = []
     foreign: list[str] = []
@@ -98,13 +105,7 @@ def plan_recovery(prefix: str, listed: Iterable[ObjectInfo]) -> RecoveryPlan:
     objects.sort(key=lambda o: o.base)
     first = 0
     for i in range(1, len(objects)):
-        previous, current = objects[i - 1], objects[i]
-        if current.base < previous.end:
-            raise WalCorruptError(
-                f"S3 WAL objects {previous.path} (to offset {previous.end}) and "
-                f"{current.path} overlap; the WAL never writes overlapping objects"
-            )
-        if current.base > previous.end:
+        if objects[i].base != objects[i - 1].end:  # a trim's leftover, or a late PUT's
             first = i
     return RecoveryPlan(tuple(objects[first:]), tuple(objects[:first]), tuple(foreign))
 

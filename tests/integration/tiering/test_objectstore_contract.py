@@ -9,7 +9,13 @@ import os
 import pytest
 
 from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectInfo, ObjectNotFound, ObjectStore, ObjectStoreError
+from proxy.tiering.objectstore import (
+    ObjectExists,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+)
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.minio)])
@@ -165,6 +171,43 @@ async def test_concurrent_puts_of_one_key_leave_one_whole_object(store, prefix):
     assert await store.get(prefix + "contended") in versions
 
 
+# -- exclusive creates (docs/object-store.md, "Exclusive creates") ------------------------
+
+
+async def test_a_second_create_of_a_key_fails_and_leaves_the_first_object(store, prefix):
+    key = prefix + "walog/p/00000000000000000000"
+    await store.create(key, [b"first ", b"writer"])
+    with pytest.raises(ObjectExists) as caught:
+        await store.create(key, b"a late PUT of a dead writer")
+    assert caught.value.key == key and caught.value.operation == "create"
+    assert isinstance(caught.value, ObjectStoreError) and not caught.value.retryable
+    assert await store.get(key) == b"first writer"
+    assert [info.key async for info in store.list(prefix)] == [key]  # nothing else left
+
+
+async def test_create_after_a_delete_succeeds_and_put_still_replaces(store, prefix):
+    key = prefix + "k"
+    await store.create(key, b"one")
+    await store.delete([key])
+    await store.create(key, b"two")
+    assert await store.get(key) == b"two"
+    await store.put(key, b"three")  # a plain put is not conditional
+    assert await store.get(key) == b"three"
+    with pytest.raises(ObjectExists):
+        await store.create(key, b"four")
+
+
+async def test_concurrent_creates_of_one_key_leave_exactly_one_winner(store, prefix):
+    versions = [bytes([n]) * (100_000 + n) for n in range(8)]
+    results = await asyncio.gather(
+        *(store.create(prefix + "contended", v) for v in versions), return_exceptions=True
+    )
+    winners = [v for v, r in zip(versions, results, strict=True) if r is None]
+    assert len(winners) == 1, results
+    assert all(isinstance(r, ObjectExists) for r in results if r is not None)
+    assert await store.get(prefix + "contended") == winners[0]
+
+
 @pytest.mark.parametrize(
     "key",
     ["", "/absolute", "a/../b", "..", "a//b", "a/./b", "trailing/", ".hidden", "a/.tmp", "nul\x00"],
@@ -190,3 +233,14 @@ async def test_bad_arguments_are_refused(store, prefix):
         await store.delete(prefix + "k")
     with pytest.raises(TypeError, match="bytes-like"):
         await store.put(prefix + "k", "text")
+
+
+@pytest.mark.minio
+async def test_a_multipart_create_is_conditional_too(s3_server, make_s3_store, prefix):
+    mib = 1 << 20
+    store = await make_s3_store(s3_server, part_size=5 * mib, multipart_threshold=5 * mib)
+    big = os.urandom(11 * mib)  # three parts
+    await store.create(prefix + "big", big)
+    with pytest.raises(ObjectExists):
+        await store.create(prefix + "big", big[::-1])
+    assert await store.get(prefix + "big") == big

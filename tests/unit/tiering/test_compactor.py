@@ -30,7 +30,7 @@ from proxy.tiering.metarecords import (
 )
 from proxy.tiering.metastore import ShardFenced
 from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectformat import ObjectWriter, read_block, read_object
+from proxy.tiering.objectformat import FORMAT_VERSION, ObjectWriter, read_block, read_object
 from proxy.tiering.objectkeys import ObjectKind, object_key
 from proxy.tiering.objectstore import ObjectNotFound
 
@@ -126,8 +126,10 @@ class Fleet:
         state = self.states[shard]
         assert state.apply(*encode(record), state.next_offset).accepted
 
-    async def upload(self, number: int, shards: tuple[int, ...] = (0,)) -> str:
-        writer = ObjectWriter(number, ObjectKind.STREAM_SET)
+    async def upload(
+        self, number: int, shards: tuple[int, ...] = (0,), *, version: int = FORMAT_VERSION
+    ) -> str:
+        writer = ObjectWriter(number, ObjectKind.STREAM_SET, version=version)
         ranges = {}
         for shard in shards:
             s = self.streams[shard]

@@ -67,10 +67,15 @@ def test_the_log_is_the_last_contiguous_run():
     assert plan_recovery(PREFIX, []).end == 0
 
 
-def test_overlapping_or_empty_objects_are_damage_named_by_key():
-    with pytest.raises(WalCorruptError, match="overlap") as caught:
-        plan_recovery(PREFIX, [info(0, 10), info(5, 10)])
-    assert object_key(PREFIX, 5) in str(caught.value)
+def test_a_late_put_below_the_log_is_a_leftover_whether_it_overlaps_or_leaves_a_gap():
+    # [0, 10) and [10, 20) were trimmed; a killed process's PUT to key 10 landed since
+    log = [info(20, 5), info(25, 5)]
+    for late in (info(10, 14), info(10, 4)):  # overlaps [20, 25) / leaves a gap before it
+        plan = plan_recovery(PREFIX, [late, *log])
+        assert [o.base for o in plan.objects] == [20, 25] and plan.leftovers[0].base == 10
+
+
+def test_empty_objects_are_damage_named_by_key():
     with pytest.raises(WalCorruptError, match=f"{object_key(PREFIX, 0)} is empty"):
         plan_recovery(PREFIX, [info(0, 0)])
 
@@ -171,8 +176,15 @@ async def test_trim_deletes_objects_wholly_below_and_a_restart_replays_the_strad
         async with await S3WriteAheadLog.open(S3WalConfig(PREFIX), store) as wal:
             assert [e.base_offset async for e in wal.replay()] == [1, 2]
             await wal.trim_to(wal.durable_end)
-            assert await keys(store) == [] and wal.stats.retained_bytes == 0
-            assert await wal.read(wal.durable_end) == []
+            # the newest object stays, so the log never starts over at a key an earlier
+            # process may still write (docs/wal.md, "Late PUTs")
+            assert await keys(store) == [object_key(PREFIX, c.start)]
+            assert wal.stats.retained_bytes == 0 and await wal.read(wal.durable_end) == []
+            d = await wal.append(1, 3, batch(3))
+            await wal.trim_to(wal.durable_end)
+            assert await keys(store) == [object_key(PREFIX, d.start)] and d.start == c.end
+        async with await S3WriteAheadLog.open(S3WalConfig(PREFIX), store) as wal:
+            assert (wal.log_start, wal.durable_end) == (d.start, d.end)  # not back to 0
 
 
 async def test_open_deletes_what_an_interrupted_trim_left_below_a_gap(tmp_path):
@@ -225,11 +237,11 @@ class FailingPuts:
         self._store = store
         self.fail_next = False
 
-    async def put(self, key, data):
+    async def create(self, key, data):
         if self.fail_next:
             self.fail_next = False
-            raise ObjectStoreError(key, "put", "503 Slow Down", attempts=3, retryable=True)
-        await self._store.put(key, data)
+            raise ObjectStoreError(key, "create", "503 Slow Down", attempts=3, retryable=True)
+        await self._store.create(key, data)
 
     def __getattr__(self, name):
         return getattr(self._store, name)
