@@ -213,6 +213,7 @@ class TieredFleet:
             },
             "metrics": {"port": base + 6},
             "tiering": tiering,
+            "logging": {"format": "text"},  # faultsteps reads " WARNING " lines
         }
 
     def __getitem__(self, zone: str) -> TieredProxy:
