@@ -82,7 +82,13 @@ def run(args: argparse.Namespace, spark=None) -> int:
         print(f"tierproxy migrate: {exc}", file=sys.stderr)
         return 2
     try:  # before Spark starts: a wrong --peer is found even with nothing to move
-        preflight.check(job.bootstrap, job.topic, peer_address=job.peer, store_spec=job.store)
+        preflight.check(
+            job.bootstrap,
+            job.topic,
+            peer_address=job.peer,
+            store_spec=job.store,
+            say=lambda line: print(line, flush=True),
+        )
     except preflight.PreflightError as exc:
         print(f"tierproxy migrate: {exc}", file=sys.stderr)
         return 1

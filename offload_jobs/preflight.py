@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
 from offload_jobs.kafka_client import UnknownTopic, describe_topic
-
-PROBE_TOPIC = "tierproxy preflight"  # not a legal Kafka topic name
+from proxy.tiering.peer_messages import PingResponse
 
 
 class PreflightError(Exception):
@@ -33,25 +33,30 @@ def kafka_topic(bootstrap: str, topic: str, **settings) -> tuple[uuid.UUID, int]
         raise PreflightError(f"cannot reach Kafka at {bootstrap}: {exc}") from None
 
 
-async def peer(address: tuple[str, int], timeout_s: float = 10.0) -> None:
-    """The proxy's peer listener answers. The probe is an admin request about a topic
-    name Kafka refuses (it has a space), so no topic can have it: a proxy answers with an
-    error and changes nothing; anything else (no listener, another protocol, silence)
-    fails here."""
-    from proxy.server.peer_clients import PeerClients
+async def peer(address: tuple[str, int], timeout_s: float = 10.0) -> PingResponse:
+    """The proxy's peer listener answers a ping; its answer (the proxy's name in its fleet
+    and its version). Anything else (no listener, another protocol, silence, a proxy
+    too old to know pings) fails here, naming what was found."""
+    from proxy.server.peer_clients import PeerClients, PeerUnavailable
 
     where = f"{address[0]}:{address[1]}"
     clients = PeerClients(connect_timeout_s=timeout_s, admin_timeout_s=timeout_s)
     try:
-        await clients.admin(address, "unseal", PROBE_TOPIC, uuid.UUID(int=0), timeout_s=timeout_s)
-    except (OSError, TimeoutError, ConnectionError) as exc:
+        return await clients.ping(address, timeout_s=timeout_s)
+    except PeerUnavailable as exc:
+        if "cannot connect" in str(exc):
+            raise PreflightError(
+                f"--peer {where}: no proxy's peer listener answers there ({exc}); give the "
+                "peer_port (tiering.peer_port) of a running proxy"
+            ) from None
+        raise PreflightError(
+            f"--peer {where}: what answers there is not a proxy's peer listener, or a proxy "
+            f"older than this job ({exc})"
+        ) from None
+    except (OSError, TimeoutError) as exc:
         raise PreflightError(
             f"--peer {where}: no proxy's peer listener answers there ({exc or type(exc).__name__}"
             "); give the peer_port (tiering.peer_port) of a running proxy"
-        ) from None
-    except Exception as exc:  # an answer that is not the peer protocol
-        raise PreflightError(
-            f"--peer {where}: what answers there is not a proxy's peer listener ({exc!r})"
         ) from None
     finally:
         await clients.close()
@@ -85,13 +90,18 @@ def check(
     peer_address: tuple[str, int] | None = None,
     store_spec=None,
     settings: dict | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[uuid.UUID, int]:
-    """Every check the job needs, Kafka first; (topic id, partition count)."""
+    """Every check the job needs, Kafka first; (topic id, partition count). `say` gets a
+    line naming the proxy found at `peer_address`."""
     found = kafka_topic(bootstrap, topic, **(settings or {}))
 
     async def rest() -> None:
         if peer_address is not None:
-            await peer(peer_address)
+            hello = await peer(peer_address)
+            if say is not None:
+                host, port = peer_address
+                say(f"peer {host}:{port}: proxy {hello.name} (tierproxy {hello.version})")
         if store_spec is not None:
             await store(store_spec)
 

@@ -17,7 +17,7 @@ import logging
 import uuid
 from contextlib import suppress
 
-from proxy.server.peer_server import READ_BYTES, Request, peer_name
+from proxy.server.peer_server import READ_BYTES, Answer, Request, peer_name
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -31,6 +31,8 @@ from proxy.tiering.peer_codec import (
     PeerFrameReader,
     PeerMessage,
     PeerProtocolError,
+    PingRequest,
+    PingResponse,
     TrimRequest,
     TrimResponse,
     encode,
@@ -158,7 +160,7 @@ class _PeerConnection:
             self._fail(f"connection lost: {exc}")
 
     def _answer(self, message: PeerMessage) -> None:
-        if not isinstance(message, AppendResponse | AdminResponse | FetchResponse):
+        if not isinstance(message, Answer):
             raise PeerProtocolError(f"a {type(message).__name__} is not an answer")
         entry = self._pending.get(message.correlation_id)
         if entry is None:
@@ -259,6 +261,14 @@ class PeerClients:
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)
         return response.error_code, response.message
+
+    async def ping(self, address: Address, *, timeout_s: float | None = None) -> PingResponse:
+        """The proxy's answer to a ping: its name in the fleet and its version. A listener
+        that predates pings closes the connection (PeerUnavailable)."""
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(PingRequest(0), PingResponse, timeout)
+        assert isinstance(response, PingResponse)
+        return response
 
     async def backfill(
         self,

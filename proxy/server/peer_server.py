@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
+from proxy import __version__
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -30,6 +31,8 @@ from proxy.tiering.peer_codec import (
     FetchResponse,
     PeerFrameReader,
     PeerProtocolError,
+    PingRequest,
+    PingResponse,
     TrimRequest,
     TrimResponse,
     encode,
@@ -64,7 +67,8 @@ def _describe(exc: BaseException) -> str:
 
 # -- shared with peer_clients.py -----------------------------------------------------------
 
-Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest | TrimRequest
+Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest | TrimRequest | PingRequest
+Answer = AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse
 READ_BYTES = 256 * 1024
 
 
@@ -81,7 +85,8 @@ class PeerServer:
     """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
     fetches to other proxies, given `on_backfill`, offload jobs' commits, given
     `on_trim`, DeleteRecords on tiered partitions; without a handler such a request is
-    answered UNSUPPORTED_VERSION.
+    answered UNSUPPORTED_VERSION. A ping is answered with `name` (the proxy's fleet.name)
+    and this code's version, without any handler.
 
     Handlers start in the order their requests arrive (each one's first step runs before the
     next one's), so an owner can queue one stream's batches in the order they were sent.
@@ -101,6 +106,7 @@ class PeerServer:
         *,
         on_backfill: OnBackfill | None = None,
         on_trim: OnTrim | None = None,
+        name: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
         linger_s: float = 10.0,
@@ -112,6 +118,7 @@ class PeerServer:
         self._on_fetch = on_fetch
         self._on_backfill = on_backfill
         self._on_trim = on_trim
+        self.name = name
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
         self.linger_s = linger_s
@@ -203,8 +210,10 @@ class PeerServer:
                 await writer.wait_closed()
 
     async def _handle(self, request: Request, writer: asyncio.StreamWriter, peer: str) -> None:
-        response: AppendResponse | AdminResponse | FetchResponse
-        if isinstance(request, AppendRequest):
+        response: Answer
+        if isinstance(request, PingRequest):
+            response = PingResponse(request.correlation_id, self.name, __version__)
+        elif isinstance(request, AppendRequest):
             response = await self._append(request, peer)
             if request.acks == 0:
                 return

@@ -200,6 +200,7 @@ class TieringService:
             self._on_peer_fetch,
             on_backfill=lambda request: commit_backfill(self, request),
             on_trim=lambda request: trim_stream(self, request),
+            name=self.name,
         )
         await self.peer_server.start()
         self.s3wal_reader = S3WalReader(self.store)

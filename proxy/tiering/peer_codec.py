@@ -20,7 +20,8 @@ Every message is one frame, big-endian::
                                       3 admin request, 4 admin response,
                                       5 fetch request, 6 fetch response,
                                       7 backfill request (answered by an admin response),
-                                      8 trim request, 9 trim response
+                                      8 trim request, 9 trim response,
+                                      10 ping request, 11 ping response
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -43,9 +44,13 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      end_offset i64 (> start_offset)
     trim request     stream_id u64, offset i64 (>= -1), timeout_ms i32 (>= 0)
     trim response    error_code i16, log_start_offset i64 (>= -1), message string
+    ping request     (empty)
+    ping response    name string (the proxy's fleet.name), version string
 
-A type this code does not know is refused like any bad frame, so a peer sending fetches
-to a proxy that predates them loses that connection (and the calls waiting on it).
+Every type is version 1: a new message is a new type, and the frames of the older types
+never change, so an old frame stays readable. A type this code does not know is refused
+like any bad frame, so a peer sending fetches (or pings) to a proxy that predates them
+loses that connection (and the calls waiting on it).
 
 Two error families: bytes that cannot be decoded, including values a message does not
 allow, raise `PeerProtocolError` (the adapter closes that connection); a message that
@@ -74,6 +79,8 @@ from proxy.tiering.peer_messages import (
     FetchRequest,
     FetchResponse,
     PeerMessage,
+    PingRequest,
+    PingResponse,
     TrimRequest,
     TrimResponse,
     buffer_size,
@@ -110,6 +117,7 @@ APPEND_REQUEST, APPEND_RESPONSE, ADMIN_REQUEST, ADMIN_RESPONSE = 1, 2, 3, 4
 FETCH_REQUEST, FETCH_RESPONSE = 5, 6
 BACKFILL_REQUEST = 7
 TRIM_REQUEST, TRIM_RESPONSE = 8, 9
+PING_REQUEST, PING_RESPONSE = 10, 11
 
 
 class PeerProtocolError(ValueError):
@@ -177,6 +185,12 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
         kind = TRIM_RESPONSE
         body = _TRIMMED.pack(message.error_code, message.log_start_offset)
         body += _string(message.message)
+    elif isinstance(message, PingRequest):
+        kind = PING_REQUEST
+        body = b""
+    elif isinstance(message, PingResponse):
+        kind = PING_RESPONSE
+        body = _string(message.name) + _string(message.version)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
@@ -316,6 +330,14 @@ def _trim_response(cur: _Cursor, cid: int) -> TrimResponse:
     return TrimResponse(cid, error_code, log_start_offset, cur.string("trim response message"))
 
 
+def _ping_request(cur: _Cursor, cid: int) -> PingRequest:
+    return PingRequest(cid)
+
+
+def _ping_response(cur: _Cursor, cid: int) -> PingResponse:
+    return PingResponse(cid, cur.string("ping response name"), cur.string("ping response version"))
+
+
 _DECODERS = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
@@ -326,6 +348,8 @@ _DECODERS = {
     BACKFILL_REQUEST: _backfill_request,
     TRIM_REQUEST: _trim_request,
     TRIM_RESPONSE: _trim_response,
+    PING_REQUEST: _ping_request,
+    PING_RESPONSE: _ping_response,
 }
 
 

@@ -260,6 +260,32 @@ class TrimResponse:
         check_string("message", self.message, 0xFFFF)
 
 
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    """Is a proxy's peer listener there, and which proxy is it? Carries nothing; answered
+    by a `PingResponse`. Offload jobs send it before any work (offload_jobs/preflight.py)."""
+
+    correlation_id: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class PingResponse:
+    """The answer to a ping: the proxy's name in its fleet (fleet.name) and its version
+    (`proxy.__version__`)."""
+
+    correlation_id: int
+    name: str
+    version: str
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_string("name", self.name, 0xFFFF)
+        check_string("version", self.version, 0xFFFF)
+
+
 PeerMessage = (
     AppendRequest
     | AppendResponse
@@ -270,6 +296,8 @@ PeerMessage = (
     | BackfillRequest
     | TrimRequest
     | TrimResponse
+    | PingRequest
+    | PingResponse
 )
 
 

@@ -24,7 +24,7 @@ from proxy.tiering.peer_codec import (
     frame_size,
     read_frame,
 )
-from proxy.tiering.peer_messages import TrimRequest, TrimResponse
+from proxy.tiering.peer_messages import PingRequest, PingResponse, TrimRequest, TrimResponse
 from proxy.wal.s3walobject import S3WalLocation
 
 U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
@@ -70,6 +70,8 @@ MESSAGES = st.one_of(
     st.builds(FetchResponse, U32, I16, I64, I64, PIECES),
     st.builds(TrimRequest, U32, U64, st.integers(-1, (1 << 63) - 1), NON_NEGATIVE_I32),
     st.builds(TrimResponse, U32, I16, st.integers(-1, (1 << 63) - 1), TEXT),
+    st.builds(PingRequest, U32),
+    st.builds(PingResponse, U32, TEXT, TEXT),
 )
 
 

@@ -34,6 +34,7 @@ from offloaddata import CODECS, Produced, Topic, create_topic, position, produce
 from offload_jobs import migrate_cli
 from offload_jobs.report_cli import add_parsers
 from offload_jobs.segments import SegmentReader
+from proxy import __version__
 from proxy.server.peer_clients import PeerClients
 from proxy.tiering.batches import iter_batches
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of, stream_id
@@ -293,6 +294,9 @@ def test_migrate_from_the_cluster_and_what_the_owner_refuses(fleet, kafka_cluste
     _produce_through_proxy(fleet.bootstrap(), topic)
     code, out = _migrate(fleet, spark, topic.name, [], capsys)
     assert code == 0, out
+    proxy = fleet["zone-a"]
+    hello = f"peer 127.0.0.1:{proxy.peer_port}: proxy {proxy.name} (tierproxy {__version__})"
+    assert out.startswith(hello + "\n"), out  # the preflight's ping, answered
     assert "1 tiered partitions, 1 ranges to move" in out and "(1 committed" in out, out
     log_dir = Path(kafka_cluster.nodes[0].data_dir) / "logs" / f"{topic.name}-0"
     _objects_hold_kafkas_batches(fleet, topic_id, 0, log_dir)

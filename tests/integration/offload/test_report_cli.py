@@ -112,6 +112,11 @@ def test_a_wrong_peer_and_a_missing_topic_are_named_before_spark_starts(
     assert args.func(args) == 1
     err = capsys.readouterr().err
     assert f"--peer {dead}: no proxy's peer listener answers there" in err, err
+    broker = kafka_cluster.bootstrap.split(",")[0]  # a listener, but Kafka's, not a proxy's
+    args = parse_migrate([mixed_topic.name, "--config", config, "--peer", broker, "--from-cluster"])
+    assert args.func(args) == 1
+    err = capsys.readouterr().err
+    assert f"--peer {broker}: what answers there is not a proxy's peer listener" in err, err
     missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
     args = parse_migrate([missing, "--config", config, "--peer", dead, "--from-cluster"])
     assert args.func(args) == 1

@@ -5,7 +5,8 @@ answered; a bad frame closes only its connection; a server that goes away fails 
 waiting on it and a restarted one is reached again; a call that times out leaves the
 connection to the others. A fetch long-polls the owner's log cache while appends pass it on
 the same connection; a failing fetch handler, or none, answers an error code and keeps the
-connection; a frame type the server does not know closes only its own. Nothing here needs
+connection; a frame type the server does not know closes only its own. A ping is answered
+with the proxy's name and version. Nothing here needs
 Kafka or MinIO.
 """
 
@@ -20,6 +21,7 @@ import uuid
 import pytest
 from crc32c import crc32c
 
+from proxy import __version__
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
@@ -217,6 +219,27 @@ async def test_backfill_round_trip_and_a_server_without_a_handler(server, client
         await backfills.close()
     code, message = await clients.backfill(("127.0.0.1", server.port), 5, 1, 42, 0, 1)
     assert code == 35 and "no backfill" in message
+
+
+async def test_a_ping_is_answered_with_the_proxy_name_and_version_and_a_trim_round_trips(
+    owner, clients
+):
+    """Without any handler; the same connection then carries a trim and its answer."""
+
+    async def on_trim(request):
+        return 0, request.offset, f"stream {request.stream_id} trimmed"
+
+    named = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin, on_trim=on_trim,
+                       name="proxy-a")  # fmt: skip
+    await named.start()
+    try:
+        address = ("127.0.0.1", named.port)
+        hello = await clients.ping(address)
+        assert (hello.name, hello.version) == ("proxy-a", __version__)
+        assert await clients.trim(address, 42, 7, 500) == (0, 7, "stream 42 trimmed")
+        assert (await clients.ping(address)).name == "proxy-a"
+    finally:
+        await named.close()
 
 
 async def test_a_failing_handler_answers_an_error_and_is_logged(owner, server, clients, caplog):

@@ -6,6 +6,7 @@ cannot be built is a plain ValueError."""
 from __future__ import annotations
 
 import array
+import hashlib
 import struct
 import uuid
 
@@ -24,6 +25,8 @@ from proxy.tiering.peer_codec import (
     FetchResponse,
     PeerFrameReader,
     PeerProtocolError,
+    PingRequest,
+    PingResponse,
     TrimRequest,
     TrimResponse,
     decode_frame,
@@ -58,7 +61,12 @@ MESSAGES = [
     TrimRequest(16, (1 << 64) - 1, (1 << 63) - 1, 0),
     TrimResponse(17, 0, 1200, "stream 42: log start 1200"),
     TrimResponse(18, 1, -1, "offset 9 is past the high watermark 5"),
+    PingRequest(19),
+    PingResponse(20, "proxy-a", "0.1.0"),
+    PingResponse(0xFFFF_FFFF, "", ""),
 ]
+# sha256 of the frames of MESSAGES less the pings, as main wrote them before pings existed
+OLDER_FRAMES_SHA256 = "9227ed6d919e1799422a67f1fbab029a04c5215a3f7e152125744cef51b9c3cf"
 
 
 def reframe(body: bytes) -> bytes:
@@ -236,7 +244,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 10, 255])
+@pytest.mark.parametrize("kind", [0, 12, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -366,3 +374,22 @@ def test_trim_request_layout_and_bad_offsets():
         decode_frame(negative_wait)
     with pytest.raises(ValueError, match="log_start_offset -2"):
         TrimResponse(3, 0, -2, "")
+
+
+def test_ping_layout():
+    request = encode_frame(PingRequest(0x01020304))
+    assert request[8:] == b"\x01\x0a\x01\x02\x03\x04"  # version 1, type 10, no body
+    response = encode_frame(PingResponse(5, "proxy-a", "0.1.0"))
+    assert response[8:14] == b"\x01\x0b\x00\x00\x00\x05"
+    assert response[14:] == b"\x00\x07proxy-a\x00\x050.1.0"
+    with pytest.raises(PeerProtocolError, match="1 trailing bytes after a PingRequest"):
+        decode_frame(reframe(request[8:] + b"!"))
+
+
+def test_frames_of_the_older_messages_are_unchanged():
+    """Adding a message type never changes another's frame: a proxy of an older version
+    reads these, and this code reads theirs (the digest is of the frames before pings)."""
+    older = [m for m in MESSAGES if not isinstance(m, PingRequest | PingResponse)]
+    frames = b"".join(encode_frame(m) for m in older)
+    assert hashlib.sha256(frames).hexdigest() == OLDER_FRAMES_SHA256
+    assert [decode_frame(encode_frame(m)) for m in older] == older
