@@ -1,19 +1,48 @@
 #!/usr/bin/env bash
 # The README's test command: install everything, run the whole suite, then make sure no
 # java or minio process started from this checkout's cache outlived it.
+#
+# The suite runs in two parts (tests/conftest.py, --part): the pure tests (unit, property,
+# fuzz: no Kafka, MinIO or Spark) on TIERPROXY_TEST_WORKERS pytest-xdist workers (default
+# 2), then the shared part (tests/integration and anything using the session's Kafka,
+# MinIO or Spark) in one process that starts them once. Arguments go to both runs, e.g.
+# `make test ARGS="tests/unit -k wal"`; a part that the arguments leave empty is skipped
+# (pytest's exit 5), so only when neither part has a test is the exit 5. The output ends
+# with a summary of both parts in pytest's format; the exit code is the first failing
+# part's (0 when both pass).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --minio || exit $?
 cache=${TIERPROXY_CACHE:-$PWD/.cache}
+workers=${TIERPROXY_TEST_WORKERS:-2}
+# Test modules are compiled (and their asserts rewritten) once, not in every process.
+unset PYTHONDONTWRITEBYTECODE
+logs=$(mktemp -d "${TMPDIR:-/tmp}/tierproxy-test.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+color=()
+[ -t 1 ] && color=(--color=yes)
+
 start=$(date +%s)
-.venv/bin/python -m pytest "$@"
-status=$?
-echo "[test] suite took $(( $(date +%s) - start ))s"
+.venv/bin/python -m pytest --part pure -n "$workers" "${color[@]}" "$@" | tee "$logs/pure"
+pure=${PIPESTATUS[0]}
+.venv/bin/python -m pytest --part shared "${color[@]}" "$@" | tee "$logs/shared"
+shared=${PIPESTATUS[0]}
+took=$(( $(date +%s) - start ))
+
 leftover=$(pgrep -f -- "$cache/(kafka-|bin/minio)" || true)
 if [ -n "$leftover" ]; then
   echo "[test] processes left behind by the suite (killing them):" >&2
   ps -o pid,args -p "$(echo "$leftover" | paste -sd,)" >&2 || true
   kill -9 $leftover 2>/dev/null || true
-  [ "$status" = 0 ] && status=1
 fi
+
+status=0
+for part in "$pure" "$shared"; do
+  if [ "$part" != 0 ] && [ "$part" != 5 ] && [ "$status" = 0 ]; then status=$part; fi
+done
+if [ "$pure" = 5 ] && [ "$shared" = 5 ]; then status=5; fi
+if [ -n "$leftover" ] && [ "$status" = 0 ]; then status=1; fi
+
+echo "[test] pure part ($workers workers): exit $pure; shared part: exit $shared; suite took ${took}s"
+.venv/bin/python scripts/test_summary.py "$took" "$logs/pure" "$logs/shared"
 exit $status

@@ -3,9 +3,16 @@
 Each is started once per test session, on first use, and stopped at the end whatever
 happened. A failing test gets the tail of every running component's log in its report.
 Set TIERPROXY_TEST_BOOTSTRAP / TIERPROXY_TEST_S3_ENDPOINT to use external services instead.
+
+`--part pure|shared` runs half the suite (scripts/test.sh runs both, the pure half on
+pytest-xdist workers): `shared` is every test under tests/integration and any other test
+that uses the session's Kafka, MinIO or Spark, which one process must share (a worker
+would start its own); `pure` is the rest.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +21,35 @@ from proxy.devstack.external import external_kafka, external_s3
 from proxy.devstack.process import tracked_processes
 
 ZONES = ["zone-a", "zone-b", "zone-c"]
+SESSION_SERVICES = {"kafka_cluster", "s3_server", "spark"}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--part",
+        choices=("pure", "shared"),
+        default=None,
+        help="run only the tests that need no session service (pure) or only the others",
+    )
+
+
+def is_shared(item) -> bool:
+    integration = Path(__file__).parent / "integration"
+    return item.path.is_relative_to(integration) or not SESSION_SERVICES.isdisjoint(
+        item.fixturenames
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    part = config.getoption("--part")
+    if part is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if is_shared(item) == (part == "shared") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")
