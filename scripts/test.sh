@@ -23,7 +23,7 @@ color=()
 [ -t 1 ] && color=(--color=yes)
 
 start=$(date +%s)
-.venv/bin/python -m pytest --part pure -n "$workers" "${color[@]}" "$@" | tee "$logs/pure"
+.venv/bin/python -m pytest --part pure -n "$workers" --dist worksteal "${color[@]}" "$@" | tee "$logs/pure"
 pure=${PIPESTATUS[0]}
 .venv/bin/python -m pytest --part shared "${color[@]}" "$@" | tee "$logs/shared"
 shared=${PIPESTATUS[0]}
