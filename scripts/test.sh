@@ -25,8 +25,11 @@ color=()
 start=$(date +%s)
 .venv/bin/python -m pytest --part pure -n "$workers" --dist worksteal "${color[@]}" "$@" | tee "$logs/pure"
 pure=${PIPESTATUS[0]}
-.venv/bin/python -m pytest --part shared "${color[@]}" "$@" | tee "$logs/shared"
-shared=${PIPESTATUS[0]}
+shared=$pure  # interrupted (2), an internal (3) or usage error (4): no second run
+if [ "$pure" = 0 ] || [ "$pure" = 1 ] || [ "$pure" = 5 ]; then
+  .venv/bin/python -m pytest --part shared "${color[@]}" "$@" | tee "$logs/shared"
+  shared=${PIPESTATUS[0]}
+fi
 took=$(( $(date +%s) - start ))
 
 leftover=$(pgrep -f -- "$cache/(kafka-|bin/minio)" || true)
