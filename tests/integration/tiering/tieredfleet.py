@@ -58,7 +58,7 @@ from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoi
 
 HEARTBEAT_S = 0.5
 MEMBER_TIMEOUT_S = 3.0
-PORTS_PER_PROXY = 10  # brokers at base + node id (1..3), then bootstrap, metrics, peer
+PORTS_PER_PROXY = 10  # brokers at base + node id (1..3), then bootstrap, metrics, peer, admin
 _READY = "proxy ready at"
 
 
@@ -110,6 +110,15 @@ class TieredProxy:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def ready(self) -> bool:
+        """GET /readyz on the admin API: every shard assigned here owned and recovered."""
+        url = f"http://127.0.0.1:{self.base_port + 8}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return answer.status == 200
+        except OSError:  # 503 (an HTTPError) or not listening yet
+            return False
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples matching these labels (0 if none)."""
@@ -212,6 +221,7 @@ class TieredFleet:
                 "member_timeout_s": MEMBER_TIMEOUT_S,
             },
             "metrics": {"port": base + 6},
+            "admin": {"port": base + 8},
             "tiering": tiering,
         }
 
