@@ -56,7 +56,9 @@ public class Conformance {
       try {
         answer.set("answers", handle(JSON.readTree(line)));
       } catch (Throwable t) {
-        answer.put("fatal", t.toString());
+        StringBuilder chain = new StringBuilder(t.toString());
+        for (Throwable c = t.getCause(); c != null; c = c.getCause()) chain.append(" <- ").append(c);
+        answer.put("fatal", chain.toString());
       }
       out.println(JSON.writeValueAsString(answer));
     }
@@ -113,9 +115,9 @@ public class Conformance {
       props.put("compression.type", codec);
       props.put("acks", "all");
       props.put("enable.idempotence", "true");
-      props.put("linger.ms", "60000"); // flush() sends: one batch per topic and call
+      props.put("linger.ms", "1000"); // flush() sends at once: one batch per topic and call
       props.put("batch.size", "1048576");
-      props.put("delivery.timeout.ms", "60000");
+      props.put("delivery.timeout.ms", "90000");
       props.put("key.serializer", ByteArraySerializer.class.getName());
       props.put("value.serializer", ByteArraySerializer.class.getName());
       producer = new KafkaProducer<>(props);

@@ -30,7 +30,14 @@ class Record(NamedTuple):
     def __repr__(self) -> str:
         headers = f" h={list(self.headers)}" if self.headers else ""
         kind = "" if self.ts_type == "CreateTime" else f" {self.ts_type}"
-        return f"{self.offset}:{self.key!r}={self.value!r}@{self.ts}{kind}{headers}"
+        return f"{self.offset}:{_short(self.key)}={_short(self.value)}@{self.ts}{kind}{headers}"
+
+
+def _short(value: bytes | None) -> str:
+    """A value as it reads in a report: long ones cut, with their length."""
+    if value is None or len(value) <= 16:
+        return repr(value)
+    return f"{value[:12]!r}..({len(value)} B)"
 
 
 def relative(ts: int, base_ms: int) -> int:

@@ -72,8 +72,10 @@ class Runner:
         back, a client that fails outright) fails with the rows so far."""
         scenario = self.new_scenario(tag)
         for step, op in enumerate(ops):
+            started = time.monotonic()
             try:
                 scenario.rows.append(self.step(scenario, step, op))
+                scenario.rows[-1].seconds = time.monotonic() - started
             except Exception as exc:
                 raise AssertionError(
                     f"{report(scenario.rows, scenario.title)}\nstep {step}, {op}, failed: {exc}"
