@@ -141,7 +141,7 @@ class Aiokafka:
     async def _delete_records(self, bootstrap: str, topics: list[str], op: DeleteRecords):
         admin = AIOKafkaAdminClient(
             bootstrap_servers=bootstrap, client_id=self._client_id(op.zone),
-            request_timeout_ms=int(TIMEOUT_S * 1000),
+            request_timeout_ms=15_000,  # Kafka answers a DeleteRecords at once
         )  # fmt: skip
         await admin.start()
         answers = {}

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from ops import Commit, DeleteRecords, Fetch, ListOffsets, Produce, Resume
 
 TIMEOUT_S = 30.0
+ADMIN_TIMEOUT_S = 15.0  # DeleteRecords, ListOffsets: Kafka answers them at once
 
 
 def _name(err: KafkaError) -> str:
@@ -49,7 +50,7 @@ class Librdkafka:
         return {
             "bootstrap.servers": bootstrap,
             "client.id": f"conformance-librdkafka,tierproxy_az={zone}",
-            "log_level": 3,
+            "log_level": 2,  # no connect noise while a proxy restarts
             **extra,
         }
 
@@ -138,7 +139,9 @@ class Librdkafka:
             TopicPartition(t, 0): spec() if spec else OffsetSpec.for_timestamp(base_ms + op.ts)
             for t in topics
         }
-        futures = self._admin(bootstrap, op.zone).list_offsets(asked, request_timeout=TIMEOUT_S)
+        futures = self._admin(bootstrap, op.zone).list_offsets(
+            asked, request_timeout=ADMIN_TIMEOUT_S
+        )
         answers = {}
         for tp, future in futures.items():
             try:
@@ -152,7 +155,9 @@ class Librdkafka:
 
     def delete_records(self, bootstrap: str, topics: list[str], op: DeleteRecords, base_ms: int):
         asked = [TopicPartition(t, 0, op.offset) for t in topics]
-        futures = self._admin(bootstrap, op.zone).delete_records(asked, request_timeout=TIMEOUT_S)
+        futures = self._admin(bootstrap, op.zone).delete_records(
+            asked, request_timeout=ADMIN_TIMEOUT_S
+        )
         answers = {}
         for tp, future in futures.items():
             try:
