@@ -33,28 +33,43 @@ class Java:
     name = "java"
 
     def __init__(self, workdir: Path) -> None:
-        classes = workdir / "classes"
-        classes.mkdir(parents=True, exist_ok=True)
-        classpath = f"{kafka_libs()}/*"
-        javac = shutil.which("javac") or "javac"
-        done = subprocess.run(
-            [javac, "-cp", classpath, "-d", str(classes), str(SOURCE)],
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        log_config = workdir / "log4j2.properties"
-        log_config.write_text(_LOG4J2)
+        """Starts compiling at once (the fleet starts meanwhile); the JVM starts on first
+        use."""
+        self.workdir = workdir
+        self.classes = workdir / "classes"
+        self.classes.mkdir(parents=True, exist_ok=True)
+        self.classpath = f"{kafka_libs()}/*"
         self.stderr_path = workdir / "java.err"
+        with open(workdir / "javac.err", "wb") as errors:
+            self._javac = subprocess.Popen(
+                [shutil.which("javac") or "javac", "-cp", self.classpath, "-d",
+                 str(self.classes), str(SOURCE)],
+                stdout=subprocess.DEVNULL, stderr=errors,
+            )  # fmt: skip
+        self.process: subprocess.Popen | None = None
+
+    def _started(self) -> subprocess.Popen:
+        if self.process is not None:
+            return self.process
+        assert self._javac.wait(180) == 0, (self.workdir / "javac.err").read_text()[-3000:]
+        log_config = self.workdir / "log4j2.properties"
+        log_config.write_text(_LOG4J2)
         with open(self.stderr_path, "wb") as errors:
             self.process = subprocess.Popen(
                 [shutil.which("java") or "java", "-Xmx256m", "-XX:+UseSerialGC",
                  "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true",
                  f"-Dlog4j2.configurationFile={log_config}",
-                 "-cp", f"{classes}:{classpath}", "Conformance"],
+                 "-cp", f"{self.classes}:{self.classpath}", "Conformance"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
             )  # fmt: skip
+        return self.process
 
     def close(self) -> None:
+        if self._javac.poll() is None:
+            self._javac.kill()
+        self._javac.wait(10)
+        if self.process is None:
+            return
         if self.process.poll() is None:
             assert self.process.stdin is not None
             self.process.stdin.close()
@@ -67,13 +82,14 @@ class Java:
             self.process.stdout.close()
 
     def _call(self, command: dict) -> dict:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps(command).encode() + b"\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], 4 * TIMEOUT_MS / 1000)
-        line = self.process.stdout.readline() if ready else b""
+        process = self._started()
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(command).encode() + b"\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], 4 * TIMEOUT_MS / 1000)
+        line = process.stdout.readline() if ready else b""
         if not line:
-            self.process.kill()
+            process.kill()
             raise AssertionError(
                 f"the Java runner gave no answer to {command['op']}: "
                 f"{self.stderr_path.read_text(errors='replace')[-3000:]}"

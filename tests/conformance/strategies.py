@@ -53,14 +53,18 @@ header_keys = st.sampled_from(["a", "b", "trace-id", ""])
 
 
 @st.composite
-def records(draw, start_ts: int) -> tuple[Rec, ...]:
-    count = draw(st.one_of(st.integers(1, 12), st.integers(13, 120)))
-    ordered = draw(st.booleans())
+def records(
+    draw, start_ts: int, least: int = 1, refused: bool = True, ordered: bool | None = None
+) -> tuple[Rec, ...]:
+    """One batch's records from about `start_ts` on; `refused`: now and then one with a
+    timestamp Kafka refuses (the whole batch is then refused)."""
+    count = draw(st.one_of(st.integers(least, max(least, 12)), st.integers(max(least, 13), 120)))
+    ordered = draw(st.booleans()) if ordered is None else ordered
     ts = start_ts
     out = []
     for n in range(count):
         if ordered:
-            ts += draw(st.integers(0, 50))
+            ts += draw(st.integers(1, 50))
         else:
             ts = start_ts + draw(st.integers(-5_000, 5_000))
         key = draw(st.one_of(st.none(), st.sampled_from([b"k1", b"k2", b""]), small_bytes))
@@ -78,7 +82,9 @@ def records(draw, start_ts: int) -> tuple[Rec, ...]:
             draw(st.lists(st.tuples(header_keys, st.one_of(st.none(), small_bytes)), max_size=2))
         )
         out.append(Rec(key, value, ts, headers))
-    if draw(st.integers(0, 14)) == 14:  # now and then a record Kafka refuses: too far ahead
+    if (
+        refused and draw(st.integers(0, 14)) == 14
+    ):  # now and then a record Kafka refuses: too far ahead
         n = draw(st.integers(0, count - 1))
         out[n] = Rec(out[n].key, out[n].value, FUTURE_MS, out[n].headers)
     return tuple(out)
@@ -145,6 +151,75 @@ def scenarios(draw, tier: str, max_ops: int = 10) -> list:
     if groups:
         ops.append(Resume(0, "earliest", draw(st.sampled_from(CLIENTS)), "zone-a"))
     return ops
+
+
+SHAPES = ("stray_writes", "refused_transaction", "delete_mid_batch", "lookup_in_compressed")
+COMPRESSED = [c for c in CODECS if c != "none"]
+
+
+@st.composite
+def shaped(draw, shape: str) -> list:
+    """The issue's bug scenarios, their shape fixed and their data generated (batches,
+    codecs, clients, zones, the offsets and timestamps asked): each runs in CI whatever
+    the generated scenarios happen to draw."""
+    client = st.sampled_from(CLIENTS)
+    zone = st.sampled_from(ZONES)
+    first = draw(records(-3_600_000, least=2, refused=False))
+    second = draw(records(-1_800_000, least=10, refused=False))
+    cutover = len(first)
+    end = cutover + len(second)
+    write = [
+        Produce(first, draw(st.sampled_from(COMPRESSED)), draw(client), draw(zone)),
+        Tier(),
+        Produce(second, draw(st.sampled_from(COMPRESSED)), draw(client), draw(zone)),
+    ]
+    if shape in ("stray_writes", "refused_transaction"):
+        stray = (
+            StrayKafkaWrite(draw(st.integers(1, 5)), draw(st.sampled_from(CODECS)))
+            if shape == "stray_writes"
+            else StrayTransaction(draw(zone))
+        )
+        return [
+            *write,
+            stray,
+            Fetch(draw(st.integers(0, cutover - 1)), draw(client), draw(zone)),
+            ListOffsets("latest", draw(client), draw(zone)),
+            ListOffsets("max_timestamp", "java", draw(zone)),
+            EpochEnd(0, draw(zone)),
+            Produce(draw(records(0, refused=False)), "none", draw(client), draw(zone)),
+            Fetch(0, draw(client), draw(zone)),
+        ]
+    if shape == "delete_mid_batch":
+        inside = draw(st.integers(cutover + 1, end - 2))  # inside the tiered batch
+        lost, kept = second[inside - cutover - 1], second[inside - cutover]
+        return [
+            *write,
+            DeleteRecords(inside, draw(client), draw(zone)),
+            Fetch(inside - 1, draw(client), draw(zone)),
+            Fetch(inside, draw(client), draw(zone)),
+            ListOffsets("earliest", draw(client), draw(zone)),
+            ListOffsets("timestamp", draw(client), draw(zone), lost.ts),
+            ListOffsets("timestamp", draw(client), draw(zone), kept.ts),
+            ListOffsets("timestamp", draw(client), draw(zone), first[0].ts),
+            Commit(0, inside - 1, draw(client), draw(zone)),
+            Resume(0, "earliest", draw(client), draw(zone)),
+        ]
+    assert shape == "lookup_in_compressed", shape
+    batch = draw(records(-600_000, least=10, refused=False, ordered=True))
+    # records inside the batch: Kafka answers each one's own offset, not the batch's
+    asked = [
+        batch[n] for n in draw(st.lists(st.integers(1, len(batch) - 1), min_size=2, max_size=4))
+    ]
+    return [
+        Tier(),
+        Produce(batch, draw(st.sampled_from(COMPRESSED)), draw(client), draw(zone)),
+        *(
+            ListOffsets("timestamp", draw(client), draw(zone), r.ts + d)
+            for r in asked
+            for d in (0, -1)
+        ),
+        ListOffsets("max_timestamp", draw(st.sampled_from(["java", "librdkafka"])), draw(zone)),
+    ]
 
 
 @st.composite
