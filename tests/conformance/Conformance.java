@@ -187,7 +187,8 @@ public class Conformance {
       for (TopicPartition tp : tps) got.put(tp, JSON.createArrayNode());
       while (!open.isEmpty() && System.currentTimeMillis() < deadline) {
         for (TopicPartition tp : new ArrayList<>(open)) {
-          if (consumer.position(tp) >= ends.get(tp)) {
+          // at the end: done; past it, the next fetch answers OFFSET_OUT_OF_RANGE
+          if (consumer.position(tp) == ends.get(tp)) {
             ObjectNode end = JSON.createObjectNode();
             end.put("end", consumer.position(tp));
             got.get(tp).add(end);

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from answers import Record
 from compare import Row, report
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -38,6 +39,7 @@ class Scenario:
     base_ms: int
     rows: list[Row] = field(default_factory=list)
     cutover: int | None = None
+    append_time: bool = False  # message.timestamp.type=LogAppendTime on both topics
 
     @property
     def title(self) -> str:
@@ -56,21 +58,24 @@ class Runner:
         self.clients = clients
         self.admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
 
-    def new_scenario(self, tag: str) -> Scenario:
+    def new_scenario(self, tag: str, config: dict[str, str] | None = None) -> Scenario:
         suffix = uuid.uuid4().hex[:8]
         names = [f"conf-{tag}-pass-{suffix}", f"conf-{tag}-tier-{suffix}"]
-        futures = self.admin.create_topics([NewTopic(name, 1, 3) for name in names])
+        new = [NewTopic(name, 1, 3, config=dict(config or {})) for name in names]
+        futures = self.admin.create_topics(new)
         for future in futures.values():
             future.result(30)
         for name in names:
             wait_for(lambda n=name: topic_id_of(self.admin, n), bool, f"{name} known")
         base_ms = (time.time_ns() // 1_000_000_000) * 1000
-        return Scenario(names[0], names[1], base_ms)
+        append_time = (config or {}).get("message.timestamp.type") == "LogAppendTime"
+        return Scenario(names[0], names[1], base_ms, append_time=append_time)
 
-    def run(self, ops: list, tag: str = "gen") -> Scenario:
-        """Every op in order. An op that cannot run at all (a proxy that does not come
-        back, a client that fails outright) fails with the rows so far."""
-        scenario = self.new_scenario(tag)
+    def run(self, ops: list, tag: str = "gen", config: dict[str, str] | None = None) -> Scenario:
+        """Every op in order, on two new topics with this topic config. An op that cannot
+        run at all (a proxy that does not come back, a client that fails outright) fails
+        with the rows so far."""
+        scenario = self.new_scenario(tag, config)
         for step, op in enumerate(ops):
             started = time.monotonic()
             try:
@@ -114,6 +119,8 @@ class Runner:
                 answers = client.resume(bootstrap, both, op, group, s.base_ms)
             else:
                 raise TypeError(f"not an op: {op!r}")
+        if s.append_time:
+            answers = {t: _append_times(a, s.base_ms) for t, a in answers.items()}
         return Row(step, str(op), answers[s.passthrough], answers[s.tiered])
 
     def tier(self, topic: str) -> int:
@@ -187,3 +194,16 @@ class Runner:
             except KafkaException as again:
                 said.append(f"abort: {again.args[0].name()}")
         return "; ".join(said)
+
+
+def _append_times(answer, base_ms: int):
+    """With LogAppendTime each topic's timestamps are its own clock's: a record's is
+    compared as "appended" when it is a time since the scenario began (the broker's or
+    the proxy's), and stays as it is otherwise (a producer's timestamp kept)."""
+    if not isinstance(answer, tuple):
+        return answer
+    now = time.time_ns() // 1_000_000 - base_ms
+    return tuple(
+        r._replace(ts="appended") if isinstance(r, Record) and 0 <= r.ts <= now else r
+        for r in answer
+    )

@@ -153,7 +153,14 @@ def scenarios(draw, tier: str, max_ops: int = 10) -> list:
     return ops
 
 
-SHAPES = ("stray_writes", "refused_transaction", "delete_mid_batch", "lookup_in_compressed")
+SHAPES = (
+    "stray_writes",
+    "refused_transaction",
+    "delete_mid_batch",
+    "lookup_in_compressed",
+    "log_append_time",
+)
+TOPIC_CONFIGS = {"log_append_time": {"message.timestamp.type": "LogAppendTime"}}
 COMPRESSED = [c for c in CODECS if c != "none"]
 
 
@@ -203,6 +210,13 @@ def shaped(draw, shape: str) -> list:
             ListOffsets("timestamp", draw(client), draw(zone), first[0].ts),
             Commit(0, inside - 1, draw(client), draw(zone)),
             Resume(0, "earliest", draw(client), draw(zone)),
+        ]
+    if shape == "log_append_time":  # the topics' config says so (TOPIC_CONFIGS)
+        return [
+            *write,
+            Fetch(0, draw(client), draw(zone)),
+            Fetch(draw(st.integers(0, end)), draw(client), draw(zone)),
+            ListOffsets("latest", draw(client), draw(zone)),
         ]
     assert shape == "lookup_in_compressed", shape
     batch = draw(records(-600_000, least=10, refused=False, ordered=True))
