@@ -20,7 +20,7 @@ from kio.static.primitive import i32
 from proxy.protocol.messages import decode_response, encode_request
 
 
-def _call(address: tuple[str, int], message, response_type):
+def call(address: tuple[str, int], message, response_type):
     with socket.create_connection(address, timeout=30) as sock:
         sock.sendall(encode_request(message, 7, "epochs-test"))
         size = struct.unpack(">i", _read(sock, 4))[0]
@@ -44,7 +44,7 @@ def leaders(address: tuple[str, int], topics: list[str]) -> dict[tuple[str, int]
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
-    answer = _call(address, request, MetadataResponse)
+    answer = call(address, request, MetadataResponse)
     return {
         (t.name, p.partition_index): (int(p.leader_id), int(p.leader_epoch))
         for t in answer.topics
@@ -68,7 +68,7 @@ def epoch_ends(address, asked: dict[tuple[str, int], int]) -> dict[tuple[str, in
             for t, ps in topics.items()
         ),
     )
-    answer = _call(address, request, OffsetForLeaderEpochResponse)
+    answer = call(address, request, OffsetForLeaderEpochResponse)
     return {
         (t.topic, p.partition): (p.error_code.value, int(p.leader_epoch), int(p.end_offset))
         for t in answer.topics
