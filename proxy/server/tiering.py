@@ -35,6 +35,7 @@ from proxy.server.retention import Retention
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
 from proxy.server.tiered_txn_refusal import TxnRefusals
+from proxy.server.topic_configs import TopicConfigs
 from proxy.server.trims import trim_stream
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
@@ -52,6 +53,7 @@ from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, PartitionConfig, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
+from proxy.tiering.produce_rules import ProduceRules
 from proxy.tiering.s3store import S3Store
 from proxy.tiering.settings import TieringConfig
 from proxy.tiering.storemetrics import ObjectStoreMetrics
@@ -142,6 +144,8 @@ class TieringService:
         self.cutover = CutoverLoop(self)
         self.seals = Seals(self)
         self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
+        # tiered topics' configs, Kafka's: retention's and produce's (topic_configs.py)
+        self.topic_configs = TopicConfigs(kafka_settings)
         self.retention = Retention(self)
         # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
         self.beyond_cutover = BeyondCutover()
@@ -259,6 +263,7 @@ class TieringService:
             await self.store.close()
         if self.bandwidth is not None:
             self.bandwidth.close()
+        await self.topic_configs.close()
 
     @property
     def peer_port(self) -> int:
@@ -310,10 +315,24 @@ class TieringService:
         found = self.topics.topic(topic)
         return found is not None
 
+    async def produce_rules(self, topic: str | uuid.UUID) -> ProduceRules | None:
+        """What a tiered topic's produce must pass, from its configs in Kafka
+        (produce_rules.py); None: not tiered, or Kafka did not describe it."""
+        found = self.topics.topic(topic)
+        return None if found is None else await self.topic_configs.produce_rules(found.name)
+
     async def produce(
-        self, topic: str | uuid.UUID, partition: int, records, acks: int, timeout_ms: int
+        self,
+        topic: str | uuid.UUID,
+        partition: int,
+        records,
+        acks: int,
+        timeout_ms: int,
+        rules: ProduceRules | None = None,
     ) -> ProduceResult | None:
-        """One partition of a Produce request for a tiered topic; None for acks=0."""
+        """One partition of a Produce request for a tiered topic, checked against `rules`
+        (`produce_rules`) already; None for acks=0. The owner stamps the batch if the topic
+        uses LogAppendTime: here by `rules`, elsewhere by the owner's own."""
         found = self.topics.topic(topic)
         if found is None:  # untiered since the split: the client retries through Kafka
             return _not_owner(f"topic {topic} is no longer tiered")
@@ -332,7 +351,8 @@ class TieringService:
         if self.partitions.get(stream) is None and self._owned_here(stream):
             await self._wait_for_partition(stream)  # cut over or taken over just now
         if self.partitions.get(stream) is not None:
-            return await self.partitions.produce(stream, records, acks)
+            append_time = rules.log_append_time if rules is not None else None
+            return await self.partitions.produce(stream, records, acks, append_time)
         return await self._produce_remote(found, partition, stream, records, acks, timeout_ms)
 
     def _owned_here(self, stream: int) -> bool:
@@ -466,13 +486,19 @@ class TieringService:
             if records is None:
                 assert request.location is not None
                 records = await self.s3wal_reader.read(request.location)
+            rules = await self._stream_rules(stream)  # before the order is kept: may wait
             if previous is not None:
                 await asyncio.wait([previous])
             if self.partitions.get(stream) is None and self._owned_here(stream):
                 await self._wait_for_partition(stream)
             if self.partitions.get(stream) is None:
                 return _not_owner(f"stream {stream} is not owned by {self.name}")
-            call = asyncio.ensure_future(self.partitions.produce(stream, records, request.acks))
+            if rules is None:
+                return ProduceResult(56, error_message=f"stream {stream}: no topic config")
+            append_time = rules.log_append_time
+            call = asyncio.ensure_future(
+                self.partitions.produce(stream, records, request.acks, append_time)
+            )
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
         finally:
             queued.set_result(None)
@@ -480,6 +506,11 @@ class TieringService:
                 del self._arrivals[stream]
         result = await call
         return result if result is not None else ProduceResult(0)
+
+    async def _stream_rules(self, stream: int) -> ProduceRules | None:
+        """The produce rules of a stream's topic, at its owner (LogAppendTime)."""
+        info = self.state(stream).stream(stream)
+        return None if info is None else await self.produce_rules(info.topic_id)
 
     async def _on_peer_fetch(self, request: FetchRequest) -> TieredFetchResult:
         assert self.reads is not None

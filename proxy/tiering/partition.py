@@ -68,6 +68,7 @@ def _wall_clock_ms() -> int:
 class _Request:
     records: Records
     future: asyncio.Future[ProduceResult] | None  # None for acks=0
+    log_append_time: bool | None = None  # the topic's message.timestamp.type; None: config's
 
 
 @dataclass(slots=True, eq=False)
@@ -203,16 +204,20 @@ class TieredPartition:
         """The committed producer state, covering offsets below the high watermark."""
         return self._sequencer.snapshot()
 
-    async def produce(self, records: Records, acks: int) -> ProduceResult | None:
+    async def produce(
+        self, records: Records, acks: int, log_append_time: bool | None = None
+    ) -> ProduceResult | None:
         """Queue one partition's records and return the answer once they are durable (or
         refused). acks=0 returns None once queued; the write is the same. Waits while the
         queue is full, in call order: requests are sequenced in the order of the calls.
-        `records` must not change until the request is sequenced."""
+        `records` must not change until the request is sequenced. `log_append_time`: the
+        topic's message.timestamp.type is LogAppendTime, read from Kafka with each request
+        (a topic config may change); None keeps `config.log_append_time`."""
         if not self._open:
             return None if acks == 0 else not_owner(self.stream_id)
         loop = asyncio.get_running_loop()
         future = None if acks == 0 else loop.create_future()
-        request = _Request(records, future)
+        request = _Request(records, future, log_append_time)
         if len(self._inbox) < self.config.queue_size and not self._blocked:
             self._inbox.append(request)
             self._poke()
@@ -274,6 +279,8 @@ class TieredPartition:
         if now - self._last_expire >= self.config.expire_interval_ms:
             self._sequencer.expire(now)
             self._last_expire = now
+        if request.log_append_time is not None:  # stamped by the sequencer (Kafka's leader)
+            self._sequencer.log_append_time = request.log_append_time
         result = self._sequencer.append(request.records, now)
         future = request.future
         if isinstance(result, Rejected):
@@ -455,11 +462,13 @@ class PartitionSet:
     def get(self, stream_id: int) -> TieredPartition | None:
         return self._partitions.get(stream_id)
 
-    async def produce(self, stream_id: int, records: Records, acks: int) -> ProduceResult | None:
+    async def produce(
+        self, stream_id: int, records: Records, acks: int, log_append_time: bool | None = None
+    ) -> ProduceResult | None:
         partition = self._partitions.get(stream_id)
         if partition is None:
             return None if acks == 0 else not_owner(stream_id)
-        return await partition.produce(records, acks)
+        return await partition.produce(records, acks, log_append_time)
 
     async def remove(self, stream_id: int) -> None:
         """Give a partition up: close it (in-flight appends are answered) and forget it."""
