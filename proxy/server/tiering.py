@@ -37,6 +37,7 @@ from proxy.server.tiered_reads import TieredReads
 from proxy.server.tiered_txn_refusal import TxnRefusals
 from proxy.server.topic_configs import TopicConfigs
 from proxy.server.trims import trim_stream
+from proxy.tiering.batches import CorruptBatchError
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
@@ -69,6 +70,7 @@ from proxy.wal.types import WalConfig
 
 log = logging.getLogger("tierproxy.tiering")
 
+CORRUPT_MESSAGE = 2
 REQUEST_TIMED_OUT = 7
 INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
@@ -408,6 +410,8 @@ class TieringService:
                 self.peers.append(address, stream, acks, timeout_ms, **payload)
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
+        except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
+            return ProduceResult(CORRUPT_MESSAGE, error_message=str(exc))  # the owner's answer
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
             if location is not None and self.s3wal is not None:
