@@ -95,6 +95,7 @@ class StreamPart:
     cutover: int = -1
     log_start: int = -1
     found: Found | None = None  # the stream's record for a timestamp or MAX_TIMESTAMP
+    start_held: bool = False  # an object holds the log start (EARLIEST only)
 
     def alone(self, timestamp: int) -> OffsetsResult:
         """The answer when the stream holds the whole log."""
@@ -119,6 +120,10 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
         if kafka.offset > cutover:  # Kafka's log start past its part: the stream's
             note(kafka.offset)
             return OffsetsResult(NONE, -1, max(cutover, part.log_start))
+        if part.log_start > kafka.offset or (part.start_held and part.log_start < kafka.offset):
+            # trimmed below the cutover while Kafka's copy lives on, or migrated and gone
+            # from Kafka: what a Fetch from that offset is served (TieredReads.fetch_here)
+            return OffsetsResult(NONE, -1, part.log_start)
         return kafka
     below = 0 <= kafka.offset < cutover
     if kafka.offset >= cutover:
@@ -140,9 +145,9 @@ async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     if info is None:  # untiered since the split
         return StreamPart(NOT_LEADER_OR_FOLLOWER)
     timestamp = item.timestamp
-    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset)
     if timestamp in _EARLIEST:
-        return part
+        held = bool(state.objects_for(stream, info.log_start_offset, limit=1))
+        return StreamPart(NONE, info.cutover_offset, info.log_start_offset, start_held=held)
     search = StreamSearch(tiering, stream)
     # BOTH: Kafka answers below the cutover; HERE: the objects hold the whole log
     start = (
