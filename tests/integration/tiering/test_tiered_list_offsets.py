@@ -173,8 +173,10 @@ def _delete(bootstrap: str, topic: str, offset: int) -> None:
     assert future.result(60).low_watermark == offset
 
 
-def _first_read(bootstrap: str, topic: str, offset: int) -> int:
-    """The offset of the first record a consumer gets from `offset` (no reset allowed)."""
+def _first_read(bootstrap: str, topic: str, offset: int, leader_epoch: int | None = None) -> int:
+    """The offset of the first record a consumer gets from `offset` (no reset allowed);
+    with `leader_epoch`, librdkafka first validates the position with OffsetForLeaderEpoch
+    (a log that ends below it would be a truncation)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -182,7 +184,8 @@ def _first_read(bootstrap: str, topic: str, offset: int) -> int:
             "auto.offset.reset": "error",
         }
     )
-    consumer.assign([TopicPartition(topic, 0, offset)])
+    epoch = {} if leader_epoch is None else {"leader_epoch": leader_epoch}
+    consumer.assign([TopicPartition(topic, 0, offset, **epoch)])
     try:
         for _ in range(120):
             msg = consumer.poll(0.5)
@@ -235,6 +238,12 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
         _produce(proxy.bootstrap, [plain, tiered], TAIL)  # the owner's log cache only
 
         _compare(proxy.bootstrap, plain, tiered, 0)
+        # seek with the epoch answered, in Kafka's part, the objects and the tail: the
+        # position is validated and read, never truncated or reset
+        for stamp in (T0 + 130, T0 + 230, T0 + 330, T0 + 430, T0 + 900):
+            [(offset, epoch)] = _lookups(proxy.bootstrap, tiered, [stamp]).values()
+            assert epoch is not None and epoch >= 0, (stamp, offset, epoch)
+            assert _first_read(proxy.bootstrap, tiered, offset, epoch) == offset
 
         # inside a batch of Kafka's part: Kafka's log start there, the stream's follows
         for topic in (plain, tiered):
