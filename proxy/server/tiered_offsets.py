@@ -110,6 +110,7 @@ class StreamPart:
     cutover: int = -1
     log_start: int = -1
     found: Found | None = None  # the stream's record for a timestamp or MAX_TIMESTAMP
+    start_held: bool = False  # an object holds the log start (EARLIEST only)
     current_epoch: int = -1  # the partition's leader epoch now (leader_epochs.py)
     start_epoch: int = -1  # EARLIEST below the cutover: the epoch of the log start's batch
 
@@ -125,8 +126,11 @@ class StreamPart:
         epoch = epoch_at(found.offset, self.cutover, self.current_epoch, found.leader_epoch)
         return OffsetsResult(NONE, found.timestamp, found.offset, epoch)
 
-    def earliest(self, log_start: int) -> OffsetsResult:
-        epoch = epoch_at(log_start, self.cutover, self.current_epoch, self.start_epoch)
+    def earliest(self, log_start: int, stamped: int | None = None) -> OffsetsResult:
+        """EARLIEST at `log_start`; below the cutover with the epoch of the batch there
+        (`stamped`, else the one read from the objects)."""
+        stamped = self.start_epoch if stamped is None else stamped
+        epoch = epoch_at(log_start, self.cutover, self.current_epoch, stamped)
         return OffsetsResult(NONE, -1, log_start, epoch)
 
 
@@ -142,6 +146,14 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
         if kafka.offset > cutover:  # Kafka's log start past its part: the stream's
             note(kafka.offset)
             return part.earliest(max(cutover, part.log_start))
+        if part.log_start > kafka.offset or (part.start_held and part.log_start < kafka.offset):
+            # trimmed below the cutover while Kafka's copy lives on, or migrated and gone
+            # from Kafka: what a Fetch from that offset is served (TieredReads.fetch_here)
+            if part.start_held:
+                return part.earliest(part.log_start)
+            # Kafka's batch: the epoch of its entry for its own log start, most likely
+            # the same one (Kafka is not asked for this offset's)
+            return part.earliest(part.log_start, kafka.leader_epoch)
         return kafka
     below = 0 <= kafka.offset < cutover
     if kafka.offset >= cutover:
@@ -170,9 +182,12 @@ async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     if info is None:  # untiered since the split
         return StreamPart(NOT_LEADER_OR_FOLLOWER)
     timestamp = item.timestamp
-    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset)
+    held = timestamp in _EARLIEST and bool(
+        state.objects_for(stream, info.log_start_offset, limit=1)
+    )
+    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset, start_held=held)
     search = StreamSearch(tiering, stream)
-    if timestamp in _EARLIEST and (item.also_upstream or part.log_start >= part.cutover):
+    if timestamp in _EARLIEST and (not held or part.log_start >= part.cutover):
         return part
 
     # Kafka alone holds offsets below the cutover that no object holds; else the
@@ -185,7 +200,7 @@ async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     where = f"{found.name}-{item.partition}: ListOffsets timestamp {timestamp}"
     try:
         if timestamp in _EARLIEST:  # migrated ranges below the cutover: their batch's epoch
-            hit = await search.first_at_or_after(_ANY_TIMESTAMP, start)
+            hit = await search.first_at_or_after(_ANY_TIMESTAMP, info.log_start_offset)
             epoch = -1 if hit is None else hit.leader_epoch
             return dataclasses.replace(part, start_epoch=epoch)
         if timestamp == MAX_TIMESTAMP:

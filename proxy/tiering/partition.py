@@ -37,6 +37,7 @@ from proxy.tiering.partition_rules import (
     storage_error,
 )
 from proxy.tiering.producer_state import ErrorCode
+from proxy.tiering.recovered_tail import RecoveredTail, TailEntry
 from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalPosition
@@ -387,15 +388,19 @@ def _answer_all(item: _InFlight, result: ProduceResult) -> None:
 
 
 async def read_wal_batches(
-    wal: WriteAheadLog, streams: Collection[int] | None = None
+    wal: WriteAheadLog, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
 ) -> dict[int, list[BatchHeader]]:
     """One pass over the WAL's replay: each stream's batch headers in order (only those of
-    `streams`, if given). Headers only: the batch bytes are not kept."""
+    `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
+    keeps (the entries past each stream's committed end, for the log cache)."""
     found: dict[int, list[BatchHeader]] = {}
     async for entry in wal.replay():
         if streams is None or entry.stream_id in streams:
             headers = entry_batches(entry.stream_id, entry.base_offset, entry.batch)
             found.setdefault(entry.stream_id, []).extend(headers)
+            if tail is not None:
+                last = headers[-1].last_offset
+                tail.add(entry.stream_id, entry.base_offset, last, entry.position, entry.batch)
     return found
 
 
@@ -425,9 +430,14 @@ class PartitionSet:
         read_committed: ReadCommitted | None = None,
     ) -> None:
         """Rebuild and start a partition per stream (`TieredPartition.recover`), reading
-        the WAL once for all of them."""
+        the WAL once for all of them. The entries past each stream's committed end go to
+        the log cache, as many as it has room for (`recovered_tail.py`)."""
         streams = [s for s in streams if s not in self._partitions]
-        batches = await read_wal_batches(self._wal, set(streams))
+        tail = None
+        if self.log_cache is not None:
+            ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
+            tail = RecoveredTail(ends, self.log_cache.room)
+        batches = await read_wal_batches(self._wal, set(streams), tail)
         for stream in streams:
             partition = await TieredPartition.recover(
                 stream,
@@ -439,9 +449,11 @@ class PartitionSet:
                 clock_ms=self._clock_ms,
                 on_broken=self._broken_partition,
             )
-            self.add(partition)
+            self.add(partition, () if tail is None else tail.entries(stream))
 
-    def add(self, partition: TieredPartition) -> None:
+    def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
+        """Start serving a partition; `tail`: its recovered entries not uploaded yet, for
+        the log cache (those without data are noted as in the WAL)."""
         if partition.stream_id in self._partitions:
             raise ValueError(f"stream {partition.stream_id} already has a partition here")
         self._partitions[partition.stream_id] = partition
@@ -449,6 +461,15 @@ class PartitionSet:
             partition.on_broken = self._broken_partition
         if self.log_cache is not None:
             self.log_cache.drop(partition.stream_id)  # what it held is from an older owner
+            for entry in tail:
+                if entry.data is None:
+                    self.log_cache.in_wal(
+                        partition.stream_id, entry.base_offset, entry.last_offset, entry.position
+                    )
+                else:
+                    self.log_cache.append(
+                        partition.stream_id, entry.base_offset, entry.last_offset, entry.data
+                    )
             partition.on_appended = self.log_cache.append
         partition.start()
 
