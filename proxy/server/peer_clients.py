@@ -158,7 +158,7 @@ class _PeerConnection:
             self._fail(f"connection lost: {exc}")
 
     def _answer(self, message: PeerMessage) -> None:
-        if not isinstance(message, AppendResponse | AdminResponse | FetchResponse):
+        if not isinstance(message, AppendResponse | AdminResponse | FetchResponse | TrimResponse):
             raise PeerProtocolError(f"a {type(message).__name__} is not an answer")
         entry = self._pending.get(message.correlation_id)
         if entry is None:

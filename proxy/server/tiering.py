@@ -28,6 +28,7 @@ from proxy.server.backfill import commit_backfill
 from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
+from proxy.server.leader_epochs import LeaderEpochs
 from proxy.server.orphan_sweep import OrphanSweep
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
@@ -153,6 +154,8 @@ class TieringService:
         self.beyond_cutover = BeyondCutover()
         # AddPartitionsToTxn refused for tiered topics (tiered_txn_refusal.py)
         self.txn_refusals = TxnRefusals()
+        # the partitions' current leader epochs, for ListOffsets answers (leader_epochs.py)
+        self.leader_epochs = LeaderEpochs(proxy.partition_leader_epochs)
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object

@@ -64,7 +64,8 @@ def kafka(offset: int, epoch: int = 0) -> OffsetsResult:
     [
         (0, 0, True, kafka(0)),  # the same: Kafka's answer, its epoch kept
         (0, 200, True, OffsetsResult(0, -1, 200)),  # trimmed, Kafka's copy lives on
-        (0, 450, False, OffsetsResult(0, -1, 450)),  # DeleteRecords past the objects
+        # DeleteRecords past the objects: Kafka's batch, the epoch of Kafka's log start
+        (0, 450, False, OffsetsResult(0, -1, 450, 0)),
         (400, 200, True, OffsetsResult(0, -1, 200)),  # migrated, gone from Kafka
         (600, 200, False, kafka(600)),  # nothing holds 200: a Fetch there is Kafka's
         (1003, 200, True, OffsetsResult(0, -1, 1000)),  # past the cutover: clamped
