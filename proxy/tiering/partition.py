@@ -37,6 +37,7 @@ from proxy.tiering.partition_rules import (
     storage_error,
 )
 from proxy.tiering.producer_state import ErrorCode
+from proxy.tiering.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalPosition
@@ -99,6 +100,8 @@ class TieredPartition:
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
         self.on_appended: OnAppended | None = None  # each durable append (the log cache)
+        # the batches this proxy dropped, to tell its gaps from the client's (sequence_holes.py)
+        self.holes: SequenceHoles | None = None
         # the queue: requests keep the order of their produce() calls
         self._inbox: deque[_Request] = deque()
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
@@ -110,7 +113,6 @@ class TieredPartition:
         self._wake: asyncio.Future[None] | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._started_ms = clock_ms()  # reset by start(): when this owner began answering
 
     @classmethod
     async def recover(
@@ -157,7 +159,6 @@ class TieredPartition:
 
     def start(self) -> None:
         if self._task is None:
-            self._started_ms = self._clock_ms()
             self._task = asyncio.create_task(self._run(), name=f"partition {self.stream_id}")
 
     async def __aenter__(self) -> TieredPartition:
@@ -209,6 +210,7 @@ class TieredPartition:
         queue is full, in call order: requests are sequenced in the order of the calls.
         `records` must not change until the request is sequenced."""
         if not self._open:
+            self._dropped(records)
             return None if acks == 0 else not_owner(self.stream_id)
         loop = asyncio.get_running_loop()
         future = None if acks == 0 else loop.create_future()
@@ -255,6 +257,7 @@ class TieredPartition:
             self._wake = None
             self._closing = True
             for item in self._in_flight:  # cancelled or a bug: the writes' fate is unknown
+                self._dropped(item.pending.records)
                 _answer_all(item, storage_error("the partition's task stopped"))
             self._refuse_queued()
             self._notify()
@@ -277,7 +280,9 @@ class TieredPartition:
         result = self._sequencer.append(request.records, now)
         future = request.future
         if isinstance(result, Rejected):
-            answer = refusal(result, self.stream_id, now - self._started_ms, self.config)
+            answer = refusal(result, self.stream_id, self.holes)
+            if answer.error_code in DROP_CODES:  # fenced, or a gap this proxy made
+                self._dropped(request.records)
             if result.error_code in _SEQUENCE_REFUSALS:  # rare, and what settles a duplicate
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
@@ -330,6 +335,7 @@ class TieredPartition:
                 if code == ErrorCode.NONE:
                     _answer(future, self._success(base_offset, append_time))
                 else:
+                    self._dropped(item.pending.records)
                     _answer(future, storage_error("the partition was fenced"))
             moved = True
         if moved:
@@ -341,9 +347,9 @@ class TieredPartition:
         self._sequencer.abort(item.pending)
         self._broken = error
         result = storage_error(f"the WAL write failed: {error!r}")
-        _answer_all(item, result)
-        for later in self._in_flight:  # their writes fail too (the WAL is broken)
-            _answer_all(later, result)
+        for failed in (item, *self._in_flight):  # their writes fail too (the WAL is broken)
+            self._dropped(failed.pending.records)
+            _answer_all(failed, result)
         self._in_flight.clear()
         self._notify()
         if self.on_broken is not None:
@@ -359,7 +365,14 @@ class TieredPartition:
                 if admitted.done():
                     continue
                 admitted.set_result(None)
+            self._dropped(request.records)
             _answer(request.future, result)
+
+    def _dropped(self, records: Records) -> None:
+        """Answered retriable, not appended: recorded before the answer is given, so no
+        later batch of the producer can pass it unnoticed (sequence_holes.py)."""
+        if self.holes is not None:
+            self.holes.dropped(self.stream_id, ProducerBatch.of(records))
 
     def _success(self, base_offset: int, append_time: int) -> ProduceResult:
         return ProduceResult(0, base_offset, append_time, self.log_start_offset)
@@ -410,8 +423,10 @@ class PartitionSet:
         clock_ms: Callable[[], int] = _wall_clock_ms,
         on_broken: OnBroken | None = None,
         log_cache: LogCache | None = None,
+        holes: SequenceHoles | None = None,
     ) -> None:
         self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
+        self.holes = holes  # shared with the Produce path (sequence_holes.py)
         self._on_broken = on_broken
         self.log_cache = log_cache
         self._partitions: dict[int, TieredPartition] = {}
@@ -450,6 +465,7 @@ class PartitionSet:
         if self.log_cache is not None:
             self.log_cache.drop(partition.stream_id)  # what it held is from an older owner
             partition.on_appended = self.log_cache.append
+        partition.holes = self.holes
         partition.start()
 
     def get(self, stream_id: int) -> TieredPartition | None:
