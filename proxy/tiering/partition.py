@@ -34,6 +34,7 @@ from proxy.tiering.partition_rules import (
     not_owner,
     rebuild_sequencer,
     refusal,
+    sequence,
     storage_error,
 )
 from proxy.tiering.producer_state import ErrorCode
@@ -277,7 +278,7 @@ class TieredPartition:
         if now - self._last_expire >= self.config.expire_interval_ms:
             self._sequencer.expire(now)
             self._last_expire = now
-        result = self._sequencer.append(request.records, now)
+        result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
         future = request.future
         if isinstance(result, Rejected):
             answer = refusal(result, self.stream_id, self.holes)

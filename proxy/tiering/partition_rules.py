@@ -48,8 +48,8 @@ from proxy.tiering.producer_state import (
     CorruptSnapshotError,
     ErrorCode,
 )
-from proxy.tiering.sequence_holes import SequenceHoles
-from proxy.tiering.sequencer import PartitionSequencer, Rejected
+from proxy.tiering.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
+from proxy.tiering.sequencer import AppendResult, PartitionSequencer, Rejected
 
 __all__ = [
     "NOT_LEADER_OR_FOLLOWER",
@@ -62,6 +62,7 @@ __all__ = [
     "not_owner",
     "rebuild_sequencer",
     "refusal",
+    "sequence",
     "storage_error",
 ]
 
@@ -125,6 +126,35 @@ def refusal(rejected: Rejected, stream_id: int, holes: SequenceHoles | None) -> 
                 f"({rejected.message}): resend from the oldest batch not answered",
             )
     return ProduceResult(int(code), error_message=rejected.message)
+
+
+def sequence(
+    sequencer: PartitionSequencer,
+    records: bytes | bytearray | memoryview,
+    now_ms: int,
+    holes: SequenceHoles | None,
+    stream_id: int,
+) -> AppendResult:
+    """`sequencer.append`, except for a producer the partition has no state for whose
+    earlier batch this proxy dropped: Kafka accepts an unknown producer at any sequence
+    (KIP-360), which would take this batch past the dropped one and answer its retry 45.
+    It is refused as a gap from the dropped batch instead, which `refusal` answers
+    NOT_LEADER_OR_FOLLOWER."""
+    if holes is not None and len(holes):
+        batch = ProducerBatch.of(records)
+        if batch is not None and sequencer.producer_state(batch.producer_id) is None:
+            hole = holes.hole_before(stream_id, batch)
+            if hole >= 0:
+                gap = SequenceGap(
+                    batch.producer_id, batch.producer_epoch, hole, batch.first_sequence
+                )
+                return Rejected(
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    f"producer {batch.producer_id} is not known here and its batch at "
+                    f"{hole} was not appended: {batch.first_sequence} would leave a gap",
+                    gap,
+                )
+    return sequencer.append(records, now_ms)
 
 
 class RecoveryError(Exception):

@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, refusal
+from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, refusal, sequence
 from proxy.tiering.producer_state import INT32_MAX
 from proxy.tiering.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles, seq_within
 from proxy.tiering.sequencer import ErrorCode, PartitionSequencer, Rejected
@@ -143,3 +143,16 @@ def test_refusal_answers_a_proxy_gap_not_leader_and_a_client_gap_45():
     assert "a batch before this one was not appended (gap)" in answer.error_message
     epoch = Rejected(ErrorCode.INVALID_PRODUCER_EPOCH, "zombie")
     assert refusal(epoch, S, holes).error_code == 47
+
+
+def test_a_producer_not_known_here_is_not_taken_past_its_dropped_batch():
+    holes = SequenceHoles()
+    sequencer = PartitionSequencer(0)
+    assert not isinstance(sequence(sequencer, records(3), NOW, holes, S), Rejected)  # KIP-360
+    other = PartitionSequencer(0)
+    holes.dropped(S, batch(0))  # its first batch was dropped on the way
+    refused = sequence(other, records(3), NOW, holes, S)
+    assert isinstance(refused, Rejected) and refused.gap == SequenceGap(PID, 0, 0, 3)
+    assert refusal(refused, S, holes).error_code == NOT_LEADER_OR_FOLLOWER
+    assert other.log_end_offset == 0
+    assert not isinstance(sequence(other, records(0), NOW, holes, S), Rejected)  # the retry
