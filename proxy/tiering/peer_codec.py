@@ -152,10 +152,14 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
             body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, S3)
             body += _string(loc.object_key) + _RANGE.pack(loc.start, loc.end, loc.crc)
         b = message.batch
-        if b is not None:
-            body += _SEQUENCE.pack(
+        if b is not None:  # after the records, which are the tail pieces (never copied)
+            trailer = _SEQUENCE.pack(
                 b.producer_id, b.producer_epoch, b.first_sequence, b.last_sequence, message.hole
             )
+            if tail:
+                tail = (*tail, trailer)
+            else:
+                body += trailer
     elif isinstance(message, AppendResponse):
         kind = APPEND_RESPONSE
         m = message
