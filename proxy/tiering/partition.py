@@ -34,10 +34,12 @@ from proxy.tiering.partition_rules import (
     not_owner,
     rebuild_sequencer,
     refusal,
+    sequence,
     storage_error,
 )
 from proxy.tiering.producer_state import ErrorCode
 from proxy.tiering.recovered_tail import RecoveredTail, TailEntry
+from proxy.tiering.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalPosition
@@ -101,6 +103,8 @@ class TieredPartition:
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
         self.on_appended: OnAppended | None = None  # each durable append (the log cache)
+        # the batches this proxy dropped, to tell its gaps from the client's (sequence_holes.py)
+        self.holes: SequenceHoles | None = None
         # the queue: requests keep the order of their produce() calls
         self._inbox: deque[_Request] = deque()
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
@@ -112,7 +116,6 @@ class TieredPartition:
         self._wake: asyncio.Future[None] | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._started_ms = clock_ms()  # reset by start(): when this owner began answering
 
     @classmethod
     async def recover(
@@ -159,7 +162,6 @@ class TieredPartition:
 
     def start(self) -> None:
         if self._task is None:
-            self._started_ms = self._clock_ms()
             self._task = asyncio.create_task(self._run(), name=f"partition {self.stream_id}")
 
     async def __aenter__(self) -> TieredPartition:
@@ -215,6 +217,7 @@ class TieredPartition:
         topic's message.timestamp.type is LogAppendTime, read from Kafka with each request
         (a topic config may change); None keeps `config.log_append_time`."""
         if not self._open:
+            self._dropped(records)
             return None if acks == 0 else not_owner(self.stream_id)
         loop = asyncio.get_running_loop()
         future = None if acks == 0 else loop.create_future()
@@ -261,6 +264,7 @@ class TieredPartition:
             self._wake = None
             self._closing = True
             for item in self._in_flight:  # cancelled or a bug: the writes' fate is unknown
+                self._dropped(item.pending.records)
                 _answer_all(item, storage_error("the partition's task stopped"))
             self._refuse_queued()
             self._notify()
@@ -282,10 +286,12 @@ class TieredPartition:
             self._last_expire = now
         if request.log_append_time is not None:  # stamped by the sequencer (Kafka's leader)
             self._sequencer.log_append_time = request.log_append_time
-        result = self._sequencer.append(request.records, now)
+        result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
         future = request.future
         if isinstance(result, Rejected):
-            answer = refusal(result, self.stream_id, now - self._started_ms, self.config)
+            answer = refusal(result, self.stream_id, self.holes)
+            if answer.error_code in DROP_CODES:  # fenced, or a gap this proxy made
+                self._dropped(request.records)
             if result.error_code in _SEQUENCE_REFUSALS:  # rare, and what settles a duplicate
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
@@ -338,6 +344,7 @@ class TieredPartition:
                 if code == ErrorCode.NONE:
                     _answer(future, self._success(base_offset, append_time))
                 else:
+                    self._dropped(item.pending.records)
                     _answer(future, storage_error("the partition was fenced"))
             moved = True
         if moved:
@@ -349,9 +356,9 @@ class TieredPartition:
         self._sequencer.abort(item.pending)
         self._broken = error
         result = storage_error(f"the WAL write failed: {error!r}")
-        _answer_all(item, result)
-        for later in self._in_flight:  # their writes fail too (the WAL is broken)
-            _answer_all(later, result)
+        for failed in (item, *self._in_flight):  # their writes fail too (the WAL is broken)
+            self._dropped(failed.pending.records)
+            _answer_all(failed, result)
         self._in_flight.clear()
         self._notify()
         if self.on_broken is not None:
@@ -367,7 +374,14 @@ class TieredPartition:
                 if admitted.done():
                     continue
                 admitted.set_result(None)
+            self._dropped(request.records)
             _answer(request.future, result)
+
+    def _dropped(self, records: Records) -> None:
+        """Answered retriable, not appended: recorded before the answer is given, so no
+        later batch of the producer can pass it unnoticed (sequence_holes.py)."""
+        if self.holes is not None:
+            self.holes.dropped(self.stream_id, ProducerBatch.of(records))
 
     def _success(self, base_offset: int, append_time: int) -> ProduceResult:
         return ProduceResult(0, base_offset, append_time, self.log_start_offset)
@@ -422,8 +436,10 @@ class PartitionSet:
         clock_ms: Callable[[], int] = _wall_clock_ms,
         on_broken: OnBroken | None = None,
         log_cache: LogCache | None = None,
+        holes: SequenceHoles | None = None,
     ) -> None:
         self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
+        self.holes = holes  # shared with the Produce path (sequence_holes.py)
         self._on_broken = on_broken
         self.log_cache = log_cache
         self._partitions: dict[int, TieredPartition] = {}
@@ -478,6 +494,7 @@ class PartitionSet:
                         partition.stream_id, entry.base_offset, entry.last_offset, entry.data
                     )
             partition.on_appended = self.log_cache.append
+        partition.holes = self.holes
         partition.start()
 
     def get(self, stream_id: int) -> TieredPartition | None:
