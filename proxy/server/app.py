@@ -57,6 +57,7 @@ from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tiering import TieringService
 from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
+from proxy.tiering.peer_codec import PROTOCOL as PEER_PROTOCOL
 
 log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints
@@ -153,6 +154,7 @@ class Proxy:
             peer_port=tiering.peer_port if tiering is not None else 0,
             drained=tiering.drained() if tiering is not None else frozenset(),
             uploader_lag=tiering.uploader_lag() if tiering is not None else None,
+            peer_protocol=PEER_PROTOCOL,
         )
 
     def _set_self_port(self, port: int) -> None:

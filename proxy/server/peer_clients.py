@@ -22,6 +22,7 @@ from proxy.server.peer_server import READ_BYTES, Request, peer_name
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
     DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL,
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -35,6 +36,7 @@ from proxy.tiering.peer_codec import (
     TrimRequest,
     TrimResponse,
     encode,
+    for_peer,
     frame_size,
 )
 from proxy.tiering.sequence_holes import ProducerBatch
@@ -254,15 +256,21 @@ class PeerClients:
         batch: ProducerBatch | None = None,
         hole: Callable[[], int] | None = None,
         on_lost: Callable[[], None] | None = None,
+        peer_protocol: int = PROTOCOL,
     ) -> ProduceResult | None:
         """The owner's answer to appending `records` (direct) or the batches at `location`
         (s3) to `stream_id`; None for acks=0, once the request is written. The default
         timeout is the request's own `timeout_ms` plus `timeout_margin_s`. `batch` and
         `hole()` (asked now, as the connection is picked) tell the owner whose batches
-        these are and the sender's last drop before them; `on_lost`: `_PeerConnection.call`."""
+        these are and the sender's last drop before them, unless the owner's `peer_protocol`
+        (its heartbeat's) predates them: `peer_codec.for_peer`; `on_lost`:
+        `_PeerConnection.call`."""
         hole_seq = -1 if hole is None or batch is None else hole()
-        request = AppendRequest(
-            0, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole_seq
+        request = for_peer(
+            AppendRequest(
+                0, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole_seq
+            ),
+            peer_protocol,
         )
         if timeout_s is None:
             timeout_s = max(timeout_ms, 0) / 1000 + self.timeout_margin_s

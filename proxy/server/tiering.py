@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.backfill import commit_backfill
 from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
@@ -54,7 +55,7 @@ from proxy.tiering.objectstore import ObjectStore
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
-from proxy.tiering.peer_codec import AdminRequest, AppendRequest, frame_size
+from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.produce_rules import ProduceRules
 from proxy.tiering.s3store import S3Store
@@ -425,6 +426,7 @@ class TieringService:
         address = self._owner_address(stream)
         if address is None:
             return _not_owner(f"{topic.name}-{partition}: no live owner right now")
+        protocol = self.peer_protocol(self.state(stream).owner)
         # A stream's batches reach the owner in the order they came (producer sequence
         # numbers): each call is made after the previous one's, which PeerClients writes
         # first, whichever S3-WAL PUT ends first.
@@ -450,6 +452,7 @@ class TieringService:
                     batch=batch,
                     hole=lambda: self.holes.hole_before(stream, batch),
                     on_lost=lambda: self.holes.dropped(stream, batch),
+                    peer_protocol=protocol,
                 )
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
@@ -465,7 +468,9 @@ class TieringService:
             started.set_result(None)
             if self._sends.get(stream) is started:
                 del self._sends[stream]
-        request = AppendRequest(0, stream, acks, timeout_ms, **payload, batch=batch)
+        request = for_peer(
+            AppendRequest(0, stream, acks, timeout_ms, **payload, batch=batch), protocol
+        )
         self.count_peer_bytes(address, "to_owner", frame_size(request))
         try:
             result = await call
@@ -517,6 +522,12 @@ class TieringService:
         if member not in live or heartbeat is None or not heartbeat.peer_port:
             return None
         return live[member].host, heartbeat.peer_port
+
+    def peer_protocol(self, member: str) -> int:
+        """The peer protocol level of `member`, from its last heartbeat; a member not heard
+        from counts as the oldest, so nothing it might refuse is sent to it."""
+        heartbeat = self.proxy.fleet.heartbeat(member) if member else None
+        return OLD_PEER_PROTOCOL if heartbeat is None else heartbeat.peer_protocol
 
     # -- what peers ask ------------------------------------------------------------------
 

@@ -32,7 +32,8 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      (the location's stream id is the request's)
                      then, optionally (an idempotent producer's batches): producer_id i64,
                      producer_epoch i16, first_sequence i32, last_sequence i32, hole i32
-                     (-1: none; docs/sequencer.md, "Gaps the proxy made")
+                     (-1: none; docs/sequencer.md, "Gaps the proxy made"), only to a
+                     peer at protocol 2 or later (below)
     append response  error_code i16, base_offset i64, log_append_time_ms i64,
                      log_start_offset i64, error_message nullable string
     admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
@@ -53,10 +54,19 @@ to a proxy that predates them loses that connection (and the calls waiting on it
 Two error families: bytes that cannot be decoded, including values a message does not
 allow, raise `PeerProtocolError` (the adapter closes that connection); a message that
 cannot be built raises a plain `ValueError` (the caller's bug).
+
+Protocol levels. A proxy refuses any frame version but 1 and any byte after a message's
+last field, so a frame an older proxy would refuse is sent to it only once it is known
+to read it: every member's fleet heartbeat says the `PROTOCOL` its listener speaks
+(`proxy/routing/fleet.py`, `peer_protocol`, 1 when absent), and `for_peer` drops what
+the receiver's level lacks. 1: the first release. 2: the append request's sequences
+trailer. A rolling upgrade therefore never breaks a hand-off (docs/operations.md,
+"Upgrades").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import uuid
 from collections import deque
@@ -86,6 +96,8 @@ from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 VERSION = 1
+PROTOCOL = 2  # the level this code reads and writes (docstring: "Protocol levels")
+SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc
@@ -194,6 +206,16 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
+
+
+def for_peer(request: AppendRequest, peer_protocol: int) -> AppendRequest:
+    """`request` as a peer at `peer_protocol` can read it: without the sequences trailer
+    for one older than `SEQUENCES_PROTOCOL` (it would refuse the frame, and drop the
+    connection with every call on it). That owner then judges a sequence gap by its own
+    record of drops only, as it always did."""
+    if request.batch is None or peer_protocol >= SEQUENCES_PROTOCOL:
+        return request
+    return dataclasses.replace(request, batch=None, hole=-1)
 
 
 def frame_size(message: PeerMessage) -> int:
