@@ -67,9 +67,7 @@ def test_latest_epoch_of_a_partition_whose_owner_is_away_is_not_answered(
     try:
         fleet.start()
         fleet.wait_until_owned()
-        topic, topic_id = fleet.create_spread_topic(PARTITIONS)
-        fleet.tier(topic)
-        fleet.wait_for_cutover(topic_id, PARTITIONS)
+        topic, topic_id = fleet.tiered_spread_topic(PARTITIONS)
         producer = Producer(
             {"bootstrap.servers": fleet.bootstrap(), "enable.idempotence": True, "acks": "all"}
         )

@@ -59,9 +59,7 @@ def test_hand_offs_between_this_release_and_the_previous_one(kafka_cluster, s3_s
     try:
         fleet.start()
         fleet.wait_until_owned()
-        topic, topic_id = fleet.create_spread_topic(PARTITIONS)
-        fleet.tier(topic)
-        fleet.wait_for_cutover(topic_id, PARTITIONS)
+        topic, topic_id = fleet.tiered_spread_topic(PARTITIONS)
         owners = {fleet.stream_owner(topic_id, p) for p in range(PARTITIONS)}
         assert owners == {fleet["zone-a"].name, old.name}  # hand-offs both ways
         for zone in ("zone-a", "zone-b"):
