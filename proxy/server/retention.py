@@ -91,7 +91,11 @@ class TopicConfigs:
     async def _describe(self, topics: list[str], now: float) -> None:
         if self._admin is None:
             admin = AIOKafkaAdminClient(**self._kafka)
-            await admin.start()
+            try:
+                await admin.start()
+            except BaseException:  # failed or cancelled (the proxy stopping): no leak
+                await admin.close()
+                raise
             self._admin = admin
         wanted = dict.fromkeys(CONFIG_KEYS)
         resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
