@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Sequence
@@ -133,7 +132,7 @@ class TieringService:
         self.peers = PeerClients()
         self.s3wal: S3WalWriter | None = None
         self.s3wal_reader: S3WalReader | None = None
-        self._allocate = ObjectIdAllocator(random.getrandbits(31))
+        self._allocate = ObjectIdAllocator.drawn()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         # stream -> the latest peer request's future, done once its batch is queued (owner)
