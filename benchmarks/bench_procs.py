@@ -228,6 +228,7 @@ class ProxyProcess:
                 "broker_port_base": pick_port_base(node_ids),
             },
             "log_level": "info",
+            "logging": {"format": "text"},  # its report greps " WARNING " lines
         }
         for section, value in (settings or {}).items():
             if isinstance(value, dict) and isinstance(config.get(section), dict):

@@ -267,6 +267,7 @@ class Fleet:
                     },
                     "fleet": {"name": name, "zone": zone, "topic": self.topic},
                     "metrics": {"bind_host": host, "port": self.metrics_port},
+                    "logging": {"format": "text"},  # its report greps " WARNING " lines
                 }
                 path = work_dir / f"{name}.yaml"
                 path.write_text(yaml.safe_dump(config))

@@ -196,8 +196,42 @@ class ExportSummary:
             f"{self.batches} batches, {self.records} records ({self.aborted} aborted and "
             f"{self.undecided} undecided left out, {self.markers} transaction markers), "
             f"{self.files} files in {self.seconds:.1f} s"
+            f" ({self.bytes / (1 << 20) / self.seconds if self.seconds > 0 else 0.0:.1f} MiB/s)"
         )
         return text + "".join(f"\n  FAILED: {error}" for error in self.errors)
+
+
+def tiered_partitions(
+    topic_id, partitions: int, states: Mapping[int, MetadataState], shard_count: int
+) -> list[tuple[int, int, int, int]]:
+    """(partition, cutover, first, end) of each tiered partition: its cutover offset and
+    the offsets [first, end) its committed objects span (0, 0 without objects)."""
+    found = []
+    for partition in range(partitions):
+        stream = stream_id(topic_id, partition)
+        state = states[shard_of(stream, shard_count)]
+        info = state.stream(stream)
+        if info is None:
+            continue
+        ranges = state.committed_ranges(stream)
+        first, end = (ranges[0].start_offset, ranges[-1].end_offset) if ranges else (0, 0)
+        found.append((partition, info.cutover_offset, first, end))
+    return found
+
+
+def whole_topic_refusal(topic: str, tiered: list[tuple[int, int, int, int]]) -> str:
+    """Why `export` without --from will not pick a source for a tiered topic: each one
+    leaves records out, and the user must say which copy they want."""
+    parts = "; ".join(
+        f"partition {p}: cutover {cut}, objects hold [{first}, {end})"
+        for p, cut, first, end in tiered
+    )
+    return (
+        f"topic {topic} is tiered ({parts}). Neither source holds the whole topic: "
+        "--from kafka stops at each cutover and leaves out every record written since; "
+        "--from objects leaves out offsets below the first object (not migrated yet: "
+        "tierproxy migrate) and records not uploaded yet. Choose one with --from."
+    )
 
 
 def plan(
@@ -239,6 +273,7 @@ def export(
         try:
             rdd = spark.sparkContext.parallelize(tasks, len(tasks))
             results = rdd.map(lambda task: export_partition(job, task)).collect()
+            watcher.finished()
         finally:
             watcher.stop()
     summary = ExportSummary(job.topic, job.destination, partitions=len(tasks))

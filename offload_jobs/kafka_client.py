@@ -39,6 +39,7 @@ LIST_OFFSETS_VERSION = 7
 EARLIEST, LATEST = -2, -1  # ListOffsets timestamps: the log start, the high watermark
 READ_UNCOMMITTED = 0
 OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
 # Errors a leader change or a broker restart gives for a while: ask Metadata again, retry.
 RETRIABLE = {
     3: "UNKNOWN_TOPIC_OR_PARTITION",
@@ -285,9 +286,16 @@ def describe_topic(bootstrap: str, topic: str, **settings) -> tuple[uuid.UUID, i
     for error_code, name, topic_id, partitions in read_topics(METADATA_VERSION, body):
         if name == topic and error_code == 0 and topic_id is not None:
             return topic_id, partitions
+        if name == topic and error_code == UNKNOWN_TOPIC_OR_PARTITION:
+            raise UnknownTopic(f"topic {topic} does not exist in Kafka")
         if name == topic:
-            raise LookupError(f"topic {topic}: Kafka answers error code {error_code}")
+            what = RETRIABLE.get(error_code, "error")
+            raise LookupError(f"topic {topic}: Kafka answers {what} (error code {error_code})")
     raise LookupError(f"topic {topic} is not in Kafka's answer")
+
+
+class UnknownTopic(LookupError):
+    """Kafka has no topic of that name."""
 
 
 def log_offsets(bootstrap: str, topic: str, partition: int, **settings) -> tuple[int, int]:

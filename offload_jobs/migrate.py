@@ -217,6 +217,7 @@ class Summary:
             f"migrated {self.topic}: {mib:.1f} MiB, {self.batches} batches, "
             f"{self.records} records, {self.objects} objects ({self.committed} committed, "
             f"{self.already} committed already) in {self.seconds:.1f} s"
+            f" ({mib / self.seconds if self.seconds > 0 else 0.0:.1f} MiB/s)"
         )
         for tail in self.torn_tails:
             text += f"\n  torn tail left out: {tail}"
@@ -253,6 +254,7 @@ def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> 
         watcher = TaskProgress(spark, len(tasks), "ranges written", progress)
         try:
             results = rdd.map(lambda task: run_task(job, task)).collect()
+            watcher.finished()
         finally:
             watcher.stop()
     to_commit = []

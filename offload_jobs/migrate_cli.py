@@ -72,22 +72,30 @@ def job_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace, spark=None) -> int:
-    from aiokafka.errors import KafkaError
-
-    from offload_jobs.fleet import NotTiered
-    from offload_jobs.migrate import migrate
+    from offload_jobs import preflight
     from proxy.config import ConfigError
+    from proxy.devstack.spark import local_spark
 
     try:
         job = job_from_args(args)
     except (ConfigError, ValueError) as exc:
         print(f"tierproxy migrate: {exc}", file=sys.stderr)
         return 2
-    own_session = spark is None
-    if own_session:
-        from proxy.devstack.spark import spark_session
+    try:  # before Spark starts: a wrong --peer is found even with nothing to move
+        preflight.check(job.bootstrap, job.topic, peer_address=job.peer, store_spec=job.store)
+    except preflight.PreflightError as exc:
+        print(f"tierproxy migrate: {exc}", file=sys.stderr)
+        return 1
+    with local_spark(spark, "tierproxy-migrate", args.master) as session:
+        return _migrate(session, job)
 
-        spark = spark_session("tierproxy-migrate", master=args.master)
+
+def _migrate(spark, job) -> int:
+    from aiokafka.errors import KafkaError
+
+    from offload_jobs.fleet import NotTiered
+    from offload_jobs.migrate import migrate
+
     try:
         summary = migrate(spark, job, progress=lambda line: print(line, flush=True))
     except NotTiered as exc:
@@ -100,9 +108,6 @@ def run(args: argparse.Namespace, spark=None) -> int:
             file=sys.stderr,
         )
         return 1
-    finally:
-        if own_session:
-            spark.stop()
     print(summary.line(), flush=True)
     return 0 if summary.ok else 1
 

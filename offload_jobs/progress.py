@@ -12,6 +12,8 @@ class TaskProgress:
 
     def __init__(self, spark, total: int, label: str, progress: Callable[[str], None]) -> None:
         self._stop = threading.Event()
+        self._total, self._label, self._progress = total, label, progress
+        self._last: int | None = None
         tracker = spark.sparkContext.statusTracker()
 
         def watch() -> None:
@@ -24,7 +26,7 @@ class TaskProgress:
                         done += info.numCompletedTasks
                 if done != last:
                     progress(f"  {done}/{total} {label}")
-                    last = done
+                    last = self._last = done
 
         self._thread = threading.Thread(target=watch, name=f"progress-{label}", daemon=True)
         self._thread.start()
@@ -32,3 +34,10 @@ class TaskProgress:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def finished(self) -> None:
+        """The job's tasks all came back: stop, with the last count (`total/total`) said
+        even when the job ended between two looks."""
+        self.stop()
+        if self._last != self._total:
+            self._progress(f"  {self._total}/{self._total} {self._label}")

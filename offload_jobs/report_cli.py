@@ -29,8 +29,9 @@ def add_parsers(commands) -> None:
     _common(export)
     export.add_argument("--to", required=True, help="a local directory or s3://bucket/prefix")
     export.add_argument(
-        "--from", dest="source", choices=("kafka", "objects"), default="kafka",
-        help="read Kafka's log (default) or the objects the fleet's metadata commits",
+        "--from", dest="source", choices=("kafka", "objects"), default=None,
+        help="read Kafka's log or the objects the fleet's metadata commits (default: "
+        "Kafka for a topic that is not tiered; a tiered topic must say which)",
     )  # fmt: skip
     export.set_defaults(func=run_export)
 
@@ -52,17 +53,11 @@ def _settings(args: argparse.Namespace):
     return bootstrap, tiering, StoreSpec.from_settings(tiering.object_store)
 
 
-def _spark(args: argparse.Namespace, spark, name: str):
-    if spark is not None:
-        return spark, False
-    from proxy.devstack.spark import spark_session
-
-    return spark_session(f"tierproxy-{name}", master=args.master), True
-
-
 def run_verify(args: argparse.Namespace, spark=None) -> int:
+    from offload_jobs import preflight
     from offload_jobs.verify import VerifyJob, verify
     from proxy.config import ConfigError
+    from proxy.devstack.spark import local_spark
 
     try:
         bootstrap, tiering, store = _settings(args)
@@ -70,15 +65,13 @@ def run_verify(args: argparse.Namespace, spark=None) -> int:
         print(f"tierproxy verify: {exc}", file=sys.stderr)
         return 2
     job = VerifyJob(args.topic, bootstrap, store, tiering.metadata_topic, tiering.shard_count)
-    spark, own = _spark(args, spark, "verify")
     try:
-        report = verify(spark, job, progress=lambda line: print(line, flush=True))
-    except LookupError as exc:
+        preflight.check(bootstrap, args.topic, store_spec=store)
+        with local_spark(spark, "tierproxy-verify", args.master) as session:
+            report = verify(session, job, progress=lambda line: print(line, flush=True))
+    except (preflight.PreflightError, LookupError) as exc:
         print(f"tierproxy verify: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if own:
-            spark.stop()
     print(report.table())
     if args.json is not None:
         args.json.write_text(report.to_json() + "\n")
@@ -87,10 +80,14 @@ def run_verify(args: argparse.Namespace, spark=None) -> int:
 
 
 def run_export(args: argparse.Namespace, spark=None) -> int:
+    import asyncio
     import dataclasses
 
-    from offload_jobs.export import ExportJob, export
+    from offload_jobs import preflight
+    from offload_jobs.export import ExportJob, export, tiered_partitions, whole_topic_refusal
+    from offload_jobs.verify import read_states
     from proxy.config import ConfigError
+    from proxy.devstack.spark import local_spark
 
     try:
         bootstrap, tiering, store = _settings(args)
@@ -100,23 +97,39 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
                 f"--to {args.to}: tiering.object_store.s3 is not set; the export uses its "
                 "endpoint and credentials"
             )
-        job = ExportJob(
-            args.topic, bootstrap, args.to, source=args.source, store=store,
-            s3=None if s3 is None else dataclasses.asdict(s3),
-            metadata_topic=tiering.metadata_topic, shard_count=tiering.shard_count,
-        )  # fmt: skip
     except (ConfigError, ValueError) as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 2
-    spark, own = _spark(args, spark, "export")
     try:
-        summary = export(spark, job, progress=lambda line: print(line, flush=True))
+        topic_id, partitions = preflight.check(bootstrap, args.topic, store_spec=store)
+    except preflight.PreflightError as exc:
+        print(f"tierproxy export: {exc}", file=sys.stderr)
+        return 1
+    states, source = None, args.source
+    if source != "kafka":
+        states = asyncio.run(read_states(bootstrap, tiering.metadata_topic, tiering.shard_count))
+    if source is None:
+        tiered = tiered_partitions(topic_id, partitions, states, tiering.shard_count)
+        if tiered:
+            print(f"tierproxy export: {whole_topic_refusal(args.topic, tiered)}", file=sys.stderr)
+            return 2
+        source = "kafka"
+    try:
+        job = ExportJob(
+            args.topic, bootstrap, args.to, source=source, store=store,
+            s3=None if s3 is None else dataclasses.asdict(s3),
+            metadata_topic=tiering.metadata_topic, shard_count=tiering.shard_count,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"tierproxy export: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with local_spark(spark, "tierproxy-export", args.master) as session:
+            progress = lambda line: print(line, flush=True)  # noqa: E731
+            summary = export(session, job, states, progress=progress)
     except LookupError as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if own:
-            spark.stop()
     print(summary.line(), flush=True)
     return 0 if summary.ok else 1
 

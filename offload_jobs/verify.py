@@ -159,6 +159,7 @@ def verify(
         try:
             rdd = spark.sparkContext.parallelize(checks, len(checks))
             reports += rdd.map(lambda check: check_partition(job, check)).collect()
+            watcher.finished()
         finally:
             watcher.stop()
     reports.sort(key=lambda r: r.partition)

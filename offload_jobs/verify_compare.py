@@ -162,9 +162,16 @@ class VerifyReport:
         batches = sum(p.kafka_batches for p in self.partitions)
         records = sum(p.kafka_records for p in self.partitions)
         verdict = "OK" if self.ok else "FAILED"
+        if self.ok and not any(p.end > p.start for p in self.partitions):
+            return (
+                f"verified {self.topic}: nothing was compared: Kafka holds no offsets below "
+                "the cutover of any tiered partition (its copy dropped by retention or "
+                "deleted?), so there is no second copy to check the objects against"
+            )
+        rate = mib / self.seconds if self.seconds > 0 else 0.0
         return (
             f"verified {self.topic}: {mib:.1f} MiB, {batches} batches, {records} records "
-            f"in {self.seconds:.1f} s: {verdict}"
+            f"in {self.seconds:.1f} s ({rate:.1f} MiB/s): {verdict}"
         )
 
     def table(self) -> str:
@@ -172,6 +179,8 @@ class VerifyReport:
         rows = [("partition", "range", "kafka batches", "records", "bytes", "objects", "verdict")]
         for p in self.partitions:
             verdict = "OK" if p.ok else ("ERROR" if p.error else f"{p.mismatch_count} MISMATCH")
+            if p.ok and p.end <= p.start:
+                verdict = "NOTHING TO COMPARE"
             rows.append(
                 (
                     str(p.partition),

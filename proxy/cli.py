@@ -24,14 +24,22 @@ def main(argv: list[str] | None = None) -> int:
     dev = commands.add_parser(
         "dev",
         help="start a local single-node Kafka and a proxy in front of it, for a first try",
-        description="Starts Apache Kafka from the project's cache on a free loopback port, "
-        "then a proxy in front of it, and keeps both running until Ctrl-C. Kafka's data "
-        "lives in a temporary folder unless --data-dir is given.",
+        description="Starts Apache Kafka from the project's cache, then a proxy in front of "
+        "it with its admin API on loopback, and keeps both running until Ctrl-C. Kafka's "
+        "data, the WAL, the objects and the proxy's config (proxy.yaml) live in --data-dir "
+        "and are found again by the next start (`make run` uses .data/ of the checkout); "
+        "without --data-dir, in a temporary folder deleted on exit.",
     )
-    dev.add_argument("--data-dir", type=Path, default=None, help="keep Kafka's data here")
+    dev.add_argument("--data-dir", type=Path, default=None, help="keep all the data here")
+    dev.add_argument(
+        "--fresh", action="store_true", help="empty --data-dir first: start with no topics"
+    )
     dev.add_argument("--port", type=int, default=19092, help="the proxy's bootstrap port")
     dev.add_argument(
         "--broker-port-base", type=int, default=19100, help="broker N listens on base + N"
+    )
+    dev.add_argument(
+        "--admin-port", type=int, default=19644, help="the admin API's port (on 127.0.0.1)"
     )
     dev.set_defaults(func=_dev)
 
@@ -220,50 +228,10 @@ def _topics(args: argparse.Namespace) -> int:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from proxy.config import parse_config
-    from proxy.devstack import DevstackError, KafkaCluster
-    from proxy.server.main import run
+    from proxy.devstack.dev import DevPorts, run_dev
 
-    cluster = KafkaCluster(size=1, base_dir=args.data_dir, name="kafka-dev")
-    print("starting Apache Kafka (single node, KRaft)...", flush=True)
-    try:
-        cluster.start()
-    except DevstackError as exc:
-        print(f"tierproxy dev: {exc}", file=sys.stderr)
-        return 1
-    state = Path(args.data_dir or cluster.base_dir) / "tierproxy"
-    peer_port = args.broker_port_base - 1
-    config = parse_config(
-        {
-            "upstream": {"bootstrap": cluster.bootstrap},
-            "listeners": {"bootstrap_port": args.port, "broker_port_base": args.broker_port_base},
-            "fleet": {"name": "dev", "zone": "local"},
-            "tiering": {
-                "peer_port": peer_port,
-                "wal": {"directory": str(state / "wal")},
-                "object_store": {"kind": "local", "directory": str(state / "objects")},
-                "session_timeout_ms": 6000,
-            },
-        }
-    )
-
-    def ready(proxy) -> None:
-        print(
-            f"Kafka is up at {cluster.bootstrap} (log: {cluster.log_files()[0]}).\n"
-            f"tierproxy is up: point your clients at bootstrap.servers={proxy.bootstrap}\n"
-            f"Topics pass through to Kafka until tiered: `tierproxy topics tier <topic> "
-            f"--peer 127.0.0.1:{peer_port}`; then writes go to the WAL in {state / 'wal'} "
-            f"and the objects in {state / 'objects'}.\n"
-            "Press Ctrl-C to stop both.",
-            flush=True,
-        )
-
-    try:
-        run(config, on_ready=ready)
-    finally:
-        print("stopping Kafka...", flush=True)
-        cluster.stop()
-    return 0
+    ports = DevPorts(args.port, args.broker_port_base, args.admin_port)
+    return run_dev(args.data_dir, args.fresh, ports)
 
 
 if __name__ == "__main__":

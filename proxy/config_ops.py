@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from proxy.config_section import ConfigError, Section
 
 MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is guessable by brute force
-LOG_FORMATS = ("text", "json")
+LOG_FORMATS = ("auto", "text", "json")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,9 @@ class AdminConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    format: str = "text"  # json: one JSON object a line (ts, level, logger, message, extras)
+    # auto: text on a terminal, JSON otherwise; json: one JSON object a line (proxy/logs.py)
+    format: str = "auto"
+    access: bool = False  # a `tierproxy.access` line per client connection
 
 
 def parse_admin(section: Section) -> AdminConfig:
@@ -62,6 +64,9 @@ def parse_admin(section: Section) -> AdminConfig:
 
 
 def parse_logging(section: Section) -> LoggingConfig:
-    config = LoggingConfig(format=section.choice("format", "text", LOG_FORMATS))
+    config = LoggingConfig(
+        format=section.choice("format", LoggingConfig.format, LOG_FORMATS),
+        access=section.boolean("access", LoggingConfig.access),
+    )
     section.reject_unknown()
     return config

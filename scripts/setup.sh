@@ -45,7 +45,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.tierproxy-stamp 2>/dev/null)" !=
   say "creating .venv with $($python --version) and installing packages (first time: a few minutes)"
   [ -x .venv/bin/python ] || "$python" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+  # setuptools' note on editable installs is a warning pip shows; nothing to act on
+  PYTHONWARNINGS="ignore:Editable installation" \
+    .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
   echo "$stamp_py" > .venv/.tierproxy-stamp
 fi
 
@@ -56,7 +58,7 @@ kafka_home=$cache/kafka-$KAFKA_VERSION
 if [ ! -f "$kafka_home/.done" ]; then
   say "fetching Apache Kafka $KAFKA_VERSION jars from Maven Central into $kafka_home"
   rm -rf "$kafka_home/libs"
-  mvn -q -B -f scripts/kafka/pom.xml \
+  mvn -q -B --no-transfer-progress -Dstyle.color=never -f scripts/kafka/pom.xml \
     -Dmaven.repo.local="$cache/m2" \
     -Dkafka.version="$KAFKA_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" \
     dependency:copy-dependencies -DoutputDirectory="$kafka_home/libs"

@@ -88,7 +88,9 @@ class KafkaCluster:
         self.heap = heap or os.environ.get("TIERPROXY_KAFKA_HEAP", DEFAULT_HEAP)
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix=f"tierproxy-{name}-"))
-        self.cluster_id = _kafka_uuid()
+        # a data folder formatted before keeps its id: Kafka refuses to start on the
+        # meta.properties of another cluster (`tierproxy dev --data-dir` started twice)
+        self.cluster_id = formatted_cluster_id(self.base_dir, size) or _kafka_uuid()
         self.nodes = [
             KafkaNode(
                 node_id=i + 1,
@@ -280,6 +282,21 @@ class KafkaCluster:
                 raise DevstackError(
                     f"formatting storage of node {node.node_id} failed:\n{out.decode()}"
                 )
+
+
+def formatted_cluster_id(base_dir: Path, size: int) -> str | None:
+    """The cluster id the storage tool wrote under `base_dir` before, if it did."""
+    for node_id in range(1, size + 1):
+        meta = base_dir / f"node-{node_id}" / "meta" / "meta.properties"
+        try:
+            lines = meta.read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            key, _, value = line.partition("=")
+            if key.strip() == "cluster.id" and value.strip():
+                return value.strip()
+    return None
 
 
 def _kafka_uuid() -> str:

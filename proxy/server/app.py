@@ -26,7 +26,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from proxy.apis.api03_metadata import read_brokers, read_topics
+from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
     common_ranges,
@@ -440,27 +440,41 @@ class Proxy:
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
         """(topic id, partition count) of an upstream topic; LookupError if Kafka does
         not know it."""
-        request = MetadataRequest(
-            topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        )
-        host, port = next(iter(self._bootstrap_candidates()))
-        reader, writer = await self.open_upstream(host, port)
-        try:
-            if self.config.upstream.sasl is not None:
-                await self._authenticate(reader, writer)
-            body = await asyncio.wait_for(
-                _call(reader, writer, request), self.config.upstream.connect_timeout_s
-            )
-        finally:
-            await _close_stream(writer, self.config.upstream.connect_timeout_s)
+        request = _metadata_request(name)
+        body = await self._control_call(request)
         for error_code, topic, topic_id, partitions in read_topics(request.__version__, body):
             if topic == name and error_code == 0 and topic_id is not None and partitions:
                 return topic_id, partitions
             if topic == name:
                 raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
         raise LookupError(f"topic {name} is not in Kafka's answer")
+
+    async def partition_leader_epochs(self, name: str) -> dict[int, int]:
+        """{partition: leader epoch} of an upstream topic, as Kafka's Metadata answers it
+        now (the epoch a leader answers in ListOffsets); LookupError if Kafka does not
+        know the topic."""
+        request = _metadata_request(name)
+        body = await self._control_call(request)
+        try:
+            error_code, leaders = read_partition_leaders(request.__version__, body, name)
+        except FrameError as exc:
+            raise OSError(f"upstream Metadata: {exc}") from None
+        if error_code != 0:
+            raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
+        return {partition: epoch for partition, (_, _, epoch) in leaders.items()}
+
+    async def _control_call(self, request) -> memoryview:
+        """One request on a connection of the proxy's own to a known broker."""
+        host, port = next(iter(self._bootstrap_candidates()))
+        reader, writer = await self.open_upstream(host, port)
+        try:
+            if self.config.upstream.sasl is not None:
+                await self._authenticate(reader, writer)
+            return await asyncio.wait_for(
+                _call(reader, writer, request), self.config.upstream.connect_timeout_s
+            )
+        finally:
+            await _close_stream(writer, self.config.upstream.connect_timeout_s)
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream
@@ -482,6 +496,14 @@ _API_VERSIONS_REQUEST = ApiVersionsRequest(
 _METADATA_REQUEST = MetadataRequest(
     topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
 )
+
+
+def _metadata_request(name: str) -> MetadataRequest:
+    return MetadataRequest(
+        topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 async def _call(reader, writer, request) -> memoryview:

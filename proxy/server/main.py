@@ -29,5 +29,5 @@ async def serve(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = 
 
 
 def run(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = None) -> None:
-    logs.configure_logging(config.log_level, config.logging.format)
+    logs.configure_logging(config.log_level, config.logging.format, config.logging.access)
     uvloop.run(serve(config, on_ready))

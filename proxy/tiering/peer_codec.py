@@ -30,6 +30,9 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      kind 1 (direct): records size u32, records
                      kind 2 (s3):     object_key string, start u64, end u64, crc u32
                      (the location's stream id is the request's)
+                     then, optionally (an idempotent producer's batches): producer_id i64,
+                     producer_epoch i16, first_sequence i32, last_sequence i32, hole i32
+                     (-1: none; docs/sequencer.md, "Gaps the proxy made")
     append response  error_code i16, base_offset i64, log_append_time_ms i64,
                      log_start_offset i64, error_message nullable string
     admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
@@ -79,6 +82,7 @@ from proxy.tiering.peer_messages import (
     buffer_size,
     check_range,
 )
+from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 VERSION = 1
@@ -96,6 +100,7 @@ _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
 _RANGE = struct.Struct(">QQI")  # start, end, crc
+_SEQUENCE = struct.Struct(">qhiii")  # producer id, epoch, first and last sequence, hole
 _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
 _FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
 _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
@@ -146,6 +151,15 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
         else:
             body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, S3)
             body += _string(loc.object_key) + _RANGE.pack(loc.start, loc.end, loc.crc)
+        b = message.batch
+        if b is not None:  # after the records, which are the tail pieces (never copied)
+            trailer = _SEQUENCE.pack(
+                b.producer_id, b.producer_epoch, b.first_sequence, b.last_sequence, message.hole
+            )
+            if tail:
+                tail = (*tail, trailer)
+            else:
+                body += trailer
     elif isinstance(message, AppendResponse):
         kind = APPEND_RESPONSE
         m = message
@@ -256,19 +270,26 @@ def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
     stream_id, acks, timeout_ms, kind = cur.fixed(_APPEND, "append request header")
     if acks not in ACKS:
         raise PeerProtocolError(f"append request acks {acks}")
+    records = location = None
     if kind == DIRECT:
         (size,) = cur.fixed(_U32, "records size")
         records = cur.take(size, "records")
-        return AppendRequest(cid, stream_id, acks, timeout_ms, records=records)
-    if kind == S3:
+    elif kind == S3:
         key = cur.string("location object key")
         start, end, crc = cur.fixed(_RANGE, "location range")
         if end < start:
             raise PeerProtocolError(f"location range [{start}, {end}) ends before it starts")
         location = S3WalLocation(key, start, end, stream_id, crc)
-        return AppendRequest(cid, stream_id, acks, timeout_ms, location=location)
-    raise PeerProtocolError(
-        f"append request payload kind {kind}: neither records (1) nor location (2)"
+    else:
+        raise PeerProtocolError(
+            f"append request payload kind {kind}: neither records (1) nor location (2)"
+        )
+    batch, hole = None, -1
+    if cur.pos < cur.end:
+        pid, epoch, first, last, hole = cur.fixed(_SEQUENCE, "append request sequences")
+        batch = ProducerBatch(pid, epoch, first, last)
+    return AppendRequest(
+        cid, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole
     )
 
 

@@ -281,8 +281,9 @@ def _backfill(fleet: TieredFleet, object_id: int, size: int, stream: int, start:
 
 def test_migrate_from_the_cluster_and_what_the_owner_refuses(fleet, kafka_cluster, spark, capsys):
     bootstrap = kafka_cluster.bootstrap
-    code, out = _migrate(fleet, spark, f"not-tiered-{uuid.uuid4().hex[:8]}", [], capsys)
-    assert code == 1 and "is not tiered in metadata topic" in out, out
+    missing = f"not-tiered-{uuid.uuid4().hex[:8]}"
+    code, out = _migrate(fleet, spark, missing, [], capsys)
+    assert code == 1 and f"topic {missing} does not exist in Kafka" in out, out
 
     topic = Topic(f"migrate-c-{uuid.uuid4().hex[:8]}", 1)
     create_topic(bootstrap, topic.name, topic.partitions, {"min.insync.replicas": "2"})

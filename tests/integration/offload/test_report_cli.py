@@ -7,12 +7,21 @@ bad settings exit 2 naming the setting."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
 
 import pytest
 import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
+from offloadcopies import offload, state_of
 
+from offload_jobs import migrate_cli
+from offload_jobs.export import tiered_partitions, whole_topic_refusal
 from offload_jobs.report_cli import add_parsers
+from proxy.devstack.paths import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]
 
@@ -21,6 +30,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tierproxy")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
+
+
+def parse_migrate(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tierproxy")
+    migrate_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["migrate", *argv])
 
 
 def write_config(tmp_path, kafka_cluster, s3_server, metadata_topic: str):
@@ -46,9 +61,7 @@ def write_config(tmp_path, kafka_cluster, s3_server, metadata_topic: str):
 
 
 def test_export_and_verify_commands(kafka_cluster, s3_server, spark, mixed_topic, tmp_path, capsys):
-    metadata_topic = f"{mixed_topic.name}-metadata"
-    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
-    admin.create_topics([NewTopic(metadata_topic, 1, 3)])[metadata_topic].result(30)
+    metadata_topic = _metadata_topic(kafka_cluster, f"{mixed_topic.name}-metadata")
     config = write_config(tmp_path, kafka_cluster, s3_server, metadata_topic)
 
     out = tmp_path / "parquet"
@@ -79,3 +92,69 @@ def test_bad_settings_exit_2_naming_them(kafka_cluster, s3_server, tmp_path, cap
     args = parse(["verify", "t", "--config", str(tmp_path / "missing.yaml")])
     assert args.func(args) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def _metadata_topic(kafka_cluster, name: str) -> str:
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    admin.create_topics([NewTopic(name, 1, 3)])[name].result(30)
+    return name
+
+
+def test_a_wrong_peer_and_a_missing_topic_are_named_before_spark_starts(
+    kafka_cluster, s3_server, mixed_topic, tmp_path, capsys
+):
+    """No Spark session is given: each command must fail before it would start one."""
+    config = str(write_config(tmp_path, kafka_cluster, s3_server, "no-metadata-needed"))
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    # a topic with nothing to move (not tiered): the wrong peer is still found
+    args = parse_migrate([mixed_topic.name, "--config", config, "--peer", dead, "--from-cluster"])
+    assert args.func(args) == 1
+    err = capsys.readouterr().err
+    assert f"--peer {dead}: no proxy's peer listener answers there" in err, err
+    missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
+    args = parse_migrate([missing, "--config", config, "--peer", dead, "--from-cluster"])
+    assert args.func(args) == 1
+    assert f"topic {missing} does not exist in Kafka" in capsys.readouterr().err
+    for command in (["verify"], ["export", "--to", str(tmp_path / "out")]):
+        args = parse([command[0], missing, "--config", config, *command[1:]])
+        assert args.func(args) == 1
+        err = capsys.readouterr().err
+        assert f"tierproxy {command[0]}: topic {missing} does not exist in Kafka" in err, err
+        assert "error code" not in err
+    assert time.monotonic() - started < 60
+
+
+def test_export_without_from_refuses_a_tiered_topic_saying_what_each_source_leaves_out(
+    kafka_cluster, s3_server, mixed_topic
+):
+    topic_id, copies = offload(kafka_cluster, s3_server, mixed_topic)
+    states = state_of(topic_id, copies)
+    tiered = tiered_partitions(topic_id, mixed_topic.partitions, states, 1)
+    assert [(p, first) for p, _, first, _ in tiered] == [(0, 0), (1, 0)]
+    text = whole_topic_refusal(mixed_topic.name, tiered)
+    assert f"topic {mixed_topic.name} is tiered (partition 0: cutover " in text
+    assert "--from kafka stops at each cutover and leaves out every record" in text
+    assert "--from objects leaves out offsets below the first object" in text
+
+
+def test_a_cli_run_is_quiet_and_leaves_no_spark_folder(
+    kafka_cluster, s3_server, mixed_topic, tmp_path
+):
+    """The real command in a process of its own, with its own Spark session: no Spark
+    notice on stderr and no `tierproxy-spark-*` folder left in the temporary directory."""
+    metadata = _metadata_topic(kafka_cluster, f"{mixed_topic.name}-meta-{uuid.uuid4().hex[:6]}")
+    config = write_config(tmp_path, kafka_cluster, s3_server, metadata)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "export", mixed_topic.name, "--config",
+         str(config), "--to", str(tmp_path / "out"), "--master", "local[2]"],
+        capture_output=True, text=True, timeout=400, env=os.environ | {"TMPDIR": str(scratch)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].endswith(" MiB/s)"), done.stdout
+    assert "2/2 partitions exported" in done.stdout
+    noise = ("log4j", "WARN", "incubator", "NativeCodeLoader", "Setting default log level")
+    assert [line for line in done.stderr.splitlines() if any(n in line for n in noise)] == []
+    assert list(scratch.glob("tierproxy-spark-*")) == []

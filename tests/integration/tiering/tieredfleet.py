@@ -230,6 +230,7 @@ class TieredFleet:
             "metrics": {"port": base + 6},
             "admin": {"port": base + 8},
             "tiering": tiering,
+            "logging": {"format": "text"},  # faultsteps reads " WARNING " lines
         }
 
     def __getitem__(self, zone: str) -> TieredProxy:

@@ -137,6 +137,7 @@ class ZoneFleet:
             },
             "routing": {"cidr_zones": CIDR_ZONES},
             "metrics": {"bind_host": host, "port": self.metrics_port},
+            "logging": {"format": "text", "access": True},  # the access lines read here
         }
 
     def start(self, *names: str) -> None:

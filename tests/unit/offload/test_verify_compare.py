@@ -100,4 +100,14 @@ def test_the_report_as_json_and_table():
     assert "orders-1 offset 6: batches [6, 14] (2 batches, 9 records) are in Kafka" in table
     assert "1 MISMATCH" in table and " OK" in table
     assert VerifyReport("orders", (good,)).table().splitlines()[0].endswith(": OK")
-    assert report.line() == "verified orders: 0.0 MiB, 8 batches, 30 records in 1.5 s: FAILED"
+    assert report.line() == (
+        "verified orders: 0.0 MiB, 8 batches, 30 records in 1.5 s (0.0 MiB/s): FAILED"
+    )
+
+
+def test_a_verify_after_kafkas_copy_is_gone_says_nothing_was_compared():
+    # Kafka's log starts at the cutover (15): the range to compare is empty
+    empty = compare("orders", 0, 15, 15, [], [])
+    report = VerifyReport("orders", (empty,), seconds=0.4)
+    assert report.line().startswith("verified orders: nothing was compared: Kafka holds no")
+    assert "NOTHING TO COMPARE" in report.table()

@@ -21,10 +21,10 @@ def _config(admin=None, logging=None):
     return parse_config(raw)
 
 
-def test_defaults_no_admin_api_and_text_logs():
+def test_defaults_no_admin_api_auto_logs_no_access_lines():
     config = _config()
     assert not config.admin.enabled and config.admin.bind_host == "127.0.0.1"
-    assert config.logging.format == "text"
+    assert config.logging.format == "auto" and config.logging.access is False
     assert _config({"port": 0}).admin.enabled  # 0: any free port
 
 
@@ -63,9 +63,11 @@ def test_loopback_needs_no_token():
 
 def test_logging_format():
     assert _config(logging={"format": "json"}).logging.format == "json"
+    assert _config(logging={"access": True}).logging.access is True
     with pytest.raises(ConfigError) as bad:
         _config(logging={"format": "xml"})
-    assert bad.value.key == "logging.format" and "'xml' is not one of text, json" in str(bad.value)
+    assert bad.value.key == "logging.format"
+    assert "'xml' is not one of auto, text, json" in str(bad.value)
 
 
 def test_the_example_configs_enable_the_admin_api_on_loopback():

@@ -1,11 +1,15 @@
-"""JSON log lines (proxy/logs.py)."""
+"""proxy/logs.py: JSON log lines, which lines an operator sees at the default level, and
+in which format."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 
-from proxy.logs import JsonFormatter
+import pytest
+
+from proxy.logs import JsonFormatter, configure_logging, resolve_format
 
 
 def _record(**extra) -> logging.LogRecord:
@@ -42,3 +46,74 @@ def test_values_json_cannot_hold_are_written_as_text_and_tracebacks_kept():
     line = json.loads(JsonFormatter().format(record))
     assert line["where"] == ["a", 1] and line["path"] == "/var/lib/wal"
     assert "ValueError: bad batch at offset 42" in line["exception"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def restore_logging():
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    loggers = {name: logging.getLogger(name).level for name in ("aiokafka", "tierproxy.access")}
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    for name, old in loggers.items():
+        logging.getLogger(name).setLevel(old)
+
+
+def _lines(stream: io.StringIO) -> list[str]:
+    return [line for line in stream.getvalue().splitlines() if line]
+
+
+def test_auto_is_text_on_a_terminal_and_json_otherwise():
+    assert resolve_format("auto", _Tty()) == "text"
+    assert resolve_format("auto", io.StringIO()) == "json"
+    assert resolve_format("text", io.StringIO()) == "text"
+    assert resolve_format("json", _Tty()) == "json"
+
+
+def test_the_kafka_clients_transient_states_are_debug_not_errors(restore_logging):
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    fetcher.error(
+        "Failed fetch offsets from 1: [Error 6] NotLeaderForPartitionError: TopicPartition"
+    )
+    logging.getLogger("aiokafka.consumer.group_coordinator").error(
+        "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError"
+    )
+    logging.getLogger("aiokafka.consumer.group_coordinator").warning(
+        "Marking the coordinator dead (node 1)for group g."
+    )
+    logging.getLogger("aiokafka.cluster").error("Topic t not found in cluster metadata")
+    logging.getLogger("aiokafka.consumer.subscription_state").info("Updating subscribed topics")
+    assert _lines(out) == []  # all transient or chatter: nothing at info
+    fetcher.error("Unexpected error in fetcher routine")  # not a retried state: kept
+    logging.getLogger("tierproxy.tiering").error("the uploader stopped")
+    levels = [(r["level"], r["logger"]) for r in map(json.loads, _lines(out))]
+    assert levels == [("error", "aiokafka.consumer.fetcher"), ("error", "tierproxy.tiering")]
+
+
+def test_at_debug_the_transient_states_are_written_as_debug(restore_logging):
+    out = io.StringIO()
+    configure_logging("debug", "json", stream=out)
+    logging.getLogger("aiokafka.consumer.fetcher").error("[Error 6] NotLeaderForPartitionError")
+    (record,) = map(json.loads, _lines(out))
+    assert record["level"] == "debug" and "NotLeaderForPartitionError" in record["message"]
+
+
+@pytest.mark.parametrize("access", [False, True])
+def test_access_lines_only_when_turned_on(restore_logging, access):
+    out = io.StringIO()
+    configure_logging("info", "text", access=access, stream=out)
+    logging.getLogger("tierproxy.access").info("client 127.0.0.1:5 on dev/bootstrap local")
+    logging.getLogger("tierproxy.proxy").info("listening")
+    loggers = [line.split()[3] for line in _lines(out)]
+    assert loggers == (["tierproxy.access:"] if access else []) + ["tierproxy.proxy:"]
