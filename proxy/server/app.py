@@ -53,6 +53,7 @@ from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.admin_api import AdminServer
 from proxy.server.connection import ClientConnection
+from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tiering import TieringService
 from proxy.server.tiering_metrics import TieringMetrics
@@ -115,10 +116,18 @@ class Proxy:
         self._tiering_metrics: TieringMetrics | None = None
         self.admin: AdminServer | None = None  # admin_api.py, when admin.port is set
         self.upstream_error: str | None = None  # why the last upstream refresh failed
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the parts in order: listeners per broker, tiering, the bootstrap
+        listener, membership, metrics and admin servers. A step that fails (or a cancel)
+        stops what was started before it (`stop()` undoes any prefix of the start) and
+        the error is raised."""
+        await start_or_undo(self._start, self.stop)
+
+    async def _start(self) -> None:
         await self.refresh_upstream()  # opens a listener per broker it learns of
         if self.config.tiering.enabled:  # before clients come: it counts their Produce
             self.tiering = TieringService(self, kafka_settings(self.config, self._upstream_ssl))
@@ -172,6 +181,13 @@ class Proxy:
             self.metrics.fleet_members.labels(zone).set(count)
 
     async def stop(self) -> None:
+        """Stop what `start` started, each part only if it got that far (so it undoes a
+        start that failed midway); once: a second call does nothing. The order is the
+        start's reversed, but the listeners close last and the metrics server after
+        tiering: clients are served, and watched, while tiering hands its shards over."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.admin is not None:
             await self.admin.close()
         if self._membership is not None:  # leave first, so peers stop sending clients here
@@ -196,7 +212,11 @@ class Proxy:
             await server.wait_closed()  # uvloop's waits for every accepted connection
 
     async def __aenter__(self) -> Proxy:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # start undid itself; stopping again is a no-op
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

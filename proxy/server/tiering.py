@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
 from proxy.server.leader_epochs import LeaderEpochs
+from proxy.server.lifecycle import settle, start_or_undo
 from proxy.server.orphan_sweep import OrphanSweep
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
@@ -151,8 +151,9 @@ class TieringService:
         self.peers = PeerClients()
         self.s3wal: S3WalWriter | None = None
         self.s3wal_reader: S3WalReader | None = None
-        self._allocate = ObjectIdAllocator(random.getrandbits(31))
+        self._allocate = ObjectIdAllocator.drawn()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
         # stream -> the latest peer request's future, done once its batch is queued (owner)
         # or its request is written (non-owner): keeps a stream's batches in order
         self._arrivals: dict[int, asyncio.Future[None]] = {}
@@ -181,10 +182,16 @@ class TieringService:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the parts in order. A step that fails (or a cancel) stops what the steps
+        before it started, and the step's own part if it got that far: `stop()` undoes any
+        prefix of the start; the error is raised."""
+        await start_or_undo(self._start, self.stop)
+
+    async def _start(self) -> None:
         config = self.config
         await ensure_metadata_topic(self._kafka, config.metadata_topic, config.shard_count)
-        await asyncio.gather(*(reader.start() for reader in self.readers))
-        await asyncio.gather(*(reader.caught_up() for reader in self.readers))
+        await settle(reader.start() for reader in self.readers)
+        await settle(reader.caught_up() for reader in self.readers)
         registry = self.proxy.metrics.registry
         self.bandwidth = Bandwidth(
             config.bandwidth_bytes_per_s, config.bandwidth_burst_bytes, registry
@@ -260,6 +267,14 @@ class TieringService:
         self._tasks.append(asyncio.create_task(self.orphans.run(), name="orphan-sweep"))
 
     async def stop(self) -> None:
+        """Stop what `start` started, in the reverse order, each part only if it got that
+        far (so it undoes a start that failed midway), once: a second call does nothing.
+        Two deliberate exceptions to the reverse order: the compactor stops first (its
+        commits go through the shards' owners), and the uploader's restart loop is
+        cancelled before the group is left (the release's flush must not race a restart)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.compactor is not None:  # first: its commits go through the shards' owners
             await self.compactor.close()
         for task in self._tasks:
@@ -278,7 +293,6 @@ class TieringService:
             await self.s3wal.close()
         if self.wal is not None:
             await self.wal.close()
-        await asyncio.gather(*(reader.close() for reader in self.readers))
         if self.block_cache is not None:
             await self.block_cache.close()
         if self.store is not None:
@@ -286,6 +300,7 @@ class TieringService:
         if self.bandwidth is not None:
             self.bandwidth.close()
         await self.topic_configs.close()
+        await asyncio.gather(*(reader.close() for reader in self.readers))
 
     @property
     def peer_port(self) -> int:

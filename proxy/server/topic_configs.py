@@ -119,7 +119,11 @@ class TopicConfigs:
         async with self._admin_lock:
             if self._admin is None:
                 admin = AIOKafkaAdminClient(**self._kafka)
-                await admin.start()
+                try:
+                    await admin.start()
+                except BaseException:  # failed or cancelled (the proxy stopping): no leak
+                    await admin.close()
+                    raise
                 self._admin = admin
             admin = self._admin
         wanted = dict.fromkeys(CONFIG_KEYS)

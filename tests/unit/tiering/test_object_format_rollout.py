@@ -103,7 +103,7 @@ async def test_the_compactor_reads_either_version_and_writes_the_configured_one(
         proxy=SimpleNamespace(metrics=SimpleNamespace(registry=None)),
         bandwidth=None,
     )
-    made = Compactor.for_service(service, fleet._allocate)
+    made = Compactor.for_service(service, fleet.ids)
     assert made.settings.format_version == written
     await made.close()
     fleet.compactor.settings = CompactionSettings(
