@@ -5,7 +5,8 @@ stream objects and committed, so the proxy serves them from the object store
 The driver reads each cut-over partition's backfill gaps from the metadata topic and
 plans one Spark task per gap (cut again where a segment starts). Each task reads its
 batches byte-exact (segment files, or a live cluster through `cluster_reader`), cuts them
-into objects of about 64 MiB, and PUTs each under its deterministic key. Nothing a task
+into objects of about 64 MiB, and creates each under its deterministic key, never
+replacing an object there (`object_write.py`). Nothing a task
 writes is visible until the driver commits it through the shard's owner, so a task that
 fails leaves at most an object no metadata names (a re-run writes the same key again).
 A batch that cannot be trusted stops its task's range there, with the file and byte,
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from offload_jobs.object_write import write_stream_object
 from offload_jobs.progress import TaskProgress
 from offload_jobs.segments import SegmentReader, list_segments
 from offload_jobs.sources import SourceBatch
@@ -163,14 +165,12 @@ def run_task(job: MigrateJob, task: OffloadTask) -> TaskResult:
             )
             for plan in plans:
                 built = build_stream_object(plan, version=job.object_format_version)
-                await store.put(built.key, built.pieces)
-                result.objects.append(
-                    (plan.object_id, built.size, plan.start_offset, plan.end_offset)
-                )
+                size = await write_stream_object(store, built)  # never replaces one
+                result.objects.append((plan.object_id, size, plan.start_offset, plan.end_offset))
                 result.batches += len(plan.batches)
                 result.records += plan.record_count
                 result.record_bytes += plan.size
-                result.object_bytes += built.size
+                result.object_bytes += size
         finally:
             await store.close()
             if source.reader is not None and source.reader.torn_tail is not None:

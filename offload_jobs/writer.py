@@ -4,8 +4,8 @@ The driver cuts each partition's backfill gaps into tasks (`plan_tasks`, at segm
 boundaries when the source is segment files). A task cuts its batches into objects of
 about `target_bytes` at batch boundaries (`cut_objects`) and builds each as a stream
 object (`build_stream_object`) whose id is `offload_object_id(stream, start, end)`: the
-same range gives the same key on every run, so a task that runs again overwrites its own
-object and never leaves two copies of a range.
+same range gives the same key on every run, so a task that runs again finds its own
+object (`object_write.py` never replaces it) and never leaves two copies of a range.
 
 Pure: no I/O, no asyncio; runs inside Spark tasks.
 """

@@ -10,6 +10,9 @@ Time is passed in (wall-clock seconds), so tests need no clock.
 A heartbeat is JSON, versioned by its `v` field, so an operator can read the topic with
 any console consumer. It also carries the member's cumulative zone byte counts, which is
 how `tierproxy fleet status` sums the fleet's cross-zone bytes without scraping anyone.
+New fields are optional, read with the value an older proxy means by leaving them out, and
+`v` stays 1: a proxy of the previous release ignores fields it does not know, but refuses
+another `v` (it would lose the member), so a rolling upgrade keeps every member visible.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 HEARTBEAT_VERSION = 1
+# The peer protocol of a member whose heartbeat does not say (a release before the
+# `peer_protocol` field): `proxy/tiering/peer_codec.py`, PROTOCOL.
+OLD_PEER_PROTOCOL = 1
 
 # (client zone, proxy zone, upstream broker zone, direction) -> bytes
 ZoneKey = tuple[str, str, str, str]
@@ -56,6 +62,9 @@ class Heartbeat:
     # the member's WAL bytes not yet uploaded and the oldest one's wait in seconds, for
     # `fleet status` and /v1/fleet (None: tiering off, or a member that does not say)
     uploader_lag: tuple[int, float] | None = None
+    # what this member's peer listener understands (peer_codec.PROTOCOL), so a sender
+    # writes nothing an older member would refuse during a rolling upgrade
+    peer_protocol: int = OLD_PEER_PROTOCOL
 
 
 def encode_heartbeat(heartbeat: Heartbeat) -> bytes:
@@ -74,6 +83,7 @@ def encode_heartbeat(heartbeat: Heartbeat) -> bytes:
             "zone_bytes": [[*key, count] for key, count in sorted(heartbeat.zone_bytes.items())],
             "peer_port": heartbeat.peer_port,
             "drained": sorted(heartbeat.drained),
+            "peer_protocol": heartbeat.peer_protocol,
         },
         separators=(",", ":"),
     ).encode()
@@ -116,7 +126,12 @@ def decode_heartbeat(value: bytes) -> Heartbeat:
             if isinstance(lag_seconds, bool) or not isinstance(lag_seconds, int | float):
                 raise HeartbeatError(f"uploader_lag seconds {lag_seconds!r} is not a number")
             lag = (lag_bytes, float(lag_seconds))
-        return Heartbeat(member, float(started_at), zone_bytes, peer_port, frozenset(drained), lag)
+        protocol = raw.get("peer_protocol", OLD_PEER_PROTOCOL)
+        if isinstance(protocol, bool) or not isinstance(protocol, int) or protocol < 1:
+            raise HeartbeatError(f"peer_protocol {protocol!r} is not a protocol level")
+        return Heartbeat(
+            member, float(started_at), zone_bytes, peer_port, frozenset(drained), lag, protocol
+        )
     except HeartbeatError:
         raise
     except (ValueError, TypeError, AttributeError) as exc:

@@ -26,7 +26,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
-from proxy.apis.api03_metadata import read_brokers, read_topics
+from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
     common_ranges,
@@ -53,10 +53,12 @@ from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.admin_api import AdminServer
 from proxy.server.connection import ClientConnection
+from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tiering import TieringService
 from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
+from proxy.tiering.peer_codec import PROTOCOL as PEER_PROTOCOL
 
 log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints
@@ -114,10 +116,18 @@ class Proxy:
         self._tiering_metrics: TieringMetrics | None = None
         self.admin: AdminServer | None = None  # admin_api.py, when admin.port is set
         self.upstream_error: str | None = None  # why the last upstream refresh failed
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the parts in order: listeners per broker, tiering, the bootstrap
+        listener, membership, metrics and admin servers. A step that fails (or a cancel)
+        stops what was started before it (`stop()` undoes any prefix of the start) and
+        the error is raised."""
+        await start_or_undo(self._start, self.stop)
+
+    async def _start(self) -> None:
         await self.refresh_upstream()  # opens a listener per broker it learns of
         if self.config.tiering.enabled:  # before clients come: it counts their Produce
             self.tiering = TieringService(self, kafka_settings(self.config, self._upstream_ssl))
@@ -153,6 +163,7 @@ class Proxy:
             peer_port=tiering.peer_port if tiering is not None else 0,
             drained=tiering.drained() if tiering is not None else frozenset(),
             uploader_lag=tiering.uploader_lag() if tiering is not None else None,
+            peer_protocol=PEER_PROTOCOL,
         )
 
     def _set_self_port(self, port: int) -> None:
@@ -170,6 +181,13 @@ class Proxy:
             self.metrics.fleet_members.labels(zone).set(count)
 
     async def stop(self) -> None:
+        """Stop what `start` started, each part only if it got that far (so it undoes a
+        start that failed midway); once: a second call does nothing. The order is the
+        start's reversed, but the listeners close last and the metrics server after
+        tiering: clients are served, and watched, while tiering hands its shards over."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.admin is not None:
             await self.admin.close()
         if self._membership is not None:  # leave first, so peers stop sending clients here
@@ -194,7 +212,11 @@ class Proxy:
             await server.wait_closed()  # uvloop's waits for every accepted connection
 
     async def __aenter__(self) -> Proxy:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:  # start undid itself; stopping again is a no-op
+            await self.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -420,27 +442,41 @@ class Proxy:
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
         """(topic id, partition count) of an upstream topic; LookupError if Kafka does
         not know it."""
-        request = MetadataRequest(
-            topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        )
-        host, port = next(iter(self._bootstrap_candidates()))
-        reader, writer = await self.open_upstream(host, port)
-        try:
-            if self.config.upstream.sasl is not None:
-                await self._authenticate(reader, writer)
-            body = await asyncio.wait_for(
-                _call(reader, writer, request), self.config.upstream.connect_timeout_s
-            )
-        finally:
-            await _close_stream(writer, self.config.upstream.connect_timeout_s)
+        request = _metadata_request(name)
+        body = await self._control_call(request)
         for error_code, topic, topic_id, partitions in read_topics(request.__version__, body):
             if topic == name and error_code == 0 and topic_id is not None and partitions:
                 return topic_id, partitions
             if topic == name:
                 raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
         raise LookupError(f"topic {name} is not in Kafka's answer")
+
+    async def partition_leader_epochs(self, name: str) -> dict[int, int]:
+        """{partition: leader epoch} of an upstream topic, as Kafka's Metadata answers it
+        now (the epoch a leader answers in ListOffsets); LookupError if Kafka does not
+        know the topic."""
+        request = _metadata_request(name)
+        body = await self._control_call(request)
+        try:
+            error_code, leaders = read_partition_leaders(request.__version__, body, name)
+        except FrameError as exc:
+            raise OSError(f"upstream Metadata: {exc}") from None
+        if error_code != 0:
+            raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
+        return {partition: epoch for partition, (_, _, epoch) in leaders.items()}
+
+    async def _control_call(self, request) -> memoryview:
+        """One request on a connection of the proxy's own to a known broker."""
+        host, port = next(iter(self._bootstrap_candidates()))
+        reader, writer = await self.open_upstream(host, port)
+        try:
+            if self.config.upstream.sasl is not None:
+                await self._authenticate(reader, writer)
+            return await asyncio.wait_for(
+                _call(reader, writer, request), self.config.upstream.connect_timeout_s
+            )
+        finally:
+            await _close_stream(writer, self.config.upstream.connect_timeout_s)
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream
@@ -462,6 +498,14 @@ _API_VERSIONS_REQUEST = ApiVersionsRequest(
 _METADATA_REQUEST = MetadataRequest(
     topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
 )
+
+
+def _metadata_request(name: str) -> MetadataRequest:
+    return MetadataRequest(
+        topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
 
 
 async def _call(reader, writer, request) -> memoryview:

@@ -49,9 +49,10 @@ from proxy.tiering.metastore import ShardOwner
 from proxy.tiering.metastreams import StreamRange
 from proxy.tiering.objectformat import BuiltObject, IndexEntry, ObjectWriter, read_block
 from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectStore
+from proxy.tiering.objectstore import ObjectExists, ObjectStore
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.ratelimit import BandwidthLimiter, Priority
+from proxy.tiering.upload_plan import ObjectIdAllocator
 
 log = logging.getLogger("tierproxy.compaction")
 
@@ -79,6 +80,7 @@ class CompactorStats:
     objects_written: int = 0
     bytes_written: int = 0
     failures: int = 0  # passes that failed, commits refused or of unknown outcome
+    id_collisions: int = 0  # creates that met another process's object: new ids drawn
     shard_objects: dict[int, tuple[int, float]] = field(default_factory=dict)  # count, avg
 
 
@@ -94,7 +96,7 @@ class Compactor:
         owner_of: Callable[[int], ShardOwner | None],
         state_of: Callable[[int], MetadataState],
         read_to_end: Callable[[int], Awaitable[object]],
-        allocate: Callable[[], int],
+        allocate: ObjectIdAllocator,
         settings: CompactionSettings | None = None,
         interval_s: float = 300.0,
         grace_s: float = 60.0,
@@ -136,7 +138,7 @@ class Compactor:
             registry.register(self._collector)
 
     @classmethod
-    def for_service(cls, service, allocate: Callable[[], int]) -> Compactor:
+    def for_service(cls, service, allocate: ObjectIdAllocator) -> Compactor:
         """The compactor of a started TieringService, configured from its TieringConfig."""
         config = service.config
         cache = service.block_cache
@@ -288,12 +290,31 @@ class Compactor:
                 fetched = await asyncio.gather(*(self._read(r, indexes) for r in new.sources))
                 obj = await asyncio.to_thread(self._assemble, new, self._allocate(), fetched)
                 await self._bandwidth.acquire(Priority.COMPACTION, obj.size)
-                await self._store.put(obj.key, obj.pieces)
+                while not await self._created(obj):  # the key was another process's
+                    obj = await asyncio.to_thread(self._assemble, new, self._allocate(), fetched)
                 built.append(obj)
         except BaseException:
             await asyncio.shield(discard(self._store, [b.key for b in built]))  # unnamed
             raise
         return built
+
+    async def _created(self, obj: BuiltObject) -> bool:
+        """Create the object exclusively; False if its key names an object already
+        (another process drew this object id writer): a new writer is drawn, and the
+        object met is left alone (docs/object-store.md, "Exclusive creates")."""
+        try:
+            await self._store.create(obj.key, obj.pieces)
+        except ObjectExists:
+            self._allocate.collided()
+            self.stats.id_collisions += 1
+            log.warning(
+                "compactor: %s exists (another process drew this object id writer): "
+                "writing again under writer %d",
+                obj.key,
+                self._allocate.writer,
+            )
+            return False
+        return True
 
     async def _read(self, r: StreamRange, indexes: dict[int, Index]) -> tuple[Index, bytes]:
         index = indexes.get(r.object_id)

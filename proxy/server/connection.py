@@ -304,7 +304,7 @@ class ClientConnection(TieredAnswers):
             if header.api_key == API_FETCH:
                 return await plan_fetch(tiering, head, body, version, reader=id(self))
             if header.api_key == API_DELETE_RECORDS:
-                return plan_delete_records(tiering, head, body, version)
+                return await plan_delete_records(tiering, head, body, version)
             if header.api_key == API_OFFSET_FOR_LEADER_EPOCH:
                 return plan_offset_for_leader_epoch(tiering, head, body, version)
             if header.api_key == API_ADD_PARTITIONS_TO_TXN:

@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from proxy.server.seals import Sealed
+from proxy.tiering.client_start import start_client
 from proxy.tiering.metadata import topic_untier_refusal
 from proxy.tiering.metarecords import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.tiering.metastore import ShardFenced
@@ -65,9 +66,9 @@ class CutoverLoop:
             enable_auto_commit=False,
             isolation_level="read_committed",
         )
-        await self._consumer.start()
-        await self._committed.start()
-        try:
+        try:  # a cancel during a start still stops both (the proxy stopping early)
+            await start_client(self._consumer)
+            await start_client(self._committed)
             while True:
                 waiting = False
                 try:
@@ -82,8 +83,10 @@ class CutoverLoop:
                 # produce waits for a cutover, look again soon
                 await service.changed(WAITING_POLL_S if waiting else IDLE_POLL_S)
         finally:
-            await self._consumer.stop()
-            await self._committed.stop()
+            try:
+                await self._consumer.stop()
+            finally:
+                await self._committed.stop()
 
     def _reports(self) -> list[frozenset[str]]:
         """Every live proxy's drained topics: this one's now, the others' last heartbeat."""

@@ -19,8 +19,8 @@ async def serve(config: ProxyConfig, on_ready: Callable[[Proxy], None] | None = 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await proxy.start()
     try:
+        await proxy.start()  # inside: a start that fails leaves nothing running
         if on_ready is not None:
             on_ready(proxy)
         await stop.wait()

@@ -54,10 +54,21 @@ class Membership:
         try:
             await self._join()
         except (KafkaError, TimeoutError) as exc:
-            await self._close_clients()
+            await self._stop_joining()
             raise ConnectionError(
                 f"fleet membership through topic {self._topic.topic}: {exc!r}"
             ) from None
+        except BaseException:  # cancelled, or another failure: nothing is left running
+            await self._stop_joining()
+            raise
+
+    async def _stop_joining(self) -> None:
+        """Undo a join that failed: no leave is sent (the first heartbeat may not be)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._close_clients()
 
     async def _join(self) -> None:
         await self._create_topic()
@@ -182,8 +193,8 @@ class Membership:
 
     async def _create_topic(self) -> None:
         admin = AIOKafkaAdminClient(**self._kafka)
-        await admin.start()
         try:
+            await admin.start()  # inside: a start that fails leaves connections to close
             brokers = len((await admin.describe_cluster())["brokers"])
             topic = NewTopic(
                 self._topic.topic,

@@ -15,12 +15,14 @@ import asyncio
 import dataclasses
 import logging
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 
 from proxy.server.peer_server import READ_BYTES, Answer, Request, peer_name
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
     DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL,
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -36,8 +38,10 @@ from proxy.tiering.peer_codec import (
     TrimRequest,
     TrimResponse,
     encode,
+    for_peer,
     frame_size,
 )
+from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 __all__ = ["Address", "PeerClients", "PeerUnavailable"]
@@ -65,6 +69,8 @@ class _PeerConnection:
         self._connect_timeout_s = connect_timeout_s
         self._max_frame_bytes = max_frame_bytes
         self._pending: dict[int, tuple[asyncio.Future[PeerMessage], type]] = {}
+        # calls not answered yet that must hear at once if this connection fails
+        self._on_lost: dict[object, Callable[[], None]] = {}
         self._next_cid = 0
         self._failure: str | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -94,11 +100,21 @@ class _PeerConnection:
         self._reading = asyncio.get_running_loop().create_task(self._read(reader))
 
     async def call(
-        self, request: Request, expect: type | None, timeout_s: float
+        self,
+        request: Request,
+        expect: type | None,
+        timeout_s: float,
+        on_lost: Callable[[], None] | None = None,
     ) -> PeerMessage | None:
         """Send `request` under a correlation id of this connection; wait for its answer of
-        type `expect`, or only until it is written when `expect` is None."""
+        type `expect`, or only until it is written when `expect` is None. `on_lost` is
+        called, synchronously, if the connection fails before the answer: before any later
+        call can pick another connection (a hand-off's drop is recorded before the next
+        one is sent: sequence_holes.py)."""
         cid = None
+        token = object()
+        if on_lost is not None:
+            self._on_lost[token] = on_lost
         try:
             async with asyncio.timeout(timeout_s):
                 # Shared, so a timeout here leaves the connect to the others; and it always
@@ -128,6 +144,8 @@ class _PeerConnection:
             raise TimeoutError(
                 f"peer {self.name}: {what} not answered within {timeout_s} s"
             ) from None
+        finally:
+            self._on_lost.pop(token, None)
 
     async def _send(self, pieces: list) -> None:
         assert self._writer is not None
@@ -182,6 +200,9 @@ class _PeerConnection:
         if self._failure is not None:
             return
         self._failure = reason
+        lost, self._on_lost = list(self._on_lost.values()), {}
+        for hook in lost:
+            hook()
         for waiter, _ in self._pending.values():
             if not waiter.done():
                 waiter.set_exception(self._unavailable())
@@ -234,15 +255,30 @@ class PeerClients:
         records: bytes | bytearray | memoryview | None = None,
         location: S3WalLocation | None = None,
         timeout_s: float | None = None,
+        batch: ProducerBatch | None = None,
+        hole: Callable[[], int] | None = None,
+        on_lost: Callable[[], None] | None = None,
+        peer_protocol: int = PROTOCOL,
     ) -> ProduceResult | None:
         """The owner's answer to appending `records` (direct) or the batches at `location`
         (s3) to `stream_id`; None for acks=0, once the request is written. The default
-        timeout is the request's own `timeout_ms` plus `timeout_margin_s`."""
-        request = AppendRequest(0, stream_id, acks, timeout_ms, records, location)
+        timeout is the request's own `timeout_ms` plus `timeout_margin_s`. `batch` and
+        `hole()` (asked now, as the connection is picked) tell the owner whose batches
+        these are and the sender's last drop before them, unless the owner's `peer_protocol`
+        (its heartbeat's) predates them: `peer_codec.for_peer`; `on_lost`:
+        `_PeerConnection.call`."""
+        hole_seq = -1 if hole is None or batch is None else hole()
+        request = for_peer(
+            AppendRequest(
+                0, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole_seq
+            ),
+            peer_protocol,
+        )
         if timeout_s is None:
             timeout_s = max(timeout_ms, 0) / 1000 + self.timeout_margin_s
         expect = None if acks == 0 else AppendResponse
-        response = await self._connection(address).call(request, expect, timeout_s)
+        connection = self._connection(address)
+        response = await connection.call(request, expect, timeout_s, on_lost)
         assert response is None or isinstance(response, AppendResponse)
         return None if response is None else response.result()
 

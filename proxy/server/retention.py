@@ -4,7 +4,8 @@ Every `tiering.retention_check_interval_s`, for each stream of each shard this p
 
 1. the topic's `retention.ms`, `retention.bytes` and `cleanup.policy` as Kafka resolves
    them (DescribeConfigs gives the effective value: the topic's override, else the broker
-   default), cached for `CONFIG_MAX_AGE_S`;
+   default), read by the service's `TopicConfigs` (topic_configs.py) and kept for
+   `CONFIG_MAX_AGE_S`;
 2. the facts of each committed range of the stream, the offload job's below the cutover
    as well as the uploads' from it on (the log is one log): its size (the stream's blocks
    in the object's index) and its largest timestamp (the batch headers of its last block:
@@ -25,11 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from proxy.server.trims import write_trim
@@ -40,17 +39,13 @@ from proxy.tiering.metastreams import StreamInfo, StreamRange, topic_shard
 from proxy.tiering.objectformat import ObjectFormatError, find_entries
 from proxy.tiering.objectstore import ObjectStoreError
 from proxy.tiering.retention_plan import (
-    CONFIG_KEYS,
     RangeFacts,
-    RetentionConfig,
     TrimPlan,
     plan_trim,
-    retention_config,
 )
 
 log = logging.getLogger("tierproxy.retention")
 
-CONFIG_MAX_AGE_S = 300.0  # topic configs are read again after this long
 RangeKey = tuple[int, int, int, int]  # object id, stream, start, end
 
 
@@ -65,73 +60,23 @@ class RetentionReport:
     trimmed: dict[int, int] = field(default_factory=dict)
 
 
-class TopicConfigs:
-    """Topics' retention configs read from Kafka with an admin client, kept `max_age_s`."""
-
-    def __init__(self, kafka_settings: dict, max_age_s: float = CONFIG_MAX_AGE_S) -> None:
-        self._kafka = kafka_settings
-        self.max_age_s = max_age_s
-        self._admin: AIOKafkaAdminClient | None = None
-        self._cache: dict[str, tuple[float, RetentionConfig]] = {}
-
-    async def get(
-        self, topics: Collection[str], *, refresh: bool = False
-    ) -> dict[str, RetentionConfig]:
-        """Each topic's config; a topic Kafka does not describe is left out."""
-        now = time.monotonic()
-        stale = [
-            t
-            for t in topics
-            if refresh or t not in self._cache or now - self._cache[t][0] > self.max_age_s
-        ]
-        if stale:
-            await self._describe(stale, now)
-        return {t: self._cache[t][1] for t in topics if t in self._cache}
-
-    async def _describe(self, topics: list[str], now: float) -> None:
-        if self._admin is None:
-            admin = AIOKafkaAdminClient(**self._kafka)
-            await admin.start()
-            self._admin = admin
-        wanted = dict.fromkeys(CONFIG_KEYS)
-        resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
-        for response in await self._admin.describe_configs(resources):
-            for error_code, message, _, name, entries in response.resources:
-                if error_code != 0:
-                    log.warning(
-                        "retention of %s: DescribeConfigs: %s %s", name, error_code, message
-                    )
-                    self._cache.pop(name, None)
-                    continue
-                values = {entry[0]: entry[1] for entry in entries}
-                self._cache[name] = (now, retention_config(values))
-
-    async def close(self) -> None:
-        admin, self._admin = self._admin, None
-        if admin is not None:
-            await admin.close()
-
-
 class Retention:
     """The retention task of one proxy (`run`), or one pass of it (`run_once`)."""
 
     def __init__(self, service, *, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.service = service  # server.tiering.TieringService
         self.interval_s = service.config.retention_check_interval_s
-        self.configs = TopicConfigs(service._kafka)  # noqa: SLF001
+        self.configs = service.topic_configs  # closed by the service
         self._clock_ms = clock_ms
         self._facts: dict[RangeKey, RangeFacts] = {}
 
     async def run(self) -> None:
-        try:
-            while True:
-                await asyncio.sleep(self.interval_s)
-                try:
-                    await self.run_once()
-                except (KafkaError, ShardFenced, ObjectStoreError, OSError) as exc:
-                    log.warning("retention: %r; trying again in %s s", exc, self.interval_s)
-        finally:
-            await self.configs.close()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.run_once()
+            except (KafkaError, ShardFenced, ObjectStoreError, OSError) as exc:
+                log.warning("retention: %r; trying again in %s s", exc, self.interval_s)
 
     async def run_once(
         self, now_ms: int | None = None, *, refresh_configs: bool = False

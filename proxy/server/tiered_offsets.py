@@ -11,7 +11,10 @@ tiered partition of a request is routed (`route`):
   are searched in the objects from the log start on, migrated ranges included. LATEST is
   always answered here: the high watermark (the owner's; NOT_LEADER_OR_FOLLOWER when the
   owner is away, the committed end may be below its acks);
-- BOTH, otherwise, for EARLIEST, -4, a timestamp and MAX_TIMESTAMP: the entry also goes to
+- BOTH, otherwise, for EARLIEST, -4 and a timestamp, and always for MAX_TIMESTAMP (Kafka
+  counts the segment holding its log start whole, so its part may hold the log's largest
+  timestamp below the log start, even once the log start is past the cutover; Kafka's
+  answer then is that record, and the passthrough's would be too): the entry also goes to
   Kafka as it came (so Kafka's answer keeps its timestamp and leader epoch), the stream's
   part is searched meanwhile, and `combine` completes Kafka's answer with it. Kafka's
   answer is clamped at C: its log may hold data past C that is not the partition's (a
@@ -30,6 +33,7 @@ first on a tie.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import struct
 from dataclasses import dataclass
@@ -62,6 +66,7 @@ KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")
 _FIRST_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8}  # older: Kafka refuses it
 _EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
+_ANY_TIMESTAMP = -(1 << 63)  # every record's timestamp is at least this
 
 
 def route(tiering, topic: str, partition: int, timestamp: int, api_version: int) -> Route:
@@ -82,9 +87,19 @@ def route(tiering, topic: str, partition: int, timestamp: int, api_version: int)
     state = tiering.state(stream)
     if state.stream(stream) is None:
         return Route.UPSTREAM  # not cut over yet: Kafka's log is the whole log
+    if timestamp == MAX_TIMESTAMP:
+        return Route.BOTH  # Kafka's segment holding its log start counts whole
     if timestamp == LATEST or not state.backfill_gaps(stream):
         return Route.HERE
     return Route.BOTH
+
+
+def epoch_at(offset: int, cutover: int, current_epoch: int, stamped: int) -> int:
+    """The leader epoch Kafka answers with `offset` of a tiered partition: its epoch
+    cache's entry for the offset. Every epoch since the cutover starts at the cutover
+    (Kafka's log end), so at or past it that is the current leader epoch; below it, the
+    epoch Kafka stamped on the batch (a migrated batch keeps it in the objects)."""
+    return current_epoch if offset >= cutover else stamped
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,16 +110,28 @@ class StreamPart:
     cutover: int = -1
     log_start: int = -1
     found: Found | None = None  # the stream's record for a timestamp or MAX_TIMESTAMP
+    start_held: bool = False  # an object holds the log start (EARLIEST only)
+    current_epoch: int = -1  # the partition's leader epoch now (leader_epochs.py)
+    start_epoch: int = -1  # EARLIEST below the cutover: the epoch of the log start's batch
 
     def alone(self, timestamp: int) -> OffsetsResult:
         """The answer when the stream holds the whole log."""
         if self.error_code != NONE:
             return OffsetsResult(self.error_code)
         if timestamp in _EARLIEST:
-            return OffsetsResult(NONE, -1, self.log_start)
+            return self.earliest(self.log_start)
         if self.found is None:
             return OffsetsResult(NONE)  # no record at or after it: Kafka answers -1 too
-        return OffsetsResult(NONE, self.found.timestamp, self.found.offset, self.found.leader_epoch)
+        found = self.found
+        epoch = epoch_at(found.offset, self.cutover, self.current_epoch, found.leader_epoch)
+        return OffsetsResult(NONE, found.timestamp, found.offset, epoch)
+
+    def earliest(self, log_start: int, stamped: int | None = None) -> OffsetsResult:
+        """EARLIEST at `log_start`; below the cutover with the epoch of the batch there
+        (`stamped`, else the one read from the objects)."""
+        stamped = self.start_epoch if stamped is None else stamped
+        epoch = epoch_at(log_start, self.cutover, self.current_epoch, stamped)
+        return OffsetsResult(NONE, -1, log_start, epoch)
 
 
 def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note) -> OffsetsResult:
@@ -118,7 +145,15 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
     if timestamp in _EARLIEST:
         if kafka.offset > cutover:  # Kafka's log start past its part: the stream's
             note(kafka.offset)
-            return OffsetsResult(NONE, -1, max(cutover, part.log_start))
+            return part.earliest(max(cutover, part.log_start))
+        if part.log_start > kafka.offset or (part.start_held and part.log_start < kafka.offset):
+            # trimmed below the cutover while Kafka's copy lives on, or migrated and gone
+            # from Kafka: what a Fetch from that offset is served (TieredReads.fetch_here)
+            if part.start_held:
+                return part.earliest(part.log_start)
+            # Kafka's batch: the epoch of its entry for its own log start, most likely
+            # the same one (Kafka is not asked for this offset's)
+            return part.earliest(part.log_start, kafka.leader_epoch)
         return kafka
     below = 0 <= kafka.offset < cutover
     if kafka.offset >= cutover:
@@ -132,7 +167,14 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
 
 
 async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
-    """The stream's part of one partition's answer."""
+    """The stream's part of one partition's answer, with the partition's leader epoch."""
+    part, epoch = await asyncio.gather(
+        _stream_part(tiering, item), tiering.leader_epochs.epoch(item.topic, item.partition)
+    )
+    return dataclasses.replace(part, current_epoch=epoch)
+
+
+async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     found = tiering.topics.topic(item.topic)
     stream = None if found is None else stream_of(found, item.partition)
     state = None if stream is None else tiering.state(stream)
@@ -140,18 +182,27 @@ async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     if info is None:  # untiered since the split
         return StreamPart(NOT_LEADER_OR_FOLLOWER)
     timestamp = item.timestamp
-    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset)
-    if timestamp in _EARLIEST:
-        return part
+    held = timestamp in _EARLIEST and bool(
+        state.objects_for(stream, info.log_start_offset, limit=1)
+    )
+    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset, start_held=held)
     search = StreamSearch(tiering, stream)
-    # BOTH: Kafka answers below the cutover; HERE: the objects hold the whole log
+    if timestamp in _EARLIEST and (not held or part.log_start >= part.cutover):
+        return part
+
+    # Kafka alone holds offsets below the cutover that no object holds; else the
+    # objects hold all of the log from its start
     start = (
         max(info.cutover_offset, info.log_start_offset)
-        if item.also_upstream
+        if state.backfill_gaps(stream)
         else info.log_start_offset
     )
     where = f"{found.name}-{item.partition}: ListOffsets timestamp {timestamp}"
     try:
+        if timestamp in _EARLIEST:  # migrated ranges below the cutover: their batch's epoch
+            hit = await search.first_at_or_after(_ANY_TIMESTAMP, info.log_start_offset)
+            epoch = -1 if hit is None else hit.leader_epoch
+            return dataclasses.replace(part, start_epoch=epoch)
         if timestamp == MAX_TIMESTAMP:
             hit = await search.max_timestamp(start)
         else:
@@ -165,14 +216,19 @@ async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
 
 
 async def _latest(tiering, item: TieredOffsetsPartition) -> OffsetsResult:
+    """The high watermark, with the current leader epoch (Kafka's Partition answers its
+    leader epoch with LATEST)."""
     found = tiering.topics.topic(item.topic)
     stream = None if found is None else stream_of(found, item.partition)
     if stream is None or tiering.state(stream).stream(stream) is None:
         return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
-    end = await tiering.reads.owner_high_watermark(stream)
+    end, epoch = await asyncio.gather(
+        tiering.reads.owner_high_watermark(stream),
+        tiering.leader_epochs.epoch(item.topic, item.partition),
+    )
     if end is None:  # the owner is away: the committed end may be below its acks
         return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
-    return OffsetsResult(NONE, -1, end)
+    return OffsetsResult(NONE, -1, end, epoch)
 
 
 @dataclass(slots=True, eq=False)

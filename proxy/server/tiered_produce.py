@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from dataclasses import dataclass
 
 from proxy.apis.produce_split import (
@@ -27,10 +28,12 @@ from proxy.apis.produce_split import (
     split,
 )
 from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.produce_rules import ProduceRules, check_records
 from proxy.tiering.ratelimit import Priority
 
 INVALID_REQUEST = 42
 MESSAGE_TOO_LARGE = 10
+KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")
 
 
@@ -96,10 +99,14 @@ async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> Part
             error_message=f"{len(part.records)} bytes exceed {tiering.max_batch_bytes}",
         )
     else:
+        rules = await tiering.produce_rules(part.topic)  # cached: waits only the first time
+        refused = _refusal(tiering, view, part, rules)
+        if refused is not None:
+            return refused
         if part.records is not None and tiering.bandwidth is not None:  # never waits
             await tiering.bandwidth.limiter.acquire(Priority.PRODUCE, len(part.records))
         answer = await tiering.produce(
-            part.topic, part.partition, part.records, view.acks, view.timeout_ms
+            part.topic, part.partition, part.records, view.acks, view.timeout_ms, rules
         )
         result = answer if answer is not None else ProduceResult(0)
     return PartitionResult(
@@ -110,6 +117,35 @@ async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> Part
         result.log_append_time_ms,
         result.log_start_offset,
         result.error_message,
+    )
+
+
+def _refusal(
+    tiering, view: ProduceRequestView, part: TieredPartition, rules: ProduceRules | None
+) -> PartitionResult | None:
+    """Kafka's refusal of the partition's records by the topic's configs (produce_rules.py),
+    decided here, before the batch is written or handed to its owner."""
+    if part.records is None:
+        return None  # answered by TieringService.produce
+    topic = tiering.topics.topic(part.topic)
+    if topic is None:
+        return None  # untiered meanwhile: answered by TieringService.produce
+    if rules is None:
+        message = f"the configs of topic {topic.name} could not be read from Kafka"
+        return PartitionResult(
+            part.topic, part.partition, KAFKA_STORAGE_ERROR, error_message=message
+        )
+    now_ms = time.time_ns() // 1_000_000
+    name = f"{topic.name}-{part.partition}"
+    refusal = check_records(part.records, rules, now_ms, view.api_version, name)
+    if refusal is None:
+        return None
+    return PartitionResult(
+        part.topic,
+        part.partition,
+        refusal.error_code,
+        error_message=refusal.error_message,
+        record_errors=refusal.record_errors,
     )
 
 

@@ -4,8 +4,11 @@ Any proxy answers a tiered partition's offsets committed to objects, through its
 cache, so a consumer reads in its own zone. The tail not uploaded yet is in the owner's
 log cache: the owner answers it, and a proxy that does not own the partition asks the
 owner for it over the peer protocol (those bytes cross zones; only the tail does). If the
-owner does not answer, the committed end is the high watermark. Offsets below the cutover
-that no object holds yet are not read here: `fetch_here` sends those partitions to Kafka.
+owner does not answer, the committed end is the high watermark. A rebuilt owner loads the
+tail it recovered into the log cache; what did not fit is read from its WAL (`_tail`),
+so every offset below the high watermark is served at once, as Kafka serves it. Offsets
+below the cutover that no object holds yet (and not below the log start) are not read
+here: `fetch_here` sends those partitions to Kafka.
 
 A corrupt object fails that partition with CORRUPT_MESSAGE, a missing or unreadable one
 with KAFKA_STORAGE_ERROR (retriable); the other partitions are answered, and the log
@@ -30,6 +33,7 @@ from proxy.tiering.ratelimit import Priority
 from proxy.tiering.stream_reader import StreamReader
 from proxy.tiering.topic_index import stream_of
 from proxy.tiering.transactions import ControlRecordError, committed_view
+from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")
 
@@ -58,7 +62,9 @@ class TieredReads:
         """Whether the proxy answers this partition of a Fetch: a partition cut over, at
         an offset past its cutover or one an object holds, or at any offset once
         retention moved its log start past the cutover (below it: OFFSET_OUT_OF_RANGE,
-        as Kafka, where Kafka would still serve records the stream trimmed)."""
+        as Kafka, where Kafka would still serve records the stream trimmed), or below the
+        log start wherever it is (retention or DeleteRecords trimmed migrated ranges below
+        the cutover: Kafka's copy may still hold them)."""
         found = self.service.topics.topic(topic)
         if found is None:
             return False
@@ -68,6 +74,8 @@ class TieredReads:
         if info is None:
             return False
         if p.fetch_offset >= info.cutover_offset or info.log_start_offset > info.cutover_offset:
+            return True
+        if p.fetch_offset < info.log_start_offset:  # trimmed, Kafka's copy maybe not yet
             return True
         return bool(state.objects_for(stream, p.fetch_offset, limit=1))
 
@@ -90,8 +98,7 @@ class TieredReads:
         protocol; None when no owner answers. For ListOffsets' timestamp search."""
         partition = self.service.partitions.get(stream)
         if partition is not None:
-            records, _ = self.log_cache.read(stream, offset, max_bytes)
-            return records, partition.high_watermark
+            return await self._tail(stream, offset, max_bytes), partition.high_watermark
         answer = await self._owner_tail(stream, offset, max_bytes, 0)
         if answer is None:
             return None
@@ -117,8 +124,34 @@ class TieredReads:
             return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, start)
         records: Sequence[memoryview] = ()
         if request.max_bytes > 0:
-            records, _ = self.log_cache.read(stream, offset, request.max_bytes)
+            records = await self._tail(stream, offset, request.max_bytes)
         return TieredFetchResult(NONE, end, end, start, None, -1, tuple(records))
+
+    async def _tail(self, stream: int, offset: int, max_bytes: int) -> Sequence[memoryview]:
+        """The owner's batches from `offset` past the committed objects: the log cache,
+        else the WAL for an entry a rebuild recovered and the cache had no room for
+        (`LogCache.in_wal`), by Kafka's rule (the first entry whole). Empty when the WAL
+        was trimmed meanwhile: the objects hold it now."""
+        records, _ = self.log_cache.read(stream, offset, max_bytes)
+        where = None if records else self.log_cache.wal_position(stream, offset)
+        wal = self.service.wal
+        if where is None or wal is None:
+            return records
+        try:
+            entries = await wal.read(where.start, max(max_bytes, 1))
+        except WalError as exc:
+            log.debug("stream %d at offset %d from the WAL: %r", stream, offset, exc)
+            return ()
+        found: list[memoryview] = []
+        size = 0
+        for entry in entries:
+            if entry.stream_id != stream:
+                continue
+            if found and size + len(entry.batch) > max_bytes:
+                break
+            found.append(entry.batch)
+            size += len(entry.batch)
+        return found
 
     async def _owner_wakes(self, stream: int, offset: int, left_s: float) -> None:
         """Until the owner has data past `offset` (a long poll on it), at most `left_s`;
@@ -220,7 +253,7 @@ class TieredReads:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
                 return TieredFetchResult(KAFKA_STORAGE_ERROR, end, end, log_start)
             if not records and partition is not None:
-                records, _ = self.log_cache.read(stream, offset, max_bytes)
+                records = await self._tail(stream, offset, max_bytes)
                 priority = Priority.TAIL_READ
         if not records and partition is None and max_bytes > 0:  # the tail, on its owner
             tail = await self._owner_tail(stream, offset, max_bytes, 0)

@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.backfill import commit_backfill
 from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
+from proxy.server.leader_epochs import LeaderEpochs
+from proxy.server.lifecycle import settle, start_or_undo
 from proxy.server.orphan_sweep import OrphanSweep
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
@@ -35,7 +38,9 @@ from proxy.server.retention import Retention
 from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
 from proxy.server.tiered_txn_refusal import TxnRefusals
+from proxy.server.topic_configs import TopicConfigs
 from proxy.server.trims import trim_stream
+from proxy.tiering.batches import CorruptBatchError
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
@@ -49,10 +54,12 @@ from proxy.tiering.metastreams import shard_of
 from proxy.tiering.objectstore import ObjectStore
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.partition import PartitionSet
-from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, PartitionConfig, ProduceResult
-from proxy.tiering.peer_codec import AdminRequest, AppendRequest, frame_size
+from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
+from proxy.tiering.produce_rules import ProduceRules
 from proxy.tiering.s3store import S3Store
+from proxy.tiering.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.tiering.settings import TieringConfig
 from proxy.tiering.storemetrics import ObjectStoreMetrics
 from proxy.tiering.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
@@ -67,14 +74,12 @@ from proxy.wal.types import WalConfig
 
 log = logging.getLogger("tierproxy.tiering")
 
+CORRUPT_MESSAGE = 2
 REQUEST_TIMED_OUT = 7
 INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
 ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released this late
-# a sequence gap this soon after a partition starts here is a hand-over's straddle, not a
-# lost batch: answered retriable (partition_rules.refusal; docs/reliability.md, duplicates)
-HANDOVER_GRACE_MS = 5_000
 
 
 def uploader_config(config: TieringConfig) -> UploaderConfig:
@@ -85,6 +90,20 @@ def uploader_config(config: TieringConfig) -> UploaderConfig:
         max_commit_age_s=commit_age_limit(config.orphan_grace_s),
         object_format_version=config.object_format_version,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One partition of a Produce request for a tiered topic, on its way to the owner."""
+
+    topic: TieredTopic
+    partition: int
+    stream: int
+    batch: ProducerBatch | None  # whose batches (sequence_holes.py); None for acks=0
+    records: object
+    acks: int
+    timeout_ms: int
+    rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
 
 
 def _now_ms() -> int:
@@ -132,21 +151,29 @@ class TieringService:
         self.peers = PeerClients()
         self.s3wal: S3WalWriter | None = None
         self.s3wal_reader: S3WalReader | None = None
-        self._allocate = ObjectIdAllocator(random.getrandbits(31))
+        self._allocate = ObjectIdAllocator.drawn()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
         # stream -> the latest peer request's future, done once its batch is queued (owner)
         # or its request is written (non-owner): keeps a stream's batches in order
         self._arrivals: dict[int, asyncio.Future[None]] = {}
         self._sends: dict[int, asyncio.Future[None]] = {}
         self._zones_by_address: dict[tuple[str, int], str] = {}
+        # the batches this proxy answered retriable without appending, to tell a sequence
+        # gap it made from one the client made (sequence_holes.py; docs/sequencer.md)
+        self.holes = SequenceHoles()
         self.cutover = CutoverLoop(self)
         self.seals = Seals(self)
         self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
+        # tiered topics' configs, Kafka's: retention's and produce's (topic_configs.py)
+        self.topic_configs = TopicConfigs(kafka_settings)
         self.retention = Retention(self)
         # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
         self.beyond_cutover = BeyondCutover()
         # AddPartitionsToTxn refused for tiered topics (tiered_txn_refusal.py)
         self.txn_refusals = TxnRefusals()
+        # the partitions' current leader epochs, for ListOffsets answers (leader_epochs.py)
+        self.leader_epochs = LeaderEpochs(proxy.partition_leader_epochs)
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
         # fit a WAL segment, and an S3-WAL object
@@ -155,10 +182,16 @@ class TieringService:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the parts in order. A step that fails (or a cancel) stops what the steps
+        before it started, and the step's own part if it got that far: `stop()` undoes any
+        prefix of the start; the error is raised."""
+        await start_or_undo(self._start, self.stop)
+
+    async def _start(self) -> None:
         config = self.config
         await ensure_metadata_topic(self._kafka, config.metadata_topic, config.shard_count)
-        await asyncio.gather(*(reader.start() for reader in self.readers))
-        await asyncio.gather(*(reader.caught_up() for reader in self.readers))
+        await settle(reader.start() for reader in self.readers)
+        await settle(reader.caught_up() for reader in self.readers)
         registry = self.proxy.metrics.registry
         self.bandwidth = Bandwidth(
             config.bandwidth_bytes_per_s, config.bandwidth_burst_bytes, registry
@@ -184,9 +217,9 @@ class TieringService:
             )
         self.partitions = PartitionSet(
             self.wal,
-            config=PartitionConfig(handover_grace_ms=HANDOVER_GRACE_MS),
             on_broken=self._partition_broken,
             log_cache=self.log_cache,
+            holes=self.holes,
         )
         self.block_cache = BlockCache(
             self.store, capacity_bytes=config.block_cache_bytes, registry=registry
@@ -235,6 +268,14 @@ class TieringService:
         self._tasks.append(asyncio.create_task(self.orphans.run(), name="orphan-sweep"))
 
     async def stop(self) -> None:
+        """Stop what `start` started, in the reverse order, each part only if it got that
+        far (so it undoes a start that failed midway), once: a second call does nothing.
+        Two deliberate exceptions to the reverse order: the compactor stops first (its
+        commits go through the shards' owners), and the uploader's restart loop is
+        cancelled before the group is left (the release's flush must not race a restart)."""
+        if self._stopped:
+            return
+        self._stopped = True
         if self.compactor is not None:  # first: its commits go through the shards' owners
             await self.compactor.close()
         for task in self._tasks:
@@ -253,13 +294,14 @@ class TieringService:
             await self.s3wal.close()
         if self.wal is not None:
             await self.wal.close()
-        await asyncio.gather(*(reader.close() for reader in self.readers))
         if self.block_cache is not None:
             await self.block_cache.close()
         if self.store is not None:
             await self.store.close()
         if self.bandwidth is not None:
             self.bandwidth.close()
+        await self.topic_configs.close()
+        await asyncio.gather(*(reader.close() for reader in self.readers))
 
     @property
     def peer_port(self) -> int:
@@ -311,16 +353,45 @@ class TieringService:
         found = self.topics.topic(topic)
         return found is not None
 
+    async def produce_rules(self, topic: str | uuid.UUID) -> ProduceRules | None:
+        """What a tiered topic's produce must pass, from its configs in Kafka
+        (produce_rules.py); None: not tiered, or Kafka did not describe it."""
+        found = self.topics.topic(topic)
+        return None if found is None else await self.topic_configs.produce_rules(found.name)
+
     async def produce(
-        self, topic: str | uuid.UUID, partition: int, records, acks: int, timeout_ms: int
+        self,
+        topic: str | uuid.UUID,
+        partition: int,
+        records,
+        acks: int,
+        timeout_ms: int,
+        rules: ProduceRules | None = None,
     ) -> ProduceResult | None:
-        """One partition of a Produce request for a tiered topic; None for acks=0."""
+        """One partition of a Produce request for a tiered topic, checked against `rules`
+        (`produce_rules`) already; None for acks=0. The owner stamps the batch if the topic
+        uses LogAppendTime: here by `rules`, elsewhere by the owner's own. Its answer is
+        recorded in `holes` (a retriable error: a drop; success: holes filled) before
+        anything else runs: no later batch can be handed off without knowing it."""
         found = self.topics.topic(topic)
         if found is None:  # untiered since the split: the client retries through Kafka
             return _not_owner(f"topic {topic} is no longer tiered")
         if records is None:
             return ProduceResult(INVALID_REQUEST, error_message="null records")
         stream = stream_of(found, partition)
+        batch = ProducerBatch.of(records) if acks != 0 else None
+        try:
+            part = _Part(found, partition, stream, batch, records, acks, timeout_ms, rules)
+            result = await self._produce(part)
+        except BaseException:
+            self.holes.dropped(stream, batch)
+            raise
+        if result is not None:
+            self.holes.observe(stream, batch, result.error_code)
+        return result
+
+    async def _produce(self, part: _Part) -> ProduceResult | None:
+        found, partition, stream = part.topic, part.partition, part.stream
         if self.state(stream).stream(stream) is None:
             if not await self._wait_for_cutover(found, stream):
                 return ProduceResult(
@@ -333,8 +404,9 @@ class TieringService:
         if self.partitions.get(stream) is None and self._owned_here(stream):
             await self._wait_for_partition(stream)  # cut over or taken over just now
         if self.partitions.get(stream) is not None:
-            return await self.partitions.produce(stream, records, acks)
-        return await self._produce_remote(found, partition, stream, records, acks, timeout_ms)
+            append_time = part.rules.log_append_time if part.rules is not None else None
+            return await self.partitions.produce(stream, part.records, part.acks, append_time)
+        return await self._produce_remote(part)
 
     def _owned_here(self, stream: int) -> bool:
         assert self.assignment is not None
@@ -364,12 +436,13 @@ class TieringService:
             await self.changed(left)
         return True
 
-    async def _produce_remote(
-        self, topic: TieredTopic, partition: int, stream: int, records, acks: int, timeout_ms: int
-    ) -> ProduceResult | None:
+    async def _produce_remote(self, part: _Part) -> ProduceResult | None:
+        topic, partition, stream, batch = part.topic, part.partition, part.stream, part.batch
+        records, acks, timeout_ms = part.records, part.acks, part.timeout_ms
         address = self._owner_address(stream)
         if address is None:
             return _not_owner(f"{topic.name}-{partition}: no live owner right now")
+        protocol = self.peer_protocol(self.state(stream).owner)
         # A stream's batches reach the owner in the order they came (producer sequence
         # numbers): each call is made after the previous one's, which PeerClients writes
         # first, whichever S3-WAL PUT ends first.
@@ -386,11 +459,24 @@ class TieringService:
             if previous is not None:
                 await asyncio.wait([previous])
             call = asyncio.ensure_future(
-                self.peers.append(address, stream, acks, timeout_ms, **payload)
+                self.peers.append(
+                    address,
+                    stream,
+                    acks,
+                    timeout_ms,
+                    **payload,
+                    batch=batch,
+                    hole=lambda: self.holes.hole_before(stream, batch),
+                    on_lost=lambda: self.holes.dropped(stream, batch),
+                    peer_protocol=protocol,
+                )
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
+        except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
+            return ProduceResult(CORRUPT_MESSAGE, error_message=str(exc))  # the owner's answer
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
+            self.holes.dropped(stream, batch)  # before the next hand-off of the stream goes
             if location is not None and self.s3wal is not None:
                 self.s3wal.release(location)
             return ProduceResult(56, error_message=f"could not hand the batch over: {exc}")
@@ -398,7 +484,9 @@ class TieringService:
             started.set_result(None)
             if self._sends.get(stream) is started:
                 del self._sends[stream]
-        request = AppendRequest(0, stream, acks, timeout_ms, **payload)
+        request = for_peer(
+            AppendRequest(0, stream, acks, timeout_ms, **payload, batch=batch), protocol
+        )
         self.count_peer_bytes(address, "to_owner", frame_size(request))
         try:
             result = await call
@@ -451,6 +539,12 @@ class TieringService:
             return None
         return live[member].host, heartbeat.peer_port
 
+    def peer_protocol(self, member: str) -> int:
+        """The peer protocol level of `member`, from its last heartbeat; a member not heard
+        from counts as the oldest, so nothing it might refuse is sent to it."""
+        heartbeat = self.proxy.fleet.heartbeat(member) if member else None
+        return OLD_PEER_PROTOCOL if heartbeat is None else heartbeat.peer_protocol
+
     # -- what peers ask ------------------------------------------------------------------
 
     async def _on_peer_append(self, request: AppendRequest) -> ProduceResult:
@@ -459,6 +553,11 @@ class TieringService:
         sequence numbers must arrive in order)."""
         assert self.partitions is not None and self.s3wal_reader is not None
         stream = request.stream_id
+        batch = request.batch if request.acks != 0 else None
+        if batch is not None and request.hole >= 0:  # what the sender dropped before it
+            pid, epoch, seq = batch.producer_id, batch.producer_epoch, request.hole
+            hole = ProducerBatch(pid, epoch, seq, seq)
+            self.holes.dropped(stream, hole)
         previous = self._arrivals.get(stream)
         queued = asyncio.get_running_loop().create_future()
         self._arrivals[stream] = queued
@@ -467,20 +566,37 @@ class TieringService:
             if records is None:
                 assert request.location is not None
                 records = await self.s3wal_reader.read(request.location)
+            rules = await self._stream_rules(stream)  # before the order is kept: may wait
             if previous is not None:
                 await asyncio.wait([previous])
             if self.partitions.get(stream) is None and self._owned_here(stream):
                 await self._wait_for_partition(stream)
             if self.partitions.get(stream) is None:
+                self.holes.dropped(stream, batch)
                 return _not_owner(f"stream {stream} is not owned by {self.name}")
-            call = asyncio.ensure_future(self.partitions.produce(stream, records, request.acks))
+            if rules is None:
+                return ProduceResult(56, error_message=f"stream {stream}: no topic config")
+            append_time = rules.log_append_time
+            call = asyncio.ensure_future(
+                self.partitions.produce(stream, records, request.acks, append_time)
+            )
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
+        except BaseException:  # the S3-WAL read failed: answered 56, the batch not appended
+            self.holes.dropped(stream, batch)  # before the stream's next arrival goes on
+            raise
         finally:
             queued.set_result(None)
             if self._arrivals.get(stream) is queued:
                 del self._arrivals[stream]
         result = await call
+        if result is not None:
+            self.holes.observe(stream, batch, result.error_code)
         return result if result is not None else ProduceResult(0)
+
+    async def _stream_rules(self, stream: int) -> ProduceRules | None:
+        """The produce rules of a stream's topic, at its owner (LogAppendTime)."""
+        info = self.state(stream).stream(stream)
+        return None if info is None else await self.produce_rules(info.topic_id)
 
     async def _on_peer_fetch(self, request: FetchRequest) -> TieredFetchResult:
         assert self.reads is not None

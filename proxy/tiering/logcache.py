@@ -17,6 +17,10 @@ WAL) is the only copy a fetch can be served from.
   the end it is empty (wait: `wait_for_data`).
 - `wait_for_data` parks a future per long poll; `append` and `drop` wake the ones whose
   offset the stream's end has passed. No polling; a timed-out waiter leaves at once.
+- A rebuilt partition loads the WAL entries it recovered that are not uploaded yet
+  (`recovered_tail.py`), as many as fit. The older ones stay in the WAL only: `in_wal`
+  notes where, `wal_position` tells a reader that misses below the cache where to read
+  them, until `uploaded` passes them (then the objects hold them).
 
 No locks: everything runs on the event loop; only `wait_for_data` needs one.
 """
@@ -70,6 +74,7 @@ class LogCache:
         self._streams: dict[int, _Stream] = {}
         self._evictable: list[tuple[int, int]] = []  # heap of (head seq, stream id)
         self._seq = 0
+        self._in_wal: dict[int, list[tuple[int, int, object]]] = {}  # stream: (base, last, where)
         self._waiters: dict[int, dict[asyncio.Future[None], int]] = {}  # stream: {f: offset}
         # counters, plain attributes
         self.bytes = 0  # held now
@@ -109,8 +114,30 @@ class LogCache:
             self.overflows += 1
         self._wake(stream, log.end_offset)
 
+    def in_wal(self, stream: int, base_offset: int, last_offset: int, where: object) -> None:
+        """A recovered entry [base_offset, last_offset] not uploaded yet that the cache does
+        not hold: `where` the WAL has it (its WalPosition). In offset order, below the
+        stream's first append."""
+        self._in_wal.setdefault(stream, []).append((base_offset, last_offset, where))
+
+    def wal_position(self, stream: int, offset: int) -> object | None:
+        """Where the WAL holds the entry with `offset` that the cache left there (`in_wal`);
+        None when it did not (the cache holds it, or the objects do)."""
+        noted = self._in_wal.get(stream)
+        if not noted:
+            return None
+        i = bisect.bisect_left(noted, offset, key=lambda e: e[1])
+        return noted[i][2] if i < len(noted) and noted[i][0] <= offset else None
+
     def uploaded(self, stream: int, end_offset: int) -> None:
         """Everything of `stream` below `end_offset` is committed to S3: it may go."""
+        noted = self._in_wal.get(stream)
+        if noted:
+            kept = [e for e in noted if e[1] >= end_offset]
+            if kept:
+                self._in_wal[stream] = kept
+            else:
+                del self._in_wal[stream]
         log = self._streams.get(stream)
         if log is None or end_offset <= log.uploaded_end:
             return
@@ -120,6 +147,7 @@ class LogCache:
 
     def drop(self, stream: int) -> None:
         """The partition stopped here: forget the stream, wake its waiters."""
+        self._in_wal.pop(stream, None)
         log = self._streams.pop(stream, None)
         if log is not None:
             self.bytes -= sum(entry.data.nbytes for entry in log.entries)
@@ -127,6 +155,18 @@ class LogCache:
                 self._evictable = [item for item in self._evictable if item[1] != stream]
                 heapq.heapify(self._evictable)
         self._wake(stream, None)
+
+    @property
+    def room(self) -> int:
+        """The bytes that appends may add without an overflow: the bound less what no
+        eviction can free (entries not uploaded yet). Computed, for rebuilds only."""
+        pinned = sum(
+            entry.data.nbytes
+            for log in self._streams.values()
+            for entry in log.entries
+            if entry.last_offset >= log.uploaded_end
+        )
+        return max(self.max_bytes - pinned, 0)
 
     # -- the reader's side ---------------------------------------------------------------
 

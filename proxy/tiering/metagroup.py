@@ -57,8 +57,8 @@ async def ensure_metadata_topic(
     if shard_count < 1:
         raise ValueError(f"shard count {shard_count}: needs at least 1")
     admin = AIOKafkaAdminClient(**kafka_settings)
-    await admin.start()
     try:
+        await admin.start()  # inside: a start that fails leaves connections to close
         brokers = len((await admin.describe_cluster())["brokers"])
         replicas = min(3, max(1, brokers))
         new = NewTopic(topic, shard_count, replicas, topic_configs=metadata_topic_configs(replicas))

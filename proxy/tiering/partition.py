@@ -34,9 +34,12 @@ from proxy.tiering.partition_rules import (
     not_owner,
     rebuild_sequencer,
     refusal,
+    sequence,
     storage_error,
 )
 from proxy.tiering.producer_state import ErrorCode
+from proxy.tiering.recovered_tail import RecoveredTail, TailEntry
+from proxy.tiering.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalPosition
@@ -68,6 +71,7 @@ def _wall_clock_ms() -> int:
 class _Request:
     records: Records
     future: asyncio.Future[ProduceResult] | None  # None for acks=0
+    log_append_time: bool | None = None  # the topic's message.timestamp.type; None: config's
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +103,8 @@ class TieredPartition:
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
         self.on_appended: OnAppended | None = None  # each durable append (the log cache)
+        # the batches this proxy dropped, to tell its gaps from the client's (sequence_holes.py)
+        self.holes: SequenceHoles | None = None
         # the queue: requests keep the order of their produce() calls
         self._inbox: deque[_Request] = deque()
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
@@ -110,7 +116,6 @@ class TieredPartition:
         self._wake: asyncio.Future[None] | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._started_ms = clock_ms()  # reset by start(): when this owner began answering
 
     @classmethod
     async def recover(
@@ -157,7 +162,6 @@ class TieredPartition:
 
     def start(self) -> None:
         if self._task is None:
-            self._started_ms = self._clock_ms()
             self._task = asyncio.create_task(self._run(), name=f"partition {self.stream_id}")
 
     async def __aenter__(self) -> TieredPartition:
@@ -203,16 +207,21 @@ class TieredPartition:
         """The committed producer state, covering offsets below the high watermark."""
         return self._sequencer.snapshot()
 
-    async def produce(self, records: Records, acks: int) -> ProduceResult | None:
+    async def produce(
+        self, records: Records, acks: int, log_append_time: bool | None = None
+    ) -> ProduceResult | None:
         """Queue one partition's records and return the answer once they are durable (or
         refused). acks=0 returns None once queued; the write is the same. Waits while the
         queue is full, in call order: requests are sequenced in the order of the calls.
-        `records` must not change until the request is sequenced."""
+        `records` must not change until the request is sequenced. `log_append_time`: the
+        topic's message.timestamp.type is LogAppendTime, read from Kafka with each request
+        (a topic config may change); None keeps `config.log_append_time`."""
         if not self._open:
+            self._dropped(records)
             return None if acks == 0 else not_owner(self.stream_id)
         loop = asyncio.get_running_loop()
         future = None if acks == 0 else loop.create_future()
-        request = _Request(records, future)
+        request = _Request(records, future, log_append_time)
         if len(self._inbox) < self.config.queue_size and not self._blocked:
             self._inbox.append(request)
             self._poke()
@@ -255,6 +264,7 @@ class TieredPartition:
             self._wake = None
             self._closing = True
             for item in self._in_flight:  # cancelled or a bug: the writes' fate is unknown
+                self._dropped(item.pending.records)
                 _answer_all(item, storage_error("the partition's task stopped"))
             self._refuse_queued()
             self._notify()
@@ -274,10 +284,14 @@ class TieredPartition:
         if now - self._last_expire >= self.config.expire_interval_ms:
             self._sequencer.expire(now)
             self._last_expire = now
-        result = self._sequencer.append(request.records, now)
+        if request.log_append_time is not None:  # stamped by the sequencer (Kafka's leader)
+            self._sequencer.log_append_time = request.log_append_time
+        result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
         future = request.future
         if isinstance(result, Rejected):
-            answer = refusal(result, self.stream_id, now - self._started_ms, self.config)
+            answer = refusal(result, self.stream_id, self.holes)
+            if answer.error_code in DROP_CODES:  # fenced, or a gap this proxy made
+                self._dropped(request.records)
             if result.error_code in _SEQUENCE_REFUSALS:  # rare, and what settles a duplicate
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
@@ -330,6 +344,7 @@ class TieredPartition:
                 if code == ErrorCode.NONE:
                     _answer(future, self._success(base_offset, append_time))
                 else:
+                    self._dropped(item.pending.records)
                     _answer(future, storage_error("the partition was fenced"))
             moved = True
         if moved:
@@ -341,9 +356,9 @@ class TieredPartition:
         self._sequencer.abort(item.pending)
         self._broken = error
         result = storage_error(f"the WAL write failed: {error!r}")
-        _answer_all(item, result)
-        for later in self._in_flight:  # their writes fail too (the WAL is broken)
-            _answer_all(later, result)
+        for failed in (item, *self._in_flight):  # their writes fail too (the WAL is broken)
+            self._dropped(failed.pending.records)
+            _answer_all(failed, result)
         self._in_flight.clear()
         self._notify()
         if self.on_broken is not None:
@@ -359,7 +374,14 @@ class TieredPartition:
                 if admitted.done():
                     continue
                 admitted.set_result(None)
+            self._dropped(request.records)
             _answer(request.future, result)
+
+    def _dropped(self, records: Records) -> None:
+        """Answered retriable, not appended: recorded before the answer is given, so no
+        later batch of the producer can pass it unnoticed (sequence_holes.py)."""
+        if self.holes is not None:
+            self.holes.dropped(self.stream_id, ProducerBatch.of(records))
 
     def _success(self, base_offset: int, append_time: int) -> ProduceResult:
         return ProduceResult(0, base_offset, append_time, self.log_start_offset)
@@ -387,15 +409,19 @@ def _answer_all(item: _InFlight, result: ProduceResult) -> None:
 
 
 async def read_wal_batches(
-    wal: WriteAheadLog, streams: Collection[int] | None = None
+    wal: WriteAheadLog, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
 ) -> dict[int, list[BatchHeader]]:
     """One pass over the WAL's replay: each stream's batch headers in order (only those of
-    `streams`, if given). Headers only: the batch bytes are not kept."""
+    `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
+    keeps (the entries past each stream's committed end, for the log cache)."""
     found: dict[int, list[BatchHeader]] = {}
     async for entry in wal.replay():
         if streams is None or entry.stream_id in streams:
             headers = entry_batches(entry.stream_id, entry.base_offset, entry.batch)
             found.setdefault(entry.stream_id, []).extend(headers)
+            if tail is not None:
+                last = headers[-1].last_offset
+                tail.add(entry.stream_id, entry.base_offset, last, entry.position, entry.batch)
     return found
 
 
@@ -410,8 +436,10 @@ class PartitionSet:
         clock_ms: Callable[[], int] = _wall_clock_ms,
         on_broken: OnBroken | None = None,
         log_cache: LogCache | None = None,
+        holes: SequenceHoles | None = None,
     ) -> None:
         self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
+        self.holes = holes  # shared with the Produce path (sequence_holes.py)
         self._on_broken = on_broken
         self.log_cache = log_cache
         self._partitions: dict[int, TieredPartition] = {}
@@ -425,9 +453,14 @@ class PartitionSet:
         read_committed: ReadCommitted | None = None,
     ) -> None:
         """Rebuild and start a partition per stream (`TieredPartition.recover`), reading
-        the WAL once for all of them."""
+        the WAL once for all of them. The entries past each stream's committed end go to
+        the log cache, as many as it has room for (`recovered_tail.py`)."""
         streams = [s for s in streams if s not in self._partitions]
-        batches = await read_wal_batches(self._wal, set(streams))
+        tail = None
+        if self.log_cache is not None:
+            ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
+            tail = RecoveredTail(ends, self.log_cache.room)
+        batches = await read_wal_batches(self._wal, set(streams), tail)
         for stream in streams:
             partition = await TieredPartition.recover(
                 stream,
@@ -439,9 +472,11 @@ class PartitionSet:
                 clock_ms=self._clock_ms,
                 on_broken=self._broken_partition,
             )
-            self.add(partition)
+            self.add(partition, () if tail is None else tail.entries(stream))
 
-    def add(self, partition: TieredPartition) -> None:
+    def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
+        """Start serving a partition; `tail`: its recovered entries not uploaded yet, for
+        the log cache (those without data are noted as in the WAL)."""
         if partition.stream_id in self._partitions:
             raise ValueError(f"stream {partition.stream_id} already has a partition here")
         self._partitions[partition.stream_id] = partition
@@ -449,17 +484,29 @@ class PartitionSet:
             partition.on_broken = self._broken_partition
         if self.log_cache is not None:
             self.log_cache.drop(partition.stream_id)  # what it held is from an older owner
+            for entry in tail:
+                if entry.data is None:
+                    self.log_cache.in_wal(
+                        partition.stream_id, entry.base_offset, entry.last_offset, entry.position
+                    )
+                else:
+                    self.log_cache.append(
+                        partition.stream_id, entry.base_offset, entry.last_offset, entry.data
+                    )
             partition.on_appended = self.log_cache.append
+        partition.holes = self.holes
         partition.start()
 
     def get(self, stream_id: int) -> TieredPartition | None:
         return self._partitions.get(stream_id)
 
-    async def produce(self, stream_id: int, records: Records, acks: int) -> ProduceResult | None:
+    async def produce(
+        self, stream_id: int, records: Records, acks: int, log_append_time: bool | None = None
+    ) -> ProduceResult | None:
         partition = self._partitions.get(stream_id)
         if partition is None:
             return None if acks == 0 else not_owner(stream_id)
-        return await partition.produce(records, acks)
+        return await partition.produce(records, acks, log_append_time)
 
     async def remove(self, stream_id: int) -> None:
         """Give a partition up: close it (in-flight appends are answered) and forget it."""

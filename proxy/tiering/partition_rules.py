@@ -48,7 +48,8 @@ from proxy.tiering.producer_state import (
     CorruptSnapshotError,
     ErrorCode,
 )
-from proxy.tiering.sequencer import PartitionSequencer, Rejected
+from proxy.tiering.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
+from proxy.tiering.sequencer import AppendResult, PartitionSequencer, Rejected
 
 __all__ = [
     "NOT_LEADER_OR_FOLLOWER",
@@ -61,6 +62,7 @@ __all__ = [
     "not_owner",
     "rebuild_sequencer",
     "refusal",
+    "sequence",
     "storage_error",
 ]
 
@@ -99,45 +101,60 @@ class PartitionConfig:
     expire_interval_ms: int = 60_000  # how often idle producer ids are looked for
     log_append_time: bool = False  # the topic's message.timestamp.type
     producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
-    # For this long after the partition starts (a claim, a takeover, a restart), a sequence
-    # gap is answered NOT_LEADER_OR_FOLLOWER, not OUT_OF_ORDER_SEQUENCE_NUMBER: `refusal`.
-    # 0: Kafka's answer at once.
-    handover_grace_ms: int = 0
 
     def __post_init__(self) -> None:
         for key in ("queue_size", "max_in_flight", "expire_interval_ms"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"partition config error at {key}: {value!r} is not positive")
-        grace = self.handover_grace_ms
-        if not isinstance(grace, int) or isinstance(grace, bool) or grace < 0:
-            raise ValueError(f"partition config error at handover_grace_ms: {grace!r} is negative")
 
 
-def refusal(
-    rejected: Rejected, stream_id: int, since_start_ms: int, config: PartitionConfig
-) -> ProduceResult:
-    """The answer to a batch the sequencer refused.
-
-    Kafka's code, except for a sequence gap (OUT_OF_ORDER_SEQUENCE_NUMBER) within
-    `handover_grace_ms` of the partition's start: NOT_LEADER_OR_FOLLOWER. Around a hand-over
-    a producer's pipelined requests straddle the start: the first ones were refused
-    NOT_LEADER_OR_FOLLOWER (no partition here yet, or a closing one), a later one reaches
-    the new partition and leaves a gap. librdkafka answers a gap in a request that is not
-    its oldest in flight by bumping the producer's epoch (confluentinc/librdkafka#4953),
-    and the bump renumbers the batches it holds for every partition, among them batches
-    it only knows as "possibly persisted" (a connection lost: a proxy killed) that are in
-    fact in the log: each is then written again under the new epoch, a duplicate.
-    NOT_LEADER_OR_FOLLOWER makes every client drain and resend in order with the same
-    sequences, which this partition then takes or answers as duplicates."""
+def refusal(rejected: Rejected, stream_id: int, holes: SequenceHoles | None) -> ProduceResult:
+    """The answer to a batch the sequencer refused: Kafka's code, except for a sequence gap
+    (OUT_OF_ORDER_SEQUENCE_NUMBER) that a batch this proxy dropped explains
+    (`SequenceHoles.explains`): NOT_LEADER_OR_FOLLOWER. The gap is then the proxy's (a
+    failed S3-WAL PUT, an unreachable owner, a partition not started yet or closing), not
+    the client's: 45 would make librdkafka bump its epoch and renumber batches it only knows
+    as "possibly persisted", which would be written twice; NOT_LEADER_OR_FOLLOWER makes it
+    resend in order with the same sequences (docs/sequencer.md, "Gaps the proxy made")."""
     code = rejected.error_code
-    if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and since_start_ms < config.handover_grace_ms:
-        return ProduceResult(
-            NOT_LEADER_OR_FOLLOWER,
-            error_message=f"stream {stream_id} was taken over {since_start_ms} ms ago and the "
-            f"batch leaves a gap ({rejected.message}): resend from the oldest batch not answered",
-        )
+    if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and holes is not None:
+        if holes.explains(stream_id, rejected.gap):
+            return ProduceResult(
+                NOT_LEADER_OR_FOLLOWER,
+                error_message=f"stream {stream_id}: a batch before this one was not appended "
+                f"({rejected.message}): resend from the oldest batch not answered",
+            )
     return ProduceResult(int(code), error_message=rejected.message)
+
+
+def sequence(
+    sequencer: PartitionSequencer,
+    records: bytes | bytearray | memoryview,
+    now_ms: int,
+    holes: SequenceHoles | None,
+    stream_id: int,
+) -> AppendResult:
+    """`sequencer.append`, except for a producer the partition has no state for whose
+    earlier batch this proxy dropped: Kafka accepts an unknown producer at any sequence
+    (KIP-360), which would take this batch past the dropped one and answer its retry 45.
+    It is refused as a gap from the dropped batch instead, which `refusal` answers
+    NOT_LEADER_OR_FOLLOWER."""
+    if holes is not None and len(holes):
+        batch = ProducerBatch.of(records)
+        if batch is not None and sequencer.producer_state(batch.producer_id) is None:
+            hole = holes.hole_before(stream_id, batch)
+            if hole >= 0:
+                gap = SequenceGap(
+                    batch.producer_id, batch.producer_epoch, hole, batch.first_sequence
+                )
+                return Rejected(
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    f"producer {batch.producer_id} is not known here and its batch at "
+                    f"{hole} was not appended: {batch.first_sequence} would leave a gap",
+                    gap,
+                )
+    return sequencer.append(records, now_ms)
 
 
 class RecoveryError(Exception):

@@ -31,6 +31,10 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      kind 1 (direct): records size u32, records
                      kind 2 (s3):     object_key string, start u64, end u64, crc u32
                      (the location's stream id is the request's)
+                     then, optionally (an idempotent producer's batches): producer_id i64,
+                     producer_epoch i16, first_sequence i32, last_sequence i32, hole i32
+                     (-1: none; docs/sequencer.md, "Gaps the proxy made"), only to a
+                     peer at protocol 2 or later (below)
     append response  error_code i16, base_offset i64, log_append_time_ms i64,
                      log_start_offset i64, error_message nullable string
     admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
@@ -47,18 +51,28 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
     ping request     (empty)
     ping response    name string (the proxy's fleet.name), version string
 
-Every type is version 1: a new message is a new type, and the frames of the older types
-never change, so an old frame stays readable. A type this code does not know is refused
-like any bad frame, so a peer sending fetches (or pings) to a proxy that predates them
-loses that connection (and the calls waiting on it).
+Every frame is version 1: a new message is a new type (and a new protocol level, below),
+so the frames of the older messages stay readable both ways. A type this code does not
+know is refused like any bad frame, so a peer sending fetches (or pings) to a proxy that
+predates them loses that connection (and the calls waiting on it).
 
 Two error families: bytes that cannot be decoded, including values a message does not
 allow, raise `PeerProtocolError` (the adapter closes that connection); a message that
 cannot be built raises a plain `ValueError` (the caller's bug).
+
+Protocol levels. A proxy refuses any frame version but 1 and any byte after a message's
+last field, so a frame an older proxy would refuse is sent to it only once it is known
+to read it: every member's fleet heartbeat says the `PROTOCOL` its listener speaks
+(`proxy/routing/fleet.py`, `peer_protocol`, 1 when absent), and `for_peer` drops what
+the receiver's level lacks. 1: the first release. 2: the append request's sequences
+trailer. 3: the ping (sent by offload jobs, not proxies: one older than 3 closes the
+connection, which the job reports). A rolling upgrade therefore never breaks a hand-off
+(docs/operations.md, "Upgrades").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import uuid
 from collections import deque
@@ -86,9 +100,12 @@ from proxy.tiering.peer_messages import (
     buffer_size,
     check_range,
 )
+from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 VERSION = 1
+PROTOCOL = 3  # the level this code reads and writes (docstring: "Protocol levels")
+SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc
@@ -103,6 +120,7 @@ _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
 _RANGE = struct.Struct(">QQI")  # start, end, crc
+_SEQUENCE = struct.Struct(">qhiii")  # producer id, epoch, first and last sequence, hole
 _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
 _FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
 _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
@@ -154,6 +172,15 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
         else:
             body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, S3)
             body += _string(loc.object_key) + _RANGE.pack(loc.start, loc.end, loc.crc)
+        b = message.batch
+        if b is not None:  # after the records, which are the tail pieces (never copied)
+            trailer = _SEQUENCE.pack(
+                b.producer_id, b.producer_epoch, b.first_sequence, b.last_sequence, message.hole
+            )
+            if tail:
+                tail = (*tail, trailer)
+            else:
+                body += trailer
     elif isinstance(message, AppendResponse):
         kind = APPEND_RESPONSE
         m = message
@@ -194,6 +221,16 @@ def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
+
+
+def for_peer(request: AppendRequest, peer_protocol: int) -> AppendRequest:
+    """`request` as a peer at `peer_protocol` can read it: without the sequences trailer
+    for one older than `SEQUENCES_PROTOCOL` (it would refuse the frame, and drop the
+    connection with every call on it). That owner then judges a sequence gap by its own
+    record of drops only, as it always did."""
+    if request.batch is None or peer_protocol >= SEQUENCES_PROTOCOL:
+        return request
+    return dataclasses.replace(request, batch=None, hole=-1)
 
 
 def frame_size(message: PeerMessage) -> int:
@@ -270,19 +307,26 @@ def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
     stream_id, acks, timeout_ms, kind = cur.fixed(_APPEND, "append request header")
     if acks not in ACKS:
         raise PeerProtocolError(f"append request acks {acks}")
+    records = location = None
     if kind == DIRECT:
         (size,) = cur.fixed(_U32, "records size")
         records = cur.take(size, "records")
-        return AppendRequest(cid, stream_id, acks, timeout_ms, records=records)
-    if kind == S3:
+    elif kind == S3:
         key = cur.string("location object key")
         start, end, crc = cur.fixed(_RANGE, "location range")
         if end < start:
             raise PeerProtocolError(f"location range [{start}, {end}) ends before it starts")
         location = S3WalLocation(key, start, end, stream_id, crc)
-        return AppendRequest(cid, stream_id, acks, timeout_ms, location=location)
-    raise PeerProtocolError(
-        f"append request payload kind {kind}: neither records (1) nor location (2)"
+    else:
+        raise PeerProtocolError(
+            f"append request payload kind {kind}: neither records (1) nor location (2)"
+        )
+    batch, hole = None, -1
+    if cur.pos < cur.end:
+        pid, epoch, first, last, hole = cur.fixed(_SEQUENCE, "append request sequences")
+        batch = ProducerBatch(pid, epoch, first, last)
+    return AppendRequest(
+        cid, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.tiering.partition_rules import ProduceResult
+from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 ACKS = (-1, 0, 1)
@@ -41,10 +42,24 @@ class AppendRequest:
     timeout_ms: int
     records: bytes | bytearray | memoryview | None = None
     location: S3WalLocation | None = None
+    # whose batches and which sequences (the owner records them as dropped if it cannot
+    # append them, even unread), and the newest sequence of that producer the sender
+    # dropped before them, -1 if none: docs/sequencer.md, "Gaps the proxy made"
+    batch: ProducerBatch | None = None
+    hole: int = -1
 
     def __post_init__(self) -> None:
         check_range("correlation_id", self.correlation_id, 0, U32_MAX)
         check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        if self.batch is not None:
+            b = self.batch
+            check_range("batch.producer_id", b.producer_id, 0, I64_MAX)
+            check_range("batch.producer_epoch", b.producer_epoch, -(1 << 15), (1 << 15) - 1)
+            check_range("batch.first_sequence", b.first_sequence, 0, I32_MAX)
+            check_range("batch.last_sequence", b.last_sequence, 0, I32_MAX)
+        check_range("hole", self.hole, -1, I32_MAX)
+        if self.batch is None and self.hole != -1:
+            raise ValueError("an append names a hole only with its batch")
         if self.acks not in ACKS:
             raise ValueError(f"acks {self.acks}: must be -1, 0 or 1")
         check_range("timeout_ms", self.timeout_ms, -(1 << 31), I32_MAX)

@@ -63,6 +63,7 @@ from proxy.tiering.producer_state import (
     encode_snapshot,
     increment_sequence,
 )
+from proxy.tiering.sequence_holes import SequenceGap
 
 __all__ = [
     "AppendResult",
@@ -106,6 +107,9 @@ class Rejected:
 
     error_code: ErrorCode
     message: str
+    # OUT_OF_ORDER_SEQUENCE_NUMBER: which sequences are missing, to tell a gap the proxy
+    # made (a batch it dropped) from one the client made (sequence_holes.py)
+    gap: SequenceGap | None = None
 
 
 AppendResult = PendingAppend | Duplicate | Rejected
@@ -225,7 +229,7 @@ class PartitionSequencer:
                     continue
                 refusal = check_append(entry, epoch, first_seq)
                 if refusal is not None:
-                    return Rejected(*refusal)
+                    return Rejected(*refusal, _gap(entry, epoch, first_seq, refusal[0]))
                 delta = header.last_offset_delta
                 timestamp = now_ms if self.log_append_time else header.max_timestamp
                 batch = BatchMetadata(last_seq, next_offset + delta, delta, timestamp)
@@ -381,6 +385,15 @@ class PartitionSequencer:
             )
         append_time = first.timestamp if self.log_append_time else NO_TIMESTAMP
         return Duplicate(first.first_offset, last.last_offset, append_time, awaiting)
+
+
+def _gap(
+    entry: ProducerStateEntry, epoch: int, first_seq: int, code: ErrorCode
+) -> SequenceGap | None:
+    if code != ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
+        return None
+    expected = increment_sequence(entry.last_seq, 1) if epoch == entry.producer_epoch else 0
+    return SequenceGap(entry.producer_id, epoch, expected, first_seq)
 
 
 def _set_log_append_time(out: bytearray, headers: list[BatchHeader], now_ms: int) -> None:

@@ -96,10 +96,10 @@ def records_of(header: BatchHeader, batch: memoryview) -> Iterator[tuple[int, in
     pos = 0
     try:
         for _ in range(header.record_count):
-            length, pos = _varint(body, pos)
+            length, pos = read_varint(body, pos)
             end = pos + length
-            ts_delta, pos = _varint(body, pos + 1)  # after the record's attributes
-            offset_delta, pos = _varint(body, pos)
+            ts_delta, pos = read_varint(body, pos + 1)  # after the record's attributes
+            offset_delta, pos = read_varint(body, pos)
             if end > len(body) or length < 0:
                 raise IndexError
             timestamp = header.max_timestamp if append_time else header.base_timestamp + ts_delta
@@ -111,7 +111,7 @@ def records_of(header: BatchHeader, batch: memoryview) -> Iterator[tuple[int, in
         ) from None
 
 
-def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
     """A zigzag varint (Kafka's record fields); IndexError past the end."""
     shift = value = 0
     while True:

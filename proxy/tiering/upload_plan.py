@@ -24,6 +24,7 @@ than `max_object_bytes` on its own makes an object larger than that.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -137,25 +138,45 @@ class UploadedObject:
 
 class ObjectIdAllocator:
     """Upload-path object ids: `writer << 32 | counter`, the top bit clear (ids with it set
-    are the offload jobs'). `writer` (< 2**31) must be unique to this proxy among all that
-    upload to the bucket, for as long as their objects live: two writers with one id
-    would overwrite each other's objects."""
+    are the offload jobs'). `writer` (< 2**31) is drawn at random by each process, so two
+    could draw the same one: objects are created exclusively (`ObjectStore.create`), and
+    a create that meets an object under one of these ids calls `collided()`, which draws
+    a new writer, and writes again under new ids (docs/object-store.md, "Exclusive
+    creates"). Shared by the uploader and the compactor of one process."""
 
     COUNTER_BITS = 32
+    WRITER_BITS = 63 - COUNTER_BITS
 
-    def __init__(self, writer: int, first: int = 0) -> None:
-        if not 0 <= writer < 1 << (63 - self.COUNTER_BITS):
+    def __init__(self, writer: int, first: int = 0, *, rng: random.Random | None = None) -> None:
+        if not 0 <= writer < 1 << self.WRITER_BITS:
             raise ValueError(f"object id writer {writer} is not in [0, 2**31)")
         if not 0 <= first < 1 << self.COUNTER_BITS:
             raise ValueError(f"object id counter {first} is not in [0, 2**32)")
-        self._base = writer << self.COUNTER_BITS
+        self._rng = rng or random.Random()
+        self.writer = writer
         self._next = first
+        self.collisions = 0
+
+    @classmethod
+    def drawn(cls, rng: random.Random | None = None) -> ObjectIdAllocator:
+        """An allocator with a writer drawn at random (a process's)."""
+        rng = rng or random.Random()
+        return cls(rng.getrandbits(cls.WRITER_BITS), rng=rng)
 
     def __call__(self) -> int:
         if self._next >= 1 << self.COUNTER_BITS:
             raise ValueError("object id counter exhausted: give the uploader a new writer id")
         self._next += 1
-        return self._base | (self._next - 1)
+        return self.writer << self.COUNTER_BITS | (self._next - 1)
+
+    def collided(self) -> None:
+        """An id of this writer names another's object: another process drew the same
+        writer. Draw a different one and count from 0 again."""
+        old = self.writer
+        while self.writer == old:
+            self.writer = self._rng.getrandbits(self.WRITER_BITS)
+        self._next = 0
+        self.collisions += 1
 
 
 def plan_upload(

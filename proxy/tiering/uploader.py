@@ -7,8 +7,14 @@ old, or someone calls `flush`), reads the WAL from where it got to, plans object
 most one upload is in flight and uploads start at least `min_upload_interval_s` apart, so
 the PUT rate is bounded whatever the number of partitions.
 
-- A failed PUT (the store has already retried) is retried, same objects and same keys,
-  after a backoff, until it succeeds or the uploader is closed. Nothing is trimmed.
+- Objects are created exclusively (`store.create`): a late PUT never replaces anything.
+  A failed create (the store has already retried) is retried, same objects and same
+  keys, after a backoff, until it succeeds or the uploader is closed. Nothing is trimmed.
+- A create that finds its key taken (`ObjectExists`: another process drew the same
+  object id writer, or an earlier failed create of ours landed after all) draws a new
+  writer (`ObjectIdAllocator.collided`) and creates that object again, at once, under a
+  new id. The object met is left alone and never committed by this uploader (one of
+  ours is an orphan the sweep deletes).
 - A commit that raises (refused, fenced, unknown outcome) stops the uploader with
   `UploadError`: nothing is trimmed, the data stays in the WAL.
 - An object whose PUT started more than `max_commit_age_s` ago (half the orphan sweep's
@@ -31,7 +37,7 @@ from dataclasses import replace
 
 from proxy.tiering.objectformat import BuiltObject
 from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
+from proxy.tiering.objectstore import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.tiering.upload_plan import (
     ObjectIdAllocator,
     UploadedObject,
@@ -75,7 +81,7 @@ class Uploader:
         wal: WriteAheadLog,
         store: ObjectStore,
         commit: Commit,
-        allocate_id: Callable[[], int],
+        allocate_id: ObjectIdAllocator,
         *,
         committed_end: CommittedEnd | None = None,
         config: UploaderConfig | None = None,
@@ -279,13 +285,14 @@ class Uploader:
         return [build_object(p, i) for p, i in zip(plan.objects, ids, strict=True)]
 
     async def _put_fresh(self, plan: UploadPlan) -> list[UploadedObject]:
-        """PUT the plan's objects; again, under new ids, while the PUT that succeeded
-        started longer than `max_commit_age_s` ago (a store outage, a paused process)."""
+        """Create the plan's objects; again, under new ids, while the create that
+        succeeded started longer than `max_commit_age_s` ago (a store outage, a paused
+        process)."""
         limit = self.config.max_commit_age_s
         while True:
             ids = [self._allocate_id() for _ in plan.objects]
             built = await asyncio.to_thread(self._build, plan, ids)
-            put_started = await self._put_all([b for b, _ in built])
+            put_started = await self._put_all(plan, built)
             if self._clock() - put_started <= limit:
                 return [replace(u, commit_by=put_started + limit) for _, u in built]
             keys = [b.key for b, _ in built]
@@ -302,38 +309,70 @@ class Uploader:
             except ObjectStoreError as exc:
                 log.warning("uploader: could not delete %s: %s", ", ".join(keys), exc)
 
-    async def _put_all(self, objects: list[BuiltObject]) -> float:
-        """PUT every object, retrying failed ones; returns when (the uploader's clock) the
-        first round with a successful PUT started: no object is older than that."""
+    async def _put_all(
+        self, plan: UploadPlan, built: list[tuple[BuiltObject, UploadedObject]]
+    ) -> float:
+        """Create every object, retrying failed ones; returns when (the uploader's clock)
+        the first round with a successful create started: no object is older than that.
+        An object whose key is taken (`ObjectExists`: another process drew this writer
+        id) is built again under a new id, in place in `built`, and created at once; the
+        object met is not ours and is neither touched nor named."""
         delay = self.config.retry_backoff_s
         first_success: float | None = None
+        pending = list(range(len(built)))
         while True:
             started = self._clock()
             results = await asyncio.gather(
-                *(self._store.put(o.key, o.pieces) for o in objects), return_exceptions=True
+                *(self._store.create(built[i][0].key, built[i][0].pieces) for i in pending),
+                return_exceptions=True,
             )
-            failed = []
-            for built, result in zip(objects, results, strict=True):
-                if isinstance(result, ObjectStoreError):
-                    failed.append(built)
+            failed, taken = [], []
+            for i, result in zip(pending, results, strict=True):
+                if isinstance(result, ObjectExists):
+                    taken.append(i)
+                elif isinstance(result, ObjectStoreError):
+                    failed.append(i)
                     log.warning("uploader: put failed, will retry: %s", result)
                 elif isinstance(result, BaseException):
-                    raise UploadError(f"put of {built.key} failed: {result!r}") from result
+                    raise UploadError(f"put of {built[i][0].key} failed: {result!r}") from result
+            done = len(pending) - len(failed) - len(taken)
             self._stats = replace(
                 self._stats,
-                puts=self._stats.puts + len(objects) - len(failed),
+                puts=self._stats.puts + done,
                 put_failures=self._stats.put_failures + len(failed),
+                id_collisions=self._stats.id_collisions + len(taken),
             )
-            if first_success is None and len(failed) < len(objects):
+            if first_success is None and done:
                 first_success = started
-            if not failed:
+            if taken:
+                await self._draw_new_ids(plan, built, taken)
+            if not failed and not taken:
                 assert first_success is not None
                 return first_success
-            objects = failed
-            await self._wait(self._closing, self._rng.uniform(delay / 2, delay))
-            if self._closing.is_set():
-                raise _Closed
-            delay = min(2 * delay, self.config.retry_backoff_max_s)
+            pending = sorted(failed + taken)
+            if failed:
+                await self._wait(self._closing, self._rng.uniform(delay / 2, delay))
+                if self._closing.is_set():
+                    raise _Closed
+                delay = min(2 * delay, self.config.retry_backoff_max_s)
+
+    async def _draw_new_ids(
+        self, plan: UploadPlan, built: list[tuple[BuiltObject, UploadedObject]], taken: list[int]
+    ) -> None:
+        keys = ", ".join(built[i][0].key for i in taken)
+        self._allocate_id.collided()
+        log.warning(
+            "uploader: %s exist (another process drew this object id writer): writing "
+            "again under writer %d",
+            keys,
+            self._allocate_id.writer,
+        )
+        ids = [self._allocate_id() for _ in taken]
+        rebuilt = await asyncio.to_thread(
+            lambda: [build_object(plan.objects[i], n) for i, n in zip(taken, ids, strict=True)]
+        )
+        for i, again in zip(taken, rebuilt, strict=True):
+            built[i] = again
 
     async def _commit_all(self, objects: list[UploadedObject]) -> None:
         try:

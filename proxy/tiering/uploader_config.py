@@ -54,8 +54,9 @@ class UploaderStats:
     stream_set_objects: int = 0
     stream_objects: int = 0
     object_bytes: int = 0  # bytes of the objects put
-    puts: int = 0  # successful `store.put` calls (one per object)
+    puts: int = 0  # successful `store.create` calls (one per object)
     put_failures: int = 0  # failed ones, retried
+    id_collisions: int = 0  # creates that met another process's object: new ids drawn
     late_puts: int = 0  # rounds of objects too old to commit when PUT, uploaded again
     skipped_entries: int = 0  # already committed before a restart
     trim_failures: int = 0

@@ -34,6 +34,7 @@ from proxy.tiering.peer_codec import (
     FetchResponse,
     encode_frame,
 )
+from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 pytestmark = pytest.mark.timeout(60)
@@ -548,3 +549,36 @@ async def test_a_fetch_times_out_at_max_wait_plus_the_margin(owner):
     finally:
         await clients.close()
         await server.close()
+
+
+async def test_an_append_to_an_owner_older_than_sequences_carries_none(owner, clients):
+    """Rolling upgrade: a proxy of the release before the sequences trailer refuses a frame
+    with it (and drops the connection), so the sender leaves it out for an owner whose
+    heartbeat says protocol 1; the batches still arrive and are answered."""
+    seen: list[tuple[ProducerBatch | None, int]] = []
+    on_append = owner.on_append
+
+    async def recording(request: AppendRequest) -> ProduceResult:
+        seen.append((request.batch, request.hole))
+        return await on_append(request)
+
+    server = PeerServer("127.0.0.1", 0, recording, owner.on_admin)
+    await server.start()
+    address = ("127.0.0.1", server.port)
+    batch = ProducerBatch(7, 0, 10, 14)
+    try:
+        for protocol in (1, 2):
+            result = await clients.append(
+                address,
+                3,
+                -1,
+                5000,
+                records=b"b",
+                batch=batch,
+                hole=lambda: 4,
+                peer_protocol=protocol,
+            )
+            assert result == expected_result(3, "b")
+    finally:
+        await server.close()
+    assert seen == [(None, -1), (batch, 4)]

@@ -25,7 +25,7 @@ from kio.schema.list_offsets.v7.request import (
 from kio.schema.list_offsets.v7.response import ListOffsetsResponse
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i64
-from test_tiered_leader_epochs import _call, _epoch_ends, _leaders
+from raw_kafka import call, epoch_ends, leaders
 from tieredfleet import TieredFleet
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
@@ -54,7 +54,7 @@ def _latest(address, topic: str, partition: int) -> tuple[int, int]:
             ),
         ),
     )
-    [answer] = _call(address, request, ListOffsetsResponse).topics[0].partitions
+    [answer] = call(address, request, ListOffsetsResponse).topics[0].partitions
     return answer.error_code.value, int(answer.offset)
 
 
@@ -67,9 +67,7 @@ def test_latest_epoch_of_a_partition_whose_owner_is_away_is_not_answered(
     try:
         fleet.start()
         fleet.wait_until_owned()
-        topic, topic_id = fleet.create_spread_topic(PARTITIONS)
-        fleet.tier(topic)
-        fleet.wait_for_cutover(topic_id, PARTITIONS)
+        topic, topic_id = fleet.tiered_spread_topic(PARTITIONS)
         producer = Producer(
             {"bootstrap.servers": fleet.bootstrap(), "enable.idempotence": True, "acks": "all"}
         )
@@ -82,23 +80,23 @@ def test_latest_epoch_of_a_partition_whose_owner_is_away_is_not_answered(
         survivor = fleet["zone-b"]
         away = [p for p in range(PARTITIONS) if owners[p] == victim.name]
         assert away and len(away) < PARTITIONS, owners  # a spread topic
-        leaders = _leaders(("127.0.0.1", survivor.port), [topic])
+        found = leaders(("127.0.0.1", survivor.port), [topic])
 
         def ask() -> dict[int, tuple]:
             """partition -> (OffsetForLeaderEpoch's answer, ListOffsets LATEST's)."""
             answers = {}
             for p in range(PARTITIONS):
-                leader, epoch = leaders[topic, p]
+                leader, epoch = found[topic, p]
                 address = ("127.0.0.1", survivor.base_port + leader)
                 answers[p] = (
-                    _epoch_ends(address, {(topic, p): epoch})[topic, p],
+                    epoch_ends(address, {(topic, p): epoch})[topic, p],
                     _latest(address, topic, p),
                 )
             return answers
 
         live = ask()
         assert live == {
-            p: ((0, leaders[topic, p][1], RECORDS), (0, RECORDS)) for p in range(PARTITIONS)
+            p: ((0, found[topic, p][1], RECORDS), (0, RECORDS)) for p in range(PARTITIONS)
         }
         fleet.kill(victim.zone)
         dead = ask()

@@ -336,11 +336,12 @@ def test_retention_bytes_keeps_at_least_the_limit_dropping_oldest_objects_whole(
     print(f"retention.bytes test took {time.monotonic() - started:.1f} s")
 
 
-def _migrate(t: TieredTopic) -> int:
+def _migrate(t: TieredTopic, first: int | None = None) -> int:
     """What `tierproxy migrate --from-cluster` does, its tasks run here instead of on Spark
     executors: the backfill gaps from the metadata, one object per Kafka batch below the
     cutover (PUT), each committed through the proxy's peer port (the owner's backfill
-    commit). Returns how many objects were committed."""
+    commit); only the `first` ones by offset if given (a job not done yet). Returns how
+    many objects were committed."""
     tiering = t.proxy.config.tiering
     job = MigrateJob(
         t.topic,
@@ -361,6 +362,7 @@ def _migrate(t: TieredTopic) -> int:
         for r in results
         for object_id, size, start, end in r.objects
     ]
+    objects = sorted(objects, key=lambda o: o.start_offset)[:first]
     outcome = asyncio.run(commit_objects(job.peer, objects))
     assert outcome.refused == [] and outcome.committed == len(objects)
     return len(objects)

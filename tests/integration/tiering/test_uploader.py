@@ -11,6 +11,7 @@ duplicate or a gap would be refused exactly as in production.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
@@ -25,6 +26,7 @@ from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarecords import ObjectCommit, ShardClaim, StreamCutover
 from proxy.tiering.metastreams import stream_id
 from proxy.tiering.objectformat import read_block, read_object
+from proxy.tiering.objectkeys import ObjectKind, object_key
 from proxy.tiering.objectstore import ObjectInfo, ObjectStoreError, Payload
 from proxy.tiering.uploader import (
     CommitRefused,
@@ -114,10 +116,16 @@ class TestStore:
         self.fail_puts = 0
 
     async def put(self, key: str, data: Payload) -> None:
+        await self._write(key, data, self.inner.put)
+
+    async def create(self, key: str, data: Payload) -> None:
+        await self._write(key, data, self.inner.create)
+
+    async def _write(self, key: str, data: Payload, write) -> None:
         if self.fail_puts:
             self.fail_puts -= 1
             raise ObjectStoreError(key, "put", "injected: S3 is down", retryable=True)
-        await self.inner.put(self.prefix + key, data)
+        await write(self.prefix + key, data)
         self.puts.append(key)
 
     async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -291,6 +299,30 @@ async def test_failed_puts_are_retried_with_the_same_objects(store, tmp_path):
         assert wal.trimmed_to == wal.durable_end
     assert stats.put_failures == 3 and stats.puts == 1 and stats.objects == 1
     assert len(store.puts) == 1 and shard.committed[0].key == store.puts[0]
+    assert_all_committed_once(await committed_batches(store, shard), producer, shard)
+
+
+async def test_a_key_taken_by_another_process_is_written_again_under_a_new_id(store, tmp_path):
+    """Another process drew the same object id writer and holds the key of the uploader's
+    next id: the create fails, a new writer is drawn, the object is created again under a
+    new id and committed once; the other process's object is left as it was."""
+    shard = Shard()
+    ids = ObjectIdAllocator(1, rng=random.Random(7))
+    taken = object_key(1 << 32, ObjectKind.STREAM_SET)
+    await store.inner.put(store.prefix + taken, b"another process's object")
+    async with await WriteAheadLog.open(wal_config(tmp_path)) as wal:
+        producer = Producer(wal)
+        async with Uploader(wal, store, shard.commit, ids, config=QUIET) as up:
+            await producer.produce(rounds=2)
+            await up.flush()
+            await producer.produce(rounds=1)
+            await up.flush()
+            stats = up.stats
+        assert wal.trimmed_to == wal.durable_end
+    assert stats.id_collisions == 1 and stats.puts == 2 and ids.writer != 1
+    assert [o.object_id for o in shard.committed] == [ids.writer << 32, ids.writer << 32 | 1]
+    assert store.puts == [o.key for o in shard.committed]
+    assert await store.get(taken) == b"another process's object"
     assert_all_committed_once(await committed_batches(store, shard), producer, shard)
 
 

@@ -40,8 +40,8 @@ class SlowFirstPut(TestStore):
         super().__init__(inner, prefix)
         self.clock, self.seconds, self.slow = clock, seconds, slow
 
-    async def put(self, key, data) -> None:
-        await super().put(key, data)
+    async def create(self, key, data) -> None:
+        await super().create(key, data)
         if self.slow:
             self.slow -= 1
             self.clock.now += self.seconds

@@ -406,6 +406,13 @@ class TieredFleet:
             admin.delete_topics([name])[name].result(30)
         raise AssertionError(f"20 topics, each with every stream in one proxy's shards: {owners}")
 
+    def tiered_spread_topic(self, partitions: int) -> tuple[str, uuid.UUID]:
+        """`create_spread_topic`, tiered, every partition cut over (empty)."""
+        topic, topic_id = self.create_spread_topic(partitions)
+        self.tier(topic)
+        self.wait_for_cutover(topic_id, partitions)
+        return topic, topic_id
+
     def stream_owner(self, topic_id: uuid.UUID, partition: int) -> str:
         stream = stream_id(topic_id, partition)
         return self.states()[shard_of(stream, self.shard_count)].owner

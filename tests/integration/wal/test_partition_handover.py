@@ -8,8 +8,9 @@ not the rebuild, which answers every retry as a duplicate (first test), but the 
 a producer whose pipelined requests straddle the partition's start: the first refused
 NOT_LEADER_OR_FOLLOWER, a later one sequenced with a gap. OUT_OF_ORDER_SEQUENCE_NUMBER
 there makes librdkafka bump its epoch and write again the batches of other partitions it
-only knows as possibly persisted; within the hand-over grace the gap is answered
-NOT_LEADER_OR_FOLLOWER, which makes it resend in order (second test).
+only knows as possibly persisted. A gap that a batch the proxy refused explains is
+answered NOT_LEADER_OR_FOLLOWER, which makes it resend in order (second test); any other
+gap gets Kafka's answer (third).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.partition import PartitionConfig, TieredPartition
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER
 from proxy.tiering.producer_state import ErrorCode
+from proxy.tiering.sequence_holes import SequenceHoles
 from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 
@@ -76,47 +78,49 @@ async def test_retry_after_release_and_claim_is_answered_as_duplicate(tmp_path):
                     assert new.log_end_offset == CUTOVER + RECORDS * 10
 
 
-async def test_a_gap_just_after_a_takeover_is_answered_not_leader_so_clients_resend_in_order(
-    tmp_path, caplog
-):
+async def test_a_gap_after_a_batch_the_proxy_refused_is_answered_not_leader(tmp_path, caplog):
     shard = Shard()
-    now = [1_000_000]
-    grace = PartitionConfig(handover_grace_ms=5_000)
+    holes = SequenceHoles()  # the proxy's, shared by its partitions (TieringService.holes)
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
-        async with await TieredPartition.recover(S0, wal, shard.state) as old:
+        old = await TieredPartition.recover(S0, wal, shard.state)
+        old.holes = holes
+        async with old:
             for n in range(3):
                 ok(await old.produce(nth(PID, n), -1), CUTOVER + RECORDS * n)
-        # batch 3 was refused NOT_LEADER_OR_FOLLOWER while the partition was away; batch 4,
-        # pipelined behind it, reaches the new owner first
-        new = await TieredPartition.recover(
-            S0, wal, shard.state, config=grace, clock_ms=lambda: now[0]
-        )
+        # batch 3 reaches the closed partition (the shard is being handed over): refused
+        # NOT_LEADER_OR_FOLLOWER, and recorded; batch 4, pipelined behind it, reaches the
+        # new partition first
+        assert (await old.produce(nth(PID, 3), -1)).error_code == NOT_LEADER_OR_FOLLOWER
+        new = await TieredPartition.recover(S0, wal, shard.state)
+        new.holes = holes
         async with new:
             appends = wal.stats.appends
             with caplog.at_level(logging.WARNING, logger="proxy.tiering.partition"):
                 result = await new.produce(nth(PID, 4), -1)
             assert result.error_code == NOT_LEADER_OR_FOLLOWER, result
-            assert f"stream {S0} was taken over 0 ms ago" in result.error_message
+            assert "a batch before this one was not appended" in result.error_message
             assert "out of order sequence number for producer 7: 12" in result.error_message
             assert "OUT_OF_ORDER_SEQUENCE_NUMBER refused" in caplog.text
             assert wal.stats.appends == appends and new.log_end_offset == CUTOVER + 9
             # the client drains and resends from its oldest batch not answered, in order
             ok(await new.produce(nth(PID, 3), -1), CUTOVER + 9)
             ok(await new.produce(nth(PID, 4), -1), CUTOVER + 12)
-            now[0] += 4_999
-            assert (await new.produce(nth(PID, 6), -1)).error_code == NOT_LEADER_OR_FOLLOWER
-            now[0] += 1  # past the grace: a gap is a gap, Kafka's answer
+            # a gap the proxy did not make (batch 5 never came): Kafka's answer, at once
             result = await new.produce(nth(PID, 6), -1)
             assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, result
-            assert "taken over" not in result.error_message
+            assert "not appended" not in result.error_message
             assert new.log_end_offset == CUTOVER + 15
 
 
-async def test_without_a_grace_a_gap_after_a_takeover_gets_kafkas_answer(tmp_path):
+async def test_a_gap_the_proxy_did_not_make_gets_kafkas_answer_even_after_a_takeover(tmp_path):
     shard = Shard()
+    holes = SequenceHoles()
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
         async with await TieredPartition.recover(S0, wal, shard.state) as old:
+            old.holes = holes
             ok(await old.produce(nth(PID, 0), -1), CUTOVER)
-        async with await TieredPartition.recover(S0, wal, shard.state) as new:
+        new = await TieredPartition.recover(S0, wal, shard.state)
+        new.holes = holes
+        async with new:
             result = await new.produce(nth(PID, 2), -1)
             assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, result

@@ -12,12 +12,15 @@ import contextlib
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from uuid import UUID
 
 import pytest
 
+from proxy.server.tiered_reads import TieredReads
 from proxy.tiering.batches import iter_batches, with_base_offset
 from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.tiering.logcache import LogCache
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarecords import ObjectCommit, ProducerSnapshot, ShardClaim, StreamCutover
@@ -335,6 +338,17 @@ def objects_reader(store: LocalDirectoryStore, state: MetadataState):
     return read_committed
 
 
+@contextlib.asynccontextmanager
+async def uploading_owner(tmp_path, shard: Shard, store: LocalDirectoryStore):
+    """(WAL, uploader, started partition of S0) on tmp_path/wal; the uploader commits to
+    `shard` only when flushed."""
+    quiet = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        async with Uploader(wal, store, shard.commit, ObjectIdAllocator(1), config=quiet) as up:
+            async with await TieredPartition.recover(S0, wal, shard.state) as partition:
+                yield wal, up, partition
+
+
 @pytest.mark.parametrize("source", ["snapshot", "objects"])
 async def test_recovery_takes_the_committed_part_from_metadata_and_the_tail_from_the_wal(
     tmp_path, source
@@ -343,21 +357,18 @@ async def test_recovery_takes_the_committed_part_from_metadata_and_the_tail_from
     takes the producer state below E from the snapshot, or replays it from the objects,
     and the log from E on from the WAL."""
     shard = Shard()
-    quiet = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)
     async with LocalDirectoryStore(tmp_path / "objects") as store:
-        async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
-            async with Uploader(wal, store, shard.commit, ObjectIdAllocator(1), config=quiet) as up:
-                async with await TieredPartition.recover(S0, wal, shard.state) as partition:
-                    for n in range(10):
-                        ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
-                    await up.flush()
-                    end = shard.state.stream_end(S0)
-                    assert end == CUTOVER + 30 == partition.high_watermark
-                    if source == "snapshot":
-                        snapshot = partition.snapshot()
-                        shard.write(ProducerSnapshot(0, S0, 1, end, NOW_MS, snapshot))
-                    for n in (10, 11):
-                        ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+        async with uploading_owner(tmp_path, shard, store) as (_, up, partition):
+            for n in range(10):
+                ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+            await up.flush()
+            end = shard.state.stream_end(S0)
+            assert end == CUTOVER + 30 == partition.high_watermark
+            if source == "snapshot":
+                snapshot = partition.snapshot()
+                shard.write(ProducerSnapshot(0, S0, 1, end, NOW_MS, snapshot))
+            for n in (10, 11):
+                ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
         assert shard.state.stream_end(S0) == CUTOVER + 30  # the tail is only in the WAL
 
         asked: list[tuple[int, int]] = []
@@ -388,3 +399,55 @@ async def test_a_gap_in_the_wal_above_the_committed_end_is_refused(tmp_path):
             await wal.append(S0, base, with_base_offset(nth(7, (base - CUTOVER) // 3), base))
         with pytest.raises(RecoveryError, match=r"offsets \[1003, 1006\) are missing"):
             await TieredPartition.recover(S0, wal, Shard().state)
+
+
+@pytest.mark.parametrize("fits", [6, 2, 0])
+async def test_a_rebuild_loads_the_tail_not_uploaded_into_the_log_cache_or_notes_it_in_the_wal(
+    tmp_path, fits
+):
+    """Uploaded up to E, then more acknowledged, then a restart: the rebuilt partition's
+    log cache holds the tail from E on, as much as fits (the newest); every offset of the
+    tail below the high watermark is read at once, from the cache or from the WAL
+    (`TieredReads._tail`), and nothing below E is loaded. Once uploaded, the WAL's part
+    is forgotten (the objects hold it)."""
+    shard = Shard()
+    async with LocalDirectoryStore(tmp_path / "objects") as store:
+        async with uploading_owner(tmp_path, shard, store) as (wal, up, partition):
+            for n in range(4):
+                ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+            await up.flush()
+            for n in range(4, 9):
+                ok(await partition.produce(nth(7, n), -1), CUTOVER + RECORDS * n)
+            ok(await partition.produce(nth(8, 0), -1), CUTOVER + 27)
+            expected = await wal_batches(wal)
+        end = shard.state.stream_end(S0)
+        assert end == CUTOVER + 12
+
+        tail = [expected[S0, base][0] for base in range(end, CUTOVER + 30, RECORDS)]
+        room = sum(map(len, tail[len(tail) - fits :])) + 1 if fits else 1
+        cache = LogCache(room)
+        async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+            partitions = PartitionSet(wal, log_cache=cache)
+            await partitions.recover(
+                STREAMS, shard.state, read_committed=objects_reader(store, shard.state)
+            )
+            high = partitions.get(S0).high_watermark
+            assert high == CUTOVER + 30
+            start = cache.start_offset(S0)
+            held = [] if start is None else cache.read(S0, start, 1 << 30)[0]
+            assert cache.bytes == sum(len(b) for b in held) <= room
+            assert [bytes(b) for b in held] == tail[len(tail) - fits :]  # the newest
+            noted = [cache.wal_position(S0, base) for base in range(CUTOVER, high, RECORDS)]
+            in_wal = [p is not None for p in noted]
+            assert in_wal == [False] * 4 + [True] * (len(tail) - fits) + [False] * fits
+            reads = TieredReads(SimpleNamespace(wal=wal), None, cache)
+            for offset in range(end, high):
+                batches = await reads._tail(S0, offset, 1)  # noqa: SLF001
+                base = offset - (offset - CUTOVER) % RECORDS
+                assert [bytes(b) for b in batches] == [expected[S0, base][0]], offset
+            everything = await reads._tail(S0, end, 1 << 20)  # noqa: SLF001
+            assert b"".join(everything) == b"".join(tail)
+            assert await reads._tail(S0, high, 1 << 20) == []  # noqa: SLF001
+            cache.uploaded(S0, high)
+            assert cache.wal_position(S0, end) is None
+            await partitions.close()

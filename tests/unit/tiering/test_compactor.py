@@ -78,6 +78,22 @@ class Owner:
         return verdicts
 
 
+class Ids:
+    """Object ids from 5001 up, as ObjectIdAllocator hands them out; `collided` moves to
+    another writer's ids, as it does."""
+
+    def __init__(self) -> None:
+        self.writer, self.last = 0, 5000
+
+    def __call__(self) -> int:
+        self.last += 1
+        return self.last
+
+    def collided(self) -> None:
+        self.writer += 1
+        self.last = (self.writer << 32) - 1
+
+
 class Fleet:
     """`shard_count` shards, shard 0 owned here; one stream per shard; uploads of stream
     set objects spanning the streams of `upload_shards`, put in the store and committed
@@ -99,7 +115,7 @@ class Fleet:
         self.batches: dict[int, list[bytes]] = {s: [] for s in self.streams}
         self.now = 1000.0
         self.forgotten: list[str] = []
-        self.next_id = 5000
+        self.ids = Ids()
         self.registry = CollectorRegistry()
         self.compactor = Compactor(
             self.store,
@@ -107,7 +123,7 @@ class Fleet:
             owner_of=lambda k: self.owner if k == 0 else None,
             state_of=lambda k: self.states[k],
             read_to_end=self._read_to_end,
-            allocate=self._allocate,
+            allocate=self.ids,
             settings=SETTINGS,
             grace_s=GRACE,
             forget=self.forgotten.append,
@@ -117,10 +133,6 @@ class Fleet:
 
     async def _read_to_end(self, shard: int) -> None:
         return None
-
-    def _allocate(self) -> int:
-        self.next_id += 1
-        return self.next_id
 
     def apply(self, shard: int, record) -> None:
         state = self.states[shard]
@@ -246,6 +258,30 @@ async def test_an_object_a_shard_does_not_know_yet_is_kept(fleet):
     assert await f.compactor.collect_garbage() == [3]
 
 
+async def test_a_key_taken_by_another_process_gets_a_new_id_and_is_left_alone(fleet):
+    """Another process drew the same object id writer and holds the next id's key: the
+    create fails, a new writer is drawn, the object is written again under a new id and
+    committed; the other process's object is left as it was, and named by nothing."""
+    f = fleet()
+    for n in range(1, 4):
+        await f.upload(n)
+    [s] = f.streams
+    taken = object_key(5001, ObjectKind.STREAM)
+    await f.store.put(taken, b"another process's object")
+    [result] = await f.compactor.run_once()
+    assert result.replaced == (1, 2, 3) and len(result.written) == 1
+    [r] = f.owner.state.committed_ranges(s)
+    assert r.object_id == f.ids.last == 1 << 32  # the new writer's first id
+    data = await f.store.get(r.object_key)
+    _, index = read_object(data, r.object_key)
+    assert b"".join(bytes(read_block(data, e, r.object_key)) for e in index) == b"".join(
+        f.batches[s]
+    )
+    assert await f.store.get(taken) == b"another process's object"
+    assert f.compactor.stats.id_collisions == 1
+    assert [c.object_id for c in f.owner.written if isinstance(c, ObjectCommit)] == [1 << 32]
+
+
 async def test_a_refused_commit_deletes_its_new_object(fleet):
     f = fleet()
     for n in range(1, 4):
@@ -254,7 +290,7 @@ async def test_a_refused_commit_deletes_its_new_object(fleet):
     f.owner.before_write = lambda: f.apply(0, StreamTrim(0, s, 1, 3, 1, 7))  # a racing trim
     [result] = await f.compactor.run_once()
     assert (result.written, result.failed) == ((), 1)
-    new_key = object_key(f.next_id, ObjectKind.STREAM)
+    new_key = object_key(f.ids.last, ObjectKind.STREAM)
     assert not await f.exists(new_key)
     assert [r.object_id for r in f.owner.state.committed_ranges(s)] == [2, 3]
     assert f.metric("tierproxy_compaction_failures_total") == 1
@@ -267,7 +303,7 @@ async def test_a_commit_of_unknown_outcome_is_settled_after_the_grace(fleet):
     f.owner.fail = ShardFenced(0, "claimed by another")
     [result] = await f.compactor.run_once()
     assert result.failed == 1
-    new_key = object_key(f.next_id, ObjectKind.STREAM)
+    new_key = object_key(f.ids.last, ObjectKind.STREAM)
     assert await f.exists(new_key)  # it may have been committed: not deleted yet
     f.owner.fail = None
     await f.compactor.collect_garbage()
@@ -294,4 +330,4 @@ async def test_a_commit_of_unknown_outcome_that_landed_is_kept(fleet):
     f.now += GRACE
     await f.compactor.collect_garbage()
     [r] = f.owner.state.committed_ranges(f.streams[0])
-    assert r.object_id == f.next_id and await f.exists(r.object_key)
+    assert r.object_id == f.ids.last and await f.exists(r.object_key)

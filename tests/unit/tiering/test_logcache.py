@@ -277,3 +277,39 @@ async def test_a_cancelled_waiter_leaves_and_the_others_still_wake():
     fill(cache, A, [10])
     assert await stays is True
     assert cache.waiting == 0
+
+
+# -- a rebuilt partition's tail -----------------------------------------------------------
+
+
+def test_entries_left_in_the_wal_are_found_until_uploaded_or_dropped():
+    cache = LogCache(1_000)
+    cache.in_wal(A, 10, 14, "at-0")
+    cache.in_wal(A, 15, 15, "at-9")
+    cache.append(A, 16, 19, data(100))  # the newest recovered entry fits
+    assert [cache.wal_position(A, o) for o in (9, 10, 14, 15, 16)] == [
+        None,
+        "at-0",
+        "at-0",
+        "at-9",
+        None,
+    ]
+    assert cache.read(A, 12, 1_000) == ([], 12)  # a miss: the reader goes to the WAL
+    cache.uploaded(A, 15)
+    assert (cache.wal_position(A, 14), cache.wal_position(A, 15)) == (None, "at-9")
+    cache.uploaded(A, 16)
+    assert cache.wal_position(A, 15) is None
+    cache.in_wal(B, 0, 0, "b")
+    cache.drop(B)
+    assert cache.wal_position(B, 0) is None
+
+
+def test_room_is_the_bound_less_what_is_not_uploaded():
+    cache = LogCache(1_000)
+    fill(cache, A, [300, 200])
+    fill(cache, B, [100])
+    assert cache.room == 400
+    cache.uploaded(A, 1)  # A's first entry may be evicted
+    assert cache.room == 700
+    fill(cache, B, [2_000])  # over the bound: no room, never negative
+    assert cache.room == 0

@@ -5,17 +5,12 @@ is read by this release: the objects' readers, the time index lookup, the compac
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from test_compactor import SETTINGS, Fleet
 from test_upload_plan import Wal, kafka_batch
 
-from offload_jobs import migrate_cli
-from offload_jobs.migrate import run_task
-from offload_jobs.writer import OffloadTask
 from proxy.config import ConfigError, parse_config
 from proxy.server.compactor import Compactor
 from proxy.server.tiering import uploader_config
@@ -26,7 +21,6 @@ from proxy.tiering.objectformat import (
     read_block,
     read_object,
 )
-from proxy.tiering.objectkeys import ObjectKind, object_key
 from proxy.tiering.timestamp_search import candidate_blocks, in_batches
 from proxy.tiering.upload_plan import PlanLimits, build_object, plan_upload
 
@@ -109,7 +103,7 @@ async def test_the_compactor_reads_either_version_and_writes_the_configured_one(
         proxy=SimpleNamespace(metrics=SimpleNamespace(registry=None)),
         bandwidth=None,
     )
-    made = Compactor.for_service(service, fleet._allocate)
+    made = Compactor.for_service(service, fleet.ids)
     assert made.settings.format_version == written
     await made.close()
     fleet.compactor.settings = CompactionSettings(
@@ -133,25 +127,3 @@ async def test_the_compactor_reads_either_version_and_writes_the_configured_one(
     finally:
         await fleet.compactor.close()
         await fleet.store.close()
-
-
-def test_the_offload_job_takes_the_version_from_the_proxys_config(tmp_path: Path):
-    from test_migrate_task import LAYOUT, STREAM, job, write_partition
-
-    config = tmp_path / "proxy.yaml"
-    config.write_text(
-        "upstream: {bootstrap: '10.0.0.1:9092'}\nfleet: {name: a, zone: z}\n"
-        "tiering:\n  object_format_version: 1\n"
-        f"  object_store: {{kind: local, directory: {tmp_path / 'objects'}}}\n"
-    )
-    parser = argparse.ArgumentParser()
-    migrate_cli.add_arguments(parser)
-    args = parser.parse_args(["t", "--config", str(config), "--peer", "h:1", "--from-cluster"])
-    assert migrate_cli.job_from_args(args).object_format_version == 1
-    write_partition(tmp_path / "logs" / "t-0", LAYOUT)
-    result = run_task(job(tmp_path, object_format_version=1), OffloadTask(0, STREAM, 0, 10))
-    assert result.error is None and result.objects
-    for object_id, _, _, _ in result.objects:
-        key = object_key(object_id, ObjectKind.STREAM)
-        footer, _ = read_object((tmp_path / "objects" / key).read_bytes(), key)
-        assert footer.version == 1

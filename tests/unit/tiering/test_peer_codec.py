@@ -35,6 +35,7 @@ from proxy.tiering.peer_codec import (
     frame_size,
     read_frame,
 )
+from proxy.tiering.sequence_holes import ProducerBatch
 from proxy.wal.s3walobject import S3WalLocation
 
 TOPIC_ID = uuid.UUID("5f0c6a57-1c1e-4b7a-9d0e-1f2a3b4c5d6e")
@@ -393,3 +394,23 @@ def test_frames_of_the_older_messages_are_unchanged():
     frames = b"".join(encode_frame(m) for m in older)
     assert hashlib.sha256(frames).hexdigest() == OLDER_FRAMES_SHA256
     assert [decode_frame(encode_frame(m)) for m in older] == older
+
+
+def test_an_append_may_name_its_producer_batch_and_the_senders_hole():
+    batch = ProducerBatch(7, 3, 100, 104)
+    location = S3WalLocation("wal/k", 0, 10, 5, 9)
+    for request in (
+        AppendRequest(1, 5, -1, 100, records=b"abc", batch=batch, hole=95),
+        AppendRequest(2, 5, -1, 100, location=location, batch=batch),
+        AppendRequest(3, 5, -1, 100, records=b"abc"),  # no producer id: no trailer
+    ):
+        decoded = decode_frame(encode_frame(request))
+        assert (decoded.batch, decoded.hole) == (request.batch, request.hole)
+    with pytest.raises(ValueError, match="hole only with its batch"):
+        AppendRequest(4, 5, -1, 100, records=b"abc", hole=3)
+    frame = bytearray(encode_frame(AppendRequest(5, 5, -1, 100, records=b"abc", batch=batch)))
+    del frame[-1]  # a trailer cut short
+    struct.pack_into(">I", frame, 0, len(frame) - 8)
+    struct.pack_into(">I", frame, 4, crc32c(bytes(frame[8:])))
+    with pytest.raises(PeerProtocolError, match="append request sequences"):
+        decode_frame(bytes(frame))

@@ -12,8 +12,8 @@ import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from proxy.apis.offsets_split import MAX_TIMESTAMP, OffsetsResult
-from proxy.server.tiered_offsets import StreamPart, combine
+from proxy.apis.offsets_split import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
+from proxy.server.tiered_offsets import StreamPart, combine, epoch_at
 from proxy.tiering.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
@@ -265,3 +265,30 @@ def test_max_timestamp_is_the_larger_of_both_parts_kafka_first_on_a_tie():
     # a marker past the cutover holds Kafka's max: not the partition's
     assert combine(MAX_TIMESTAMP, kafka(100, 10**13), part(Found(5, 120, -1)), notes).offset == 120
     assert notes == [100]
+
+
+# -- leader epochs: Kafka's epoch cache for a tiered partition ----------------------------
+
+
+def test_the_epoch_at_or_past_the_cutover_is_the_current_one_below_it_the_stamped_one():
+    assert epoch_at(100, 100, 4, -1) == 4  # every epoch since the cutover starts there
+    assert epoch_at(150, 100, 4, 2) == 4  # a producer's epoch in the stream is not Kafka's
+    assert epoch_at(99, 100, 4, 2) == 2  # a migrated batch keeps the epoch Kafka stamped
+
+
+def test_stream_answers_carry_the_current_epoch_kafka_answers_keep_theirs():
+    notes = Notes()
+    stream = StreamPart(0, cutover=100, log_start=40, found=Found(520, 120, -1), current_epoch=5)
+    assert stream.alone(500) == OffsetsResult(0, 520, 120, 5)
+    assert stream.alone(-2) == OffsetsResult(0, -1, 40, -1)  # below the cutover: stamped
+    assert combine(500, kafka(-1), stream, notes) == OffsetsResult(0, 520, 120, 5)
+    assert combine(500, kafka(60, 510, 3), stream, notes) == kafka(60, 510, 3)
+    assert combine(MAX_TIMESTAMP, kafka(60, 1), stream, notes) == OffsetsResult(0, 520, 120, 5)
+    assert combine(-2, kafka(103), stream, notes) == OffsetsResult(0, -1, 100, 5)
+    trimmed = StreamPart(0, cutover=100, log_start=130, current_epoch=5)
+    assert trimmed.alone(-2) == OffsetsResult(0, -1, 130, 5)
+    assert trimmed.alone(EARLIEST_LOCAL_TIMESTAMP) == OffsetsResult(0, -1, 130, 5)
+    migrated = StreamPart(0, cutover=100, log_start=40, current_epoch=5, start_epoch=1)
+    assert migrated.alone(-2) == OffsetsResult(0, -1, 40, 1)
+    migrated_hit = StreamPart(0, cutover=100, log_start=40, found=Found(7, 60, 1), current_epoch=5)
+    assert migrated_hit.alone(500) == OffsetsResult(0, 7, 60, 1)

@@ -5,6 +5,7 @@ built and read back with the object format's own reader."""
 
 from __future__ import annotations
 
+import random
 import warnings
 
 import pytest
@@ -255,6 +256,16 @@ def test_object_ids_of_the_upload_path():
     (planned,) = plan_upload(wal.entries).objects
     with pytest.raises(ValueError, match="upload path ids"):
         build_object(planned, 1 << 63)
+
+
+def test_a_collision_draws_another_writer_and_counts_from_zero():
+    allocate = ObjectIdAllocator(writer=3, first=7, rng=random.Random(1))
+    allocate()
+    allocate.collided()
+    assert allocate.writer != 3 and allocate.collisions == 1
+    assert [allocate(), allocate()] == [allocate.writer << 32, allocate.writer << 32 | 1]
+    drawn = [ObjectIdAllocator.drawn(random.Random(seed)).writer for seed in range(50)]
+    assert all(0 <= w < 1 << 31 for w in drawn) and len(set(drawn)) == 50
 
 
 def test_ranges_by_shard():

@@ -1,0 +1,188 @@
+"""The operations of a conformance scenario, as plain data.
+
+A scenario is a list of these, run in order against two topics through the same proxy
+fleet: a passthrough topic, which Kafka answers, and a tiered topic, which the fleet
+answers once `Tier` has run. Every op but the tiered-only ones runs against both with
+the same client, and its answers must be equal: Kafka is the oracle.
+
+Timestamps are milliseconds relative to the scenario's base time (a whole second a
+little before it starts), so they stay readable in a divergence report and are the same
+on both topics. Offsets are absolute: the tiered topic continues Kafka's offsets, so the
+shift between the two topics' offsets is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+CLIENTS = ("librdkafka", "aiokafka", "java")
+ZONES = ("zone-a", "zone-b")
+HIGH_WATERMARK = -1  # DeleteRecords' "up to the high watermark"
+
+
+@dataclass(frozen=True)
+class Rec:
+    key: bytes | None
+    value: bytes | None
+    ts: int  # relative to the scenario's base time
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def __repr__(self) -> str:
+        headers = f" h={list(self.headers)}" if self.headers else ""
+        return f"<{self.key!r}={_short(self.value)} @{self.ts}{headers}>"
+
+
+@dataclass(frozen=True)
+class Produce:
+    """One batch per topic: the client sends every record, then flushes."""
+
+    records: tuple[Rec, ...]
+    codec: str
+    client: str
+    zone: str
+
+    def __str__(self) -> str:
+        stamps = [r.ts for r in self.records]
+        return f"produce {len(self.records)} {self.codec} ts={_span(stamps)} [{self.client}]"
+
+
+@dataclass(frozen=True)
+class DeleteRecords:
+    offset: int  # HIGH_WATERMARK: everything
+    client: str
+    zone: str
+
+    def __str__(self) -> str:
+        return f"delete-records before {self.offset} [{self.client}]"
+
+
+@dataclass(frozen=True)
+class Tier:
+    """`tierproxy topics tier` on the tiered topic, waited for until its cutover is
+    written; on the passthrough topic, nothing."""
+
+    tiered_only = True
+
+    def __str__(self) -> str:
+        return "tier (cutover)"
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Every record from `offset` to the high watermark, with auto.offset.reset off."""
+
+    offset: int
+    client: str
+    zone: str
+
+    def __str__(self) -> str:
+        return f"fetch from {self.offset} [{self.client} {self.zone}]"
+
+
+@dataclass(frozen=True)
+class ListOffsets:
+    spec: str  # earliest, latest, max_timestamp, timestamp, earliest_local, latest_tiered
+    client: str
+    zone: str
+    ts: int | None = None  # for spec "timestamp", relative to the base time
+
+    def __str__(self) -> str:
+        at = f" {self.ts}" if self.ts is not None else ""
+        return f"list-offsets {self.spec}{at} [{self.client}]"
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """OffsetForLeaderEpoch (v4, as a follower-less client asks it) for the partition's
+    current leader epoch plus `delta`, on the proxy's address of the leader."""
+
+    delta: int
+    zone: str
+
+    def __str__(self) -> str:
+        return f"offset-for-leader-epoch current{self.delta:+d} [raw {self.zone}]"
+
+
+@dataclass(frozen=True)
+class Commit:
+    """A consumer of group `group` commits `offset`, then reads the commit back."""
+
+    group: int
+    offset: int
+    client: str
+    zone: str
+
+    def __str__(self) -> str:
+        return f"commit g{self.group} at {self.offset} [{self.client}]"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A new consumer of group `group` starts where the group left off (or at the reset
+    point when nothing valid is committed): the first record it reads, or where it ends."""
+
+    group: int
+    reset: str  # earliest, latest
+    client: str
+    zone: str
+
+    def __str__(self) -> str:
+        return f"resume g{self.group} (reset {self.reset}) [{self.client} {self.zone}]"
+
+
+@dataclass(frozen=True)
+class StrayKafkaWrite:
+    """Records written straight to a broker of Kafka, past the tiered topic's cutover
+    (a producer that bypassed the proxy): no client of the proxy may ever see them."""
+
+    count: int
+    codec: str
+    tiered_only = True
+
+    def __str__(self) -> str:
+        return f"{self.count} records straight to Kafka past the cutover"
+
+
+@dataclass(frozen=True)
+class StrayTransaction:
+    """A transactional producer through the proxy to the tiered topic: refused, and
+    whatever Kafka's coordinator does about it must not show to readers."""
+
+    zone: str
+    tiered_only = True
+
+    def __str__(self) -> str:
+        return f"transactional produce, refused, then aborted [{self.zone}]"
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Every proxy of the fleet stopped cleanly (SIGTERM) and started again under the
+    same name and WAL directory, then waited for until ready (/readyz)."""
+
+    tiered_only = True
+
+    def __str__(self) -> str:
+        return "restart the proxies (SIGTERM, start)"
+
+
+Op = Produce | DeleteRecords | Tier | Fetch | ListOffsets | EpochEnd | Commit | Resume
+StrayOp = StrayKafkaWrite | StrayTransaction | Restart
+
+
+def tiered_only(op: object) -> bool:
+    return bool(getattr(op, "tiered_only", False))
+
+
+def _short(value: bytes | None) -> str:
+    if value is None:
+        return "null"
+    return repr(value if len(value) <= 12 else value[:10] + b"..")
+
+
+def _span(stamps: list[int]) -> str:
+    if not stamps:
+        return "-"
+    ordered = "" if stamps == sorted(stamps) else " (out of order)"
+    return f"{min(stamps)}..{max(stamps)}{ordered}"

@@ -1,0 +1,76 @@
+"""Raw Kafka requests over a plain socket (kio's messages), for what no client library
+exposes: Metadata's leader epochs and OffsetForLeaderEpoch as a consumer sends it."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.metadata.v12.response import MetadataResponse
+from kio.schema.offset_for_leader_epoch.v4.request import (
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderPartition,
+    OffsetForLeaderTopic,
+)
+from kio.schema.offset_for_leader_epoch.v4.response import OffsetForLeaderEpochResponse
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import i32
+
+from proxy.protocol.messages import decode_response, encode_request
+
+
+def call(address: tuple[str, int], message, response_type):
+    with socket.create_connection(address, timeout=30) as sock:
+        sock.sendall(encode_request(message, 7, "epochs-test"))
+        size = struct.unpack(">i", _read(sock, 4))[0]
+        _, answer = decode_response(_read(sock, size), response_type)
+    return answer
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "connection closed"
+        data += chunk
+    return data
+
+
+def leaders(address: tuple[str, int], topics: list[str]) -> dict[tuple[str, int], tuple]:
+    """(topic, partition) -> (leader id, leader epoch), from a Metadata v12 request."""
+    request = MetadataRequest(
+        topics=tuple(MetadataRequestTopic(topic_id=None, name=TopicName(t)) for t in topics),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    answer = call(address, request, MetadataResponse)
+    return {
+        (t.name, p.partition_index): (int(p.leader_id), int(p.leader_epoch))
+        for t in answer.topics
+        for p in t.partitions
+    }
+
+
+def epoch_ends(address, asked: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple]:
+    """(topic, partition) -> (error code, leader epoch, end offset) for the epochs asked."""
+    topics: dict[str, list[OffsetForLeaderPartition]] = {}
+    for (topic, partition), epoch in asked.items():
+        topics.setdefault(topic, []).append(
+            OffsetForLeaderPartition(
+                partition=i32(partition), current_leader_epoch=i32(-1), leader_epoch=i32(epoch)
+            )
+        )
+    request = OffsetForLeaderEpochRequest(
+        replica_id=BrokerId(-1),
+        topics=tuple(
+            OffsetForLeaderTopic(topic=TopicName(t), partitions=tuple(ps))
+            for t, ps in topics.items()
+        ),
+    )
+    answer = call(address, request, OffsetForLeaderEpochResponse)
+    return {
+        (t.topic, p.partition): (p.error_code.value, int(p.leader_epoch), int(p.end_offset))
+        for t in answer.topics
+        for p in t.partitions
+    }

@@ -1,0 +1,30 @@
+"""DeleteRecords on a tiered partition is checked before anything is deleted, as Kafka
+checks it (proxy/server/tiered_deletes.py): an offset past the high watermark, or
+negative and not -1, deletes neither Kafka's part nor the stream's."""
+
+from __future__ import annotations
+
+from proxy.server.tiered_deletes import needs_high_watermark, refusal
+
+OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER = 1, 6
+CUTOVER = 3
+
+
+def test_offsets_up_to_the_cutover_need_no_high_watermark():
+    assert not needs_high_watermark(-1, CUTOVER)
+    assert not needs_high_watermark(0, CUTOVER)
+    assert not needs_high_watermark(CUTOVER, CUTOVER)
+    assert needs_high_watermark(CUTOVER + 1, CUTOVER)
+    assert refusal(-1, CUTOVER, None) is None  # the high watermark: always in range
+    assert refusal(2, CUTOVER, None) is None  # owner away: Kafka's part alone is enough
+
+
+def test_past_the_high_watermark_is_out_of_range_before_anything_goes():
+    assert refusal(9, CUTOVER, 6) == OFFSET_OUT_OF_RANGE  # 3 records, tier, 3 more, delete 9
+    assert refusal(2, 1, 1) == OFFSET_OUT_OF_RANGE  # one record, cutover at 1, delete 2
+    assert refusal(6, CUTOVER, 6) is None  # up to the high watermark itself
+    assert refusal(-2, CUTOVER, 6) == OFFSET_OUT_OF_RANGE  # negative, not -1
+
+
+def test_no_owner_answering_is_not_leader_and_the_client_retries():
+    assert refusal(5, CUTOVER, None) == NOT_LEADER_OR_FOLLOWER

@@ -1,0 +1,78 @@
+"""A Fetch or ListOffsets EARLIEST below a tiered partition's log start when that log
+start lies below the cutover (retention or DeleteRecords trimmed migrated ranges): Kafka
+may still hold its copy of those offsets, but the partition's log starts at the stream's
+log start, so the proxy answers the Fetch (OFFSET_OUT_OF_RANGE) instead of sending it to
+Kafka, and EARLIEST is never below that log start (issue 15)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
+
+from proxy.apis.offsets_split import OffsetsResult
+from proxy.server.tiered_offsets import StreamPart, combine
+from proxy.server.tiered_reads import TieredReads
+from proxy.tiering.metarecords import StreamTrim
+from proxy.tiering.topic_index import TieredTopic
+
+
+def migrated() -> Shard:
+    """[0, 400) of Kafka's part in objects, as an offload job commits it."""
+    made = Shard()
+    made.commit(1, 0, 200)
+    made.commit(2, 200, 400)
+    return made
+
+
+class Topics:
+    def topic(self, topic):
+        return TieredTopic(TOPIC, "t", NOW) if topic == "t" else None
+
+
+def reads_of(shard: Shard) -> TieredReads:
+    service = SimpleNamespace(topics=Topics(), state=lambda stream: shard.state)
+    return TieredReads(service, None, None)
+
+
+def fetch_at(offset: int) -> SimpleNamespace:
+    return SimpleNamespace(partition=0, fetch_offset=offset)
+
+
+def test_a_fetch_below_a_log_start_below_the_cutover_is_answered_here():
+    shard = migrated()
+    reads = reads_of(shard)
+    here = {o: reads.fetch_here("t", fetch_at(o)) for o in (0, 199, 399, 400, 999, 1000)}
+    assert here == {0: True, 199: True, 399: True, 400: False, 999: False, 1000: True}
+    shard.write(StreamTrim(0, STREAM, 1, 200, 1, NOW))  # retention dropped the first range
+    here = {o: reads.fetch_here("t", fetch_at(o)) for o in (0, 199, 200, 400, 999)}
+    # below 200 Kafka may still hold its copy: answered here (OFFSET_OUT_OF_RANGE)
+    assert here == {0: True, 199: True, 200: True, 400: False, 999: False}
+    shard.write(StreamTrim(0, STREAM, 1, 450, 1, NOW))  # DeleteRecords past the objects
+    here = {o: reads.fetch_here("t", fetch_at(o)) for o in (0, 449, 450, 999)}
+    assert here == {0: True, 449: True, 450: False, 999: False}
+    assert reads.fetch_here("other", fetch_at(0)) is False
+
+
+def kafka(offset: int, epoch: int = 0) -> OffsetsResult:
+    return OffsetsResult(0, -1, offset, epoch)
+
+
+@pytest.mark.parametrize(
+    ("kafka_start", "log_start", "held", "earliest"),
+    [
+        (0, 0, True, kafka(0)),  # the same: Kafka's answer, its epoch kept
+        (0, 200, True, OffsetsResult(0, -1, 200)),  # trimmed, Kafka's copy lives on
+        # DeleteRecords past the objects: Kafka's batch, the epoch of Kafka's log start
+        (0, 450, False, OffsetsResult(0, -1, 450, 0)),
+        (400, 200, True, OffsetsResult(0, -1, 200)),  # migrated, gone from Kafka
+        (600, 200, False, kafka(600)),  # nothing holds 200: a Fetch there is Kafka's
+        (1003, 200, True, OffsetsResult(0, -1, 1000)),  # past the cutover: clamped
+    ],
+)
+def test_earliest_is_what_a_fetch_from_it_is_served(kafka_start, log_start, held, earliest):
+    notes: list[int] = []
+    part = StreamPart(0, CUTOVER, log_start, start_held=held)
+    assert combine(-2, kafka(kafka_start), part, notes.append) == earliest
+    assert notes == ([kafka_start] if kafka_start > CUTOVER else [])
