@@ -58,10 +58,15 @@ kafka_home=$cache/kafka-$KAFKA_VERSION
 if [ ! -f "$kafka_home/.done" ]; then
   say "fetching Apache Kafka $KAFKA_VERSION jars from Maven Central into $kafka_home"
   rm -rf "$kafka_home/libs"
-  mvn -q -B --no-transfer-progress -Dstyle.color=never -f scripts/kafka/pom.xml \
+  # Maven's output (colour resets even in batch mode) goes to a log, shown only on failure
+  if ! mvn -q -B --no-transfer-progress -Dstyle.color=never -f scripts/kafka/pom.xml \
     -Dmaven.repo.local="$cache/m2" \
     -Dkafka.version="$KAFKA_VERSION" -Dscala.binary.version="$SCALA_BINARY_VERSION" \
-    dependency:copy-dependencies -DoutputDirectory="$kafka_home/libs"
+    dependency:copy-dependencies -DoutputDirectory="$kafka_home/libs" >"$cache/mvn.log" 2>&1; then
+    cat "$cache/mvn.log" >&2
+    echo "setup.sh: fetching Kafka's jars failed (log above, also in $cache/mvn.log)" >&2
+    exit 1
+  fi
   touch "$kafka_home/.done"
 fi
 

@@ -4,9 +4,8 @@ banner whose commands work when pasted, and a tiered topic that survives a resta
 from __future__ import annotations
 
 import json
+import os
 import queue
-import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -173,12 +172,25 @@ def test_fresh_empties_only_a_folder_dev_created(tmp_path):
     assert (foreign / "notes.txt").read_text() == "keep me"
 
 
-def test_setup_is_quiet_pip_and_maven_flags():
-    """scripts/setup.sh's installers: pip without setuptools' editable-install banner,
-    Maven in batch mode without transfer progress or colour escapes."""
+def test_setup_is_quiet(tmp_path: Path):
+    """scripts/setup.sh prints its own lines only: no colour escapes from Maven (its
+    output goes to a log shown on failure), no setuptools editable-install banner. Run
+    for real with a cache of its own whose Maven repository is the session's (so the
+    Kafka jars are copied, not downloaded); the venv is already there."""
     script = (repo_root() / "scripts" / "setup.sh").read_text()
-    assert 'PYTHONWARNINGS="ignore:Editable installation"' in script
-    mvn = next(line for line in script.splitlines() if line.strip().startswith("mvn "))
-    for flag in ("-q", "-B", "--no-transfer-progress", "-Dstyle.color=never"):
-        assert flag in shlex.split(mvn.rstrip("\\")), mvn
-    assert not re.search(r"\x1b\[", script)
+    assert 'PYTHONWARNINGS="ignore:Editable installation"' in script  # pip's step: skipped here
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    real_cache = Path(os.environ.get("TIERPROXY_CACHE", repo_root() / ".cache"))
+    (cache / "m2").symlink_to(real_cache / "m2")
+    env = {**os.environ, "TIERPROXY_CACHE": str(cache)}
+    done = subprocess.run(
+        ["scripts/setup.sh"], cwd=repo_root(), env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "\x1b[" not in output, repr(output)
+    assert "BuildBackendWarning" not in output
+    assert all(line.startswith("[setup] ") for line in output.splitlines()), output
+    assert list(cache.glob("kafka-*/libs/kafka-clients-*.jar"))
