@@ -34,8 +34,10 @@ PARTITIONS = 4
 
 def _previous_release(into) -> str:
     root = repo_root()
-    if shutil.which("git") is None or not (root / ".git").exists():
-        pytest.skip("needs the repository's git history for the previous release's code")
+    assert shutil.which("git") is not None and (root / ".git").exists(), (
+        "the mixed-release test needs git and the repository's history (a clone, not an"
+        f" export) to take the previous release's code ({PREVIOUS_RELEASE})"
+    )
     tree = into / "previous-release"
     tree.mkdir()
     archive = subprocess.run(
