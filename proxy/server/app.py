@@ -36,17 +36,17 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
-from proxy.metrics import ProxyMetrics, serve_metrics
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import response_header_size
-from proxy.protocol.messages import encode_request
-from proxy.protocol.sasl import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import response_header_size
+from proxy.kafka.messages import encode_request
+from proxy.kafka.sasl import (
     SaslError,
     ScramClient,
     parse_authenticate_response,
     parse_handshake_response,
     plain_message,
 )
+from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter

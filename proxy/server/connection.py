@@ -40,9 +40,8 @@ from proxy.apis.api18_api_versions import (
     unsupported_version_response,
 )
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
-from proxy.protocol.apis import is_known
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import (
     RequestHeader,
     header_rejection_reason,
     parse_request_header,
@@ -50,8 +49,9 @@ from proxy.protocol.headers import (
     response_header,
     response_header_size,
 )
-from proxy.protocol.proxy_header import detect
-from proxy.protocol.proxy_header import parse as parse_proxy_header
+from proxy.kafka.proxy_header import detect
+from proxy.kafka.proxy_header import parse as parse_proxy_header
+from proxy.kafka.versions import is_known
 from proxy.server.slots import Plan, Slot
 from proxy.server.streams import (
     UpstreamClosed,

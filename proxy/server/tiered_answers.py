@@ -14,7 +14,7 @@ import logging
 import struct
 
 from proxy.apis import RESPONSE_REWRITERS
-from proxy.protocol.headers import RequestHeader, response_header, response_header_size
+from proxy.kafka.headers import RequestHeader, response_header, response_header_size
 from proxy.server.slots import Plan, Slot
 from proxy.server.tiered_produce import count_in_flight
 

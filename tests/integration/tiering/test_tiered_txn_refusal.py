@@ -37,7 +37,7 @@ from tiered_topic import TieredTopic
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.protocol.messages import decode_response, encode_request
+from proxy.kafka.messages import decode_response, encode_request
 
 pytestmark = pytest.mark.kafka
 

@@ -21,9 +21,9 @@ from proxy.apis.offsets_split import (
     read_list_offsets_response,
     split,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import decode, encode, load_types
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.frames import FrameError
+from proxy.kafka.versions import APIS
 
 REQUESTS = load_types(2, "request")
 RESPONSES = load_types(2, "response")

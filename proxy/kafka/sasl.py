@@ -12,8 +12,8 @@ import hashlib
 import hmac
 import secrets
 
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import read_int16, read_int32, read_string, read_uvarint
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import read_int16, read_int32, read_string, read_uvarint
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _HASHES = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}

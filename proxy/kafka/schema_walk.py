@@ -19,8 +19,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, get_args, get_origin
 
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import (
     INT8,
     read_int16,
     read_int32,

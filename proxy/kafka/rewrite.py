@@ -19,10 +19,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, get_args
 
-from proxy.protocol.codec import describe, response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.schema_walk import field_offset, field_span, skip_entity, tagged_fields_offset
-from proxy.protocol.wire import (
+from proxy.kafka.codec import describe, response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.schema_walk import field_offset, field_span, skip_entity, tagged_fields_offset
+from proxy.kafka.wire import (
     INT32,
     read_array_length,
     read_int32,

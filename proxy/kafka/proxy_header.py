@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from proxy.protocol.frames import FrameError
+from proxy.kafka.frames import FrameError
 
 PROXY_V1_PREFIX = b"PROXY "
 PROXY_V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from proxy.protocol.apis import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.versions import (
     API_VERSIONS,
     APIS,
     is_flexible,
@@ -20,8 +21,7 @@ from proxy.protocol.apis import (
     response_header_version,
     spec,
 )
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import INT16, INT32, read_int16, skip_nullable_string, skip_tagged_fields
+from proxy.kafka.wire import INT16, INT32, read_int16, skip_nullable_string, skip_tagged_fields
 
 _FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
 API_PRODUCE = 0

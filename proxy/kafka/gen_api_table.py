@@ -1,4 +1,4 @@
-"""Generate `proxy/protocol/api_table.py` from the installed kio.
+"""Generate `proxy/kafka/api_table.py` from the installed kio.
 
 Run after upgrading kio: `.venv/bin/python -m proxy.protocol.gen_api_table`.
 It imports every kio request and response schema (about a thousand modules), which is

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from proxy.protocol.api_table import API_TABLE
-from proxy.protocol.frames import FrameError
+from proxy.kafka.api_table import API_TABLE
+from proxy.kafka.frames import FrameError
 
 API_VERSIONS = 18
 # Inter-broker only, absent from kio; kept because its v0 has Kafka's one odd header.

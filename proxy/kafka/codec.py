@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
-from proxy.protocol.apis import APIS, api_name
-from proxy.protocol.frames import FrameError
+from proxy.kafka.frames import FrameError
+from proxy.kafka.versions import APIS, api_name
 
 E = TypeVar("E")
 # SerialError for short or bad input; ValueError for values kio cannot build (an error

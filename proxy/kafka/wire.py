@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 import uuid
 
-from proxy.protocol.frames import FrameError
+from proxy.kafka.frames import FrameError
 
 INT8 = struct.Struct(">b")
 INT16 = struct.Struct(">h")
