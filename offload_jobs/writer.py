@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import CorruptBatchError, read_batch_header, validate_batch
+from proxy.records.batches import CorruptBatchError, read_batch_header, validate_batch
 from proxy.tiering.metastreams import offload_object_id
 from proxy.tiering.objectformat import (
     DEFAULT_MAX_BLOCK_BYTES,

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
 
+from proxy.records.batches import CorruptBatchError, iter_batches
 from proxy.server.trims import write_trim
-from proxy.tiering.batches import CorruptBatchError, iter_batches
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metastore import ShardFenced, ShardOwner
 from proxy.tiering.metastreams import StreamInfo, StreamRange, topic_shard

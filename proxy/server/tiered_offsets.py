@@ -24,7 +24,7 @@ tiered partition of a request is routed (`route`):
 - the other special timestamps (-5 LATEST_TIERED, -6 EARLIEST_PENDING_UPLOAD) go to Kafka
   alone: Kafka keeps no remote log of the topic, and answers them as for any topic.
 
-Timestamps follow Kafka's rules exactly (`proxy/tiering/timestamp_search.py`): the first
+Timestamps follow Kafka's rules exactly (`proxy/records/timestamp_search.py`): the first
 record, in offset order, at or after the target and at or above the log start, inside
 compressed batches too; MAX_TIMESTAMP is the largest over the whole log, Kafka's part
 first on a tie.
@@ -50,11 +50,11 @@ from proxy.apis.offsets_split import (
     read_list_offsets_response,
     split,
 )
+from proxy.records.batches import CorruptBatchError
+from proxy.records.timestamp_search import Found
 from proxy.server.tiered_timestamps import OwnerAway, StreamSearch
-from proxy.tiering.batches import CorruptBatchError
 from proxy.tiering.objectformat import ObjectFormatError
 from proxy.tiering.objectstore import ObjectStoreError
-from proxy.tiering.timestamp_search import Found
 from proxy.tiering.topic_index import stream_of
 
 log = logging.getLogger("tierproxy.reads")

@@ -23,6 +23,7 @@ import time
 from collections.abc import Hashable, Sequence
 
 from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
+from proxy.records.transactions import ControlRecordError, committed_view
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.objectformat import ObjectFormatError
@@ -32,7 +33,6 @@ from proxy.tiering.peer_messages import FetchRequest, FetchResponse
 from proxy.tiering.ratelimit import Priority
 from proxy.tiering.stream_reader import StreamReader
 from proxy.tiering.topic_index import stream_of
-from proxy.tiering.transactions import ControlRecordError, committed_view
 from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")

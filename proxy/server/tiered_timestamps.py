@@ -1,5 +1,5 @@
 """The tiered stream's part of ListOffsets by timestamp and MAX_TIMESTAMP: Kafka's rules
-(`proxy/tiering/timestamp_search.py`) run over the stream's committed objects, through
+(`proxy/records/timestamp_search.py`) run over the stream's committed objects, through
 the block cache, then over the tail no object holds yet (the owner's log cache, here or
 over the peer protocol).
 
@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.objectformat import IndexEntry, find_entries
-from proxy.tiering.timestamp_search import (
+from proxy.records.batches import iter_batches
+from proxy.records.timestamp_search import (
     Found,
     candidate_blocks,
     in_batches,
     max_timestamp_in,
     offset_of_max,
 )
+from proxy.tiering.objectformat import IndexEntry, find_entries
 
 TAIL_READ_BYTES = 1 << 20
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.backfill import commit_backfill
 from proxy.server.bandwidth import Bandwidth
@@ -40,7 +41,6 @@ from proxy.server.tiered_reads import TieredReads
 from proxy.server.tiered_txn_refusal import TxnRefusals
 from proxy.server.topic_configs import TopicConfigs
 from proxy.server.trims import trim_stream
-from proxy.tiering.batches import CorruptBatchError
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from proxy.tiering.batches import iter_batches, validate_batch
+from proxy.records.batches import iter_batches, validate_batch
 from proxy.tiering.objectkeys import U64_MAX, ObjectKind, object_key, parse_object_key
 
 FORMAT_VERSION = 2  # what writers write

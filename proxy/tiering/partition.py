@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from proxy.tiering.batches import BatchHeader
+from proxy.records.batches import BatchHeader
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.partition_rules import (

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from proxy.tiering.batches import (
+from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -45,7 +45,7 @@ from proxy.tiering.batches import (
     CorruptBatchError,
     read_batch_header,
 )
-from proxy.tiering.timestamp_search import decompress, read_varint
+from proxy.records.timestamp_search import decompress, read_varint
 
 __all__ = [
     "CONFIG_KEYS",

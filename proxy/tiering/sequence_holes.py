@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from proxy.tiering.batches import CorruptBatchError, iter_batches
+from proxy.records.batches import CorruptBatchError, iter_batches
 from proxy.tiering.producer_state import INT32_MAX, increment_sequence
 
 __all__ = [

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from types import MappingProxyType
 
-from proxy.tiering.batches import (
+from proxy.records.batches import (
     BatchHeader,
     CorruptBatchError,
     assign_offsets,

@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from proxy.tiering.batches import HEADER_SIZE, CorruptBatchError, read_batch_header
+from proxy.records.batches import HEADER_SIZE, CorruptBatchError, read_batch_header
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metastreams import StreamRange

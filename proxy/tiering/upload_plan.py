@@ -28,7 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.tiering.batches import iter_batches
+from proxy.records.batches import iter_batches
 from proxy.tiering.metarecords import OffsetRange
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, shard_of
 from proxy.tiering.objectformat import (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from proxy.tiering.batches import CorruptBatchError, iter_batches, validate_batch
+from proxy.records.batches import CorruptBatchError, iter_batches, validate_batch
 
 FORMAT_VERSION = 1
 HEAD_MAGIC = b"TPWF"

@@ -18,7 +18,7 @@ import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.batches import iter_batches
+from proxy.records.batches import iter_batches
 from proxy.tiering.producer_state import (
     INT32_MAX,
     BatchMetadata,

@@ -35,8 +35,8 @@ from offload_jobs import migrate_cli
 from offload_jobs.report_cli import add_parsers
 from offload_jobs.segments import SegmentReader
 from proxy import __version__
+from proxy.records.batches import iter_batches
 from proxy.server.peer_clients import PeerClients
-from proxy.tiering.batches import iter_batches
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of, stream_id
 from proxy.tiering.objectformat import find_entries, read_block, read_object
 from proxy.tiering.objectkeys import parse_object_key

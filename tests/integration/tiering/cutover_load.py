@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.devstack.paths import free_port
-from proxy.tiering.batches import iter_batches
+from proxy.records.batches import iter_batches
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metastore import ShardReader
 from proxy.tiering.metastreams import shard_of, stream_id

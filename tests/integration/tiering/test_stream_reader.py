@@ -18,7 +18,7 @@ from uuid import UUID
 
 import pytest
 
-from proxy.tiering.batches import with_base_offset
+from proxy.records.batches import with_base_offset
 from proxy.tiering.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metacodec import encode

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.batches import iter_batches
+from proxy.records.batches import iter_batches
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metastore import ShardReader
 from proxy.tiering.metastreams import stream_id

@@ -19,7 +19,7 @@ from uuid import UUID
 
 import pytest
 
-from proxy.tiering.batches import iter_batches, with_base_offset
+from proxy.records.batches import iter_batches, with_base_offset
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState

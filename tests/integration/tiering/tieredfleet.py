@@ -47,7 +47,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.devstack.paths import free_port_block, kafka_libs, repo_root
 from proxy.devstack.process import ManagedProcess
-from proxy.tiering.batches import iter_batches
+from proxy.records.batches import iter_batches
 from proxy.tiering.metacodec import decode
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metareader import ShardReader

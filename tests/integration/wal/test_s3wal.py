@@ -18,7 +18,7 @@ import crc32c
 import pytest
 from aiobotocore.session import AioSession, get_session
 
-from proxy.tiering.batches import CorruptBatchError
+from proxy.records.batches import CorruptBatchError
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.objectkeys import parse_object_key
 from proxy.tiering.objectstore import ObjectStore, ObjectStoreError

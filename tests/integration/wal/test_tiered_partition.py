@@ -17,8 +17,8 @@ from uuid import UUID
 
 import pytest
 
+from proxy.records.batches import iter_batches, with_base_offset
 from proxy.server.tiered_reads import TieredReads
-from proxy.tiering.batches import iter_batches, with_base_offset
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.metacodec import encode

@@ -9,7 +9,7 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.object_source import ObjectReadError, object_batches
-from proxy.tiering.batches import with_base_offset
+from proxy.records.batches import with_base_offset
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metastreams import StreamRange
 from proxy.tiering.objectformat import ObjectWriter

@@ -15,8 +15,8 @@ from uuid import UUID
 import pytest
 from prometheus_client import CollectorRegistry
 
+from proxy.records.batches import with_base_offset
 from proxy.server.compactor import Compactor
-from proxy.tiering.batches import with_base_offset
 from proxy.tiering.compaction import CompactionSettings
 from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metacodec import encode

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from test_compactor import GRACE, Fleet, kafka_batch
 
-from proxy.tiering.batches import with_base_offset
+from proxy.records.batches import with_base_offset
 from proxy.tiering.metarecords import ObjectCommit, OffsetRange
 from proxy.tiering.objectformat import ObjectWriter
 from proxy.tiering.objectkeys import ObjectKind

@@ -12,6 +12,7 @@ from test_compactor import SETTINGS, Fleet
 from test_upload_plan import Wal, kafka_batch
 
 from proxy.config import ConfigError, parse_config
+from proxy.records.timestamp_search import candidate_blocks, in_batches
 from proxy.server.compactor import Compactor
 from proxy.server.tiering import uploader_config
 from proxy.tiering.compaction import CompactionSettings
@@ -21,7 +22,6 @@ from proxy.tiering.objectformat import (
     read_block,
     read_object,
 )
-from proxy.tiering.timestamp_search import candidate_blocks, in_batches
 from proxy.tiering.upload_plan import PlanLimits, build_object, plan_upload
 
 BASE = {"upstream": {"bootstrap": "127.0.0.1:9092"}}

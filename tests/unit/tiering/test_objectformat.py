@@ -14,7 +14,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from proxy.tiering.batches import CorruptBatchError, iter_batches, with_base_offset
+from proxy.records.batches import CorruptBatchError, iter_batches, with_base_offset
 from proxy.tiering.objectformat import (
     FOOTER_SIZE,
     INDEX_ENTRY_SIZE_V1,

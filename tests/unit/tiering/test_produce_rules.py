@@ -10,7 +10,7 @@ import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from proxy.tiering.batches import read_batch_header, set_log_append_time
+from proxy.records.batches import read_batch_header, set_log_append_time
 from proxy.tiering.produce_rules import (
     CORRUPT_MESSAGE,
     INVALID_RECORD,

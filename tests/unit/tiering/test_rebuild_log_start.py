@@ -15,7 +15,7 @@ from uuid import UUID
 import pytest
 from test_sequencer import PID, idem
 
-from proxy.tiering.batches import BatchHeader, iter_batches
+from proxy.records.batches import BatchHeader, iter_batches
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarecords import (

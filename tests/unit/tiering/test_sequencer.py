@@ -8,7 +8,7 @@ import warnings
 import crc32c
 import pytest
 
-from proxy.tiering.batches import iter_batches, read_batch_header, validate_batch
+from proxy.records.batches import iter_batches, read_batch_header, validate_batch
 from proxy.tiering.producer_state import (
     INT32_MAX,
     BatchMetadata,

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.tiering.batches import HEADER_SIZE, read_batch_header
+from proxy.records.batches import HEADER_SIZE, read_batch_header
 
 ABORT, COMMIT = 0, 1  # a control record's type, after its version, in its key
 _CONTROL_KEY = struct.Struct(">hh")  # version, type

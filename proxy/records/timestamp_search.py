@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import cramjam
 
-from proxy.tiering.batches import (
+from proxy.records.batches import (
     HEADER_SIZE,
     BatchHeader,
     Compression,
