@@ -65,7 +65,7 @@ async def peer(address: tuple[str, int], timeout_s: float = 10.0) -> PingRespons
 async def store(spec, timeout_s: float = 30.0) -> None:
     """The object store opens and answers a read (a key no job writes: not found is the
     expected answer; a missing bucket or refused credentials fail here)."""
-    from proxy.tiering.objectstore import ObjectNotFound
+    from proxy.objects.store import ObjectNotFound
 
     try:
         async with asyncio.timeout(timeout_s):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import cramjam
 
+from proxy.objects.format import IndexEntry
 from proxy.records.batches import (
     HEADER_SIZE,
     BatchHeader,
@@ -36,7 +37,6 @@ from proxy.records.batches import (
     CorruptBatchError,
     iter_batches,
 )
-from proxy.tiering.objectformat import IndexEntry
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"  # the Java client's snappy framing (xerial snappy-java)
 _XERIAL_HEADER = 16  # magic, version, compatible version

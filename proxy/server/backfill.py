@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 
+from proxy.objects.keys import ObjectKind
+from proxy.objects.store import ObjectStoreError
 from proxy.tiering.metadata import check_commit
 from proxy.tiering.metarecords import ObjectCommit, OffsetRange
 from proxy.tiering.metarules import Outcome
 from proxy.tiering.metastore import ShardFenced
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectStoreError
 from proxy.tiering.orphan_plan import commit_age_limit, too_old_to_commit
 from proxy.tiering.peer_messages import BackfillRequest
 

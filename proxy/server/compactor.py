@@ -31,6 +31,10 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from proxy.objects.format import BuiltObject, IndexEntry, ObjectWriter, read_block
+from proxy.objects.keys import ObjectKind
+from proxy.objects.ratelimit import BandwidthLimiter, Priority
+from proxy.objects.store import ObjectExists, ObjectStore
 from proxy.server.object_gc import GarbageCollector, discard, now_ms, read_index, write_through
 from proxy.tiering.compaction import (
     CompactionPlan,
@@ -47,11 +51,7 @@ from proxy.tiering.metarecords import ObjectCommit, OffsetRange, Record
 from proxy.tiering.metarules import Outcome
 from proxy.tiering.metastore import ShardOwner
 from proxy.tiering.metastreams import StreamRange
-from proxy.tiering.objectformat import BuiltObject, IndexEntry, ObjectWriter, read_block
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectExists, ObjectStore
 from proxy.tiering.orphan_plan import commit_age_limit
-from proxy.tiering.ratelimit import BandwidthLimiter, Priority
 from proxy.tiering.upload_plan import ObjectIdAllocator
 
 log = logging.getLogger("tierproxy.compaction")

@@ -30,19 +30,19 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, ObjectDelete, Record
-from proxy.tiering.metarules import Outcome, Verdict
-from proxy.tiering.metastore import ShardOwner
-from proxy.tiering.metastreams import shard_of
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
     index_in_tail,
     parse_footer,
     parse_index,
 )
-from proxy.tiering.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from proxy.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metarecords import ObjectCommit, ObjectDelete, Record
+from proxy.tiering.metarules import Outcome, Verdict
+from proxy.tiering.metastore import ShardOwner
+from proxy.tiering.metastreams import shard_of
 
 log = logging.getLogger("tierproxy.compaction")
 

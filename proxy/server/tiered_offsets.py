@@ -50,11 +50,11 @@ from proxy.apis.offsets_split import (
     read_list_offsets_response,
     split,
 )
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 from proxy.records.timestamp_search import Found
 from proxy.server.tiered_timestamps import OwnerAway, StreamSearch
-from proxy.tiering.objectformat import ObjectFormatError
-from proxy.tiering.objectstore import ObjectStoreError
 from proxy.tiering.topic_index import stream_of
 
 log = logging.getLogger("tierproxy.reads")

@@ -27,9 +27,9 @@ from proxy.apis.produce_split import (
     read_produce_request,
     split,
 )
+from proxy.objects.ratelimit import Priority
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.produce_rules import ProduceRules, check_records
-from proxy.tiering.ratelimit import Priority
 
 INVALID_REQUEST = 42
 MESSAGE_TOO_LARGE = 10

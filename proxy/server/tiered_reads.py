@@ -23,14 +23,14 @@ import time
 from collections.abc import Hashable, Sequence
 
 from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.ratelimit import Priority
+from proxy.objects.store import ObjectStoreError
 from proxy.records.transactions import ControlRecordError, committed_view
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.logcache import LogCache
-from proxy.tiering.objectformat import ObjectFormatError
-from proxy.tiering.objectstore import ObjectStoreError
 from proxy.tiering.peer_codec import frame_size
 from proxy.tiering.peer_messages import FetchRequest, FetchResponse
-from proxy.tiering.ratelimit import Priority
 from proxy.tiering.stream_reader import StreamReader
 from proxy.tiering.topic_index import stream_of
 from proxy.wal.types import WalError

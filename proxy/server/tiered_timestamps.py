@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from proxy.objects.format import IndexEntry, find_entries
 from proxy.records.batches import iter_batches
 from proxy.records.timestamp_search import (
     Found,
@@ -22,7 +23,6 @@ from proxy.records.timestamp_search import (
     max_timestamp_in,
     offset_of_max,
 )
-from proxy.tiering.objectformat import IndexEntry, find_entries
 
 TAIL_READ_BYTES = 1 << 20
 

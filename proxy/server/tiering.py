@@ -24,10 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.objects.bandwidth import Bandwidth
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.metrics import ObjectStoreMetrics
+from proxy.objects.s3 import S3Store
+from proxy.objects.store import ObjectStore
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.backfill import commit_backfill
-from proxy.server.bandwidth import Bandwidth
 from proxy.server.compactor import Compactor
 from proxy.server.cutover import CutoverLoop
 from proxy.server.leader_epochs import LeaderEpochs
@@ -44,24 +48,20 @@ from proxy.server.trims import trim_stream
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
-from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metagroup import ShardAssignment, ensure_metadata_topic
 from proxy.tiering.metarecords import ObjectCommit
 from proxy.tiering.metastore import ShardOwner, ShardReader
 from proxy.tiering.metastreams import shard_of
-from proxy.tiering.objectstore import ObjectStore
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.produce_rules import ProduceRules
-from proxy.tiering.s3store import S3Store
 from proxy.tiering.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.tiering.settings import TieringConfig
-from proxy.tiering.storemetrics import ObjectStoreMetrics
 from proxy.tiering.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
 from proxy.tiering.upload_plan import ObjectIdAllocator
 from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig

@@ -30,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
     index_in_tail,
@@ -38,7 +38,7 @@ from proxy.tiering.objectformat import (
     parse_index,
     read_block,
 )
-from proxy.tiering.objectstore import ObjectNotFound, ObjectStore
+from proxy.objects.store import ObjectNotFound, ObjectStore
 
 MiB = 1024 * 1024
 DEFAULT_CAPACITY_BYTES = 256 * MiB

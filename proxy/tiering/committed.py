@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.store import ObjectStore
 from proxy.records.batches import BatchHeader, iter_batches
 from proxy.tiering.metadata import MetadataState
-from proxy.tiering.objectformat import find_entries, read_block, read_object
-from proxy.tiering.objectstore import ObjectStore
 
 
 async def committed_headers(

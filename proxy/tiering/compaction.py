@@ -39,16 +39,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastreams import StreamRange
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     FORMAT_VERSION,
     READ_VERSIONS,
     IndexEntry,
     ObjectWriter,
     find_entries,
 )
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.objects.keys import ObjectKind
+from proxy.tiering.metadata import MetadataState
+from proxy.tiering.metastreams import StreamRange
 
 MiB = 1 << 20
 

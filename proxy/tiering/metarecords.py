@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from uuid import UUID
 
-from proxy.tiering.objectkeys import U64_MAX, ObjectKind, object_key
+from proxy.objects.keys import U64_MAX, ObjectKind, object_key
 
 U32_MAX = (1 << 32) - 1
 I32_MAX = (1 << 31) - 1

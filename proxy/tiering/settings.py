@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from proxy.config_section import ConfigError, Section
-from proxy.tiering.objectformat import FORMAT_VERSION, READ_VERSIONS
-from proxy.tiering.s3store import S3Config
+from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS
+from proxy.objects.s3 import S3Config
 from proxy.tiering.upload_plan import MiB
 
 NOTIFY_MODES = ("s3", "direct")

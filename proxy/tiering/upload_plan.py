@@ -28,10 +28,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from proxy.records.batches import iter_batches
-from proxy.tiering.metarecords import OffsetRange
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, shard_of
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     DEFAULT_MAX_BLOCK_BYTES,
     FOOTER_SIZE,
     FORMAT_VERSION,
@@ -41,7 +38,10 @@ from proxy.tiering.objectformat import (
     ObjectWriter,
     index_entry_size,
 )
-from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.records.batches import iter_batches
+from proxy.tiering.metarecords import OffsetRange
+from proxy.tiering.metastreams import OFFLOAD_ID_BIT, shard_of
 from proxy.wal.types import WalEntry
 
 MiB = 1 << 20

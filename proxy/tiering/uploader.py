@@ -35,9 +35,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from proxy.tiering.objectformat import BuiltObject
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectExists, ObjectStore, ObjectStoreError
+from proxy.objects.format import BuiltObject
+from proxy.objects.keys import ObjectKind
+from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.tiering.upload_plan import (
     ObjectIdAllocator,
     UploadedObject,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from proxy.tiering.objectformat import FORMAT_VERSION
+from proxy.objects.format import FORMAT_VERSION
 from proxy.tiering.upload_plan import MiB, PlanLimits
 
 

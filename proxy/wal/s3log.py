@@ -35,7 +35,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from proxy.tiering.objectstore import ObjectExists, ObjectStore, ObjectStoreError
+from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.wal.entry import encode_header, entry_size
 from proxy.wal.fs import Buffer
 from proxy.wal.s3logobject import decode_object, object_key, plan_recovery

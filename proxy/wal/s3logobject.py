@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.tiering.objectstore import ObjectInfo
+from proxy.objects.store import ObjectInfo
 from proxy.wal.entry import classify_stop, read_entries
 from proxy.wal.segments import Segment
 from proxy.wal.types import WalCorruptError, WalEntry, WalPosition

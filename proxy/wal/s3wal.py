@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
+from proxy.objects.store import ObjectStore, ObjectStoreError
 from proxy.wal.s3walgc import S3WalReleases
 from proxy.wal.s3walobject import (
     STREAM_ID_MAX,

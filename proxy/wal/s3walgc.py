@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
+from proxy.objects.store import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 

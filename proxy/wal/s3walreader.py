@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from proxy.tiering.objectstore import ObjectStore
+from proxy.objects.store import ObjectStore
 from proxy.wal.s3walobject import S3WalLocation, check_range
 
 __all__ = ["S3WalReader", "WalObjectCache"]

@@ -20,6 +20,7 @@ from uuid import UUID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.objects.keys import U64_MAX, ObjectKind
 from proxy.tiering.metacodec import decode, encode
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarecords import (
@@ -43,7 +44,6 @@ from proxy.tiering.metarecords import (
 )
 from proxy.tiering.metarules import Outcome
 from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectkeys import U64_MAX, ObjectKind
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -30,9 +30,9 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
+from proxy.objects.keys import ObjectKind, object_key
 from proxy.tiering.metarecords import OffsetRange
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT
-from proxy.tiering.objectkeys import ObjectKind, object_key
 from proxy.tiering.uploader import CommitRefused, UploadedObject
 from proxy.wal.s3walobject import wal_object_key
 

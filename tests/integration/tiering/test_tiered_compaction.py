@@ -24,7 +24,7 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.objects.keys import ObjectKind
 
 pytestmark = pytest.mark.kafka
 

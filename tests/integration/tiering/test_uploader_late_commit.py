@@ -16,7 +16,7 @@ from test_uploader import (
     wal_config,
 )
 
-from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.objects.local import LocalDirectoryStore
 from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 

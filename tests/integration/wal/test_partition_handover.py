@@ -20,8 +20,8 @@ import logging
 
 from test_tiered_partition import CUTOVER, RECORDS, S0, Shard, config_for, nth, ok
 
+from proxy.objects.local import LocalDirectoryStore
 from proxy.tiering.committed import committed_headers
-from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.partition import PartitionConfig, TieredPartition
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER
 from proxy.tiering.producer_state import ErrorCode

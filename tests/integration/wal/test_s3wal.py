@@ -18,11 +18,11 @@ import crc32c
 import pytest
 from aiobotocore.session import AioSession, get_session
 
+from proxy.objects.keys import parse_object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.store import ObjectStore, ObjectStoreError
 from proxy.records.batches import CorruptBatchError
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectkeys import parse_object_key
-from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
-from proxy.tiering.s3store import S3Config, S3Store
 from proxy.wal.s3wal import (
     S3WalClosedError,
     S3WalCorruptError,

@@ -11,6 +11,8 @@ from uuid import UUID
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.objects.format import ObjectWriter, read_block, read_object
+from proxy.objects.keys import ObjectKind
 from proxy.tiering.compaction import (
     CompactionPlan,
     CompactionSettings,
@@ -31,8 +33,6 @@ from proxy.tiering.metarecords import (
 )
 from proxy.tiering.metarules import Outcome
 from proxy.tiering.metastreams import StreamRange, shard_of, stream_id
-from proxy.tiering.objectformat import ObjectWriter, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind
 
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")
 KiB = 1024

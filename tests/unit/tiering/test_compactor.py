@@ -15,10 +15,13 @@ from uuid import UUID
 import pytest
 from prometheus_client import CollectorRegistry
 
+from proxy.objects.format import FORMAT_VERSION, ObjectWriter, read_block, read_object
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectNotFound
 from proxy.records.batches import with_base_offset
 from proxy.server.compactor import Compactor
 from proxy.tiering.compaction import CompactionSettings
-from proxy.tiering.localstore import LocalDirectoryStore
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
 from proxy.tiering.metarecords import (
@@ -30,9 +33,6 @@ from proxy.tiering.metarecords import (
 )
 from proxy.tiering.metastore import ShardFenced
 from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectformat import FORMAT_VERSION, ObjectWriter, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.objectstore import ObjectNotFound
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 from test_compactor import GRACE, Fleet, kafka_batch
 
+from proxy.objects.format import ObjectWriter
+from proxy.objects.keys import ObjectKind
 from proxy.records.batches import with_base_offset
 from proxy.tiering.metarecords import ObjectCommit, OffsetRange
-from proxy.tiering.objectformat import ObjectWriter
-from proxy.tiering.objectkeys import ObjectKind
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from uuid import UUID
 
 import pytest
 
+from proxy.objects.keys import ObjectKind
 from proxy.tiering.metacodec import decode, decode_key, encode
 from proxy.tiering.metadata import (
     MetadataState,
@@ -52,7 +53,6 @@ from proxy.tiering.metastreams import (
     topic_shard,
     transactional_id,
 )
-from proxy.tiering.objectkeys import ObjectKind
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metadata.md"
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.store import ObjectInfo
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.objectstore import ObjectInfo
 from proxy.tiering.orphan_plan import (
     SweepLimits,
     commit_age_limit,

@@ -15,6 +15,7 @@ from uuid import UUID
 import pytest
 from test_sequencer import PID, idem
 
+from proxy.objects.keys import ObjectKind
 from proxy.records.batches import BatchHeader, iter_batches
 from proxy.tiering.metacodec import encode
 from proxy.tiering.metadata import MetadataState
@@ -27,7 +28,6 @@ from proxy.tiering.metarecords import (
     StreamTrim,
 )
 from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectkeys import ObjectKind
 from proxy.tiering.partition_rules import (
     PartitionConfig,
     RecoveryError,

@@ -13,6 +13,14 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from proxy.apis.offsets_split import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
+from proxy.objects.format import (
+    INDEX_ENTRY_SIZE,
+    INDEX_ENTRY_SIZE_V1,
+    IndexEntry,
+    ObjectKind,
+    ObjectWriter,
+    read_object,
+)
 from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
@@ -32,14 +40,6 @@ from proxy.records.timestamp_search import (
     offset_of_max,
 )
 from proxy.server.tiered_offsets import StreamPart, combine, epoch_at
-from proxy.tiering.objectformat import (
-    INDEX_ENTRY_SIZE,
-    INDEX_ENTRY_SIZE_V1,
-    IndexEntry,
-    ObjectKind,
-    ObjectWriter,
-    read_object,
-)
 
 TIMESTAMPS = (100, 300, 200, 400, 300)  # out of order, and the max (400) not last
 

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from proxy.config_section import ConfigError, Section
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectInfo, ObjectStoreError
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectInfo, ObjectStoreError
 from proxy.tiering.orphan_plan import SweepLimits, plan_sweep
 from proxy.tiering.settings import parse_tiering
 from proxy.wal.entry import encode_entry

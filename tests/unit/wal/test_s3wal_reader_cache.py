@@ -14,8 +14,8 @@ import struct
 import crc32c
 import pytest
 
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectNotFound, ObjectStoreError
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectNotFound, ObjectStoreError
 from proxy.wal.s3wal import S3WalReader, S3WalWriter
 from proxy.wal.s3walobject import (
     S3WalCorruptError,

@@ -10,7 +10,7 @@ import struct
 
 import crc32c
 
-from proxy.tiering.localstore import LocalDirectoryStore
+from proxy.objects.local import LocalDirectoryStore
 from proxy.wal.s3wal import S3WalWriter
 from proxy.wal.s3walgc import S3WalReleases
 

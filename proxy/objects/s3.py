@@ -23,7 +23,9 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import ClientError
 
-from proxy.tiering.objectstore import (
+from proxy.objects.metrics import ObjectStoreMetrics
+from proxy.objects.s3retry import NOT_FOUND, OK, DeleteErrors, backoff_delay, classify
+from proxy.objects.store import (
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
@@ -34,8 +36,6 @@ from proxy.tiering.objectstore import (
     check_tail_length,
     pieces_of,
 )
-from proxy.tiering.s3retry import NOT_FOUND, OK, DeleteErrors, backoff_delay, classify
-from proxy.tiering.storemetrics import ObjectStoreMetrics
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from proxy.tiering.objectstore import (
+from proxy.objects.store import (
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,

@@ -1,8 +1,8 @@
 """The object store interface: what the tiering code asks of S3 or of a local directory.
 
 Two implementations hold to one contract (tests/integration/tiering/test_objectstore_contract.py):
-`LocalDirectoryStore` (proxy/tiering/localstore.py), the embedded default, and `S3Store`
-(proxy/tiering/s3store.py). Design notes: docs/object-store.md.
+`LocalDirectoryStore` (proxy/objects/local.py), the embedded default, and `S3Store`
+(proxy/objects/s3.py). Design notes: docs/object-store.md.
 
 Keys are chosen by the caller and checked by `check_key` in both stores, so a key one store
 accepts the other accepts too.

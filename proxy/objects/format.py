@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import crc32c
 
+from proxy.objects.keys import U64_MAX, ObjectKind, object_key, parse_object_key
 from proxy.records.batches import iter_batches, validate_batch
-from proxy.tiering.objectkeys import U64_MAX, ObjectKind, object_key, parse_object_key
 
 FORMAT_VERSION = 2  # what writers write
 READ_VERSIONS = (1, 2)  # what readers read

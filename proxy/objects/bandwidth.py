@@ -1,6 +1,6 @@
 """A proxy's bandwidth shared by priority (docs/tiering.md, "Bandwidth").
 
-One `BandwidthLimiter` (proxy/tiering/ratelimit.py) per proxy, `tiering.bandwidth_bytes_per_s`
+One `BandwidthLimiter` (proxy/objects/ratelimit.py) per proxy, `tiering.bandwidth_bytes_per_s`
 bytes a second: tiered produce takes its bytes at once and never waits (reads pay its
 debt afterwards); the bytes a tiered Fetch answers with wait at TAIL_READ (the log cache,
 the owner's tail) or CATCHUP_READ (committed objects); compaction's GETs and PUTs wait at
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from proxy.tiering.ratelimit import BandwidthLimiter
+from proxy.objects.ratelimit import BandwidthLimiter
 
 
 class Bandwidth:
