@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import suppress
 
+from proxy.handoff.objects import S3WalLocation
 from proxy.server.peer_server import READ_BYTES, Answer, Request, peer_name
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
@@ -42,7 +43,6 @@ from proxy.tiering.peer_codec import (
     frame_size,
 )
 from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
 
 __all__ = ["Address", "PeerClients", "PeerUnavailable"]
 

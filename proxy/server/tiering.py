@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.handoff.objects import writer_id_for
+from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.metrics import ObjectStoreMetrics
@@ -67,9 +69,7 @@ from proxy.tiering.upload_plan import ObjectIdAllocator
 from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
-from proxy.wal.s3logobject import log_prefix
-from proxy.wal.s3wal import S3WalMetrics, S3WalReader, S3WalWriter
-from proxy.wal.s3walobject import writer_id_for
+from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalConfig
 
 log = logging.getLogger("tierproxy.tiering")

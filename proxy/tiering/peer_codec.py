@@ -80,6 +80,7 @@ from collections.abc import Sequence
 
 from crc32c import crc32c
 
+from proxy.handoff.objects import S3WalLocation
 from proxy.tiering.peer_messages import (
     ACKS,
     ADMIN_OPS,
@@ -101,7 +102,6 @@ from proxy.tiering.peer_messages import (
     check_range,
 )
 from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
 
 VERSION = 1
 PROTOCOL = 3  # the level this code reads and writes (docstring: "Protocol levels")

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from proxy.handoff.objects import S3WalLocation
 from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
 
 ACKS = (-1, 0, 1)
 ADMIN_OPS = ("tier", "untier", "seal", "unseal")

@@ -15,6 +15,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.handoff.objects import S3WalLocation
 from proxy.tiering.peer_codec import (
     AdminRequest,
     AdminResponse,
@@ -25,7 +26,6 @@ from proxy.tiering.peer_codec import (
     encode_frame,
     read_frame,
 )
-from proxy.wal.s3walobject import S3WalLocation
 
 FUZZ = settings(
     max_examples=1000,

@@ -10,6 +10,7 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.handoff.objects import S3WalLocation
 from proxy.tiering.peer_codec import (
     AdminRequest,
     AdminResponse,
@@ -25,7 +26,6 @@ from proxy.tiering.peer_codec import (
     read_frame,
 )
 from proxy.tiering.peer_messages import PingRequest, PingResponse, TrimRequest, TrimResponse
-from proxy.wal.s3walobject import S3WalLocation
 
 U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)

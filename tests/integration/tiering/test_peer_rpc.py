@@ -23,6 +23,7 @@ from crc32c import crc32c
 
 from proxy import __version__
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.handoff.objects import S3WalLocation
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
 from proxy.tiering.logcache import LogCache
@@ -35,7 +36,6 @@ from proxy.tiering.peer_codec import (
     encode_frame,
 )
 from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
 
 pytestmark = pytest.mark.timeout(60)
 

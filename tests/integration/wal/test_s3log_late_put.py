@@ -21,7 +21,7 @@ from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectExists, ObjectStore
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
-from proxy.wal.s3logobject import log_prefix
+from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalBrokenError
 
 

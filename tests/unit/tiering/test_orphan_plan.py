@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.handoff.objects import wal_object_key
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.store import ObjectInfo
 from proxy.tiering.metastreams import OFFLOAD_ID_BIT
@@ -15,7 +16,6 @@ from proxy.tiering.orphan_plan import (
     still_old,
     too_old_to_commit,
 )
-from proxy.wal.s3walobject import wal_object_key
 
 NOW = 1_800_000_000.0
 LIMITS = SweepLimits(orphan_grace_s=100.0, offload_grace_s=1000.0, s3wal_retention_s=50.0)

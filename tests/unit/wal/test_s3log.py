@@ -16,7 +16,7 @@ from proxy.tiering.orphan_plan import SweepLimits, plan_sweep
 from proxy.tiering.settings import parse_tiering
 from proxy.wal.entry import encode_entry
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
-from proxy.wal.s3logobject import (
+from proxy.wal.s3log_objects import (
     decode_object,
     log_prefix,
     object_key,

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.objects.store import ObjectStore, ObjectStoreError
-from proxy.wal.s3walgc import S3WalReleases
-from proxy.wal.s3walobject import (
+from proxy.handoff.gc import S3WalReleases
+from proxy.handoff.objects import (
     STREAM_ID_MAX,
     U32_MAX,
     Buffer,
@@ -37,7 +36,8 @@ from proxy.wal.s3walobject import (
     check_writer_id,
     summarize_append,
 )
-from proxy.wal.s3walreader import S3WalReader
+from proxy.handoff.reader import S3WalReader
+from proxy.objects.store import ObjectStore, ObjectStoreError
 
 __all__ = [
     "S3WalClosedError",

@@ -30,8 +30,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from proxy.handoff.objects import S3WalLocation, check_range
 from proxy.objects.store import ObjectStore
-from proxy.wal.s3walobject import S3WalLocation, check_range
 
 __all__ = ["S3WalReader", "WalObjectCache"]
 
