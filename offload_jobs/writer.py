@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from offload_jobs.sources import SourceBatch
+from proxy.metadata.streams import offload_object_id
 from proxy.objects.format import (
     DEFAULT_MAX_BLOCK_BYTES,
     FORMAT_VERSION,
@@ -24,7 +25,6 @@ from proxy.objects.format import (
 )
 from proxy.objects.keys import ObjectKind
 from proxy.records.batches import CorruptBatchError, read_batch_header, validate_batch
-from proxy.tiering.metastreams import offload_object_id
 
 TARGET_OBJECT_BYTES = 64 * 1024 * 1024
 

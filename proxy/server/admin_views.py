@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from proxy.tiering.metastreams import shard_of
+from proxy.metadata.streams import shard_of
 
 
 def health(proxy) -> dict:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 
+from proxy.metadata.records import ObjectCommit, OffsetRange
+from proxy.metadata.rules import Outcome
+from proxy.metadata.state import check_commit
+from proxy.metadata.store import ShardFenced
+from proxy.metadata.streams import OFFLOAD_ID_BIT, offload_object_id, shard_of
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectStoreError
-from proxy.tiering.metadata import check_commit
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange
-from proxy.tiering.metarules import Outcome
-from proxy.tiering.metastore import ShardFenced
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of
 from proxy.tiering.orphan_plan import commit_age_limit, too_old_to_commit
 from proxy.tiering.peer_messages import BackfillRequest
 

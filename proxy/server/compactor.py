@@ -31,6 +31,11 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from proxy.metadata.records import ObjectCommit, OffsetRange, Record
+from proxy.metadata.rules import Outcome
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardOwner
+from proxy.metadata.streams import StreamRange
 from proxy.objects.format import BuiltObject, IndexEntry, ObjectWriter, read_block
 from proxy.objects.keys import ObjectKind
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
@@ -46,11 +51,6 @@ from proxy.tiering.compaction import (
     pick_sources,
     plan_compaction,
 )
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, Record
-from proxy.tiering.metarules import Outcome
-from proxy.tiering.metastore import ShardOwner
-from proxy.tiering.metastreams import StreamRange
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.upload_plan import ObjectIdAllocator
 

@@ -29,14 +29,14 @@ import uuid
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from proxy.metadata.client_start import start_client
+from proxy.metadata.records import StreamCutover, StreamUntier, TopicMode, TopicModeSet
+from proxy.metadata.state import topic_untier_refusal
+from proxy.metadata.store import ShardFenced
+from proxy.metadata.streams import shard_of, topic_shard
+from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
 from proxy.server.seals import Sealed
-from proxy.tiering.client_start import start_client
-from proxy.tiering.metadata import topic_untier_refusal
-from proxy.tiering.metarecords import StreamCutover, StreamUntier, TopicMode, TopicModeSet
-from proxy.tiering.metastore import ShardFenced
-from proxy.tiering.metastreams import shard_of, topic_shard
 from proxy.tiering.peer_codec import ADMIN_OPS
-from proxy.tiering.topic_index import TieredTopic, cutover_ready, stream_of
 
 log = logging.getLogger("tierproxy.cutover")
 

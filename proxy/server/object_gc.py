@@ -30,6 +30,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from proxy.metadata.records import ObjectCommit, ObjectDelete, Record
+from proxy.metadata.rules import Outcome, Verdict
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardOwner
+from proxy.metadata.streams import shard_of
 from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
@@ -38,11 +43,6 @@ from proxy.objects.format import (
     parse_index,
 )
 from proxy.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, ObjectDelete, Record
-from proxy.tiering.metarules import Outcome, Verdict
-from proxy.tiering.metastore import ShardOwner
-from proxy.tiering.metastreams import shard_of
 
 log = logging.getLogger("tierproxy.compaction")
 

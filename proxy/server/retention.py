@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
 
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardFenced, ShardOwner
+from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
 from proxy.objects.format import ObjectFormatError, find_entries
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError, iter_batches
 from proxy.server.trims import write_trim
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastore import ShardFenced, ShardOwner
-from proxy.tiering.metastreams import StreamInfo, StreamRange, topic_shard
 from proxy.tiering.retention_plan import (
     RangeFacts,
     TrimPlan,

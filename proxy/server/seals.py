@@ -23,8 +23,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from proxy.metadata.streams import shard_of, stream_id
 from proxy.server.peer_clients import PeerUnavailable
-from proxy.tiering.metastreams import shard_of, stream_id
 from proxy.tiering.partition import RecoveryError
 
 log = logging.getLogger("tierproxy.untier")

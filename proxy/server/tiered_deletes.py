@@ -38,9 +38,9 @@ from proxy.apis.api21_delete_records import (
     read_delete_records_response,
     split,
 )
+from proxy.metadata.topic_index import stream_of
 from proxy.server.trims import trim_stream
 from proxy.tiering.peer_messages import TrimRequest
-from proxy.tiering.topic_index import stream_of
 
 OFFSET_OUT_OF_RANGE = 1
 NOT_LEADER_OR_FOLLOWER = 6

@@ -26,8 +26,8 @@ from proxy.apis.api23_offset_for_leader_epoch import (
     read_requested,
     rewrite_end_offsets,
 )
+from proxy.metadata.topic_index import stream_of
 from proxy.tiering.beyond_cutover import BeyondCutover
-from proxy.tiering.topic_index import stream_of
 
 _SIZE = struct.Struct(">i")
 NOT_LEADER_OR_FOLLOWER = 6

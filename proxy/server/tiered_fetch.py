@@ -37,8 +37,8 @@ from proxy.apis.fetch_split import (
     read_fetch_request,
     split,
 )
+from proxy.metadata.topic_index import stream_of
 from proxy.tiering.beyond_cutover import BeyondCutover
-from proxy.tiering.topic_index import stream_of
 
 KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")

@@ -50,12 +50,12 @@ from proxy.apis.offsets_split import (
     read_list_offsets_response,
     split,
 )
+from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 from proxy.records.timestamp_search import Found
 from proxy.server.tiered_timestamps import OwnerAway, StreamSearch
-from proxy.tiering.topic_index import stream_of
 
 log = logging.getLogger("tierproxy.reads")
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Hashable, Sequence
 
 from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
+from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
 from proxy.objects.store import ObjectStoreError
@@ -32,7 +33,6 @@ from proxy.tiering.logcache import LogCache
 from proxy.tiering.peer_codec import frame_size
 from proxy.tiering.peer_messages import FetchRequest, FetchResponse
 from proxy.tiering.stream_reader import StreamReader
-from proxy.tiering.topic_index import stream_of
 from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")

@@ -26,6 +26,12 @@ from dataclasses import dataclass
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
+from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
+from proxy.metadata.records import ObjectCommit
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardOwner, ShardReader
+from proxy.metadata.streams import shard_of
+from proxy.metadata.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.metrics import ObjectStoreMetrics
@@ -51,11 +57,6 @@ from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
 from proxy.tiering.committed import committed_headers
 from proxy.tiering.logcache import LogCache
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metagroup import ShardAssignment, ensure_metadata_topic
-from proxy.tiering.metarecords import ObjectCommit
-from proxy.tiering.metastore import ShardOwner, ShardReader
-from proxy.tiering.metastreams import shard_of
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.partition import PartitionSet
 from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
@@ -64,7 +65,6 @@ from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.produce_rules import ProduceRules
 from proxy.tiering.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.tiering.settings import TieringConfig
-from proxy.tiering.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
 from proxy.tiering.upload_plan import ObjectIdAllocator
 from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
 from proxy.wal.log import WriteAheadLog

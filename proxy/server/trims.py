@@ -14,10 +14,10 @@ import asyncio
 import logging
 import time
 
-from proxy.tiering.metarecords import StreamTrim
-from proxy.tiering.metarules import Outcome, Verdict
-from proxy.tiering.metastore import ShardFenced, ShardOwner
-from proxy.tiering.metastreams import StreamInfo, shard_of
+from proxy.metadata.records import StreamTrim
+from proxy.metadata.rules import Outcome, Verdict
+from proxy.metadata.store import ShardFenced, ShardOwner
+from proxy.metadata.streams import StreamInfo, shard_of
 from proxy.tiering.peer_messages import TrimRequest
 from proxy.tiering.uploader import UploadError
 

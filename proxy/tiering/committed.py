@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from proxy.metadata.state import MetadataState
 from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.store import ObjectStore
 from proxy.records.batches import BatchHeader, iter_batches
-from proxy.tiering.metadata import MetadataState
 
 
 async def committed_headers(

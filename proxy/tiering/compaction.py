@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamRange
 from proxy.objects.format import (
     FORMAT_VERSION,
     READ_VERSIONS,
@@ -47,8 +49,6 @@ from proxy.objects.format import (
     find_entries,
 )
 from proxy.objects.keys import ObjectKind
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastreams import StreamRange
 
 MiB = 1 << 20
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from proxy.handoff.objects import KEY_ROOT, parse_wal_object_key
+from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import parse_object_key
 from proxy.objects.store import ObjectInfo
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT
 
 # A committing writer stops at this fraction of the grace: the rest covers the commit's
 # own write (a Kafka transaction, seconds even through a broker restart) and clock skew

@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from proxy.metadata.state import MetadataState
 from proxy.records.batches import BatchHeader
 from proxy.tiering.logcache import LogCache
-from proxy.tiering.metadata import MetadataState
 from proxy.tiering.partition_rules import (
     PartitionConfig,
     ProduceResult,

@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from proxy.metadata.state import MetadataState
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
-from proxy.tiering.metadata import MetadataState
 from proxy.tiering.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     CorruptSnapshotError,

@@ -13,12 +13,12 @@ import bisect
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamRange
 from proxy.objects.format import IndexEntry, ObjectFormatError, find_entries
 from proxy.objects.store import ObjectNotFound
 from proxy.records.batches import HEADER_SIZE, CorruptBatchError, read_batch_header
 from proxy.tiering.blockcache import BlockCache
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastreams import StreamRange
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from proxy.metadata.records import OffsetRange
+from proxy.metadata.streams import OFFLOAD_ID_BIT, shard_of
 from proxy.objects.format import (
     DEFAULT_MAX_BLOCK_BYTES,
     FOOTER_SIZE,
@@ -40,8 +42,6 @@ from proxy.objects.format import (
 )
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.records.batches import iter_batches
-from proxy.tiering.metarecords import OffsetRange
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, shard_of
 from proxy.wal.types import WalEntry
 
 MiB = 1 << 20

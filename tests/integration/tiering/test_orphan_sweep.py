@@ -31,9 +31,9 @@ from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.handoff.objects import wal_object_key
+from proxy.metadata.records import OffsetRange
+from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import ObjectKind, object_key
-from proxy.tiering.metarecords import OffsetRange
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT
 from proxy.tiering.uploader import CommitRefused, UploadedObject
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]

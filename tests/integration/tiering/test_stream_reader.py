@@ -18,16 +18,16 @@ from uuid import UUID
 
 import pytest
 
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
 from proxy.objects.format import BuiltObject, ObjectFormatError, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload
 from proxy.records.batches import with_base_offset
 from proxy.tiering.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import stream_id
 from proxy.tiering.stream_reader import ReadResult, StreamReader
 
 with warnings.catch_warnings():

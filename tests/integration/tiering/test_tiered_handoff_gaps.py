@@ -33,8 +33,8 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
+from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.store import ObjectStoreError
-from proxy.tiering.metastreams import shard_of, stream_id
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

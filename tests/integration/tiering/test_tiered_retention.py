@@ -34,9 +34,9 @@ from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
+from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_object
 from proxy.objects.store import ObjectNotFound
-from proxy.tiering.metastreams import stream_id
 
 pytestmark = pytest.mark.kafka
 

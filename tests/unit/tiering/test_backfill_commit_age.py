@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from proxy.metadata.streams import offload_object_id
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.server.backfill import POLICY_VIOLATION, _too_old
-from proxy.tiering.metastreams import offload_object_id
 
 GRACE_S = 1000.0
 KEY = object_key(offload_object_id(7, 0, 100), ObjectKind.STREAM)

@@ -11,6 +11,17 @@ from uuid import UUID
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
+    ObjectCommit,
+    OffsetRange,
+    ShardClaim,
+    StreamCutover,
+    StreamTrim,
+)
+from proxy.metadata.rules import Outcome
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamRange, shard_of, stream_id
 from proxy.objects.format import ObjectWriter, read_block, read_object
 from proxy.objects.keys import ObjectKind
 from proxy.tiering.compaction import (
@@ -22,17 +33,6 @@ from proxy.tiering.compaction import (
     pick_sources,
     plan_compaction,
 )
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
-    ObjectCommit,
-    OffsetRange,
-    ShardClaim,
-    StreamCutover,
-    StreamTrim,
-)
-from proxy.tiering.metarules import Outcome
-from proxy.tiering.metastreams import StreamRange, shard_of, stream_id
 
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")
 KiB = 1024

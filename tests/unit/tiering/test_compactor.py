@@ -15,6 +15,17 @@ from uuid import UUID
 import pytest
 from prometheus_client import CollectorRegistry
 
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
+    ObjectCommit,
+    OffsetRange,
+    ShardClaim,
+    StreamCutover,
+    StreamTrim,
+)
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardFenced
+from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.format import FORMAT_VERSION, ObjectWriter, read_block, read_object
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
@@ -22,17 +33,6 @@ from proxy.objects.store import ObjectNotFound
 from proxy.records.batches import with_base_offset
 from proxy.server.compactor import Compactor
 from proxy.tiering.compaction import CompactionSettings
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
-    ObjectCommit,
-    OffsetRange,
-    ShardClaim,
-    StreamCutover,
-    StreamTrim,
-)
-from proxy.tiering.metastore import ShardFenced
-from proxy.tiering.metastreams import shard_of, stream_id
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

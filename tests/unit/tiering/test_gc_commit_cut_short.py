@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 from test_compactor import GRACE, Fleet, kafka_batch
 
+from proxy.metadata.records import ObjectCommit, OffsetRange
 from proxy.objects.format import ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.records.batches import with_base_offset
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange
 
 
 @pytest.fixture

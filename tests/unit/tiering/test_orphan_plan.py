@@ -6,9 +6,9 @@ import pytest
 
 from proxy.config import ConfigError, parse_config
 from proxy.handoff.objects import wal_object_key
+from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.store import ObjectInfo
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT
 from proxy.tiering.orphan_plan import (
     SweepLimits,
     commit_age_limit,

@@ -13,15 +13,15 @@ from uuid import UUID
 
 import pytest
 
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import OFFLOAD_ID_BIT, stream_id
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectStoreError
 from proxy.server import orphan_sweep
 from proxy.server.orphan_sweep import OrphanSweep
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, stream_id
 from proxy.tiering.orphan_plan import SweepLimits
 
 TOPIC = UUID("5b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9")

@@ -12,10 +12,10 @@ import pytest
 from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
 
 from proxy.apis.offsets_split import OffsetsResult
+from proxy.metadata.records import StreamTrim
+from proxy.metadata.topic_index import TieredTopic
 from proxy.server.tiered_offsets import StreamPart, combine
 from proxy.server.tiered_reads import TieredReads
-from proxy.tiering.metarecords import StreamTrim
-from proxy.tiering.topic_index import TieredTopic
 
 
 def migrated() -> Shard:

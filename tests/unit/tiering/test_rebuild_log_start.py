@@ -15,11 +15,8 @@ from uuid import UUID
 import pytest
 from test_sequencer import PID, idem
 
-from proxy.objects.keys import ObjectKind
-from proxy.records.batches import BatchHeader, iter_batches
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
     ObjectCommit,
     OffsetRange,
     ProducerSnapshot,
@@ -27,7 +24,10 @@ from proxy.tiering.metarecords import (
     StreamCutover,
     StreamTrim,
 )
-from proxy.tiering.metastreams import stream_id
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
+from proxy.objects.keys import ObjectKind
+from proxy.records.batches import BatchHeader, iter_batches
 from proxy.tiering.partition_rules import (
     PartitionConfig,
     RecoveryError,

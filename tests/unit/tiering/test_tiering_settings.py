@@ -7,6 +7,11 @@ import uuid
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.metadata.codec import encode
+from proxy.metadata.records import TopicMode, TopicModeSet
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id, topic_shard
+from proxy.metadata.topic_index import TieredTopic, TopicIndex, cutover_ready, drained_topics
 from proxy.routing.fleet import (
     Heartbeat,
     HeartbeatError,
@@ -14,11 +19,6 @@ from proxy.routing.fleet import (
     decode_heartbeat,
     encode_heartbeat,
 )
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import TopicMode, TopicModeSet
-from proxy.tiering.metastreams import stream_id, topic_shard
-from proxy.tiering.topic_index import TieredTopic, TopicIndex, cutover_ready, drained_topics
 
 BASE = {"upstream": {"bootstrap": "127.0.0.1:9092"}}
 

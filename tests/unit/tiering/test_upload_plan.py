@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.metadata.records import OffsetRange
 from proxy.objects.format import FOOTER_SIZE, INDEX_ENTRY_SIZE, read_block, read_object
 from proxy.objects.keys import ObjectKind
 from proxy.records.batches import iter_batches, with_base_offset
-from proxy.tiering.metarecords import OffsetRange
 from proxy.tiering.upload_plan import (
     ObjectIdAllocator,
     PlanLimits,

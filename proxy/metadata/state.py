@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
-from proxy.tiering.metacodec import Buffer, decode, decode_key, encode
-from proxy.tiering.metarecords import (
+from proxy.metadata.codec import Buffer, decode, decode_key, encode
+from proxy.metadata.records import (
     CheckpointEnd,
     MetadataRecordError,
     ObjectCommit,
@@ -38,7 +38,7 @@ from proxy.tiering.metarecords import (
     TopicMode,
     TopicModeSet,
 )
-from proxy.tiering.metarules import (
+from proxy.metadata.rules import (
     ACCEPT,
     KnownObject,
     Outcome,
@@ -50,7 +50,7 @@ from proxy.tiering.metarules import (
     refuse,
     untier_refusal,
 )
-from proxy.tiering.metastreams import StreamInfo, StreamRange, shard_of, stream_id, topic_shard
+from proxy.metadata.streams import StreamInfo, StreamRange, shard_of, stream_id, topic_shard
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from proxy.tiering.client_start import start_client
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarules import Outcome, Verdict
+from proxy.metadata.client_start import start_client
+from proxy.metadata.rules import Outcome, Verdict
+from proxy.metadata.state import MetadataState
 
 log = logging.getLogger("tierproxy.metadata")
 

@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
-from proxy.tiering.client_start import start_client
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metareader import ShardReader
-from proxy.tiering.metarecords import Record, ShardClaim, ShardRelease
-from proxy.tiering.metarules import Outcome, Verdict, refuse
-from proxy.tiering.metastreams import transactional_id
+from proxy.metadata.client_start import start_client
+from proxy.metadata.codec import encode
+from proxy.metadata.reader import ShardReader
+from proxy.metadata.records import Record, ShardClaim, ShardRelease
+from proxy.metadata.rules import Outcome, Verdict, refuse
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import transactional_id
 
 __all__ = ["ShardFenced", "ShardOwner", "ShardReader"]
 

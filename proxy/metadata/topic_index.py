@@ -11,9 +11,9 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import TopicMode, TopicModeSet
-from proxy.tiering.metastreams import shard_of, stream_id
+from proxy.metadata.records import TopicMode, TopicModeSet
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import shard_of, stream_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import struct
 from typing import Any
 from uuid import UUID
 
-from proxy.tiering.metarecords import (
+from proxy.metadata.records import (
     ENUMS,
     LAYOUTS,
     RECORD_TYPES,

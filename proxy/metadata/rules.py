@@ -14,7 +14,7 @@ from enum import Enum
 from itertools import pairwise
 from typing import Any
 
-from proxy.tiering.metarecords import (
+from proxy.metadata.records import (
     ObjectCommit,
     ObjectDelete,
     OffsetRange,
@@ -26,7 +26,7 @@ from proxy.tiering.metarecords import (
     StreamTrim,
     StreamUntier,
 )
-from proxy.tiering.metastreams import StreamRange, TieredStream, shard_of, stream_id
+from proxy.metadata.streams import StreamRange, TieredStream, shard_of, stream_id
 
 
 class Outcome(Enum):

@@ -22,9 +22,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from proxy.tiering.client_start import start_client
-from proxy.tiering.metastore import ShardFenced, ShardOwner
-from proxy.tiering.shard_assignor import ShardAssignor
+from proxy.metadata.assignor import ShardAssignor
+from proxy.metadata.client_start import start_client
+from proxy.metadata.store import ShardFenced, ShardOwner
 
 log = logging.getLogger("tierproxy.metadata")
 

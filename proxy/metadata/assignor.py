@@ -22,7 +22,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
-from proxy.tiering.metadata import MetadataState
+from proxy.metadata.state import MetadataState
 
 log = logging.getLogger("tierproxy.metadata")
 

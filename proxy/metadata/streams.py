@@ -13,8 +13,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from uuid import UUID
 
+from proxy.metadata.records import StreamCutover
 from proxy.objects.keys import ObjectKind, object_key
-from proxy.tiering.metarecords import StreamCutover
 
 STREAM_ID_BITS = 63  # fits the WAL's i64 and the object index's u64
 OFFLOAD_ID_BIT = 1 << 63  # object ids with this bit set are the offload jobs'
