@@ -19,8 +19,9 @@ from collections.abc import Callable
 from contextlib import suppress
 
 from proxy.handoff.objects import S3WalLocation
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
 from proxy.server.peer_server import READ_BYTES, Answer, Request, peer_name
-from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL,
@@ -42,7 +43,6 @@ from proxy.tiering.peer_codec import (
     for_peer,
     frame_size,
 )
-from proxy.tiering.sequence_holes import ProducerBatch
 
 __all__ = ["Address", "PeerClients", "PeerUnavailable"]
 

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
 from proxy import __version__
-from proxy.tiering.partition_rules import ProduceResult
+from proxy.partition.producer_state import ErrorCode
+from proxy.partition.rules import ProduceResult
 from proxy.tiering.peer_codec import (
     DEFAULT_MAX_FRAME_BYTES,
     AdminRequest,
@@ -39,7 +40,6 @@ from proxy.tiering.peer_codec import (
     frame_size,
 )
 from proxy.tiering.peer_messages import FetchResult
-from proxy.tiering.producer_state import ErrorCode
 
 __all__ = ["PeerServer"]
 

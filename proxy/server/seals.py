@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from proxy.metadata.streams import shard_of, stream_id
+from proxy.partition.owner import RecoveryError
 from proxy.server.peer_clients import PeerUnavailable
-from proxy.tiering.partition import RecoveryError
 
 log = logging.getLogger("tierproxy.untier")
 

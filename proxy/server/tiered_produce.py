@@ -28,8 +28,8 @@ from proxy.apis.produce_split import (
     split,
 )
 from proxy.objects.ratelimit import Priority
-from proxy.tiering.partition_rules import ProduceResult
-from proxy.tiering.produce_rules import ProduceRules, check_records
+from proxy.partition.produce_rules import ProduceRules, check_records
+from proxy.partition.rules import ProduceResult
 
 INVALID_REQUEST = 42
 MESSAGE_TOO_LARGE = 10

@@ -37,6 +37,11 @@ from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectStore
+from proxy.partition.committed import committed_headers
+from proxy.partition.owner import PartitionSet
+from proxy.partition.produce_rules import ProduceRules
+from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.backfill import commit_backfill
@@ -55,15 +60,10 @@ from proxy.server.topic_configs import TopicConfigs
 from proxy.server.trims import trim_stream
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.blockcache import BlockCache
-from proxy.tiering.committed import committed_headers
 from proxy.tiering.logcache import LogCache
 from proxy.tiering.orphan_plan import commit_age_limit
-from proxy.tiering.partition import PartitionSet
-from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
-from proxy.tiering.produce_rules import ProduceRules
-from proxy.tiering.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.tiering.settings import TieringConfig
 from proxy.tiering.upload_plan import ObjectIdAllocator
 from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig

@@ -26,8 +26,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from proxy.tiering.produce_rules import CONFIG_KEYS as PRODUCE_KEYS
-from proxy.tiering.produce_rules import ProduceRules, produce_rules
+from proxy.partition.produce_rules import CONFIG_KEYS as PRODUCE_KEYS
+from proxy.partition.produce_rules import ProduceRules, produce_rules
 from proxy.tiering.retention_plan import CONFIG_KEYS as RETENTION_KEYS
 from proxy.tiering.retention_plan import RetentionConfig, retention_config
 

@@ -81,6 +81,7 @@ from collections.abc import Sequence
 from crc32c import crc32c
 
 from proxy.handoff.objects import S3WalLocation
+from proxy.partition.sequence_holes import ProducerBatch
 from proxy.tiering.peer_messages import (
     ACKS,
     ADMIN_OPS,
@@ -101,7 +102,6 @@ from proxy.tiering.peer_messages import (
     buffer_size,
     check_range,
 )
-from proxy.tiering.sequence_holes import ProducerBatch
 
 VERSION = 1
 PROTOCOL = 3  # the level this code reads and writes (docstring: "Protocol levels")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.handoff.objects import S3WalLocation
-from proxy.tiering.partition_rules import ProduceResult
-from proxy.tiering.sequence_holes import ProducerBatch
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
 
 ACKS = (-1, 0, 1)
 ADMIN_OPS = ("tier", "untier", "seal", "unseal")

@@ -24,10 +24,11 @@ from crc32c import crc32c
 from proxy import __version__
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.handoff.objects import S3WalLocation
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
 from proxy.tiering.logcache import LogCache
-from proxy.tiering.partition_rules import ProduceResult
 from proxy.tiering.peer_codec import (
     AdminRequest,
     AppendRequest,
@@ -35,7 +36,6 @@ from proxy.tiering.peer_codec import (
     FetchResponse,
     encode_frame,
 )
-from proxy.tiering.sequence_holes import ProducerBatch
 
 pytestmark = pytest.mark.timeout(60)
 

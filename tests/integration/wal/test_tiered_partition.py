@@ -23,17 +23,17 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_block, read_object
 from proxy.objects.local import LocalDirectoryStore
-from proxy.records.batches import iter_batches, with_base_offset
-from proxy.server.tiered_reads import TieredReads
-from proxy.tiering.logcache import LogCache
-from proxy.tiering.partition import (
+from proxy.partition.owner import (
     PartitionConfig,
     PartitionSet,
     ProduceResult,
     RecoveryError,
     TieredPartition,
 )
-from proxy.tiering.producer_state import ErrorCode
+from proxy.partition.producer_state import ErrorCode
+from proxy.records.batches import iter_batches, with_base_offset
+from proxy.server.tiered_reads import TieredReads
+from proxy.tiering.logcache import LogCache
 from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem

@@ -11,6 +11,7 @@ import pytest
 from crc32c import crc32c
 
 from proxy.handoff.objects import S3WalLocation
+from proxy.partition.sequence_holes import ProducerBatch
 from proxy.routing.fleet import (
     HEARTBEAT_VERSION,
     OLD_PEER_PROTOCOL,
@@ -28,7 +29,6 @@ from proxy.tiering.peer_codec import (
     encode_frame,
     for_peer,
 )
-from proxy.tiering.sequence_holes import ProducerBatch
 
 BATCH = ProducerBatch(7, 3, 100, 104)
 LOCATION = S3WalLocation("wal/k", 0, 10, 5, 9)

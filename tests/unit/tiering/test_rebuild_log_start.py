@@ -27,15 +27,15 @@ from proxy.metadata.records import (
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
 from proxy.objects.keys import ObjectKind
-from proxy.records.batches import BatchHeader, iter_batches
-from proxy.tiering.partition_rules import (
+from proxy.partition.rules import (
     PartitionConfig,
     RecoveryError,
     RecoveryPoint,
     missing_committed,
     rebuild_sequencer,
 )
-from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from proxy.records.batches import BatchHeader, iter_batches
 
 TOPIC = UUID("0f3c5a0e-7b8d-4c1e-9a2b-3c4d5e6f7a8b")
 STREAM = stream_id(TOPIC, 0)

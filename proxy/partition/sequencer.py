@@ -43,15 +43,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from types import MappingProxyType
 
-from proxy.records.batches import (
-    BatchHeader,
-    CorruptBatchError,
-    assign_offsets,
-    iter_batches,
-    set_log_append_time,
-    validate_batch,
-)
-from proxy.tiering.producer_state import (
+from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     NO_TIMESTAMP,
     BatchMetadata,
@@ -63,7 +55,15 @@ from proxy.tiering.producer_state import (
     encode_snapshot,
     increment_sequence,
 )
-from proxy.tiering.sequence_holes import SequenceGap
+from proxy.partition.sequence_holes import SequenceGap
+from proxy.records.batches import (
+    BatchHeader,
+    CorruptBatchError,
+    assign_offsets,
+    iter_batches,
+    set_log_append_time,
+    validate_batch,
+)
 
 __all__ = [
     "AppendResult",

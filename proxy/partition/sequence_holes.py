@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from proxy.partition.producer_state import INT32_MAX, increment_sequence
 from proxy.records.batches import CorruptBatchError, iter_batches
-from proxy.tiering.producer_state import INT32_MAX, increment_sequence
 
 __all__ = [
     "DROP_CODES",

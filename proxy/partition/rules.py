@@ -42,14 +42,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from proxy.metadata.state import MetadataState
-from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
-from proxy.tiering.producer_state import (
+from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     CorruptSnapshotError,
     ErrorCode,
 )
-from proxy.tiering.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
-from proxy.tiering.sequencer import AppendResult, PartitionSequencer, Rejected
+from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
+from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
+from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
 
 __all__ = [
     "NOT_LEADER_OR_FOLLOWER",

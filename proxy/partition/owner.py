@@ -22,9 +22,9 @@ from collections.abc import AsyncIterable, Callable, Collection, Iterable, Seque
 from dataclasses import dataclass
 
 from proxy.metadata.state import MetadataState
-from proxy.records.batches import BatchHeader
-from proxy.tiering.logcache import LogCache
-from proxy.tiering.partition_rules import (
+from proxy.partition.producer_state import ErrorCode
+from proxy.partition.recovered_tail import RecoveredTail, TailEntry
+from proxy.partition.rules import (
     PartitionConfig,
     ProduceResult,
     RecoveryError,
@@ -37,10 +37,10 @@ from proxy.tiering.partition_rules import (
     sequence,
     storage_error,
 )
-from proxy.tiering.producer_state import ErrorCode
-from proxy.tiering.recovered_tail import RecoveredTail, TailEntry
-from proxy.tiering.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
-from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
+from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
+from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
+from proxy.records.batches import BatchHeader
+from proxy.tiering.logcache import LogCache
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalPosition
 
