@@ -52,7 +52,7 @@ from proxy.tiering.compaction import (
     plan_compaction,
 )
 from proxy.tiering.orphan_plan import commit_age_limit
-from proxy.tiering.upload_plan import ObjectIdAllocator
+from proxy.upload.plan import ObjectIdAllocator
 
 log = logging.getLogger("tierproxy.compaction")
 

@@ -65,8 +65,8 @@ from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.settings import TieringConfig
-from proxy.tiering.upload_plan import ObjectIdAllocator
-from proxy.tiering.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
+from proxy.upload.plan import ObjectIdAllocator
+from proxy.upload.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
 from proxy.wal.s3log_objects import log_prefix

@@ -19,7 +19,7 @@ from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, shard_of
 from proxy.tiering.peer_messages import TrimRequest
-from proxy.tiering.uploader import UploadError
+from proxy.upload.uploader import UploadError
 
 log = logging.getLogger("tierproxy.trims")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from proxy.config_section import ConfigError, Section
 from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS
 from proxy.objects.s3 import S3Config
-from proxy.tiering.upload_plan import MiB
+from proxy.upload.plan import MiB
 
 NOTIFY_MODES = ("s3", "direct")
 WAL_MODES = ("local", "s3")  # local: files + fsync; s3: the ack waits for a PUT (wal.md)

@@ -34,7 +34,7 @@ from proxy.handoff.objects import wal_object_key
 from proxy.metadata.records import OffsetRange
 from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import ObjectKind, object_key
-from proxy.tiering.uploader import CommitRefused, UploadedObject
+from proxy.upload.uploader import CommitRefused, UploadedObject
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

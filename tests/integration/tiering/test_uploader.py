@@ -28,7 +28,7 @@ from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectStoreError, Payload
 from proxy.records.batches import iter_batches, with_base_offset
-from proxy.tiering.uploader import (
+from proxy.upload.uploader import (
     CommitRefused,
     ObjectIdAllocator,
     UploadedObject,

@@ -17,7 +17,7 @@ from test_uploader import (
 )
 
 from proxy.objects.local import LocalDirectoryStore
-from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 
 LIMIT_S = 30.0

@@ -26,7 +26,7 @@ from proxy.partition.owner import PartitionConfig, TieredPartition
 from proxy.partition.producer_state import ErrorCode
 from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER
 from proxy.partition.sequence_holes import SequenceHoles
-from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 
 QUIET = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)  # flush() only

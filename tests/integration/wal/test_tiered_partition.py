@@ -34,7 +34,7 @@ from proxy.partition.producer_state import ErrorCode
 from proxy.records.batches import iter_batches, with_base_offset
 from proxy.server.tiered_reads import TieredReads
 from proxy.tiering.logcache import LogCache
-from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
 

@@ -12,7 +12,7 @@ from proxy.objects.local import LocalDirectoryStore
 from proxy.server.tiering_metrics import TieringMetrics
 from proxy.tiering.beyond_cutover import BeyondCutover
 from proxy.tiering.logcache import LogCache
-from proxy.tiering.uploader import Uploader
+from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalConfig
 

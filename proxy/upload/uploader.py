@@ -38,14 +38,14 @@ from dataclasses import replace
 from proxy.objects.format import BuiltObject
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
-from proxy.tiering.upload_plan import (
+from proxy.upload.config import UploaderConfig, UploaderStats
+from proxy.upload.plan import (
     ObjectIdAllocator,
     UploadedObject,
     UploadPlan,
     build_object,
     plan_upload,
 )
-from proxy.tiering.uploader_config import UploaderConfig, UploaderStats
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalBrokenError, WalCorruptError, WalEntry
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from proxy.objects.format import FORMAT_VERSION
-from proxy.tiering.upload_plan import MiB, PlanLimits
+from proxy.upload.plan import MiB, PlanLimits
 
 
 @dataclass(frozen=True, slots=True)
