@@ -39,8 +39,8 @@ from proxy.partition.rules import (
 )
 from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
+from proxy.reads.logcache import LogCache
 from proxy.records.batches import BatchHeader
-from proxy.tiering.logcache import LogCache
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalPosition
 

@@ -42,6 +42,8 @@ from proxy.partition.owner import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
+from proxy.reads.blockcache import BlockCache
+from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.backfill import commit_backfill
@@ -59,8 +61,6 @@ from proxy.server.tiered_txn_refusal import TxnRefusals
 from proxy.server.topic_configs import TopicConfigs
 from proxy.server.trims import trim_stream
 from proxy.tiering.beyond_cutover import BeyondCutover
-from proxy.tiering.blockcache import BlockCache
-from proxy.tiering.logcache import LogCache
 from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest

@@ -26,9 +26,9 @@ from proxy.apis.fetch_split import TieredFetchResult
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
+from proxy.reads.logcache import LogCache
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
-from proxy.tiering.logcache import LogCache
 from proxy.tiering.peer_codec import (
     AdminRequest,
     AppendRequest,

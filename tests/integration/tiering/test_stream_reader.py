@@ -26,9 +26,9 @@ from proxy.objects.format import BuiltObject, ObjectFormatError, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload
+from proxy.reads.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
+from proxy.reads.stream_reader import ReadResult, StreamReader
 from proxy.records.batches import with_base_offset
-from proxy.tiering.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
-from proxy.tiering.stream_reader import ReadResult, StreamReader
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from proxy.objects.format import IndexEntry, ObjectFormatError, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectNotFound, ObjectStoreError
-from proxy.tiering.blockcache import BlockCache, BlockLru, Readahead, plan_fetches
+from proxy.reads.blockcache import BlockCache, BlockLru, Readahead, plan_fetches
 
 STREAM = 7
 

@@ -17,8 +17,8 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange
 from proxy.objects.format import IndexEntry, ObjectFormatError, find_entries
 from proxy.objects.store import ObjectNotFound
+from proxy.reads.blockcache import BlockCache
 from proxy.records.batches import HEADER_SIZE, CorruptBatchError, read_batch_header
-from proxy.tiering.blockcache import BlockCache
 
 
 @dataclass(frozen=True, slots=True)
