@@ -39,8 +39,8 @@ from proxy.apis.api21_delete_records import (
     split,
 )
 from proxy.metadata.topic_index import stream_of
-from proxy.server.trims import trim_stream
 from proxy.tiering.peer_messages import TrimRequest
+from proxy.upkeep.trims import trim_stream
 
 OFFSET_OUT_OF_RANGE = 1
 NOT_LEADER_OR_FOLLOWER = 6

@@ -46,25 +46,25 @@ from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.server.backfill import commit_backfill
-from proxy.server.compactor import Compactor
-from proxy.server.cutover import CutoverLoop
 from proxy.server.leader_epochs import LeaderEpochs
 from proxy.server.lifecycle import settle, start_or_undo
-from proxy.server.orphan_sweep import OrphanSweep
 from proxy.server.peer_clients import PeerClients, PeerUnavailable
 from proxy.server.peer_server import PeerServer
-from proxy.server.retention import Retention
-from proxy.server.seals import Seals
 from proxy.server.tiered_reads import TieredReads
 from proxy.server.tiered_txn_refusal import TxnRefusals
 from proxy.server.topic_configs import TopicConfigs
-from proxy.server.trims import trim_stream
 from proxy.tiering.beyond_cutover import BeyondCutover
-from proxy.tiering.orphan_plan import commit_age_limit
 from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
 from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.settings import TieringConfig
+from proxy.upkeep.backfill import commit_backfill
+from proxy.upkeep.compactor import Compactor
+from proxy.upkeep.cutover import CutoverLoop
+from proxy.upkeep.orphan_plan import commit_age_limit
+from proxy.upkeep.orphan_sweep import OrphanSweep
+from proxy.upkeep.retention import Retention
+from proxy.upkeep.seals import Seals
+from proxy.upkeep.trims import trim_stream
 from proxy.upload.plan import ObjectIdAllocator
 from proxy.upload.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
 from proxy.wal.log import WriteAheadLog

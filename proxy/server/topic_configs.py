@@ -28,8 +28,8 @@ from aiokafka.errors import KafkaError
 
 from proxy.partition.produce_rules import CONFIG_KEYS as PRODUCE_KEYS
 from proxy.partition.produce_rules import ProduceRules, produce_rules
-from proxy.tiering.retention_plan import CONFIG_KEYS as RETENTION_KEYS
-from proxy.tiering.retention_plan import RetentionConfig, retention_config
+from proxy.upkeep.retention_plan import CONFIG_KEYS as RETENTION_KEYS
+from proxy.upkeep.retention_plan import RetentionConfig, retention_config
 
 log = logging.getLogger("tierproxy.topic_configs")
 

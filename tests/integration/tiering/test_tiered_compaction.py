@@ -1,4 +1,4 @@
-"""Compaction of a tiered topic on MinIO, run by its owner (proxy/server/compactor.py).
+"""Compaction of a tiered topic on MinIO, run by its owner (proxy/upkeep/compactor.py).
 
 One proxy owns both metadata shards. A three-partition topic gets a few records per
 partition through Kafka, is tiered, then gets ROUNDS rounds of records, each uploaded as

@@ -1,4 +1,4 @@
-"""A cutover waits for the transactions open in the topic (proxy/server/cutover.py).
+"""A cutover waits for the transactions open in the topic (proxy/upkeep/cutover.py).
 
 A transactional producer writes to a passthrough topic through the proxy and leaves its
 transaction open; the topic is then tiered. Kafka's high watermark is past its last

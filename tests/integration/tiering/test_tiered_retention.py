@@ -1,4 +1,4 @@
-"""Retention of a tiered topic, run by its owner (proxy/server/retention.py).
+"""Retention of a tiered topic, run by its owner (proxy/upkeep/retention.py).
 
 One proxy owns every metadata shard. A one-partition topic gets a few records through
 Kafka, is tiered, then gets three batches of records, each uploaded as an object of its

@@ -1,6 +1,6 @@
 """An offload job's object is committed only while its PUT (the store's modification
 time) is younger than half of `tiering.offload_orphan_grace_s`; missing, it is refused
-(proxy/server/backfill.py `_too_old`). On a LocalDirectoryStore, the file's mtime set back."""
+(proxy/upkeep/backfill.py `_too_old`). On a LocalDirectoryStore, the file's mtime set back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from proxy.metadata.streams import offload_object_id
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
-from proxy.server.backfill import POLICY_VIOLATION, _too_old
+from proxy.upkeep.backfill import POLICY_VIOLATION, _too_old
 
 GRACE_S = 1000.0
 KEY = object_key(offload_object_id(7, 0, 100), ObjectKind.STREAM)

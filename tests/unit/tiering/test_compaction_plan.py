@@ -1,4 +1,4 @@
-"""Compaction planning (proxy/tiering/compaction.py) on real metadata states: which small
+"""Compaction planning (proxy/upkeep/compaction_plan.py) on real metadata states: which small
 stream set objects a pass takes, which stream objects their ranges become, and that the
 commits a plan makes are exactly what the metadata rules accept (each new object's
 `replaces` names the objects whose ranges it takes over; afterwards every replaced object
@@ -24,7 +24,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange, shard_of, stream_id
 from proxy.objects.format import ObjectWriter, read_block, read_object
 from proxy.objects.keys import ObjectKind
-from proxy.tiering.compaction import (
+from proxy.upkeep.compaction_plan import (
     CompactionPlan,
     CompactionSettings,
     add_blocks,

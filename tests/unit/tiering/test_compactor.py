@@ -1,4 +1,4 @@
-"""The compactor's passes and deletes (proxy/server/compactor.py, object_gc.py) against a
+"""The compactor's passes and deletes (proxy/upkeep/compactor.py, object_gc.py) against a
 local directory store, real objects of real Kafka batches and real metadata states; the
 shard's owner is a stand-in that judges and applies records as ShardOwner.write does.
 
@@ -31,8 +31,8 @@ from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectNotFound
 from proxy.records.batches import with_base_offset
-from proxy.server.compactor import Compactor
-from proxy.tiering.compaction import CompactionSettings
+from proxy.upkeep.compaction_plan import CompactionSettings
+from proxy.upkeep.compactor import Compactor
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -1,4 +1,4 @@
-"""Garbage collection of an object whose commit was cut short (proxy/server/object_gc.py).
+"""Garbage collection of an object whose commit was cut short (proxy/upkeep/object_gc.py).
 
 The uploader commits an object shard by shard. Killed between two shards' commits (the
 fault-injection suite does it), the object is committed in some shards only, and the

@@ -19,9 +19,9 @@ from proxy.objects.format import (
     read_object,
 )
 from proxy.records.timestamp_search import candidate_blocks, in_batches
-from proxy.server.compactor import Compactor
 from proxy.server.tiering import uploader_config
-from proxy.tiering.compaction import CompactionSettings
+from proxy.upkeep.compaction_plan import CompactionSettings
+from proxy.upkeep.compactor import Compactor
 from proxy.upload.plan import PlanLimits, build_object, plan_upload
 
 BASE = {"upstream": {"bootstrap": "127.0.0.1:9092"}}

@@ -1,4 +1,4 @@
-"""The orphan sweep's decisions (proxy/tiering/orphan_plan.py) and its config keys."""
+"""The orphan sweep's decisions (proxy/upkeep/orphan_plan.py) and its config keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from proxy.handoff.objects import wal_object_key
 from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.store import ObjectInfo
-from proxy.tiering.orphan_plan import (
+from proxy.upkeep.orphan_plan import (
     SweepLimits,
     commit_age_limit,
     plan_sweep,

@@ -12,8 +12,8 @@ import pytest
 from proxy.config_section import ConfigError, Section
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectStoreError
-from proxy.tiering.orphan_plan import SweepLimits, plan_sweep
 from proxy.tiering.settings import parse_tiering
+from proxy.upkeep.orphan_plan import SweepLimits, plan_sweep
 from proxy.wal.entry import encode_entry
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
 from proxy.wal.s3log_objects import (

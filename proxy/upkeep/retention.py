@@ -37,12 +37,12 @@ from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
 from proxy.objects.format import ObjectFormatError, find_entries
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError, iter_batches
-from proxy.server.trims import write_trim
-from proxy.tiering.retention_plan import (
+from proxy.upkeep.retention_plan import (
     RangeFacts,
     TrimPlan,
     plan_trim,
 )
+from proxy.upkeep.trims import write_trim
 
 log = logging.getLogger("tierproxy.retention")
 

@@ -1,7 +1,7 @@
 """Compaction on a proxy: for each shard it owns, small stream set objects become stream
 objects, and objects no range uses any more leave the store (docs/tiering.md,
-"Compaction"). What to rewrite is planned in proxy/tiering/compaction.py; the deletes are
-proxy/server/object_gc.py's.
+"Compaction"). What to rewrite is planned in proxy/upkeep/compaction_plan.py; the deletes are
+proxy/upkeep/object_gc.py's.
 
 One task runs passes one at a time, every `interval_s` per shard, or sooner when a shard
 holds `trigger_objects` objects. A pass over a shard:
@@ -40,8 +40,7 @@ from proxy.objects.format import BuiltObject, IndexEntry, ObjectWriter, read_blo
 from proxy.objects.keys import ObjectKind
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore
-from proxy.server.object_gc import GarbageCollector, discard, now_ms, read_index, write_through
-from proxy.tiering.compaction import (
+from proxy.upkeep.compaction_plan import (
     CompactionPlan,
     CompactionSettings,
     NewObject,
@@ -51,7 +50,8 @@ from proxy.tiering.compaction import (
     pick_sources,
     plan_compaction,
 )
-from proxy.tiering.orphan_plan import commit_age_limit
+from proxy.upkeep.object_gc import GarbageCollector, discard, now_ms, read_index, write_through
+from proxy.upkeep.orphan_plan import commit_age_limit
 from proxy.upload.plan import ObjectIdAllocator
 
 log = logging.getLogger("tierproxy.compaction")

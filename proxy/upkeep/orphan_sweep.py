@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from proxy.metadata.state import MetadataState
 from proxy.objects.store import ObjectInfo, ObjectStore, ObjectStoreError
-from proxy.tiering.orphan_plan import SweepLimits, SweepPlan, plan_sweep, still_old
+from proxy.upkeep.orphan_plan import SweepLimits, SweepPlan, plan_sweep, still_old
 
 log = logging.getLogger("tierproxy.orphans")
 

@@ -15,7 +15,7 @@
    duplicate.
 
 `untier` is refused while a partition holds offsets past its cutover: committed ones from
-the metadata, and those only in an owner's WAL too (server/seals.py closes every partition
+the metadata, and those only in an owner's WAL too (upkeep/seals.py closes every partition
 of the topic where it is owned first, and starts them again if it refuses).
 """
 
@@ -35,8 +35,8 @@ from proxy.metadata.state import topic_untier_refusal
 from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
-from proxy.server.seals import Sealed
 from proxy.tiering.peer_codec import ADMIN_OPS
+from proxy.upkeep.seals import Sealed
 
 log = logging.getLogger("tierproxy.cutover")
 
