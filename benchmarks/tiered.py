@@ -68,8 +68,8 @@ from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
 from proxy.devstack.paths import free_port, kafka_libs  # noqa: E402
 from proxy.metadata.store import ShardReader  # noqa: E402
 from proxy.objects.keys import ObjectKind  # noqa: E402
-from proxy.tiering.peer_codec import frame_size  # noqa: E402
-from proxy.tiering.peer_messages import AppendResponse  # noqa: E402
+from proxy.peer.codec import frame_size  # noqa: E402
+from proxy.peer.messages import AppendResponse  # noqa: E402
 from proxy.tiering.settings import TieringConfig  # noqa: E402
 
 ZONES = ("zone-a", "zone-b", "zone-c")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from proxy.metadata.reader import ShardReader
 from proxy.metadata.records import TopicMode
 from proxy.metadata.streams import shard_of
-from proxy.server.peer_clients import PeerClients
+from proxy.peer.clients import PeerClients
 
 
 class NotTiered(LookupError):

@@ -202,7 +202,7 @@ def _topics(args: argparse.Namespace) -> int:
     import asyncio
     import uuid
 
-    from proxy.server.peer_clients import PeerClients
+    from proxy.peer.clients import PeerClients
 
     host, _, port = args.peer.rpartition(":")
     if not host or not port.isdigit():

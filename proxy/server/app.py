@@ -47,6 +47,7 @@ from proxy.kafka.sasl import (
     plain_message,
 )
 from proxy.metrics import ProxyMetrics, serve_metrics
+from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
@@ -58,7 +59,6 @@ from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tiering import TieringService
 from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
-from proxy.tiering.peer_codec import PROTOCOL as PEER_PROTOCOL
 
 log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints

@@ -39,7 +39,7 @@ from proxy.apis.api21_delete_records import (
     split,
 )
 from proxy.metadata.topic_index import stream_of
-from proxy.tiering.peer_messages import TrimRequest
+from proxy.peer.messages import TrimRequest
 from proxy.upkeep.trims import trim_stream
 
 OFFSET_OUT_OF_RANGE = 1

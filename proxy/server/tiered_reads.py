@@ -27,12 +27,12 @@ from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
 from proxy.objects.store import ObjectStoreError
+from proxy.peer.codec import frame_size
+from proxy.peer.messages import FetchRequest, FetchResponse
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.reads.stream_reader import StreamReader
 from proxy.records.transactions import ControlRecordError, committed_view
-from proxy.tiering.peer_codec import frame_size
-from proxy.tiering.peer_messages import FetchRequest, FetchResponse
 from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")

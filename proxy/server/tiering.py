@@ -42,20 +42,20 @@ from proxy.partition.owner import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
+from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.codec import AdminRequest, AppendRequest, for_peer, frame_size
+from proxy.peer.messages import AppendResponse, FetchRequest
+from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.server.leader_epochs import LeaderEpochs
 from proxy.server.lifecycle import settle, start_or_undo
-from proxy.server.peer_clients import PeerClients, PeerUnavailable
-from proxy.server.peer_server import PeerServer
 from proxy.server.tiered_reads import TieredReads
 from proxy.server.tiered_txn_refusal import TxnRefusals
 from proxy.server.topic_configs import TopicConfigs
 from proxy.tiering.beyond_cutover import BeyondCutover
-from proxy.tiering.peer_codec import AdminRequest, AppendRequest, for_peer, frame_size
-from proxy.tiering.peer_messages import AppendResponse, FetchRequest
 from proxy.tiering.settings import TieringConfig
 from proxy.upkeep.backfill import commit_backfill
 from proxy.upkeep.compactor import Compactor

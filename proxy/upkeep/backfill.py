@@ -22,7 +22,7 @@ from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import OFFLOAD_ID_BIT, offload_object_id, shard_of
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectStoreError
-from proxy.tiering.peer_messages import BackfillRequest
+from proxy.peer.messages import BackfillRequest
 from proxy.upkeep.orphan_plan import commit_age_limit, too_old_to_commit
 
 UNKNOWN_TOPIC_OR_PARTITION = 3

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.partition.owner import RecoveryError
-from proxy.server.peer_clients import PeerUnavailable
+from proxy.peer.clients import PeerUnavailable
 
 log = logging.getLogger("tierproxy.untier")
 

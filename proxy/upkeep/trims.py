@@ -18,7 +18,7 @@ from proxy.metadata.records import StreamTrim
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, shard_of
-from proxy.tiering.peer_messages import TrimRequest
+from proxy.peer.messages import TrimRequest
 from proxy.upload.uploader import UploadError
 
 log = logging.getLogger("tierproxy.trims")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.handoff.objects import S3WalLocation
-from proxy.tiering.peer_codec import (
+from proxy.peer.codec import (
     AdminRequest,
     AdminResponse,
     AppendRequest,

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.handoff.objects import S3WalLocation
-from proxy.tiering.peer_codec import (
+from proxy.peer.codec import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -25,7 +25,7 @@ from proxy.tiering.peer_codec import (
     frame_size,
     read_frame,
 )
-from proxy.tiering.peer_messages import PingRequest, PingResponse, TrimRequest, TrimResponse
+from proxy.peer.messages import PingRequest, PingResponse, TrimRequest, TrimResponse
 
 U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)

@@ -38,8 +38,8 @@ from proxy import __version__
 from proxy.metadata.streams import OFFLOAD_ID_BIT, offload_object_id, shard_of, stream_id
 from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.keys import parse_object_key
+from proxy.peer.clients import PeerClients
 from proxy.records.batches import iter_batches
-from proxy.server.peer_clients import PeerClients
 from tests.integration.tiering.tieredfleet import TieredFleet, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]

@@ -26,16 +26,16 @@ from proxy.apis.fetch_split import TieredFetchResult
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
-from proxy.reads.logcache import LogCache
-from proxy.server.peer_clients import PeerClients, PeerUnavailable
-from proxy.server.peer_server import PeerServer
-from proxy.tiering.peer_codec import (
+from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.codec import (
     AdminRequest,
     AppendRequest,
     FetchRequest,
     FetchResponse,
     encode_frame,
 )
+from proxy.peer.server import PeerServer
+from proxy.reads.logcache import LogCache
 
 pytestmark = pytest.mark.timeout(60)
 

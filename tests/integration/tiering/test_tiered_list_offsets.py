@@ -48,7 +48,7 @@ from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import offload_object_id, stream_id
 from proxy.objects.format import ObjectKind, ObjectWriter
-from proxy.server.peer_clients import PeerClients
+from proxy.peer.clients import PeerClients
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -16,7 +16,7 @@ from crc32c import crc32c
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
-from proxy.tiering.peer_codec import (
+from proxy.peer.codec import (
     HEADER_SIZE,
     AdminRequest,
     AdminResponse,

@@ -12,6 +12,14 @@ from crc32c import crc32c
 
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
+from proxy.peer.codec import (
+    PROTOCOL,
+    SEQUENCES_PROTOCOL,
+    AppendRequest,
+    decode_frame,
+    encode_frame,
+    for_peer,
+)
 from proxy.routing.fleet import (
     HEARTBEAT_VERSION,
     OLD_PEER_PROTOCOL,
@@ -20,14 +28,6 @@ from proxy.routing.fleet import (
     Member,
     decode_heartbeat,
     encode_heartbeat,
-)
-from proxy.tiering.peer_codec import (
-    PROTOCOL,
-    SEQUENCES_PROTOCOL,
-    AppendRequest,
-    decode_frame,
-    encode_frame,
-    for_peer,
 )
 
 BATCH = ProducerBatch(7, 3, 100, 104)

@@ -8,7 +8,7 @@ inline, as opaque bytes. `AdminRequest` carries `tierproxy topics tier/untier` t
 that owns the topic's metadata shard. A proxy that serves a consumer the committed offsets
 of a partition it does not own asks the owner for the tail not uploaded yet
 (`FetchRequest`, answered by `FetchResponse`). The messages are `peer_messages.py` (their
-classes import from here too); on sockets: `proxy/server/peer_server.py`, `peer_clients.py`.
+classes import from here too); on sockets: `proxy/peer/server.py`, `peer_clients.py`.
 
 Every message is one frame, big-endian::
 
@@ -82,7 +82,7 @@ from crc32c import crc32c
 
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
-from proxy.tiering.peer_messages import (
+from proxy.peer.messages import (
     ACKS,
     ADMIN_OPS,
     MAX_RECORDS_BYTES,

@@ -1,5 +1,5 @@
 """The peer protocol's listener on asyncio sockets; the messages and frames are
-`tiering/peer_codec.py`, the calls to other proxies `peer_clients.py`.
+`peer/codec.py`, the calls to other proxies `peer_clients.py`.
 
 `PeerServer` answers other proxies: appends to the tiered partitions this proxy owns,
 fetches of their tail not uploaded yet, and admin requests for the metadata shards it owns.
@@ -21,7 +21,7 @@ from contextlib import suppress
 from proxy import __version__
 from proxy.partition.producer_state import ErrorCode
 from proxy.partition.rules import ProduceResult
-from proxy.tiering.peer_codec import (
+from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     AdminRequest,
     AdminResponse,
@@ -39,7 +39,7 @@ from proxy.tiering.peer_codec import (
     encode,
     frame_size,
 )
-from proxy.tiering.peer_messages import FetchResult
+from proxy.peer.messages import FetchResult
 
 __all__ = ["PeerServer"]
 

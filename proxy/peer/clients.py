@@ -1,5 +1,5 @@
 """Calls to other proxies over the peer protocol, on asyncio sockets; the messages and
-frames are `tiering/peer_codec.py`, the listener that answers them `peer_server.py`.
+frames are `peer/codec.py`, the listener that answers them `peer_server.py`.
 
 `PeerClients` keeps one pipelined connection per peer address, opened on first use and
 opened again after it breaks; answers are matched to their calls by correlation id.
@@ -21,8 +21,7 @@ from contextlib import suppress
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
-from proxy.server.peer_server import READ_BYTES, Answer, Request, peer_name
-from proxy.tiering.peer_codec import (
+from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL,
     AdminRequest,
@@ -43,6 +42,7 @@ from proxy.tiering.peer_codec import (
     for_peer,
     frame_size,
 )
+from proxy.peer.server import READ_BYTES, Answer, Request, peer_name
 
 __all__ = ["Address", "PeerClients", "PeerUnavailable"]
 
