@@ -56,9 +56,9 @@ from proxy.server.admin_api import AdminServer
 from proxy.server.connection import ClientConnection
 from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings
-from proxy.server.tiering import TieringService
-from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
+from proxy.tiered.metrics import TieringMetrics
+from proxy.tiered.service import TieringService
 
 log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints

@@ -60,14 +60,14 @@ from proxy.server.streams import (
     read_whole,
     stream_walked_answer,
 )
-from proxy.server.tiered_answers import TieredAnswers
-from proxy.server.tiered_deletes import plan_delete_records
-from proxy.server.tiered_epochs import plan_offset_for_leader_epoch
-from proxy.server.tiered_fetch import plan_fetch
-from proxy.server.tiered_offsets import plan_list_offsets
-from proxy.server.tiered_produce import count_in_flight, plan_produce
-from proxy.server.tiered_txn_refusal import plan_add_partitions_to_txn
 from proxy.server.zoning import ConnectionZone
+from proxy.tiered.answers import TieredAnswers
+from proxy.tiered.deletes import plan_delete_records
+from proxy.tiered.epochs import plan_offset_for_leader_epoch
+from proxy.tiered.fetch import plan_fetch
+from proxy.tiered.offsets import plan_list_offsets
+from proxy.tiered.produce import count_in_flight, plan_produce
+from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
 
 log = logging.getLogger("tierproxy.connection")
 

@@ -1,5 +1,5 @@
 """ListOffsets on a tiered partition answers exactly what Kafka answers for the same log
-(proxy/server/tiered_offsets.py), Kafka itself being the oracle.
+(proxy/tiered/offsets.py), Kafka itself being the oracle.
 
 The same batches go to a passthrough topic and to a tiered one, through one proxy: two
 gzip batches before the cutover (Kafka's part), then, tiered, a zstd, an lz4 and a snappy

@@ -1,4 +1,4 @@
-"""Transactional producers meeting a tiered topic (proxy/server/tiered_txn_refusal.py).
+"""Transactional producers meeting a tiered topic (proxy/tiered/txn_refusal.py).
 
 A one-partition topic has records through Kafka, is tiered (cutover at PER_ROUND), and
 gets more records through the proxy. Then a transactional producer of each client sends

@@ -33,7 +33,7 @@ from proxy.partition.owner import (
 from proxy.partition.producer_state import ErrorCode
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, with_base_offset
-from proxy.server.tiered_reads import TieredReads
+from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem

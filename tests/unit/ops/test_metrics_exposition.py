@@ -10,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.metrics import ProxyMetrics
 from proxy.objects.local import LocalDirectoryStore
 from proxy.reads.logcache import LogCache
-from proxy.server.tiering_metrics import TieringMetrics
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.metrics import TieringMetrics
 from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalConfig

@@ -18,7 +18,7 @@ from proxy.apis.api24_add_partitions_to_txn import (
 )
 from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.frames import FrameError
-from proxy.server.tiered_txn_refusal import (
+from proxy.tiered.txn_refusal import (
     REFUSAL_ERROR,
     TxnRefusals,
     plan_add_partitions_to_txn,

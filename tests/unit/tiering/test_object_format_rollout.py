@@ -19,7 +19,7 @@ from proxy.objects.format import (
     read_object,
 )
 from proxy.records.timestamp_search import candidate_blocks, in_batches
-from proxy.server.tiering import uploader_config
+from proxy.tiered.service import uploader_config
 from proxy.upkeep.compaction_plan import CompactionSettings
 from proxy.upkeep.compactor import Compactor
 from proxy.upload.plan import PlanLimits, build_object, plan_upload

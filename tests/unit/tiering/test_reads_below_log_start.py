@@ -14,8 +14,8 @@ from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
 from proxy.apis.offsets_split import OffsetsResult
 from proxy.metadata.records import StreamTrim
 from proxy.metadata.topic_index import TieredTopic
-from proxy.server.tiered_offsets import StreamPart, combine
-from proxy.server.tiered_reads import TieredReads
+from proxy.tiered.offsets import StreamPart, combine
+from proxy.tiered.reads import TieredReads
 
 
 def migrated() -> Shard:

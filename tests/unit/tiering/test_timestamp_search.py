@@ -39,7 +39,7 @@ from proxy.records.timestamp_search import (
     max_timestamp_in,
     offset_of_max,
 )
-from proxy.server.tiered_offsets import StreamPart, combine, epoch_at
+from proxy.tiered.offsets import StreamPart, combine, epoch_at
 
 TIMESTAMPS = (100, 300, 200, 400, 300)  # out of order, and the max (400) not last
 

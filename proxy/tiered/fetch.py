@@ -38,7 +38,7 @@ from proxy.apis.fetch_split import (
     split,
 )
 from proxy.metadata.topic_index import stream_of
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.tiered.beyond_cutover import BeyondCutover
 
 KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")

@@ -55,7 +55,7 @@ from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 from proxy.records.timestamp_search import Found
-from proxy.server.tiered_timestamps import OwnerAway, StreamSearch
+from proxy.tiered.timestamps import OwnerAway, StreamSearch
 
 log = logging.getLogger("tierproxy.reads")
 

@@ -50,12 +50,12 @@ from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.server.leader_epochs import LeaderEpochs
 from proxy.server.lifecycle import settle, start_or_undo
-from proxy.server.tiered_reads import TieredReads
-from proxy.server.tiered_txn_refusal import TxnRefusals
-from proxy.server.topic_configs import TopicConfigs
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.leader_epochs import LeaderEpochs
+from proxy.tiered.reads import TieredReads
+from proxy.tiered.topic_configs import TopicConfigs
+from proxy.tiered.txn_refusal import TxnRefusals
 from proxy.tiering.settings import TieringConfig
 from proxy.upkeep.backfill import commit_backfill
 from proxy.upkeep.compactor import Compactor

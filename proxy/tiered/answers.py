@@ -16,7 +16,7 @@ import struct
 from proxy.apis import RESPONSE_REWRITERS
 from proxy.kafka.headers import RequestHeader, response_header, response_header_size
 from proxy.server.slots import Plan, Slot
-from proxy.server.tiered_produce import count_in_flight
+from proxy.tiered.produce import count_in_flight
 
 log = logging.getLogger("tierproxy.connection")
 

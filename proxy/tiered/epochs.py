@@ -27,7 +27,7 @@ from proxy.apis.api23_offset_for_leader_epoch import (
     rewrite_end_offsets,
 )
 from proxy.metadata.topic_index import stream_of
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.tiered.beyond_cutover import BeyondCutover
 
 _SIZE = struct.Struct(">i")
 NOT_LEADER_OR_FOLLOWER = 6
