@@ -26,6 +26,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
+from proxy.admin.api import AdminServer
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
@@ -52,7 +53,6 @@ from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
-from proxy.server.admin_api import AdminServer
 from proxy.server.connection import ClientConnection
 from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings

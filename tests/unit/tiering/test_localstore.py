@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from proxy.objects import local as localstore
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectNotFound, ObjectStoreError
-from proxy.tiering import localstore
 
 
 @pytest.fixture

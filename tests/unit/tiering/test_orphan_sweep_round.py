@@ -20,7 +20,7 @@ from proxy.metadata.streams import OFFLOAD_ID_BIT, stream_id
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectStoreError
-from proxy.server import orphan_sweep
+from proxy.upkeep import orphan_sweep
 from proxy.upkeep.orphan_plan import SweepLimits
 from proxy.upkeep.orphan_sweep import OrphanSweep
 

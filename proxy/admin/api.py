@@ -2,7 +2,7 @@
 
     GET /healthz           200 while the process serves (no token needed)
     GET /readyz            200 ready / 503 not, with each check (no token needed);
-                           see proxy/server/admin_views.py for what is checked
+                           see proxy/admin/views.py for what is checked
     GET /v1/topics         every topic's mode; tiered ones with their partitions
     GET /v1/topics/<name>  one topic (404 if neither Kafka nor the proxy knows it)
     GET /v1/fleet          members, zones, shard owners, this proxy's uploader lag
@@ -21,9 +21,8 @@ import logging
 from kio.schema.metadata.v12.request import MetadataRequest
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from proxy.apis.api03_metadata import read_topics
-from proxy.server import admin_views
-from proxy.server.admin_http import (
+from proxy.admin import views as admin_views
+from proxy.admin.http import (
     MAX_HEAD_BYTES,
     BadRequest,
     Request,
@@ -34,6 +33,7 @@ from proxy.server.admin_http import (
     parse_head,
     response,
 )
+from proxy.apis.api03_metadata import read_topics
 
 log = logging.getLogger("tierproxy.admin")
 
