@@ -38,7 +38,7 @@ import logging
 import struct
 from dataclasses import dataclass
 
-from proxy.apis.offsets_split import (
+from proxy.apis.api02_list_offsets import (
     EARLIEST_LOCAL_TIMESTAMP,
     MAX_TIMESTAMP,
     ListOffsetsRequestView,

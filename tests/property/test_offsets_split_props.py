@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.offsets_split import (
+from proxy.apis.api02_list_offsets import (
     OffsetsResult,
     merge_responses,
     read_list_offsets_request,

@@ -10,7 +10,7 @@ import struct
 import pytest
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.offsets_split import (
+from proxy.apis.api02_list_offsets import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     UNANSWERED,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
 
-from proxy.apis.offsets_split import OffsetsResult
+from proxy.apis.api02_list_offsets import OffsetsResult
 from proxy.metadata.records import StreamTrim
 from proxy.metadata.topic_index import TieredTopic
 from proxy.tiered.offsets import StreamPart, combine

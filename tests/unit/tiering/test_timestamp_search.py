@@ -12,7 +12,7 @@ import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from proxy.apis.offsets_split import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
+from proxy.apis.api02_list_offsets import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
 from proxy.objects.format import (
     INDEX_ENTRY_SIZE,
     INDEX_ENTRY_SIZE_V1,
