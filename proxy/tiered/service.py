@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
@@ -56,7 +57,6 @@ from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.reads import TieredReads
 from proxy.tiered.topic_configs import TopicConfigs
 from proxy.tiered.txn_refusal import TxnRefusals
-from proxy.tiering.settings import TieringConfig
 from proxy.upkeep.backfill import commit_backfill
 from proxy.upkeep.compactor import Compactor
 from proxy.upkeep.cutover import CutoverLoop

@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
-from proxy.config_section import ConfigError, Section
+from proxy.config.section import ConfigError, Section
+from proxy.config.tiering import parse_tiering
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectStoreError
-from proxy.tiering.settings import parse_tiering
 from proxy.upkeep.orphan_plan import SweepLimits, plan_sweep
 from proxy.wal.entry import encode_entry
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog

@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from proxy.config_ops import AdminConfig, LoggingConfig, parse_admin, parse_logging
-from proxy.config_section import ConfigError, Section
+from proxy.config.ops import AdminConfig, LoggingConfig, parse_admin, parse_logging
+from proxy.config.section import ConfigError, Section
+from proxy.config.tiering import TieringConfig, parse_tiering
 from proxy.kafka.sasl import MECHANISMS as SASL_MECHANISMS
-from proxy.tiering.settings import TieringConfig, parse_tiering
 
 __all__ = ["ConfigError", "ProxyConfig", "load_config", "parse_config"]
 

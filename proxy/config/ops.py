@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from proxy.config_section import ConfigError, Section
+from proxy.config.section import ConfigError, Section
 
 MIN_TOKEN_CHARS = 16  # a bearer token shorter than this is guessable by brute force
 LOG_FORMATS = ("auto", "text", "json")

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from proxy.config_section import ConfigError, Section
+from proxy.config.section import ConfigError, Section
 from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS
 from proxy.objects.s3 import S3Config
 from proxy.upload.plan import MiB
