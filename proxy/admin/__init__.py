@@ -1,1 +1,1 @@
-"""TODO docstring."""
+"""The operator's side: the HTTP admin API (pure HTTP, views, server), its CLI client, fleet status and the metrics registry."""

@@ -1,1 +1,1 @@
-"""TODO docstring."""
+"""S3-notify mode (`wal.mode: s3_notify`, docs/wal.md "S3-WAL mode"): a non-owner PUTs a produce's batches in an S3 object and hands it to the owner; objects, writer, owner-side reader and their deletion."""
