@@ -39,7 +39,7 @@ from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_headers
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles

@@ -23,13 +23,8 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_block, read_object
 from proxy.objects.local import LocalDirectoryStore
-from proxy.partition.owner import (
-    PartitionConfig,
-    PartitionSet,
-    ProduceResult,
-    RecoveryError,
-    TieredPartition,
-)
+from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError, TieredPartition
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.producer_state import ErrorCode
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, with_base_offset
