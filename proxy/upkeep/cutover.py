@@ -35,7 +35,7 @@ from proxy.metadata.state import topic_untier_refusal
 from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
-from proxy.peer.codec import ADMIN_OPS
+from proxy.peer.messages import ADMIN_OPS
 from proxy.upkeep.seals import Sealed
 
 log = logging.getLogger("tierproxy.cutover")
