@@ -36,7 +36,8 @@ from proxy.metadata.rules import Outcome
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import BuiltObject, IndexEntry, ObjectWriter, read_block
+from proxy.objects.format import IndexEntry, read_block
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore

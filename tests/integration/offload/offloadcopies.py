@@ -14,7 +14,7 @@ from proxy.metadata.codec import encode
 from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import offload_object_id, stream_id
-from proxy.objects.format import BuiltObject, ObjectWriter
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.s3 import S3Config, S3Store
 
