@@ -3,7 +3,7 @@
 Just what reading a partition by offset range takes: Metadata (the partition's leader, a
 topic's id and partition count), ListOffsets (log start and high watermark) and Fetch
 (v12, READ_UNCOMMITTED, no fetch session), each request encoded with kio and each answer
-read by hand (`api03_metadata`, `offsets_split`, `fetch_split`), as the proxy reads
+read by hand (`api03_metadata`, `api02_list_offsets`, `fetch_merge`), as the proxy reads
 upstream's. Plain sockets, no asyncio: it runs inside Spark tasks.
 """
 
@@ -28,7 +28,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from proxy.apis.api02_list_offsets import read_list_offsets_response
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
-from proxy.apis.fetch_split import FetchPartitionAnswer, read_fetch_response
+from proxy.apis.fetch_merge import FetchPartitionAnswer, read_fetch_response
 from proxy.kafka.frames import FrameDecoder, FrameError
 from proxy.kafka.headers import response_header_size
 from proxy.kafka.messages import encode_request

@@ -26,6 +26,7 @@ import struct
 from dataclasses import dataclass, field
 
 from proxy.apis.fetch_clamp import clamp_partition_answer
+from proxy.apis.fetch_merge import merge_responses
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
@@ -33,7 +34,6 @@ from proxy.apis.fetch_split import (
     TieredFetchResult,
     TopicKey,
     answer_layout,
-    merge_responses,
     read_fetch_request,
     split,
 )
