@@ -190,3 +190,24 @@ def _describe(cause: BaseException | str) -> str:
         return cause
     text = str(cause)
     return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+
+
+def join_pieces(pieces: list[memoryview], start: int, stop: int) -> bytes:
+    """Bytes [start, stop) of the concatenated pieces, as one `bytes` for botocore (which
+    takes no memoryview). No copy when that is one whole `bytes` piece."""
+    if len(pieces) == 1:
+        piece = pieces[0]
+        if start == 0 and stop == piece.nbytes and isinstance(piece.obj, bytes):
+            if piece.nbytes == len(piece.obj):
+                return piece.obj
+        return bytes(piece[start:stop])
+    chosen = []
+    offset = 0
+    for piece in pieces:
+        end = offset + piece.nbytes
+        if end > start and offset < stop:
+            chosen.append(piece[max(start - offset, 0) : min(stop, end) - offset])
+        offset = end
+        if offset >= stop:
+            break
+    return b"".join(chosen)
