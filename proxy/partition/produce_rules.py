@@ -36,7 +36,6 @@ import crc32c
 
 from proxy.records.batches import (
     ATTRIBUTES_POSITION,
-    HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC_POSITION,
     MIN_BATCH_LENGTH,
@@ -45,7 +44,7 @@ from proxy.records.batches import (
     CorruptBatchError,
     read_batch_header,
 )
-from proxy.records.timestamp_search import decompress, read_varint
+from proxy.records.record_walk import walk_records
 
 __all__ = [
     "CONFIG_KEYS",
@@ -255,7 +254,8 @@ def _record_errors(
     create_time = not rules.log_append_time
     low = _java_long(now_ms - rules.timestamp_before_max_ms)
     high = _java_long(now_ms + rules.timestamp_after_max_ms)
-    for index, delta, timestamp, key_size, value_size in _records(header, batch):
+    records = walk_records(header, batch, sizes=True)
+    for index, (delta, timestamp, key_size, value_size) in enumerate(records):
         if rules.compact and key_size < 0:
             message = (
                 f"Compacted topic cannot accept message without key in topic partition {partition}"
@@ -307,26 +307,3 @@ def _refusal(errors: list[tuple[int, int, str]]) -> ProduceRefusal:
 def _java_long(value: int) -> int:
     """`value` as Java's long arithmetic has it (Kafka's message prints the bounds so)."""
     return (value + 2**63) % 2**64 - 2**63
-
-
-def _records(header: BatchHeader, batch: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
-    """(index, offset delta, timestamp, key size, value size) of each record; a size of
-    -1 is null. CorruptBatchError if the records cannot be read."""
-    body = memoryview(decompress(header.codec, batch[HEADER_SIZE:])).cast("B")
-    append_time = header.is_log_append_time
-    pos = 0
-    try:
-        for index in range(header.record_count):
-            length, pos = read_varint(body, pos)
-            end = pos + length
-            ts_delta, pos = read_varint(body, pos + 1)  # after the record's attributes
-            offset_delta, pos = read_varint(body, pos)
-            key_size, pos = read_varint(body, pos)
-            value_size, _ = read_varint(body, pos + max(key_size, 0))
-            if length < 0 or end > len(body):
-                raise IndexError
-            timestamp = header.max_timestamp if append_time else header.base_timestamp + ts_delta
-            yield index, offset_delta, timestamp, key_size, value_size
-            pos = end
-    except IndexError:
-        raise CorruptBatchError(0, "records cut short") from None
