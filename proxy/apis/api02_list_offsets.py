@@ -51,6 +51,7 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.merge import NO_TAGS, merge_partitions
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
@@ -77,7 +78,6 @@ LATEST_TIERED_TIMESTAMP = -5  # v9+: the last offset in remote storage (KIP-1005
 EARLIEST_PENDING_UPLOAD_TIMESTAMP = -6  # v11+: the first offset not yet tiered (KIP-1023)
 
 Span = slice  # of the request body
-_NO_TAGS = b"\x00"
 
 
 class Route(IntEnum):
@@ -270,22 +270,21 @@ def merge_responses(
     layout = _layout(api_version)
     flexible = layout.flexible
     answered: dict[tuple[str, int], memoryview] = {}
-    tags: bytes | memoryview = _NO_TAGS
+    tags: bytes | memoryview = NO_TAGS
     if upstream_body is not None:
         upstream_ms, answered, tags = _read_response(layout, memoryview(upstream_body))
         throttle_ms = max(throttle_ms, upstream_ms)
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)] if layout.throttle else []
-    out.append(write_array_length(len(view.topics), flexible))
-    for topic in view.topics:
-        out += (view.body[topic.key_span], write_array_length(len(topic.partitions), flexible))
-        for p in topic.partitions:
-            key = (topic.topic, p.partition)
-            result = results.get(key)
-            if result is None and key in answered:
-                out.append(answered[key])
-            else:
-                out.append(_answer(layout, p.partition, UNANSWERED if result is None else result))
-        out += [_NO_TAGS] if flexible else []
+    out += merge_partitions(
+        view.topics,
+        view.body,
+        flexible,
+        results,
+        answered,
+        lambda _, p, result: (
+            _answer(layout, p.partition, UNANSWERED if result is None else result),
+        ),
+    )
     out += [tags] if flexible else []
     return b"".join(out)
 
@@ -311,7 +310,7 @@ def _answer(layout: _Layout, partition: int, result: OffsetsResult) -> bytes:
         entry = layout.answer.pack(*fields)
     except struct.error as exc:
         raise ValueError(f"ListOffsets answer for partition {partition}: {exc}") from None
-    return entry + _NO_TAGS if layout.flexible else entry
+    return entry + NO_TAGS if layout.flexible else entry
 
 
 def _read_response(

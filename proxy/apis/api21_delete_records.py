@@ -23,6 +23,7 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.merge import NO_TAGS, merge_partitions
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
@@ -43,7 +44,6 @@ HIGH_WATERMARK = -1  # the offset that means "everything below the high watermar
 
 _PARTITION = struct.Struct(">iq")  # partition_index, offset
 _ANSWER = struct.Struct(">iqh")  # partition_index, low_watermark, error_code
-_NO_TAGS = b"\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ def split(
             if wanted == p.offset:
                 kept.append(body[p.span])
             else:
-                kept.append(_PARTITION.pack(p.partition, wanted) + (_NO_TAGS if flexible else b""))
+                kept.append(_PARTITION.pack(p.partition, wanted) + (NO_TAGS if flexible else b""))
         if kept:
             topic_count += 1
             pieces += (body[topic.key_span], write_array_length(len(kept), flexible))
@@ -176,24 +176,26 @@ def merge_responses(
     if upstream_body is not None:
         throttle_ms, answered = _read_response(api_version, memoryview(upstream_body))
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)]
-    out.append(write_array_length(len(view.topics), flexible))
-    for topic in view.topics:
-        out += (view.body[topic.key_span], write_array_length(len(topic.partitions), flexible))
-        for p in topic.partitions:
-            key = (topic.topic, p.partition)
-            result = results.get(key)
-            if result is None and key in answered:
-                out.append(answered[key])
-                continue
-            result = UNANSWERED if result is None else result
-            try:
-                entry = _ANSWER.pack(p.partition, result.low_watermark, result.error_code)
-            except struct.error as exc:
-                raise ValueError(f"DeleteRecords answer for {key}: {exc}") from None
-            out.append(entry + _NO_TAGS if flexible else entry)
-        out += [_NO_TAGS] if flexible else []
-    out += [_NO_TAGS] if flexible else []
+    out += merge_partitions(
+        view.topics,
+        view.body,
+        flexible,
+        results,
+        answered,
+        lambda key, p, result: (
+            _answer(key, p.partition, UNANSWERED if result is None else result, flexible),
+        ),
+    )
+    out += [NO_TAGS] if flexible else []
     return b"".join(out)
+
+
+def _answer(key: tuple[str, int], partition: int, result: DeleteResult, flexible: bool) -> bytes:
+    try:
+        entry = _ANSWER.pack(partition, result.low_watermark, result.error_code)
+    except struct.error as exc:
+        raise ValueError(f"DeleteRecords answer for {key}: {exc}") from None
+    return entry + NO_TAGS if flexible else entry
 
 
 def _read_response(

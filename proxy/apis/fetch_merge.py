@@ -30,6 +30,7 @@ from proxy.apis.fetch_split import (
     TopicKey,
     answer_layout,
 )
+from proxy.apis.merge import NO_TAGS, merge_partitions
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
     INT32,
@@ -46,7 +47,6 @@ from proxy.kafka.wire import (
 )
 
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
-_NO_TAGS = b"\x00"
 _UNANSWERED = TieredFetchResult(error_code=0)
 # (topic, partition), upstream's entry for it -> the pieces of the entry to answer instead,
 # or None to answer it as it came
@@ -86,7 +86,7 @@ def merge_responses(
         raise ValueError(f"a Fetch v{view.api_version} request answered as v{api_version}")
     layout = answer_layout(api_version)
     answered: dict[tuple[TopicKey, int], memoryview] = {}
-    tags: bytes | memoryview = _NO_TAGS
+    tags: bytes | memoryview = NO_TAGS
     if upstream_body is not None:
         try:
             upstream_ms, answered, tags = _read_response(layout, memoryview(upstream_body))
@@ -97,21 +97,17 @@ def merge_responses(
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)]
     if layout.session:
         out.append(struct.pack(">hi", 0, NO_SESSION))
-    out.append(write_array_length(len(view.topics), flexible))
-    for topic in view.topics:
-        out += (view.body[topic.key_span], write_array_length(len(topic.partitions), flexible))
-        for p in topic.partitions:
-            key = (topic.topic, p.partition)
-            result = results.get(key)
-            if result is None and key in answered:
-                pieces = None if clamp is None else clamp(key, answered[key])
-                out += (answered[key],) if pieces is None else pieces
-            else:
-                out += _partition_answer(
-                    layout, p.partition, result if result is not None else _UNANSWERED
-                )
-        if flexible:
-            out.append(_NO_TAGS)
+    out += merge_partitions(
+        view.topics,
+        view.body,
+        flexible,
+        results,
+        answered,
+        lambda _, p, result: _partition_answer(
+            layout, p.partition, _UNANSWERED if result is None else result
+        ),
+        clamp,
+    )
     if flexible:
         out.append(tags)
     return b"".join(out)
@@ -128,7 +124,7 @@ def _partition_answer(
     out.append(write_array_length(-1 if aborted is None else len(aborted), flexible))
     for producer_id, first_offset in aborted or ():
         out.append(_ABORTED.pack(producer_id, first_offset))
-        out += [_NO_TAGS] if flexible else []
+        out += [NO_TAGS] if flexible else []
     if layout.preferred_read_replica:
         out.append(INT32.pack(result.preferred_read_replica))
     size = sum(len(piece) for piece in result.records)
@@ -136,7 +132,7 @@ def _partition_answer(
         raise ValueError(f"{size} bytes of records for partition {partition} exceed an int32")
     out.append(write_uvarint(size + 1) if flexible else INT32.pack(size))
     out += result.records
-    out += [_NO_TAGS] if flexible else []
+    out += [NO_TAGS] if flexible else []
     return out
 
 

@@ -1,0 +1,65 @@
+"""The one way a split request's answer is put back together (Fetch, ListOffsets,
+DeleteRecords): every partition the request named, in its order, under its topic as the
+request named it; each answered by the proxy's result for it, else by upstream's entry as
+it came, else as unanswered (each API's module says what that means for its clients).
+
+Pure: no I/O, no asyncio. Upstream's entries go in as slices of its answer, never copied
+until the caller's one join.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from proxy.kafka.wire import write_array_length
+
+NO_TAGS = b"\x00"  # an empty tagged-field section
+
+R = TypeVar("R")
+Pieces = Sequence[bytes | memoryview]
+
+
+class _Topic(Protocol):
+    """A topic of a request view: where its name (or id) is, and its partitions."""
+
+    @property
+    def topic(self) -> Any: ...
+
+    @property
+    def key_span(self) -> slice: ...
+
+    @property
+    def partitions(self) -> Sequence[Any]: ...
+
+
+def merge_partitions(
+    topics: Sequence[_Topic],
+    body: memoryview,
+    flexible: bool,
+    results: Mapping[tuple[Hashable, int], R],
+    answered: Mapping[tuple[Hashable, int], memoryview],
+    answer: Callable[[tuple[Hashable, int], Any, R | None], Pieces],
+    upstream: Callable[[tuple[Hashable, int], memoryview], Pieces | None] | None = None,
+) -> list[bytes | memoryview]:
+    """The topics array of the answer to a request whose topics are `topics` (its body
+    `body`): `results` hold the proxy's answers, `answered` upstream's entries, by
+    (topic, partition). `answer(key, partition, result)` encodes a partition's entry (the
+    request's view of it) from its result, None for one no one answered; `upstream(key,
+    entry)` may replace upstream's entry (None keeps it). A partition named twice is
+    answered twice, alike."""
+    out: list[bytes | memoryview] = [write_array_length(len(topics), flexible)]
+    for topic in topics:
+        out += (body[topic.key_span], write_array_length(len(topic.partitions), flexible))
+        for p in topic.partitions:
+            key = (topic.topic, p.partition)
+            result = results.get(key)
+            if result is None and key in answered:
+                entry = answered[key]
+                pieces = None if upstream is None else upstream(key, entry)
+                out += (entry,) if pieces is None else pieces
+            else:
+                out += answer(key, p, result)
+        if flexible:
+            out.append(NO_TAGS)
+    return out
