@@ -51,7 +51,7 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.merge import NO_TAGS, merge_partitions
+from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
@@ -275,16 +275,11 @@ def merge_responses(
         upstream_ms, answered, tags = _read_response(layout, memoryview(upstream_body))
         throttle_ms = max(throttle_ms, upstream_ms)
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)] if layout.throttle else []
-    out += merge_partitions(
-        view.topics,
-        view.body,
-        flexible,
-        results,
-        answered,
-        lambda _, p, result: (
-            _answer(layout, p.partition, UNANSWERED if result is None else result),
-        ),
-    )
+
+    def answer(_: object, p: OffsetsPartitionView, result: OffsetsResult | None) -> Pieces:
+        return (_answer(layout, p.partition, UNANSWERED if result is None else result),)
+
+    out += merge_partitions(view, flexible, results, answered, answer)
     out += [tags] if flexible else []
     return b"".join(out)
 

@@ -23,7 +23,7 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.merge import NO_TAGS, merge_partitions
+from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
@@ -176,26 +176,21 @@ def merge_responses(
     if upstream_body is not None:
         throttle_ms, answered = _read_response(api_version, memoryview(upstream_body))
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)]
-    out += merge_partitions(
-        view.topics,
-        view.body,
-        flexible,
-        results,
-        answered,
-        lambda key, p, result: (
-            _answer(key, p.partition, UNANSWERED if result is None else result, flexible),
-        ),
-    )
+
+    def answer(key: tuple[str, int], p: DeletePartitionView, result: DeleteResult | None) -> Pieces:
+        entry = _entry(key, p.partition, UNANSWERED if result is None else result)
+        return (entry + NO_TAGS if flexible else entry,)
+
+    out += merge_partitions(view, flexible, results, answered, answer)
     out += [NO_TAGS] if flexible else []
     return b"".join(out)
 
 
-def _answer(key: tuple[str, int], partition: int, result: DeleteResult, flexible: bool) -> bytes:
+def _entry(key: tuple[str, int], partition: int, result: DeleteResult) -> bytes:
     try:
-        entry = _ANSWER.pack(partition, result.low_watermark, result.error_code)
+        return _ANSWER.pack(partition, result.low_watermark, result.error_code)
     except struct.error as exc:
         raise ValueError(f"DeleteRecords answer for {key}: {exc}") from None
-    return entry + NO_TAGS if flexible else entry
 
 
 def _read_response(

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from proxy.apis.fetch_split import (
     NO_SESSION,
     FetchLayout,
+    FetchPartitionView,
     FetchRequestView,
     TieredFetchResult,
     TopicKey,
     answer_layout,
 )
-from proxy.apis.merge import NO_TAGS, merge_partitions
+from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
     INT32,
@@ -97,17 +98,11 @@ def merge_responses(
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)]
     if layout.session:
         out.append(struct.pack(">hi", 0, NO_SESSION))
-    out += merge_partitions(
-        view.topics,
-        view.body,
-        flexible,
-        results,
-        answered,
-        lambda _, p, result: _partition_answer(
-            layout, p.partition, _UNANSWERED if result is None else result
-        ),
-        clamp,
-    )
+
+    def answer(_: object, p: FetchPartitionView, result: TieredFetchResult | None) -> Pieces:
+        return _partition_answer(layout, p.partition, _UNANSWERED if result is None else result)
+
+    out += merge_partitions(view, flexible, results, answered, answer, clamp)
     if flexible:
         out.append(tags)
     return b"".join(out)

@@ -20,37 +20,33 @@ R = TypeVar("R")
 Pieces = Sequence[bytes | memoryview]
 
 
-class _Topic(Protocol):
-    """A topic of a request view: where its name (or id) is, and its partitions."""
+class _Request(Protocol):
+    """A request view: its body, and per topic where its name (or id) is (`key_span`),
+    and its partitions (each with its `partition` index)."""
 
     @property
-    def topic(self) -> Any: ...
+    def body(self) -> memoryview: ...
 
     @property
-    def key_span(self) -> slice: ...
-
-    @property
-    def partitions(self) -> Sequence[Any]: ...
+    def topics(self) -> Sequence[Any]: ...
 
 
 def merge_partitions(
-    topics: Sequence[_Topic],
-    body: memoryview,
+    view: _Request,
     flexible: bool,
     results: Mapping[tuple[Hashable, int], R],
     answered: Mapping[tuple[Hashable, int], memoryview],
     answer: Callable[[tuple[Hashable, int], Any, R | None], Pieces],
     upstream: Callable[[tuple[Hashable, int], memoryview], Pieces | None] | None = None,
 ) -> list[bytes | memoryview]:
-    """The topics array of the answer to a request whose topics are `topics` (its body
-    `body`): `results` hold the proxy's answers, `answered` upstream's entries, by
-    (topic, partition). `answer(key, partition, result)` encodes a partition's entry (the
-    request's view of it) from its result, None for one no one answered; `upstream(key,
-    entry)` may replace upstream's entry (None keeps it). A partition named twice is
-    answered twice, alike."""
-    out: list[bytes | memoryview] = [write_array_length(len(topics), flexible)]
-    for topic in topics:
-        out += (body[topic.key_span], write_array_length(len(topic.partitions), flexible))
+    """The topics array of the answer to the request `view`: `results` hold the proxy's
+    answers, `answered` upstream's entries, by (topic, partition). `answer(key, partition,
+    result)` encodes a partition's entry (the request's view of it) from its result, None
+    for one no one answered; `upstream(key, entry)` may replace upstream's entry (None
+    keeps it). A partition named twice is answered twice, alike."""
+    out: list[bytes | memoryview] = [write_array_length(len(view.topics), flexible)]
+    for topic in view.topics:
+        out += (view.body[topic.key_span], write_array_length(len(topic.partitions), flexible))
         for p in topic.partitions:
             key = (topic.topic, p.partition)
             result = results.get(key)
