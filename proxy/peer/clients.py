@@ -24,6 +24,13 @@ from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL,
+    PeerFrameReader,
+    PeerProtocolError,
+    encode,
+    for_peer,
+    frame_size,
+)
+from proxy.peer.messages import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -31,16 +38,11 @@ from proxy.peer.codec import (
     BackfillRequest,
     FetchRequest,
     FetchResponse,
-    PeerFrameReader,
     PeerMessage,
-    PeerProtocolError,
     PingRequest,
     PingResponse,
     TrimRequest,
     TrimResponse,
-    encode,
-    for_peer,
-    frame_size,
 )
 from proxy.peer.server import READ_BYTES, Answer, Request, peer_name
 

@@ -8,8 +8,8 @@ S3-WAL object and only their `S3WalLocation` travels; in direct mode the batches
 inline, as opaque bytes. `AdminRequest` carries `tierproxy topics tier/untier` to the proxy
 that owns the topic's metadata shard. A proxy that serves a consumer the committed offsets
 of a partition it does not own asks the owner for the tail not uploaded yet
-(`FetchRequest`, answered by `FetchResponse`). The messages are `peer/messages.py` (their
-classes import from here too), their bodies `peer/bodies.py`; on sockets:
+(`FetchRequest`, answered by `FetchResponse`). The messages are `peer/messages.py`, their
+bodies `peer/bodies.py`; on sockets:
 `peer/server.py`, `peer/clients.py`.
 
 Every message is one frame, big-endian::
@@ -60,42 +60,20 @@ from crc32c import crc32c
 from proxy.peer.bodies import PeerProtocolError, decode_body, encode_body
 from proxy.peer.messages import (
     MAX_RECORDS_BYTES,
-    AdminRequest,
-    AdminResponse,
     AppendRequest,
-    AppendResponse,
-    BackfillRequest,
     Buffer,
-    FetchRequest,
-    FetchResponse,
     PeerMessage,
-    PingRequest,
-    PingResponse,
-    TrimRequest,
-    TrimResponse,
     buffer_size,
     check_range,
 )
 
-__all__ = [  # the messages too: callers import the protocol from here
+__all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "HEADER_SIZE",
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
-    "AdminRequest",
-    "AdminResponse",
-    "AppendRequest",
-    "AppendResponse",
-    "BackfillRequest",
-    "FetchRequest",
-    "FetchResponse",
     "PeerFrameReader",
-    "PeerMessage",
     "PeerProtocolError",
-    "PingRequest",
-    "PingResponse",
-    "TrimRequest",
-    "TrimResponse",
     "decode_frame",
     "encode",
     "encode_frame",

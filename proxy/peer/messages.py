@@ -1,7 +1,6 @@
 """The proxy-to-proxy ("peer") protocol's messages and the values each may hold. Pure.
 
-Their frames, byte by byte, are `peer/codec.py` and `peer/bodies.py` (the message classes
-import from codec too).
+Their frames, byte by byte, are `peer/codec.py` and `peer/bodies.py`.
 A message that cannot be built (both or neither append payloads, a value out of range)
 raises a plain `ValueError`: the caller's bug. Every field's range fits its wire type, so
 any message that can be built can be framed (within the frame size limit).

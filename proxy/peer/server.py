@@ -23,6 +23,12 @@ from proxy.partition.producer_state import ErrorCode
 from proxy.partition.rules import ProduceResult
 from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
+    PeerFrameReader,
+    PeerProtocolError,
+    encode,
+    frame_size,
+)
+from proxy.peer.messages import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -30,16 +36,12 @@ from proxy.peer.codec import (
     BackfillRequest,
     FetchRequest,
     FetchResponse,
-    PeerFrameReader,
-    PeerProtocolError,
+    FetchResult,
     PingRequest,
     PingResponse,
     TrimRequest,
     TrimResponse,
-    encode,
-    frame_size,
 )
-from proxy.peer.messages import FetchResult
 
 __all__ = ["PeerServer"]
 

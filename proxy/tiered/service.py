@@ -44,8 +44,8 @@ from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.clients import PeerClients, PeerUnavailable
-from proxy.peer.codec import AdminRequest, AppendRequest, for_peer, frame_size
-from proxy.peer.messages import AppendResponse, FetchRequest
+from proxy.peer.codec import for_peer, frame_size
+from proxy.peer.messages import AdminRequest, AppendRequest, AppendResponse, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
