@@ -53,7 +53,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
 from proxy.kafka.codec import load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -167,10 +167,8 @@ def read_list_offsets_request(api_version: int, body: memoryview | bytes) -> Lis
     """Every field the proxy routes by, every partition's entry located; FrameError if
     the version is not served or the body is malformed or truncated."""
     layout = _layout(api_version)
-    try:
+    with malformed(f"ListOffsets v{api_version} request"):
         return _read_request(layout, memoryview(body))
-    except FrameError as exc:
-        raise FrameError(f"malformed ListOffsets v{api_version} request: {exc}") from None
 
 
 def _read_request(layout: _Layout, body: memoryview) -> ListOffsetsRequestView:
@@ -312,10 +310,8 @@ def _read_response(
     layout: _Layout, body: memoryview
 ) -> tuple[int, dict[tuple[str, int], memoryview], memoryview]:
     """(throttle_time_ms, {(topic, partition): its whole entry}, the top-level tags)."""
-    try:
+    with malformed(f"ListOffsets v{layout.version} response"):
         return _read_entries(layout, body)
-    except FrameError as exc:
-        raise FrameError(f"malformed ListOffsets v{layout.version} response: {exc}") from None
 
 
 def _read_entries(

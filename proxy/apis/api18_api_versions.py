@@ -21,7 +21,7 @@ from typing import get_args
 from kio.schema.errors import ErrorCode
 
 from proxy.kafka.codec import encode, load_response_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.headers import response_header
 from proxy.kafka.schema_walk import field_offset, skip_entity
 from proxy.kafka.versions import API_VERSIONS, APIS, supported_ranges
@@ -56,7 +56,7 @@ def proxy_supported_ranges() -> Ranges:
 def parse_api_versions_response(api_version: int, body: memoryview | bytes) -> Ranges:
     """Upstream's supported ranges; ApiVersionsError if it answered with an error."""
     body = memoryview(body)
-    try:
+    with malformed(f"ApiVersionsResponse v{api_version}"):
         error_code, _ = read_int16(body, 0)  # first field in every version
         if error_code == UNSUPPORTED_VERSION:
             # Kafka answers a version it does not know in the v0 shape, whatever was asked.
@@ -64,8 +64,6 @@ def parse_api_versions_response(api_version: int, body: memoryview | bytes) -> R
         if error_code != NONE:
             raise ApiVersionsError(error_code, {})
         return _read_ranges(response_type(RESPONSES, API_KEY, api_version), body)
-    except FrameError as exc:
-        raise FrameError(f"malformed ApiVersionsResponse v{api_version}: {exc}") from None
 
 
 def intersect(upstream: Ranges, proxy: Ranges, caps: dict[int, int]) -> Ranges:

@@ -25,7 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
 from proxy.kafka.codec import load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -91,7 +91,7 @@ def read_delete_records_request(
     body is malformed or truncated."""
     flexible = _flexible(api_version)
     buf = memoryview(body)
-    try:
+    with malformed(f"DeleteRecords v{api_version} request"):
         topics = []
         count, offset = read_count(buf, 0, flexible, "topics")
         for _ in range(count):
@@ -113,8 +113,6 @@ def read_delete_records_request(
         timeout_ms, offset = read_int32(buf, offset)
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed DeleteRecords v{api_version} request: {exc}") from None
     return DeleteRecordsRequestView(
         api_version, buf, tuple(topics), timeout_ms, slice(tail_start, offset)
     )
@@ -197,7 +195,7 @@ def _read_response(
     api_version: int, body: memoryview
 ) -> tuple[int, dict[tuple[str, int], memoryview]]:
     flexible = _flexible(api_version)
-    try:
+    with malformed(f"DeleteRecords v{api_version} response"):
         throttle_ms, offset = read_int32(body, 0)
         entries: dict[tuple[str, int], memoryview] = {}
         count, offset = read_count(body, offset, flexible, "topics")
@@ -211,6 +209,4 @@ def _read_response(
             offset = skip_tagged_fields(body, offset) if flexible else offset
         offset = skip_tagged_fields(body, offset) if flexible else offset
         expect_end(body, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed DeleteRecords v{api_version} response: {exc}") from None
     return throttle_ms, entries

@@ -28,7 +28,7 @@ from functools import cache
 from kio.schema.errors import ErrorCode
 
 from proxy.kafka.codec import encode, load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -88,7 +88,7 @@ def read_add_partitions_to_txn_request(
     the body is malformed or truncated."""
     flexible = _flexible(api_version)
     buf = memoryview(body)
-    try:
+    with malformed(f"AddPartitionsToTxn v{api_version} request"):
         if api_version < FIRST_BATCHED_VERSION:
             txn, offset = _read_transaction(buf, 0, flexible, batched=False)
             transactions = [txn]
@@ -100,8 +100,6 @@ def read_add_partitions_to_txn_request(
                 transactions.append(txn)
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed AddPartitionsToTxn v{api_version} request: {exc}") from None
     return AddPartitionsView(api_version, tuple(transactions))
 
 

@@ -32,7 +32,7 @@ from proxy.apis.fetch_split import (
     answer_layout,
 )
 from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -89,10 +89,8 @@ def merge_responses(
     answered: dict[tuple[TopicKey, int], memoryview] = {}
     tags: bytes | memoryview = NO_TAGS
     if upstream_body is not None:
-        try:
+        with malformed(f"Fetch v{api_version} response"):
             upstream_ms, answered, tags = _read_response(layout, memoryview(upstream_body))
-        except FrameError as exc:
-            raise FrameError(f"malformed Fetch v{api_version} response: {exc}") from None
         throttle_ms = max(throttle_ms, upstream_ms)
     flexible = layout.flexible
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)]
@@ -203,7 +201,7 @@ def read_fetch_response(
     `body`; FrameError if it is malformed. Records are not looked into: a batch the broker
     cut short at the end of `records` is the caller's to handle (`batches.whole_batches`)."""
     layout = answer_layout(api_version)
-    try:
+    with malformed(f"Fetch v{api_version} response"):
         _, entries, _ = _read_response(layout, memoryview(body))
         answers = {}
         for key, entry in entries.items():
@@ -214,6 +212,4 @@ def read_fetch_response(
             answers[key] = FetchPartitionAnswer(
                 *head[:4], log_start, tuple(aborted), records if records is not None else entry[:0]
             )
-    except FrameError as exc:
-        raise FrameError(f"malformed Fetch v{api_version} response: {exc}") from None
     return answers

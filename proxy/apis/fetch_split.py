@@ -38,7 +38,7 @@ from functools import cache
 
 from proxy.apis.api01_fetch import API_KEY, REQUESTS, RESPONSES
 from proxy.kafka.codec import response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
     expect_end,
     read_count,
@@ -158,10 +158,8 @@ def read_fetch_request(api_version: int, body: memoryview | bytes) -> FetchReque
     """Every field the proxy routes by, every partition's entry located; FrameError if
     the body is malformed or truncated."""
     layout = _layout(api_version)
-    try:
+    with malformed(f"Fetch v{api_version} request"):
         return _read_request(layout, memoryview(body))
-    except FrameError as exc:
-        raise FrameError(f"malformed Fetch v{api_version} request: {exc}") from None
 
 
 def _read_request(layout: FetchLayout, body: memoryview) -> FetchRequestView:

@@ -19,6 +19,24 @@ class FrameError(Exception):
     """Bytes that are not a valid Kafka frame, header or body; the connection must close."""
 
 
+class malformed:  # lower case: it reads as a function, `with malformed(...)`
+    """Names what was being read in a FrameError raised inside: "malformed {what}: ...",
+    so a bad frame says which message it broke in. Other exceptions pass unchanged; none
+    is swallowed (`__exit__` returns None, which type checkers see)."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if isinstance(error, FrameError):
+            raise FrameError(f"malformed {self.what}: {error}") from None
+
+
 class FrameDecoder:
     """Splits a byte stream into frame bodies (without their 4-byte size prefix)."""
 
