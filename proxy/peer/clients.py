@@ -267,7 +267,7 @@ class PeerClients:
         timeout is the request's own `timeout_ms` plus `timeout_margin_s`. `batch` and
         `hole()` (asked now, as the connection is picked) tell the owner whose batches
         these are and the sender's last drop before them, unless the owner's `peer_protocol`
-        (its heartbeat's) predates them: `peer_codec.for_peer`; `on_lost`:
+        (its heartbeat's) predates them: `codec.for_peer`; `on_lost`:
         `_PeerConnection.call`."""
         hole_seq = -1 if hole is None or batch is None else hole()
         request = for_peer(

@@ -15,7 +15,7 @@ Kafka's rules, read off its source (apache/kafka):
 
 The one batch found is decompressed and its records' offset and timestamp deltas read
 (`record_walk.py`): one batch per lookup, never the partition's records.
-Which blocks hold candidates comes from the objects' time index (objectformat.py: each
+Which blocks hold candidates comes from the objects' time index (objects/format.py: each
 block's max timestamp), so the caller reads the index and, nearly always, one block.
 
 Pure: no I/O, no asyncio.
