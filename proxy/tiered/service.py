@@ -27,6 +27,7 @@ from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
+from proxy.lifecycle import settle, start_or_undo
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
 from proxy.metadata.records import ObjectCommit
 from proxy.metadata.state import MetadataState
@@ -51,7 +52,6 @@ from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.server.lifecycle import settle, start_or_undo
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.reads import TieredReads
