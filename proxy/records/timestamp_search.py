@@ -186,7 +186,9 @@ def max_timestamp_in(records: memoryview, start: int, end: int | None = None) ->
     return best
 
 
-def offset_of_max(records: memoryview, max_timestamp: int, start: int, end: int | None = None):
+def offset_of_max(
+    records: memoryview, max_timestamp: int, start: int, end: int | None = None
+) -> Found | None:
     """Kafka's MAX_TIMESTAMP answer in a run: the first batch (past `start`, below `end`)
     whose max timestamp is `max_timestamp`, and its first record with that timestamp."""
     for header, batch in iter_batches(records):

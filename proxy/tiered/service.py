@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
@@ -100,7 +101,7 @@ class _Part:
     partition: int
     stream: int
     batch: ProducerBatch | None  # whose batches (sequence_holes.py); None for acks=0
-    records: object
+    records: memoryview  # a view of the request body (null records are refused before)
     acks: int
     timeout_ms: int
     rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
@@ -450,6 +451,7 @@ class TieringService:
         started = asyncio.get_running_loop().create_future()
         self._sends[stream] = started
         location = None  # released once the owner answered: s3walgc.py
+        payload: dict[str, Any]  # the batch itself, or where the S3 hand-off put it
         try:
             if self.s3wal is not None:
                 location = await self.s3wal.append(stream, records)
