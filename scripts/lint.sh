@@ -8,16 +8,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's proxy/, whatever is installed
-contracts_only=0
-for arg in "$@"; do
-  case $arg in
-    --contracts) contracts_only=1 ;;
-    *) echo "lint.sh: unknown argument $arg (known: --contracts)" >&2; exit 2 ;;
-  esac
-done
+[ $# = 0 ] || [ "$*" = --contracts ] || { echo "usage: scripts/lint.sh [--contracts]" >&2; exit 2; }
 fail() { echo "[lint] $1 (docs/ARCHITECTURE.md, \"Contracts\")" >&2; exit 1; }
 
-if [ "$contracts_only" = 0 ]; then
+if [ $# = 0 ]; then
   .venv/bin/ruff check . || fail "ruff check failed"
   .venv/bin/ruff format --check . || fail "ruff format --check failed: run .venv/bin/ruff format ."
 fi
