@@ -15,6 +15,7 @@ from pathlib import Path
 import kio
 from kio.schema.index import api_key_map, schema_name_map
 from kio.static.constants import EntityType
+from kio.static.protocol import Entity
 
 TABLE_PATH = Path(__file__).with_name("api_table.py")
 API_VERSIONS = 18
@@ -33,12 +34,12 @@ API_TABLE: Final[dict[int, tuple[str, int, int, int | None]]] = {{
 '''
 
 
-def _load(path: str) -> type:
+def _load(path: str) -> type[Entity]:
     module, name = path.split(":")
     return getattr(importlib.import_module(module), name)
 
 
-def _header_version(cls: type) -> int:
+def _header_version(cls: type[Entity]) -> int:
     return int(cls.__header_schema__.__version__)
 
 

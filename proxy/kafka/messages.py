@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
+from kio.static.protocol import Entity
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Entity)
 _SIZE = struct.Struct(">i")
 
 
