@@ -36,7 +36,7 @@ from proxy.partition.rules import (
 from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
 from proxy.records.batches import BatchHeader
-from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.types import WalPosition
 
 __all__ = [
@@ -82,7 +82,7 @@ class TieredPartition:
         self,
         stream_id: int,
         sequencer: PartitionSequencer,
-        wal: WriteAheadLog,
+        wal: Log,
         *,
         log_start_offset: int = 0,
         config: PartitionConfig | None = None,
@@ -114,7 +114,7 @@ class TieredPartition:
     async def recover(
         cls,
         stream_id: int,
-        wal: WriteAheadLog,
+        wal: Log,
         metadata: MetadataState,
         wal_batches: Sequence[BatchHeader] | None = None,
         *,

@@ -19,7 +19,7 @@ from proxy.partition.recovery import ReadCommitted, read_wal_batches
 from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.reads.logcache import LogCache
-from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 
 __all__ = ["PartitionSet"]
 
@@ -29,7 +29,7 @@ class PartitionSet:
 
     def __init__(
         self,
-        wal: WriteAheadLog,
+        wal: Log,
         *,
         config: PartitionConfig | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,

@@ -23,7 +23,7 @@ from proxy.partition.rules import (
 )
 from proxy.partition.sequencer import PartitionSequencer
 from proxy.records.batches import BatchHeader
-from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 
 __all__ = ["ReadCommitted", "read_wal_batches", "rebuild"]
 
@@ -33,7 +33,7 @@ ReadCommitted = Callable[[int, int, int], AsyncIterable[BatchHeader]]
 
 async def rebuild(
     stream_id: int,
-    wal: WriteAheadLog,
+    wal: Log,
     metadata: MetadataState,
     wal_batches: Sequence[BatchHeader] | None,
     read_committed: ReadCommitted | None,
@@ -62,7 +62,7 @@ async def rebuild(
 
 
 async def read_wal_batches(
-    wal: WriteAheadLog, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
+    wal: Log, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
 ) -> dict[int, list[BatchHeader]]:
     """One pass over the WAL's replay: each stream's batch headers in order (only those of
     `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
