@@ -208,8 +208,14 @@ def read_fetch_response(
             aborted: list[tuple[int, int]] = []
             records, _ = _walk_partition_answer(layout, entry, 0, aborted)
             head = layout.answer_head.unpack_from(entry, 0)
-            log_start = head[4] if layout.log_start_offset else -1
+            partition, error_code, high_watermark, last_stable = head[:4]
             answers[key] = FetchPartitionAnswer(
-                *head[:4], log_start, tuple(aborted), records if records is not None else entry[:0]
+                partition,
+                error_code,
+                high_watermark,
+                last_stable,
+                head[4] if layout.log_start_offset else -1,
+                tuple(aborted),
+                records if records is not None else entry[:0],
             )
     return answers

@@ -16,6 +16,7 @@ from proxy.kafka.wire import write_array_length
 
 NO_TAGS = b"\x00"  # an empty tagged-field section
 
+K = TypeVar("K", bound=Hashable)  # a topic key: its name, or its id
 R = TypeVar("R")
 Pieces = Sequence[bytes | memoryview]
 
@@ -34,10 +35,10 @@ class _Request(Protocol):
 def merge_partitions(
     view: _Request,
     flexible: bool,
-    results: Mapping[tuple[Hashable, int], R],
-    answered: Mapping[tuple[Hashable, int], memoryview],
-    answer: Callable[[tuple[Hashable, int], Any, R | None], Pieces],
-    upstream: Callable[[tuple[Hashable, int], memoryview], Pieces | None] | None = None,
+    results: Mapping[tuple[K, int], R],
+    answered: Mapping[tuple[K, int], memoryview],
+    answer: Callable[[tuple[K, int], Any, R | None], Pieces],
+    upstream: Callable[[tuple[K, int], memoryview], Pieces | None] | None = None,
 ) -> list[bytes | memoryview]:
     """The topics array of the answer to the request `view`: `results` hold the proxy's
     answers, `answered` upstream's entries, by (topic, partition). `answer(key, partition,

@@ -125,8 +125,8 @@ def pack_index(entries: Sequence[IndexEntry], version: int) -> bytes:
     layout = _ENTRIES[version]
     index = bytearray()
     for e in entries:
-        fields = (e.stream_id, e.start_offset, e.end_offset - e.start_offset, e.record_count)
-        fields += (e.position, e.size, e.crc)
+        delta = e.end_offset - e.start_offset
+        fields = (e.stream_id, e.start_offset, delta, e.record_count, e.position, e.size, e.crc)
         index += layout.pack(*fields, *(() if e.max_timestamp is None else (e.max_timestamp,)))
     return bytes(index)
 

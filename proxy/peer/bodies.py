@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
@@ -127,9 +127,13 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
                 body += trailer
     elif isinstance(message, AppendResponse):
         kind = APPEND_RESPONSE
-        m = message
-        body = _RESULT.pack(m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
-        body += _nullable_string(m.error_message)
+        body = _RESULT.pack(
+            message.error_code,
+            message.base_offset,
+            message.log_append_time_ms,
+            message.log_start_offset,
+        )
+        body += _nullable_string(message.error_message)
     elif isinstance(message, AdminRequest):
         kind = ADMIN_REQUEST
         body = _string(message.op) + _string(message.topic) + message.topic_id.bytes
@@ -138,17 +142,27 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         body = _I16.pack(message.error_code) + _string(message.message)
     elif isinstance(message, FetchRequest):
         kind = FETCH_REQUEST
-        m = message
-        body = _FETCH.pack(m.stream_id, m.offset, m.max_bytes, m.max_wait_ms)
+        body = _FETCH.pack(
+            message.stream_id, message.offset, message.max_bytes, message.max_wait_ms
+        )
     elif isinstance(message, FetchResponse):
         kind = FETCH_RESPONSE
-        m = message
-        tail = m.records
-        body = _FETCHED.pack(m.error_code, m.high_watermark, m.log_start_offset, m.records_size)
+        tail = message.records
+        body = _FETCHED.pack(
+            message.error_code,
+            message.high_watermark,
+            message.log_start_offset,
+            message.records_size,
+        )
     elif isinstance(message, BackfillRequest):
         kind = BACKFILL_REQUEST
-        m = message
-        body = _BACKFILL.pack(m.object_id, m.size, m.stream_id, m.start_offset, m.end_offset)
+        body = _BACKFILL.pack(
+            message.object_id,
+            message.size,
+            message.stream_id,
+            message.start_offset,
+            message.end_offset,
+        )
     elif isinstance(message, TrimRequest):
         kind = TRIM_REQUEST
         body = _TRIM.pack(message.stream_id, message.offset, message.timeout_ms)
@@ -289,7 +303,7 @@ def _ping_response(cur: _Cursor, cid: int) -> PingResponse:
     return PingResponse(cid, cur.string("ping response name"), cur.string("ping response version"))
 
 
-DECODERS = {
+DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
     ADMIN_REQUEST: _admin_request,
