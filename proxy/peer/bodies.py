@@ -127,13 +127,9 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
                 body += trailer
     elif isinstance(message, AppendResponse):
         kind = APPEND_RESPONSE
-        body = _RESULT.pack(
-            message.error_code,
-            message.base_offset,
-            message.log_append_time_ms,
-            message.log_start_offset,
-        )
-        body += _nullable_string(message.error_message)
+        r = message
+        body = _RESULT.pack(r.error_code, r.base_offset, r.log_append_time_ms, r.log_start_offset)
+        body += _nullable_string(r.error_message)
     elif isinstance(message, AdminRequest):
         kind = ADMIN_REQUEST
         body = _string(message.op) + _string(message.topic) + message.topic_id.bytes
@@ -142,27 +138,17 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         body = _I16.pack(message.error_code) + _string(message.message)
     elif isinstance(message, FetchRequest):
         kind = FETCH_REQUEST
-        body = _FETCH.pack(
-            message.stream_id, message.offset, message.max_bytes, message.max_wait_ms
-        )
+        f = message
+        body = _FETCH.pack(f.stream_id, f.offset, f.max_bytes, f.max_wait_ms)
     elif isinstance(message, FetchResponse):
         kind = FETCH_RESPONSE
-        tail = message.records
-        body = _FETCHED.pack(
-            message.error_code,
-            message.high_watermark,
-            message.log_start_offset,
-            message.records_size,
-        )
+        a = message
+        tail = a.records
+        body = _FETCHED.pack(a.error_code, a.high_watermark, a.log_start_offset, a.records_size)
     elif isinstance(message, BackfillRequest):
         kind = BACKFILL_REQUEST
-        body = _BACKFILL.pack(
-            message.object_id,
-            message.size,
-            message.stream_id,
-            message.start_offset,
-            message.end_offset,
-        )
+        bf = message
+        body = _BACKFILL.pack(bf.object_id, bf.size, bf.stream_id, bf.start_offset, bf.end_offset)
     elif isinstance(message, TrimRequest):
         kind = TRIM_REQUEST
         body = _TRIM.pack(message.stream_id, message.offset, message.timeout_ms)
