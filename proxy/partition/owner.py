@@ -21,8 +21,9 @@ from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
 from proxy.metadata.state import MetadataState
-from proxy.partition.producer_state import ErrorCode
 from proxy.partition.recovered_tail import RecoveredTail, TailEntry
 from proxy.partition.rules import (
     PartitionConfig,
@@ -296,7 +297,7 @@ class TieredPartition:
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
                     self.stream_id,
-                    result.error_code.name,
+                    result.error_code.name.upper(),  # Kafka's Errors name
                     result.message,
                     answer.error_code,
                 )
@@ -335,13 +336,13 @@ class TieredPartition:
                 self._fail(item, error)
                 return
             code = self._sequencer.commit(item.pending)
-            if code == ErrorCode.NONE and self.on_appended is not None:
+            if code == ErrorCode.none and self.on_appended is not None:
                 pending = item.pending
                 self.on_appended(
                     self.stream_id, pending.base_offset, pending.last_offset, pending.records
                 )
             for future, base_offset, append_time in item.waiters:
-                if code == ErrorCode.NONE:
+                if code == ErrorCode.none:
                     _answer(future, self._success(base_offset, append_time))
                 else:
                     self._dropped(item.pending.records)
@@ -395,7 +396,7 @@ class TieredPartition:
         self._appended = asyncio.Event()
 
 
-_SEQUENCE_REFUSALS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH)
+_SEQUENCE_REFUSALS = (ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch)
 
 
 def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult) -> None:

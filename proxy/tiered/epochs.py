@@ -21,6 +21,8 @@ import asyncio
 import struct
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.api23_offset_for_leader_epoch import (
     EpochError,
     read_requested,
@@ -30,7 +32,6 @@ from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
 
 _SIZE = struct.Struct(">i")
-NOT_LEADER_OR_FOLLOWER = 6
 
 Key = tuple[str, int]
 
@@ -54,7 +55,7 @@ class EpochsPlan:
             if end > cutover and self.beyond is not None:
                 self.beyond.note("offset_for_leader_epoch", topic, partition, cutover, end)
             if high_watermark is None:  # the stream's end is not known: not the cutover either
-                return EpochError(NOT_LEADER_OR_FOLLOWER)
+                return EpochError(ErrorCode.not_leader_or_follower)
             return max(high_watermark, cutover)
 
         return bytes(rewrite_end_offsets(api_version, upstream, new_end))

@@ -25,6 +25,8 @@ import asyncio
 import struct
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.fetch_clamp import clamp_partition_answer
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
@@ -40,7 +42,6 @@ from proxy.apis.fetch_split import (
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
 
-KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")
 
 
@@ -74,7 +75,7 @@ class FetchPlan:
 
     def failed(self, error: BaseException) -> dict:
         """Every partition read here answered KAFKA_STORAGE_ERROR (retriable)."""
-        return {key: TieredFetchResult(KAFKA_STORAGE_ERROR) for key in self.tiered}
+        return {key: TieredFetchResult(ErrorCode.kafka_storage_error) for key in self.tiered}
 
 
 async def plan_fetch(

@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
@@ -41,7 +43,7 @@ from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_headers
 from proxy.partition.owner import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
-from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.clients import PeerClients, PeerUnavailable
 from proxy.peer.codec import AdminRequest, AppendRequest, for_peer, frame_size
@@ -74,9 +76,6 @@ from proxy.wal.types import WalConfig
 
 log = logging.getLogger("tierproxy.tiering")
 
-CORRUPT_MESSAGE = 2
-REQUEST_TIMED_OUT = 7
-INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
 ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released this late
@@ -111,7 +110,7 @@ def _now_ms() -> int:
 
 
 def _not_owner(message: str) -> ProduceResult:
-    return ProduceResult(NOT_LEADER_OR_FOLLOWER, error_message=message)
+    return ProduceResult(ErrorCode.not_leader_or_follower, error_message=message)
 
 
 async def open_store(config: TieringConfig, registry=None) -> ObjectStore:
@@ -377,7 +376,7 @@ class TieringService:
         if found is None:  # untiered since the split: the client retries through Kafka
             return _not_owner(f"topic {topic} is no longer tiered")
         if records is None:
-            return ProduceResult(INVALID_REQUEST, error_message="null records")
+            return ProduceResult(ErrorCode.invalid_request, error_message="null records")
         stream = stream_of(found, partition)
         batch = ProducerBatch.of(records) if acks != 0 else None
         try:
@@ -395,7 +394,7 @@ class TieringService:
         if self.state(stream).stream(stream) is None:
             if not await self._wait_for_cutover(found, stream):
                 return ProduceResult(
-                    REQUEST_TIMED_OUT,
+                    ErrorCode.request_timed_out,
                     error_message=f"{found.name}-{partition} is being cut over to tiered",
                 )
         assert self.partitions is not None
@@ -473,13 +472,17 @@ class TieringService:
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
-            return ProduceResult(CORRUPT_MESSAGE, error_message=str(exc))  # the owner's answer
+            return ProduceResult(
+                ErrorCode.corrupt_message, error_message=str(exc)
+            )  # the owner's answer
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
             self.holes.dropped(stream, batch)  # before the next hand-off of the stream goes
             if location is not None and self.s3wal is not None:
                 self.s3wal.release(location)
-            return ProduceResult(56, error_message=f"could not hand the batch over: {exc}")
+            return ProduceResult(
+                ErrorCode.kafka_storage_error, error_message=f"could not hand the batch over: {exc}"
+            )
         finally:
             started.set_result(None)
             if self._sends.get(stream) is started:
@@ -575,13 +578,15 @@ class TieringService:
                 self.holes.dropped(stream, batch)
                 return _not_owner(f"stream {stream} is not owned by {self.name}")
             if rules is None:
-                return ProduceResult(56, error_message=f"stream {stream}: no topic config")
+                return ProduceResult(
+                    ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"
+                )
             append_time = rules.log_append_time
             call = asyncio.ensure_future(
                 self.partitions.produce(stream, records, request.acks, append_time)
             )
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
-        except BaseException:  # the S3-WAL read failed: answered 56, the batch not appended
+        except BaseException:  # the S3-WAL read failed: a storage error, the batch not appended
             self.holes.dropped(stream, batch)  # before the stream's next arrival goes on
             raise
         finally:
