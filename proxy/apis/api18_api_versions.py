@@ -20,14 +20,15 @@ from typing import get_args
 
 from kio.schema.errors import ErrorCode
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import encode, load_response_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.headers import response_header
 from proxy.kafka.schema_walk import field_offset, skip_entity
-from proxy.kafka.versions import API_VERSIONS, APIS, supported_ranges
+from proxy.kafka.versions import APIS, supported_ranges
 from proxy.kafka.wire import read_array_length, read_int16, read_string, skip_tagged_fields
 
-API_KEY = API_VERSIONS
+API_KEY = ApiKey.API_VERSIONS
 RESPONSES = load_response_types(API_KEY)
 
 Ranges = dict[int, tuple[int, int]]  # api key -> (min version, max version)
