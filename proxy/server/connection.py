@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import deque
 
@@ -41,7 +40,7 @@ from proxy.apis.api18_api_versions import (
 )
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
 from proxy.kafka.api_keys import ApiKey
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import (
     RequestHeader,
     header_rejection_reason,
@@ -72,7 +71,6 @@ from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
 
 log = logging.getLogger("tierproxy.connection")
 
-_SIZE = struct.Struct(">i")
 # split (or answered in part) when tiering
 TIERED_APIS = frozenset(
     (
@@ -224,7 +222,7 @@ class ClientConnection(TieredAnswers):
                 size_bytes = await self._read_client(4, between_frames=True)
             else:
                 size_bytes, read_ahead = read_ahead, None
-            (size,) = _SIZE.unpack(size_bytes)
+            (size,) = FRAME_SIZE.unpack(size_bytes)
             if size < 0:
                 raise RejectedFrame("negative_frame_size", f"negative frame size {size}")
             if size > self._max_frame:  # before reading any of the body
@@ -359,7 +357,7 @@ class ClientConnection(TieredAnswers):
         else:  # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
             payload = unsupported_version_response(header.correlation_id, self.proxy.api_ranges())
         slot = Slot(header.correlation_id, ApiKey.API_VERSIONS, header.api_version, local=True)
-        slot.data = (_SIZE.pack(len(payload)) + payload,)
+        slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)
         self._enqueue(slot)
         self._flush()
         return len(payload) + 4
@@ -388,7 +386,7 @@ class ClientConnection(TieredAnswers):
                     size_bytes = await reader.readexactly(4)
                 except asyncio.IncompleteReadError:
                     raise UpstreamClosed("connection closed by the broker") from None
-                (size,) = _SIZE.unpack(size_bytes)
+                (size,) = FRAME_SIZE.unpack(size_bytes)
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
                     raise UpstreamClosed(f"response frame size {size} out of range")
                 if not self._awaiting_upstream:
@@ -435,7 +433,7 @@ class ClientConnection(TieredAnswers):
         rewritten = RESPONSE_REWRITERS[slot.api_key](slot.api_version, body, self.zone.advertise)
         if rewritten is body:
             return size_bytes, frame
-        return _SIZE.pack(head + len(rewritten)), view[:head], rewritten
+        return FRAME_SIZE.pack(head + len(rewritten)), view[:head], rewritten
 
     async def _pass_through(self, slot: Slot, head: bytes, remaining: int) -> None:
         """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens

@@ -24,7 +24,6 @@ Partitions of topics that are not tiered go upstream as they came.
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,11 +39,10 @@ from proxy.apis.api21_delete_records import (
     read_delete_records_response,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.peer.messages import TrimRequest
 from proxy.upkeep.trims import trim_stream
-
-_SIZE = struct.Struct(">i")
 
 Key = tuple[str, int]
 
@@ -130,7 +128,11 @@ async def plan_delete_records(
     local = asyncio.ensure_future(_trim_all(tiering, trims, cutovers, view.timeout_ms, refused))
     frame = None
     if upstream_body is not None:
-        frame = (_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
+        frame = (
+            FRAME_SIZE.pack(len(header_bytes) + len(upstream_body)),
+            header_bytes,
+            upstream_body,
+        )
     return DeletePlan(view, frame, local, tuple(cutovers))
 
 

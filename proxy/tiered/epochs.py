@@ -18,7 +18,6 @@ and consumers have read.
 from __future__ import annotations
 
 import asyncio
-import struct
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -28,10 +27,9 @@ from proxy.apis.api23_offset_for_leader_epoch import (
     read_requested,
     rewrite_end_offsets,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
-
-_SIZE = struct.Struct(">i")
 
 Key = tuple[str, int]
 
@@ -84,7 +82,7 @@ def plan_offset_for_leader_epoch(
     if not streams:
         return None
     local = asyncio.ensure_future(_high_watermarks(tiering, streams))
-    frame = (_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
+    frame = (FRAME_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
     cutovers = {key: cutover for key, (_, cutover) in streams.items()}
     return EpochsPlan(frame, local, cutovers, beyond=tiering.beyond_cutover)
 

@@ -22,7 +22,6 @@ Fetch.
 from __future__ import annotations
 
 import asyncio
-import struct
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
@@ -39,10 +38,9 @@ from proxy.apis.fetch_split import (
     read_fetch_request,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
-
-_SIZE = struct.Struct(">i")
 
 
 @dataclass(slots=True, eq=False)
@@ -125,7 +123,7 @@ async def plan_fetch(
             upstream_body = again or upstream_body
     local = loop.create_future()
     local.set_result(results)
-    frame = (_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
+    frame = (FRAME_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
     return FetchPlan(view, frame, local, keys, cutovers=cutovers, beyond=tiering.beyond_cutover)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import struct
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -52,6 +51,7 @@ from proxy.apis.api02_list_offsets import (
     read_list_offsets_response,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
@@ -62,7 +62,6 @@ from proxy.tiered.timestamps import OwnerAway, StreamSearch
 log = logging.getLogger("tierproxy.reads")
 
 LATEST, EARLIEST = -1, -2
-_SIZE = struct.Struct(">i")
 _FIRST_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8}  # older: Kafka refuses it
 _EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
 _ANY_TIMESTAMP = -(1 << 63)  # every record's timestamp is at least this
@@ -288,7 +287,7 @@ def plan_list_offsets(
     frame = None
     if upstream_body is not None:
         size = len(header_bytes) + len(upstream_body)
-        frame = (_SIZE.pack(size), header_bytes, upstream_body)
+        frame = (FRAME_SIZE.pack(size), header_bytes, upstream_body)
     return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
 
 

@@ -14,7 +14,6 @@ over is reported drained only when none is left (docs/tiering.md, "Cutover").
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from dataclasses import dataclass
 
@@ -29,11 +28,10 @@ from proxy.apis.produce_split import (
     read_produce_request,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.objects.ratelimit import Priority
 from proxy.partition.produce_rules import ProduceRules, check_records
 from proxy.partition.rules import ProduceResult
-
-_SIZE = struct.Struct(">i")
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +68,7 @@ def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_versio
     tiered_keys = tuple((p.topic, p.partition) for p in tiered)
     if upstream_body is not None:
         size = len(header_bytes) + len(upstream_body)
-        frame = (_SIZE.pack(size), header_bytes, upstream_body)
+        frame = (FRAME_SIZE.pack(size), header_bytes, upstream_body)
         kept = tuple(
             t.topic
             for t in view.topics
