@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import copy
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
+from proxy.clock import now_ms
 from proxy.metadata.client_start import start_client
 from proxy.metadata.codec import encode
 from proxy.metadata.reader import ShardReader
@@ -44,10 +44,6 @@ class ShardFenced(Exception):
         super().__init__(f"shard {shard}: no longer its owner: {reason}")
         self.shard = shard
         self.reason = reason
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _retrieve_transaction_failure(producer: AIOKafkaProducer) -> None:
@@ -91,7 +87,7 @@ class ShardOwner:
         shard_count: int,
         name: str,
         *,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] = now_ms,
         transaction_timeout_ms: int = 60000,
         unclean_takeover_after_s: float | None = None,
         hold_recheck_s: float = 0.5,

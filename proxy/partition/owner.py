@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
 from proxy.partition.recovered_tail import RecoveredTail, TailEntry
 from proxy.partition.rules import (
@@ -64,10 +64,6 @@ OnBroken = Callable[[int, BaseException], None]
 OnAppended = Callable[[int, int, int, bytearray], None]  # stream, base, last offset, batches
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclass(slots=True, eq=False)
 class _Request:
     records: Records
@@ -94,7 +90,7 @@ class TieredPartition:
         *,
         log_start_offset: int = 0,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
     ) -> None:
         self.stream_id = stream_id
@@ -128,7 +124,7 @@ class TieredPartition:
         *,
         read_committed: ReadCommitted | None = None,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
     ) -> TieredPartition:
         """The partition at the stream's log end, not started, from durable sources only
@@ -434,7 +430,7 @@ class PartitionSet:
         wal: WriteAheadLog,
         *,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
         log_cache: LogCache | None = None,
         holes: SequenceHoles | None = None,

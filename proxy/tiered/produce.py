@@ -14,7 +14,6 @@ over is reported drained only when none is left (docs/tiering.md, "Cutover").
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -28,6 +27,7 @@ from proxy.apis.produce_split import (
     read_produce_request,
     split,
 )
+from proxy.clock import now_ms
 from proxy.kafka.frames import FRAME_SIZE
 from proxy.objects.ratelimit import Priority
 from proxy.partition.produce_rules import ProduceRules, check_records
@@ -135,9 +135,8 @@ def _refusal(
         return PartitionResult(
             part.topic, part.partition, ErrorCode.kafka_storage_error, error_message=message
         )
-    now_ms = time.time_ns() // 1_000_000
     name = f"{topic.name}-{part.partition}"
-    refusal = check_records(part.records, rules, now_ms, view.api_version, name)
+    refusal = check_records(part.records, rules, now_ms(), view.api_version, name)
     if refusal is None:
         return None
     return PartitionResult(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.clock import now_ms
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
@@ -103,10 +104,6 @@ class _Part:
     acks: int
     timeout_ms: int
     rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _not_owner(message: str) -> ProduceResult:
@@ -688,7 +685,7 @@ class TieringService:
             if time.monotonic() > min(o.commit_by for o, _ in items):
                 # the orphan sweep may delete it now: the restarted uploader uploads again
                 raise CommitRefused(f"shard {shard}: the objects' PUT is too old to commit")
-            now = _now_ms()
+            now = now_ms()
             commits = [
                 ObjectCommit(
                     owner.state.generation, o.object_id, o.kind, o.size, owner.epoch, now, ranges

@@ -17,6 +17,7 @@ import time
 
 from kio.schema.errors import ErrorCode
 
+from proxy.clock import now_ms
 from proxy.metadata.records import ObjectCommit, OffsetRange
 from proxy.metadata.rules import Outcome
 from proxy.metadata.state import check_commit
@@ -64,7 +65,7 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
         ObjectKind.STREAM,
         r.size,
         owner.epoch,
-        int(time.time() * 1000),
+        now_ms(),
         (OffsetRange(r.stream_id, r.start_offset, r.end_offset),),
     )
     verdict = check_commit(state, commit)

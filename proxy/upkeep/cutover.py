@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from kio.schema.errors import ErrorCode
 
+from proxy.clock import now_ms
 from proxy.metadata.client_start import start_client
 from proxy.metadata.records import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.metadata.state import topic_untier_refusal
@@ -146,7 +146,7 @@ class CutoverLoop:
         if owner is None:
             return
         state = owner.state
-        now = int(time.time() * 1000)
+        now = now_ms()
         records = [
             StreamCutover(
                 state.generation,
@@ -191,7 +191,7 @@ class CutoverLoop:
                     log.error("stream %d holds offsets past its cutover: it stays tiered", stream)
                     continue
                 await service.partitions.remove(stream)
-                now = int(time.time() * 1000)
+                now = now_ms()
                 untier = StreamUntier(state.generation, stream, info.incarnation, owner.epoch, now)
                 [verdict] = await owner.write([untier])
                 service.seals.untiered(stream)
@@ -271,7 +271,7 @@ class CutoverLoop:
             if refusal:
                 return ErrorCode.policy_violation, f"cannot untier {topic}: {refusal}"
         mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
-        record = TopicModeSet(topic_id, topic, mode, int(time.time() * 1000))
+        record = TopicModeSet(topic_id, topic, mode, now_ms())
         try:
             [verdict] = await owner.write([record])
         except ShardFenced as exc:

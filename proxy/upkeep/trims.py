@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from kio.schema.errors import ErrorCode
 
+from proxy.clock import now_ms
 from proxy.metadata.records import StreamTrim
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
@@ -89,7 +89,7 @@ async def trim_stream(service, request: TrimRequest) -> tuple[int, int, str]:
     if info is None:
         return ErrorCode.not_leader_or_follower, -1, f"stream {stream} is not served here now"
     try:
-        verdict = await write_trim(service, owner, info, target, int(time.time() * 1000))
+        verdict = await write_trim(service, owner, info, target, now_ms())
     except ShardFenced as exc:
         return ErrorCode.not_leader_or_follower, -1, str(exc)
     if verdict.outcome is Outcome.REFUSE:
