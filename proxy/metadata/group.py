@@ -25,6 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.metadata.assignor import ShardAssignor
 from proxy.metadata.client_start import start_client
+from proxy.metadata.records import MetadataError
 from proxy.metadata.store import ShardFenced, ShardOwner
 
 log = logging.getLogger("tierproxy.metadata")
@@ -34,7 +35,7 @@ SEGMENT_MS = 3600 * 1000  # Kafka compacts closed segments only: roll them hourl
 DEFAULT_GROUP = "tierproxy-shards"
 
 
-class MetadataTopicError(Exception):
+class MetadataTopicError(MetadataError):
     """The metadata topic cannot be used as it is: not creatable, or not as configured."""
 
 

@@ -24,7 +24,7 @@ from proxy.clock import now_ms
 from proxy.metadata.client_start import start_client
 from proxy.metadata.codec import encode
 from proxy.metadata.reader import ShardReader
-from proxy.metadata.records import Record, ShardClaim, ShardRelease
+from proxy.metadata.records import MetadataError, Record, ShardClaim, ShardRelease
 from proxy.metadata.rules import Outcome, Verdict, refuse
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import transactional_id
@@ -34,7 +34,7 @@ __all__ = ["ShardFenced", "ShardOwner", "ShardReader"]
 log = logging.getLogger("tierproxy.metadata")
 
 
-class ShardFenced(Exception):
+class ShardFenced(MetadataError):
     """This owner no longer writes its shard: Kafka fenced its producer (another owner
     started), a newer claim was read, it was closed, or a write failed midway. A write
     that raises this was not committed, unless it failed or was cancelled after its commit
