@@ -52,6 +52,7 @@ from functools import cache
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import malformed
 from proxy.kafka.wire import (
@@ -65,7 +66,7 @@ from proxy.kafka.wire import (
     write_array_length,
 )
 
-API_KEY = 2
+API_KEY = ApiKey.LIST_OFFSETS
 REQUESTS = load_types(API_KEY, "request")
 RESPONSES = load_response_types(API_KEY)
 

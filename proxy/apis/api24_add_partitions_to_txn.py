@@ -28,6 +28,7 @@ from functools import cache
 from kio.schema.errors import ErrorCode
 from kio.static.protocol import Entity
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import encode, load_response_types, load_types, response_type
 from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
@@ -42,7 +43,7 @@ from proxy.kafka.wire import (
     skip_tagged_fields,
 )
 
-API_KEY = 24
+API_KEY = ApiKey.ADD_PARTITIONS_TO_TXN
 REQUESTS = load_types(API_KEY, "request")
 RESPONSES = load_response_types(API_KEY)
 FIRST_BATCHED_VERSION = 4  # transactions[...]: the broker-to-broker form

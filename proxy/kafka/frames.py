@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-_SIZE = struct.Struct(">i")
+FRAME_SIZE = struct.Struct(">i")  # the i32 size before every request and response
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
 
 
@@ -73,7 +73,7 @@ class FrameDecoder:
         if self._size is None:
             if self._buffered < 4:
                 return None
-            (size,) = _SIZE.unpack(self._take(4))
+            (size,) = FRAME_SIZE.unpack(self._take(4))
             if size < 0:
                 self._error = FrameError(f"negative frame size {size}")
                 raise self._error
@@ -114,4 +114,4 @@ class FrameDecoder:
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
     """The payload with its int32 size in front."""
-    return b"".join((_SIZE.pack(len(payload)), payload))
+    return b"".join((FRAME_SIZE.pack(len(payload)), payload))

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from proxy.errors import TierproxyError
+
 MAX_KEY_BYTES = 1024  # S3's limit on a key's UTF-8 length
 
 # What `put` accepts: one buffer, or the pieces of one object in order (written as one
@@ -21,7 +23,7 @@ MAX_KEY_BYTES = 1024  # S3's limit on a key's UTF-8 length
 Payload = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(TierproxyError):
     """An operation on the store failed. Carries the key (None for a multi-key operation
     that failed as a whole), the operation, the cause, and whether retrying later may help
     (the store has already retried transient errors `attempts` times). `where` names the

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
+from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
-from proxy.partition.producer_state import ErrorCode
 from proxy.partition.recovery import ReadCommitted, rebuild
 from proxy.partition.rules import (
     PartitionConfig,
@@ -46,7 +47,6 @@ __all__ = [
     "Records",
     "RecoveryError",
     "TieredPartition",
-    "wall_clock_ms",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,10 +54,6 @@ log = logging.getLogger(__name__)
 Records = bytes | bytearray | memoryview
 OnBroken = Callable[[int, BaseException], None]
 OnAppended = Callable[[int, int, int, bytearray], None]  # stream, base, last offset, batches
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True, eq=False)
@@ -86,7 +82,7 @@ class TieredPartition:
         *,
         log_start_offset: int = 0,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
     ) -> None:
         self.stream_id = stream_id
@@ -120,7 +116,7 @@ class TieredPartition:
         *,
         read_committed: ReadCommitted | None = None,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
     ) -> TieredPartition:
         """The partition at the stream's log end, not started, rebuilt from durable
@@ -279,7 +275,7 @@ class TieredPartition:
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
                     self.stream_id,
-                    result.error_code.name,
+                    result.error_code.name.upper(),  # Kafka's Errors name
                     result.message,
                     answer.error_code,
                 )
@@ -318,13 +314,13 @@ class TieredPartition:
                 self._fail(item, error)
                 return
             code = self._sequencer.commit(item.pending)
-            if code == ErrorCode.NONE and self.on_appended is not None:
+            if code == ErrorCode.none and self.on_appended is not None:
                 pending = item.pending
                 self.on_appended(
                     self.stream_id, pending.base_offset, pending.last_offset, pending.records
                 )
             for future, base_offset, append_time in item.waiters:
-                if code == ErrorCode.NONE:
+                if code == ErrorCode.none:
                     _answer(future, self._success(base_offset, append_time))
                 else:
                     self._dropped(item.pending.records)
@@ -378,7 +374,7 @@ class TieredPartition:
         self._appended = asyncio.Event()
 
 
-_SEQUENCE_REFUSALS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH)
+_SEQUENCE_REFUSALS = (ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch)
 
 
 def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult) -> None:

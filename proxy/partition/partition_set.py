@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
+from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
-from proxy.partition.owner import OnBroken, Records, TieredPartition, wall_clock_ms
+from proxy.partition.owner import OnBroken, Records, TieredPartition
 from proxy.partition.recovered_tail import RecoveredTail, TailEntry
 from proxy.partition.recovery import ReadCommitted, read_wal_batches
 from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
@@ -32,7 +33,7 @@ class PartitionSet:
         wal: Log,
         *,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
         log_cache: LogCache | None = None,
         holes: SequenceHoles | None = None,
