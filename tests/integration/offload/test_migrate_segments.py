@@ -40,7 +40,8 @@ from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.keys import parse_object_key
 from proxy.peer.clients import PeerClients
 from proxy.records.batches import iter_batches
-from tests.integration.tiering.tieredfleet import TieredFleet, wait_for
+from tests.integration.tiering.tieredfleet import TieredFleet
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]
 

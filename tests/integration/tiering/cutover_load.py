@@ -28,6 +28,7 @@ from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.store import ObjectStore
 from proxy.records.batches import iter_batches
+from tests.support.waiting import wait_until
 
 
 def proxy_config(
@@ -73,16 +74,6 @@ def start_topics_command(op: str, topic: str, peer_port: int) -> subprocess.Pope
     return subprocess.Popen(
         _command(op, topic, peer_port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-
-
-def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.1) -> float:
-    """Poll `condition()` until true; the seconds it took. AssertionError naming `what`."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"{what}: not after {timeout_s} s")
-        time.sleep(interval_s)
-    return time.monotonic() - started
 
 
 def wait_owned(proxies, shard_count: int, timeout_s: float = 30.0) -> None:

@@ -31,6 +31,7 @@ from proxy.metadata.rules import Outcome
 from proxy.metadata.store import ShardFenced, ShardOwner, ShardReader
 from proxy.metadata.streams import shard_of, stream_id, transactional_id
 from proxy.objects.keys import ObjectKind
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -83,16 +84,6 @@ async def started_owner(
         await owner.close()
         raise
     return owner
-
-
-async def eventually(condition: Callable[[], bool], within: float, what: str) -> float:
-    """Seconds until `condition()` holds, polled every 50 ms."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > within:
-            raise AssertionError(f"not within {within} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
 
 
 async def committed_keys(kafka: dict, topic: str) -> set[bytes]:

@@ -16,19 +16,13 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from cutover_load import (
-    create_topic,
-    proxy_config,
-    tiered_topic_id,
-    topics_command,
-    wait_owned,
-    wait_until,
-)
+from cutover_load import create_topic, proxy_config, tiered_topic_id, topics_command, wait_owned
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 

@@ -24,12 +24,13 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
-from cutover_load import create_topic, proxy_config, wait_owned, wait_until
+from cutover_load import create_topic, proxy_config, wait_owned
 from tiered_topic import TieredTopic, produce, read_all
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 

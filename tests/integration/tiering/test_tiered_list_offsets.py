@@ -33,14 +33,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from cutover_load import (
-    create_topic,
-    proxy_config,
-    tiered_topic_id,
-    topics_command,
-    wait_owned,
-    wait_until,
-)
+from cutover_load import create_topic, proxy_config, tiered_topic_id, topics_command, wait_owned
 
 from offload_jobs.cluster_reader import read_batches
 from proxy.config import parse_config
@@ -49,6 +42,7 @@ from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import offload_object_id, stream_id
 from proxy.objects.format import ObjectKind, ObjectWriter
 from proxy.peer.clients import PeerClients
+from tests.support.waiting import wait_until
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

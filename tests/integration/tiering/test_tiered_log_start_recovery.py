@@ -32,9 +32,10 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from test_tiered_retention import _earliest_latest, _read_from_earliest
-from tieredfleet import TieredFleet, TieredProxy, topic_id_of, wait_for
+from tieredfleet import TieredFleet, TieredProxy, topic_id_of
 
 from proxy.metadata.streams import shard_of, stream_id
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

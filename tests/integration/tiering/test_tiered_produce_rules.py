@@ -27,7 +27,9 @@ from kio.schema.produce.v9.response import ProduceResponse
 from kio.schema.types import TopicName
 from kio.static.primitive import i16, i32
 from raw_kafka import call
-from tieredfleet import TieredFleet, wait_for
+from tieredfleet import TieredFleet
+
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

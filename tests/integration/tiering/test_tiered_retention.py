@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned, wait_until
+from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned
 
 from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
 from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
@@ -37,6 +37,7 @@ from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_object
 from proxy.objects.store import ObjectNotFound
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 

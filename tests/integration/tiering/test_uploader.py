@@ -37,6 +37,7 @@ from proxy.upload.uploader import (
     UploadError,
 )
 from proxy.wal import WalConfig, WriteAheadLog
+from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
@@ -212,14 +213,6 @@ async def test_fifty_streams_go_up_in_one_object_per_upload(store, tmp_path):
         assert store.s3.metrics.count("UploadPart") == 0
     assert_all_committed_once(await committed_batches(store, shard), producer, shard)
     assert [o.key for o in shard.committed] == store.puts
-
-
-async def eventually(condition, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 async def test_the_size_trigger_uploads_without_flush(local_store, tmp_path):

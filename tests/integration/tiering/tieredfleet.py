@@ -56,6 +56,7 @@ from proxy.objects.s3 import S3Config, S3Store
 from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoint
+from tests.support.waiting import wait_for
 
 HEARTBEAT_S = 0.5
 MEMBER_TIMEOUT_S = 3.0
@@ -697,17 +698,6 @@ class JavaProducer:
 
 
 # -- waiting -----------------------------------------------------------------------------
-
-
-def wait_for(get, done, what: str, timeout: float = 60.0, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s; last: {value!r}"[:3000])
-        time.sleep(interval)
 
 
 def wait_for_log(proxy: TieredProxy, text: str, timeout: float, after: int = 0) -> int:

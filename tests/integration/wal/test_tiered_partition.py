@@ -37,6 +37,7 @@ from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
+from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
@@ -93,14 +94,6 @@ class Shard:
 
 def config_for(directory) -> WalConfig:
     return WalConfig(str(directory), segment_bytes=64 * 1024)
-
-
-async def until(predicate, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.002)):
-        if predicate():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("condition not met in time")
 
 
 def ok(result: ProduceResult | None, base_offset: int) -> None:
@@ -227,7 +220,9 @@ async def test_a_full_queue_makes_callers_wait_in_order_and_drops_nothing():
                     asyncio.create_task(partition.produce(nth(7, n), 0 if n == 9 else -1))
                     for n in range(10)
                 ]
-                await until(lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS)
+                await eventually(
+                    lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS, interval_s=0.002
+                )
                 await asyncio.sleep(0.05)
                 # 2 in flight, 2 queued, 6 waiting to be queued (the acks=0 one too)
                 assert partition.log_end_offset == CUTOVER + 6 and wal.durable_end == 0
@@ -254,7 +249,9 @@ async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledge
         in_flight = [
             asyncio.create_task(partitions.produce(S0, nth(7, n), -1)) for n in range(10, 15)
         ]
-        await until(lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS)
+        await eventually(
+            lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS, interval_s=0.002
+        )
         fs.fail_next_fsync()  # the held fsync fails
     results = await asyncio.gather(*in_flight)
     assert [r.error_code for r in results] == [56] * 5

@@ -1,0 +1,6 @@
+"""What every test may share: polling (`waiting`), record-batch builders (`batches`).
+
+Imported as `tests.support` (pytest runs from the repository root, which is on sys.path:
+`python -m pytest` puts it there, and the subprocess scripts insert it). A test keeps its
+own helper only where the helper says something about that test.
+"""
