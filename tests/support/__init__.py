@@ -1,4 +1,4 @@
-"""What every test may share: polling (`waiting`), record-batch builders (`batches`).
+"""What every test may share: polling (`waiting`), record batches (`batches`).
 
 Imported as `tests.support` (pytest runs from the repository root, which is on sys.path:
 `python -m pytest` puts it there, and the subprocess scripts insert it). A test keeps its

@@ -29,10 +29,10 @@ from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload
 from proxy.reads.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
 from proxy.reads.stream_reader import ReadResult, StreamReader
 from proxy.records.batches import with_base_offset
+from tests.support.batches import build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("0b6f3c52-8e1d-4f7a-a2c9-5d4e3f2a1b0c")
 S1, S2, S3 = (stream_id(TOPIC, p) for p in range(3))
@@ -43,11 +43,7 @@ GiB = 1024 * MiB
 
 def kafka_batch(records: int, value_size: int, tag: int) -> bytes:
     """A v2 batch as kafka-python's producer writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, batch_size=1 << 24)
-    for i in range(records):
-        value = (f"{tag}:{i}:".encode() * value_size)[:value_size]
-        builder.append(i, timestamp=NOW_MS + i, key=None, value=value, headers=[])
-    return bytes(builder.build())
+    return build_batch([(f"{tag}:{i}:".encode() * value_size)[:value_size] for i in range(records)])
 
 
 @dataclass

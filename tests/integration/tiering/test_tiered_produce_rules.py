@@ -17,7 +17,6 @@ import crc32c
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
@@ -29,6 +28,7 @@ from kio.static.primitive import i16, i32
 from raw_kafka import call
 from tieredfleet import TieredFleet
 
+from tests.support.batches import build_batch
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
@@ -116,11 +116,8 @@ def produce_raw(fleet: TieredFleet, topic: str, records: bytes, zone: str = ZONE
 
 
 def batch(timestamps, *, codec: int = 0, keys=None, value: bytes = b"v" * 20) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 22)
-    for n, ts in enumerate(timestamps):
-        key = b"k%d" % n if keys is None else keys[n]
-        builder.append(n, timestamp=ts, key=key, value=value, headers=[])
-    return bytes(builder.build())
+    keys = [b"k%d" % n for n in range(len(timestamps))] if keys is None else keys
+    return build_batch([value] * len(timestamps), keys=keys, timestamps=timestamps, codec=codec)
 
 
 def patched(data: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:

@@ -37,11 +37,11 @@ from proxy.upload.uploader import (
     UploadError,
 )
 from proxy.wal import WalConfig, WriteAheadLog
+from tests.support.batches import build_batch
 from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("3f2a9c1e-7b4d-4e8a-9c0f-1d2e3f405162")
 STREAMS = [stream_id(TOPIC, p) for p in range(50)]
@@ -52,11 +52,7 @@ QUIET = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)
 
 def kafka_batch(stream: int, n: int, records: int = 3) -> bytes:
     """A v2 batch as kafka-python's producer writes it, with values naming stream and n."""
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, batch_size=1 << 20)
-    for i in range(records):
-        value = f"{stream}:{n}:{i}:".encode() * 4
-        builder.append(i, timestamp=NOW_MS + i, key=None, value=value, headers=[])
-    return bytes(builder.build())
+    return build_batch([f"{stream}:{n}:{i}:".encode() * 4 for i in range(records)])
 
 
 class Producer:

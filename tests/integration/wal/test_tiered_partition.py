@@ -37,11 +37,11 @@ from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
+from tests.support.batches import build_batch
 from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("5b1e0c7a-2d4f-4a9b-8e3c-6f7a8b9c0d1e")
 STREAMS = [stream_id(TOPIC, p) for p in range(2)]
@@ -53,19 +53,11 @@ RECORDS = 3  # per batch
 
 def batch(pid: int, seq: int, *, epoch: int = 0, transactional: bool = False) -> bytes:
     """An idempotent producer's batch as kafka-python writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=transactional,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 20,
-    )
-    for i in range(RECORDS):
-        value = f"{pid}:{seq + i}:".encode() * 8
-        builder.append(i, timestamp=NOW_MS + i, key=b"k", value=value, headers=[])
-    return bytes(builder.build())
+    values = [f"{pid}:{seq + i}:".encode() * 8 for i in range(RECORDS)]
+    return build_batch(
+        values, keys=[b"k"] * RECORDS, producer_id=pid, producer_epoch=epoch,
+        base_sequence=seq, transactional=transactional,
+    )  # fmt: skip
 
 
 def nth(pid: int, n: int) -> bytes:

@@ -24,12 +24,14 @@ from proxy.records.batches import (
     whole_batches,
     with_base_offset,
 )
+from tests.support.batches import NOW_MS
+from tests.support.batches import build_batch as support_batch
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatch
     from kafka.record.memory_records import MemoryRecords
 
 
@@ -44,38 +46,23 @@ def build_batch(
 ) -> bytes:
     """A batch as a kafka-python producer writes it (base offset 0, leader epoch 0)."""
     producer_id, producer_epoch, base_sequence = producer or (-1, -1, -1)
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        key = None if i % 3 == 2 else f"key-{i}".encode()
-        value = bytes([i % 256]) * value_size
-        builder.append(i, timestamp=1_700_000_000_000 + 7 * i, key=key, value=value,
-                       headers=headers or [])  # fmt: skip
-    return bytes(builder.build())
+    return support_batch(
+        [bytes([i % 256]) * value_size for i in range(count)],
+        keys=[None if i % 3 == 2 else f"key-{i}".encode() for i in range(count)],
+        timestamps=[NOW_MS + 7 * i for i in range(count)],
+        headers=headers, codec=compression, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence, transactional=transactional,
+    )  # fmt: skip
 
 
 def build_commit_marker(producer_id: int, producer_epoch: int) -> bytes:
     """A transaction commit marker: a control batch, as the broker writes one."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=True,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
     # key: control record version 0, type 1 (commit); value: marker version 0, coordinator epoch
-    builder.append(0, timestamp=1_700_000_000_000, key=struct.pack(">hh", 0, 1),
-                   value=struct.pack(">hi", 0, 5), headers=[])  # fmt: skip
-    return patch_header(bytes(builder.build()), 21, ">h", 0x30, fix_crc=True)
+    marker = support_batch(
+        [struct.pack(">hi", 0, 5)], keys=[struct.pack(">hh", 0, 1)], timestamps=[NOW_MS],
+        producer_id=producer_id, producer_epoch=producer_epoch, transactional=True,
+    )  # fmt: skip
+    return patch_header(marker, 21, ">h", 0x30, fix_crc=True)
 
 
 def patch_header(batch: bytes, position: int, fmt: str, value: int, *, fix_crc: bool) -> bytes:

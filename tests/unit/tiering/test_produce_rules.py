@@ -8,7 +8,6 @@ import struct
 
 import crc32c
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from proxy.partition.produce_rules import (
     CORRUPT_MESSAGE,
@@ -23,6 +22,7 @@ from proxy.partition.produce_rules import (
     produce_rules,
 )
 from proxy.records.batches import read_batch_header, set_log_append_time
+from tests.support.batches import build_batch
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -32,11 +32,8 @@ PARTITION = "t-0"
 
 def batch(timestamps=(NOW, NOW + 1), *, codec: int = 0, keys=None, value=b"v" * 10) -> bytes:
     """A batch as a producer writes it: base offset 0, one record per timestamp."""
-    builder = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 22)
-    for n, ts in enumerate(timestamps):
-        key = b"k%d" % n if keys is None else keys[n]
-        builder.append(n, timestamp=ts, key=key, value=value, headers=[])
-    return bytes(builder.build())
+    keys = [b"k%d" % n for n in range(len(timestamps))] if keys is None else keys
+    return build_batch([value] * len(timestamps), keys=keys, timestamps=timestamps, codec=codec)
 
 
 def check(records: bytes, rules: ProduceRules = RULES, api_version: int = 9):

@@ -24,12 +24,13 @@ from proxy.partition.sequencer import (
     Rejected,
 )
 from proxy.records.batches import iter_batches, read_batch_header, validate_batch
+from tests.support.batches import build_batch
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatch
 
 NOW = 1_700_000_000_000
 PID = 4242
@@ -45,18 +46,10 @@ def batch(
     compression: int = 0,
 ) -> bytes:
     """A batch as a kafka-python producer writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        builder.append(i, timestamp=NOW + i, key=b"k%d" % i, value=b"v" * 10, headers=[])
-    return bytes(builder.build())
+    return build_batch(
+        [b"v" * 10] * count, keys=[b"k%d" % i for i in range(count)], codec=compression,
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=transactional,
+    )  # fmt: skip
 
 
 def idem(seq: int, count: int = 3, *, epoch: int = 0, pid: int = PID) -> bytes:

@@ -9,9 +9,7 @@ the reader's decisions show exactly. The last test writes and reads a LocalDirec
 from __future__ import annotations
 
 import asyncio
-import struct
 
-import crc32c
 import pytest
 
 from proxy.handoff.objects import (
@@ -25,16 +23,9 @@ from proxy.handoff.reader import WalObjectCache
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectNotFound, ObjectStoreError
+from tests.support.batches import batch_of_size
 
-HEADER = 61
 WRITER = "test-proxy-1700000000000-0badcafe"
-
-
-def batch_of_size(size: int, fill: int) -> bytes:
-    """A v2 record batch as a producer sends it, `size` bytes long, payload all `fill`."""
-    ts = 1_700_000_000_000
-    body = struct.pack(">hiqqqhii", 0, 0, ts, ts, 7, 0, -1, 1) + bytes([fill]) * (size - HEADER)
-    return struct.pack(">qiibI", 0, 9 + len(body), 0, 2, crc32c.crc32c(body)) + body
 
 
 class CountingStore:

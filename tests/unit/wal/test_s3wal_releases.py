@@ -6,24 +6,14 @@ got its location counts as released. On a LocalDirectoryStore in tmp_path."""
 from __future__ import annotations
 
 import asyncio
-import struct
-
-import crc32c
 
 from proxy.handoff.gc import S3WalReleases
 from proxy.handoff.writer import S3WalWriter
 from proxy.objects.local import LocalDirectoryStore
+from tests.support.batches import batch_of_size
 from tests.support.waiting import eventually
 
-HEADER = 61
 WRITER = "test-proxy-1700000000000-00c0ffee"
-
-
-def batch(fill: int, size: int = 200) -> bytes:
-    """A v2 record batch as a producer sends it, its payload all `fill`."""
-    ts = 1_700_000_000_000
-    body = struct.pack(">hiqqqhii", 0, 0, ts, ts, 7, 0, -1, 1) + bytes([fill]) * (size - HEADER)
-    return struct.pack(">qiibI", 0, 9 + len(body), 0, 2, crc32c.crc32c(body)) + body
 
 
 async def keys(store: LocalDirectoryStore) -> set[str]:
@@ -95,3 +85,7 @@ async def test_releases_batch_their_deletes(tmp_path):
             releases.release(f"wal/k{n}")
         await releases.close()
     assert deletes == [["wal/k0", "wal/k1", "wal/k2"], ["wal/k3"]]
+
+
+def batch(fill: int, size: int = 200) -> bytes:
+    return batch_of_size(size, fill)
