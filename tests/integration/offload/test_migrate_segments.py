@@ -52,14 +52,10 @@ AFTER = 40  # records through the proxy, past the cutover
 @pytest.fixture(scope="module")
 def fleet(kafka_cluster, s3_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("fleet")
-    fleet = TieredFleet(kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",),
-                        shard_count=2)  # fmt: skip
-    try:
-        fleet.start()
-        fleet.wait_until_owned()
+    with TieredFleet(
+        kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",), shard_count=2
+    ) as fleet:
         yield fleet
-    finally:
-        fleet.close()
 
 
 def _config(fleet: TieredFleet) -> str:

@@ -15,13 +15,17 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from aiokafka.record.default_records import DefaultRecordBatch
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.devstack.paths import free_port
+from proxy.config import parse_config
+from proxy.devstack.paths import free_port, free_port_block
+from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardReader
 from proxy.metadata.streams import shard_of, stream_id
@@ -50,6 +54,17 @@ def proxy_config(
         "fleet": {"name": name, "zone": zone, "topic": f"fleet-{suffix}"},
         "tiering": settings,
     }
+
+
+@contextmanager
+def one_proxy(cluster, tmp_path, name: str, **tiering) -> Iterator[ProxyThread]:
+    """One proxy (zone-a, in this process) on `cluster`, with metadata and fleet topics of
+    its own, started and owning both metadata shards; stopped on the way out."""
+    suffix = uuid.uuid4().hex[:8]
+    config = proxy_config(cluster, tmp_path, name, "zone-a", suffix, free_port_block(8), **tiering)
+    with ProxyThread(parse_config(config)) as proxy:
+        wait_owned([proxy], 2)
+        yield proxy
 
 
 def create_topic(cluster, topic: str, partitions: int) -> None:

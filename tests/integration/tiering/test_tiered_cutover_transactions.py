@@ -16,11 +16,13 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from cutover_load import create_topic, proxy_config, tiered_topic_id, topics_command, wait_owned
+from cutover_load import (
+    create_topic,
+    one_proxy,
+    tiered_topic_id,
+    topics_command,
+)
 
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
-from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
 from tests.support.waiting import wait_until
 
@@ -48,12 +50,7 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path)
     suffix = uuid.uuid4().hex[:8]
     topic = f"txn-cutover-{suffix}"
     create_topic(kafka_cluster, topic, 1)
-    config = proxy_config(
-        kafka_cluster, tmp_path, f"txn-{suffix}", "zone-a", suffix, free_port_block(8),
-        cutover_hold_ms=60_000,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp_path, f"txn-{suffix}", cutover_hold_ms=60_000) as proxy:
         tiering = proxy.proxy.tiering
         producer = Producer(
             {"bootstrap.servers": proxy.bootstrap, "transactional.id": f"tx-{suffix}"}

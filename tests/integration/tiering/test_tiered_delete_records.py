@@ -24,12 +24,9 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
-from cutover_load import create_topic, proxy_config, wait_owned
+from cutover_load import create_topic, one_proxy
 from tiered_topic import TieredTopic, produce, read_all
 
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
-from proxy.devstack.proxy_thread import ProxyThread
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -84,12 +81,7 @@ def test_delete_records_trims_tiered_partitions_and_passes_the_rest(kafka_cluste
     topic, plain = f"delete-{suffix}", f"plain-{suffix}"
     create_topic(kafka_cluster, topic, PARTITIONS)
     create_topic(kafka_cluster, plain, 1)
-    config = proxy_config(
-        kafka_cluster, tmp_path, f"delete-{suffix}", "zone-a", suffix, free_port_block(8),
-        upload_interval_s=3600.0,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp_path, f"delete-{suffix}", upload_interval_s=3600.0) as proxy:
         t = TieredTopic(proxy, topic, PARTITIONS, PER_ROUND)
         t.round("r0")
         t.round("r1")

@@ -41,19 +41,14 @@ CLIENT_ID = f"produce-rules,tierproxy_az={ZONE}"
 
 @pytest.fixture(scope="module")
 def fleet(kafka_cluster, s3_server, tmp_path_factory):
-    fleet = TieredFleet(
+    with TieredFleet(
         kafka_cluster.bootstrap,
         s3_server,
         tmp_path_factory.mktemp("produce-rules"),
         zones=("zone-a", "zone-b"),
         shard_count=2,
-    )
-    try:
-        fleet.start()
-        fleet.wait_until_owned()
+    ) as fleet:
         yield fleet
-    finally:
-        fleet.close()
 
 
 def topics(fleet: TieredFleet, kafka_cluster, config: dict[str, str] | None = None):

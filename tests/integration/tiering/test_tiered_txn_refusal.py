@@ -25,7 +25,7 @@ import uuid
 import pytest
 import txn_clients
 from confluent_kafka import Consumer, TopicPartition
-from cutover_load import create_topic, proxy_config, wait_owned
+from cutover_load import create_topic, one_proxy
 from kio.schema.add_partitions_to_txn.v3.request import (
     AddPartitionsToTxnRequest,
     AddPartitionsToTxnTopic,
@@ -34,8 +34,6 @@ from kio.schema.add_partitions_to_txn.v3.response import AddPartitionsToTxnRespo
 from kio.schema.errors import ErrorCode
 from tiered_topic import TieredTopic
 
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.kafka.messages import decode_response, encode_request
 
@@ -71,12 +69,7 @@ def tiered(kafka_cluster, tmp_path_factory):
     topic = f"txn-refused-{suffix}"
     create_topic(kafka_cluster, topic, 1)
     tmp = tmp_path_factory.mktemp("txn-refusal")
-    config = proxy_config(
-        kafka_cluster, tmp, f"txnref-{suffix}", "zone-a", suffix, free_port_block(8),
-        upload_interval_s=3600.0,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp, f"txnref-{suffix}", upload_interval_s=3600.0) as proxy:
         yield Tiered(kafka_cluster, proxy, topic)
 
 
