@@ -1,4 +1,5 @@
-"""What every test may share: polling (`waiting`), record batches (`batches`).
+"""What every test may share: polling (`waiting`), record batches (`batches`), a
+clock moved by hand (`clock`).
 
 Imported as `tests.support` (pytest runs from the repository root, which is on sys.path:
 `python -m pytest` puts it there, and the subprocess scripts insert it). A test keeps its

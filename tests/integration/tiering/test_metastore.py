@@ -86,6 +86,22 @@ async def started_owner(
     return owner
 
 
+def count_looks(owner: ShardOwner) -> Callable[[], int]:
+    """How many times `owner` has read its partition to the end: each look at whether
+    the last owner released the shard starts with one. Two more looks, still held, is
+    what a waiting owner must show; a fixed sleep would only guess their pace."""
+    reads = 0
+    read_to_end = owner.reader.read_to_end
+
+    async def counted(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return await read_to_end(*args, **kwargs)
+
+    owner.reader.read_to_end = counted
+    return lambda: reads
+
+
 async def committed_keys(kafka: dict, topic: str) -> set[bytes]:
     """Every key in the topic, read with read_committed to the end."""
     consumer = AIOKafkaConsumer(
@@ -360,9 +376,11 @@ async def test_an_owner_waits_for_a_last_owner_that_did_not_release_the_shard(ka
     try:
         b = ShardOwner(kafka, topic, 3, SHARDS, "proxy-b")
         owners.append(b)
+        looks = count_looks(b)
         starting = asyncio.create_task(b.start())
         await eventually(lambda: b.held_by == "proxy-a", 60, "b waits for proxy-a")
-        await asyncio.sleep(1.2)  # two more looks at the partition
+        seen = looks()
+        await eventually(lambda: looks() >= seen + 3, 60, "two more looks at the partition")
         assert b.held_by == "proxy-a" and not b.owning and not starting.done()
         starting.cancel()  # as a revoke does
         with pytest.raises(asyncio.CancelledError):

@@ -11,6 +11,7 @@ the proxy reads the committed records, then records produced after the cutover.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -46,7 +47,8 @@ def _watermarks(bootstrap: str, topic: str, isolation: str) -> tuple[int, int]:
         consumer.close()
 
 
-def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path):
+def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tierproxy.cutover")
     suffix = uuid.uuid4().hex[:8]
     topic = f"txn-cutover-{suffix}"
     create_topic(kafka_cluster, topic, 1)
@@ -68,7 +70,10 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path)
 
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        time.sleep(3.0)  # every proxy reports the topic drained within a heartbeat or two
+        # the cutover loop, once every proxy reports the topic drained, finds the open
+        # transaction and says so: the round that would have cut over is past
+        wait_until(lambda: f"cutover of {topic} waits for open transactions" in caplog.text,
+                   30, "the cutover waiting for the transaction")  # fmt: skip
         assert tiering.state(stream).stream(stream) is None, "cut over inside a transaction"
 
         producer.commit_transaction(30)  # the marker goes to Kafka, at offset 5

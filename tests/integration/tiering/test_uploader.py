@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from uuid import UUID
@@ -38,6 +37,7 @@ from proxy.upload.uploader import (
 )
 from proxy.wal import WalConfig, WriteAheadLog
 from tests.support.batches import build_batch
+from tests.support.clock import ManualClock
 from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
@@ -231,20 +231,30 @@ async def test_the_size_trigger_uploads_without_flush(local_store, tmp_path):
 
 async def test_the_time_trigger_uploads_without_flush(local_store, tmp_path):
     shard = Shard()
+    clock = ManualClock()  # the uploader's: "not yet due" is a time the test sets
     config = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=0.3)
     async with await WriteAheadLog.open(wal_config(tmp_path)) as wal:
         producer = Producer(wal)
         async with Uploader(
-            wal, local_store, shard.commit, ObjectIdAllocator(1), config=config
+            wal, local_store, shard.commit, ObjectIdAllocator(1), config=config, clock=clock
         ) as up:
-            started = time.monotonic()
-            await producer.produce(rounds=1, streams=STREAMS[:3])
-            await asyncio.sleep(0.1)
-            assert up.stats.uploads == 0  # not yet due
-            await eventually(lambda: up.stats.backlog_bytes == 0)
-            assert up.stats.uploads == 1 and time.monotonic() - started >= 0.3
-            await producer.produce(rounds=1)
-            await eventually(lambda: up.stats.backlog_bytes == 0)
+
+            def seen() -> bool:
+                """Whether the uploader has seen the backlog (it then has an age)."""
+                clock.now += 0.001
+                return up.backlog_seconds > 0
+
+            for streams in (STREAMS[:3], STREAMS):
+                await producer.produce(rounds=1, streams=streams)
+                await eventually(seen, what="the uploader saw the backlog")
+                uploads = up.stats.uploads
+                clock.now += 0.29
+                looked = clock.calls
+                await eventually(lambda n=looked + 3: clock.calls >= n, what="three more looks")
+                assert up.stats.uploads == uploads  # not yet due
+                clock.now += 0.01
+                await eventually(lambda: up.stats.backlog_bytes == 0)
+                assert up.stats.uploads == uploads + 1
             stats = up.stats
     assert stats.uploads == stats.objects == 2 == len(local_store.puts)
     assert_all_committed_once(await committed_batches(local_store, shard), producer, shard)

@@ -20,17 +20,10 @@ from proxy.wal.entry import entry_size
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.memfs import MemoryFilesystem
 from proxy.wal.segments import segment_name
+from tests.support.clock import ManualClock
 from tests.support.waiting import eventually
 
 DIR = "/wal"
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def batch(i: int, size: int = 100) -> bytes:
@@ -166,7 +159,7 @@ async def test_reopening_replays_what_was_not_trimmed(fs):
 
 
 async def test_a_full_wal_makes_appends_wait_until_a_trim(fs):
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     size = entry_size(100)
     async with await open_wal(fs, clock, capacity_bytes=3 * size) as wal:
         positions = [await wal.append(1, i, batch(i)) for i in range(3)]
