@@ -25,26 +25,13 @@ from cutover_load import (
 )
 
 from proxy.metadata.streams import stream_id
+from tests.support.clients import watermarks
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
 IN_TRANSACTION = 5
 AFTER = 3
-
-
-def _watermarks(bootstrap: str, topic: str, isolation: str) -> tuple[int, int]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"w-{uuid.uuid4().hex}",
-            "isolation.level": isolation,
-        }
-    )
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30, cached=False)
-    finally:
-        consumer.close()
 
 
 def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path, caplog):
@@ -63,7 +50,7 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path,
             producer.produce(topic, f"txn-{n}".encode(), partition=0)
         assert producer.flush(30) == 0
         high, stable = (
-            _watermarks(kafka_cluster.bootstrap, topic, i)[1]
+            watermarks(kafka_cluster.bootstrap, topic, isolation=i)[1]
             for i in ("read_uncommitted", "read_committed")
         )
         assert (high, stable) == (IN_TRANSACTION, 0)  # open: Kafka's LSO is at its start
@@ -80,7 +67,7 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path,
         wait_until(lambda: tiering.state(stream).stream(stream) is not None, 30, "cut over")
         cutover = tiering.state(stream).cutover(stream)
         assert cutover == IN_TRANSACTION + 1  # after the commit marker
-        assert _watermarks(kafka_cluster.bootstrap, topic, "read_committed")[1] == cutover
+        assert watermarks(kafka_cluster.bootstrap, topic, isolation="read_committed")[1] == cutover
 
         after = Producer({"bootstrap.servers": proxy.bootstrap, "enable.idempotence": True})
         for n in range(AFTER):
@@ -109,4 +96,6 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path,
             (cutover + n, f"after-{n}".encode()) for n in range(AFTER)
         ]
         # Kafka's log still ends at the cutover: nothing of the stream's went there
-        assert _watermarks(kafka_cluster.bootstrap, topic, "read_uncommitted")[1] == cutover
+        assert (
+            watermarks(kafka_cluster.bootstrap, topic, isolation="read_uncommitted")[1] == cutover
+        )

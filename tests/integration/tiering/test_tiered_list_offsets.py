@@ -44,6 +44,7 @@ from offload_jobs.cluster_reader import read_batches
 from proxy.metadata.streams import offload_object_id, stream_id
 from proxy.objects.format import ObjectKind, ObjectWriter
 from proxy.peer.clients import PeerClients
+from tests.support.clients import delete_records
 from tests.support.waiting import wait_until
 
 with warnings.catch_warnings():
@@ -163,12 +164,6 @@ def _aiokafka(bootstrap: str, topic: str, targets: list[int]) -> dict[int, tuple
     return asyncio.run(run())
 
 
-def _delete(bootstrap: str, topic: str, offset: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    [future] = admin.delete_records([TopicPartition(topic, 0, offset)]).values()
-    assert future.result(60).low_watermark == offset
-
-
 def _first_read(bootstrap: str, topic: str, offset: int, leader_epoch: int | None = None) -> int:
     """The offset of the first record a consumer gets from `offset` (no reset allowed);
     with `leader_epoch`, librdkafka first validates the position with OffsetForLeaderEpoch
@@ -238,7 +233,9 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
 
         # inside a batch of Kafka's part: Kafka's log start there, the stream's follows
         for topic in (plain, tiered):
-            _delete(proxy.bootstrap, topic, MID_KAFKA)
+            assert delete_records(proxy.bootstrap, {(topic, 0): MID_KAFKA}) == {
+                (topic, 0): MID_KAFKA
+            }
         wait_until(
             lambda: tiering.state(stream).stream(stream).log_start_offset == MID_KAFKA, 30, "trim"
         )
@@ -246,7 +243,9 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
 
         # inside the zstd batch in the objects: answered from the objects alone
         for topic in (plain, tiered):
-            _delete(proxy.bootstrap, topic, MID_OBJECTS)
+            assert delete_records(proxy.bootstrap, {(topic, 0): MID_OBJECTS}) == {
+                (topic, 0): MID_OBJECTS
+            }
         wait_until(
             lambda: tiering.state(stream).stream(stream).log_start_offset == MID_OBJECTS, 30, "trim"
         )

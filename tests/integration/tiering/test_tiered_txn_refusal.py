@@ -36,6 +36,7 @@ from tiered_topic import TieredTopic
 
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.kafka.messages import decode_response, encode_request
+from tests.support.clients import watermarks
 
 pytestmark = pytest.mark.kafka
 
@@ -59,8 +60,8 @@ class Tiered:
     def check_kafka_and_proxy_logs(self) -> None:
         """Kafka's log of the tiered partition ends at the cutover (no marker past it), and
         the partition through the proxy is as it was."""
-        assert _watermarks(self.cluster.bootstrap, self.topic) == (0, self.cutover)
-        assert _watermarks(self.proxy.bootstrap, self.topic) == (0, self.end)
+        assert watermarks(self.cluster.bootstrap, self.topic) == (0, self.cutover)
+        assert watermarks(self.proxy.bootstrap, self.topic) == (0, self.end)
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +74,9 @@ def tiered(kafka_cluster, tmp_path_factory):
         yield Tiered(kafka_cluster, proxy, topic)
 
 
-def _watermarks(bootstrap: str, topic: str, isolation: str = "read_uncommitted"):
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex}",
-         "isolation.level": isolation}
-    )  # fmt: skip
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30, cached=False)
-    finally:
-        consumer.close()
-
-
 def _committed_values(bootstrap: str, topic: str) -> list[bytes]:
     """Every record a read_committed consumer reads from partition 0, through the proxy."""
-    end = _watermarks(bootstrap, topic, "read_committed")[1]
+    end = watermarks(bootstrap, topic, isolation="read_committed")[1]
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
          "isolation.level": "read_committed", "enable.partition.eof": True}
