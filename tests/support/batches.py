@@ -65,3 +65,36 @@ def opaque_batch(payload: bytes, *, records: int = 1, base_sequence: int = -1) -
 def batch_of_size(size: int, fill: int = 0x5A) -> bytes:
     """An `opaque_batch` of exactly `size` bytes, its payload all `fill`."""
     return opaque_batch(bytes([fill]) * (size - HEADER))
+
+
+def patched(batch: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:
+    """`batch` with one header field changed (`fmt` at `position`), its CRC recomputed
+    unless told not to (a test of a CRC check)."""
+    out = bytearray(batch)
+    struct.pack_into(fmt, out, position, value)
+    if fix_crc:
+        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
+    return bytes(out)
+
+
+def control_batch(
+    producer_id: int,
+    producer_epoch: int,
+    kind: int,
+    *,
+    coordinator_epoch: int = 0,
+    key: bytes | None = None,
+    timestamp: int = NOW_MS,
+) -> bytes:
+    """A transaction marker as a coordinator writes it: a control batch of one record,
+    key (version 0, `kind`: 0 abort, 1 commit), value (version 0, coordinator epoch)."""
+    key = struct.pack(">hh", 0, kind) if key is None else key
+    marker = build_batch(
+        [struct.pack(">hi", 0, coordinator_epoch)],
+        keys=[key],
+        timestamps=[timestamp],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        transactional=True,
+    )
+    return patched(marker, 21, ">h", 0x30)  # attributes: transactional + control

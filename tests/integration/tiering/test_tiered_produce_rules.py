@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import re
-import struct
 import time
 import uuid
 
-import crc32c
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -28,7 +26,7 @@ from kio.static.primitive import i16, i32
 from raw_kafka import call
 from tieredfleet import TieredFleet
 
-from tests.support.batches import build_batch
+from tests.support.batches import build_batch, patched
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
@@ -113,14 +111,6 @@ def produce_raw(fleet: TieredFleet, topic: str, records: bytes, zone: str = ZONE
 def batch(timestamps, *, codec: int = 0, keys=None, value: bytes = b"v" * 20) -> bytes:
     keys = [b"k%d" % n for n in range(len(timestamps))] if keys is None else keys
     return build_batch([value] * len(timestamps), keys=keys, timestamps=timestamps, codec=codec)
-
-
-def patched(data: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:
-    out = bytearray(data)
-    struct.pack_into(fmt, out, position, value)
-    if fix_crc:
-        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
 
 
 def same_answers(fleet, names, records: bytes, what: str, *, message: bool = True, zones=(ZONE,)):
