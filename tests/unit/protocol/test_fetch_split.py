@@ -4,8 +4,6 @@ for every served version, on answers carrying real v2 record batches."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import importlib
 import struct
 import uuid
 import warnings
@@ -27,6 +25,7 @@ from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS
 from tests.support.batches import build_batch
+from tests.support.kio_types import MS, mod, only_fields
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
@@ -36,7 +35,6 @@ with warnings.catch_warnings():
 REQUESTS = load_types(1, "request")
 RESPONSES = load_types(1, "response")
 VERSIONS = range(APIS[1].min_version, APIS[1].max_version + 1)
-MS = datetime.timedelta(milliseconds=1)
 
 
 def test_every_kio_fetch_version_is_served():
@@ -52,17 +50,6 @@ def batch(count: int, seed: int) -> bytes:
 def key(version: int, name: str) -> str | uuid.UUID:
     """A topic as the version names it: by id from v13."""
     return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name
-
-
-def mod(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
-def only_fields(cls, **fields):
-    """cls built from the fields it has: the version decides which of `fields` exist."""
-    return cls(
-        **{name: value for name, value in fields.items() if name in cls.__dataclass_fields__}
-    )
 
 
 # topic -> partitions, each (index, fetch_offset, current_leader_epoch, partition_max_bytes)
