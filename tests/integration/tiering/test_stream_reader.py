@@ -25,11 +25,12 @@ from proxy.metadata.streams import stream_id
 from proxy.objects.format import BuiltObject, ObjectFormatError, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
-from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload
+from proxy.objects.store import ObjectNotFound
 from proxy.reads.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
 from proxy.reads.stream_reader import ReadResult, StreamReader
 from proxy.records.batches import with_base_offset
 from tests.support.batches import build_batch
+from tests.support.stores import PrefixedStore
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
@@ -147,33 +148,8 @@ def three_streams() -> Layout:
     return layout
 
 
-class PrefixedStore:
+class CountingStore(PrefixedStore):
     """The store under test under this test's own key prefix (the MinIO bucket is shared)."""
-
-    def __init__(self, inner, prefix: str) -> None:
-        self.inner, self.prefix = inner, prefix
-
-    async def put(self, key: str, data: Payload) -> None:
-        await self.inner.put(self.prefix + key, data)
-
-    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return await self.inner.get(self.prefix + key, start, end)
-
-    async def get_tail(self, key: str, length: int) -> bytes:
-        return await self.inner.get_tail(self.prefix + key, length)
-
-    async def size(self, key: str) -> int:
-        return await self.inner.size(self.prefix + key)
-
-    async def delete(self, keys: Iterable[str]) -> None:
-        await self.inner.delete([self.prefix + key for key in keys])
-
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        async for info in self.inner.list(self.prefix + prefix):
-            yield ObjectInfo(info.key[len(self.prefix) :], info.size)
-
-    async def close(self) -> None:
-        pass
 
     def s3_gets(self) -> float | None:
         """GetObject requests S3 counted (None for the local store)."""
@@ -182,15 +158,15 @@ class PrefixedStore:
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.minio)])
-async def store(request, tmp_path, key_prefix, make_s3_store) -> AsyncIterator[PrefixedStore]:
+async def store(request, tmp_path, key_prefix, make_s3_store) -> AsyncIterator[CountingStore]:
     if request.param == "local":
         async with LocalDirectoryStore(tmp_path / "objects") as local:
-            yield PrefixedStore(local, key_prefix)
+            yield CountingStore(local, key_prefix)
     else:
-        yield PrefixedStore(await make_s3_store(request.getfixturevalue("s3_server")), key_prefix)
+        yield CountingStore(await make_s3_store(request.getfixturevalue("s3_server")), key_prefix)
 
 
-async def put_all(store: PrefixedStore, layout: Layout) -> None:
+async def put_all(store: CountingStore, layout: Layout) -> None:
     for built in layout.objects:
         await store.put(built.key, built.pieces)
 
@@ -339,12 +315,12 @@ async def test_a_deleted_object_raises_object_not_found(store, cache):
     assert [bytes(b) for b in got.batches] == layout.expected(S1, 0, 1000)[0]
 
 
-class CompactsOnFirstBlockRead(PrefixedStore):
+class CompactsOnFirstBlockRead(CountingStore):
     """The store, and a compaction committed to `layout.state` while a read is between two
     objects: right after the first GET of a block of `first_key` (an index read is a tail
     read, not counted)."""
 
-    def __init__(self, inner: PrefixedStore, layout: Layout, first_key: str, compaction) -> None:
+    def __init__(self, inner: CountingStore, layout: Layout, first_key: str, compaction) -> None:
         super().__init__(inner.inner, inner.prefix)
         self.layout, self.first_key, self.compaction = layout, first_key, compaction
         self.swapped = False

@@ -25,7 +25,7 @@ from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_block, read_object
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
-from proxy.objects.store import ObjectInfo, ObjectStoreError, Payload
+from proxy.objects.store import ObjectStoreError, Payload
 from proxy.records.batches import iter_batches, with_base_offset
 from proxy.upload.uploader import (
     CommitRefused,
@@ -38,6 +38,7 @@ from proxy.upload.uploader import (
 from proxy.wal import WalConfig, WriteAheadLog
 from tests.support.batches import build_batch
 from tests.support.clock import ManualClock
+from tests.support.stores import PrefixedStore
 from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
@@ -101,14 +102,14 @@ class Shard:
             self.committed.append(o)
 
 
-class TestStore:
+class TestStore(PrefixedStore):
     """The store under test behind a key prefix of this test's own (the MinIO bucket is
     shared), counting PUTs and failing the next `fail_puts` of them."""
 
     __test__ = False
 
     def __init__(self, inner, prefix: str) -> None:
-        self.inner, self.prefix = inner, prefix
+        super().__init__(inner, prefix)
         self.puts: list[str] = []
         self.fail_puts = 0
 
@@ -124,25 +125,6 @@ class TestStore:
             raise ObjectStoreError(key, "put", "injected: S3 is down", retryable=True)
         await write(self.prefix + key, data)
         self.puts.append(key)
-
-    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return await self.inner.get(self.prefix + key, start, end)
-
-    async def get_tail(self, key: str, length: int) -> bytes:
-        return await self.inner.get_tail(self.prefix + key, length)
-
-    async def size(self, key: str) -> int:
-        return await self.inner.size(self.prefix + key)
-
-    async def delete(self, keys) -> None:
-        await self.inner.delete([self.prefix + key for key in keys])
-
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        async for info in self.inner.list(self.prefix + prefix):
-            yield ObjectInfo(info.key[len(self.prefix) :], info.size)
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.minio)])
