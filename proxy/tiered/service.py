@@ -22,11 +22,13 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
+from proxy.lifecycle import settle, start_or_undo
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
 from proxy.metadata.records import ObjectCommit
 from proxy.metadata.state import MetadataState
@@ -51,7 +53,6 @@ from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.server.lifecycle import settle, start_or_undo
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.reads import TieredReads
@@ -100,7 +101,7 @@ class _Part:
     partition: int
     stream: int
     batch: ProducerBatch | None  # whose batches (sequence_holes.py); None for acks=0
-    records: object
+    records: memoryview  # a view of the request body (null records are refused before)
     acks: int
     timeout_ms: int
     rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
@@ -450,6 +451,7 @@ class TieringService:
         started = asyncio.get_running_loop().create_future()
         self._sends[stream] = started
         location = None  # released once the owner answered: s3walgc.py
+        payload: dict[str, Any]  # the batch itself, or where the S3 hand-off put it
         try:
             if self.s3wal is not None:
                 location = await self.s3wal.append(stream, records)
