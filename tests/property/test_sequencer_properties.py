@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -34,10 +33,7 @@ from proxy.partition.sequencer import (
     Rejected,
 )
 from proxy.records.batches import iter_batches
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
+from tests.support.batches import build_batch
 
 NOW = 1_700_000_000_000
 PIDS = (11, 12, 13)
@@ -45,18 +41,9 @@ PIDS = (11, 12, 13)
 
 @functools.lru_cache(maxsize=4096)
 def build(pid: int, epoch: int, seq: int, count: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 16,
+    return build_batch(
+        [b"v%d" % seq] * count, producer_id=pid, producer_epoch=epoch, base_sequence=seq
     )
-    for i in range(count):
-        builder.append(i, timestamp=NOW + i, key=None, value=b"v%d" % seq, headers=[])
-    return bytes(builder.build())
 
 
 def after(seq: int, count: int) -> int:

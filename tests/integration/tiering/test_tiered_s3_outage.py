@@ -35,7 +35,6 @@ from cutover_load import (
     tiered_topic_id,
     topics_command,
     wait_owned,
-    wait_until,
 )
 
 from proxy.config import parse_config
@@ -45,6 +44,7 @@ from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -32,10 +32,11 @@ from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
+from tests.support.batches import build_batch
+from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("5b1e0c7a-2d4f-4a9b-8e3c-6f7a8b9c0d1e")
 STREAMS = [stream_id(TOPIC, p) for p in range(2)]
@@ -47,19 +48,11 @@ RECORDS = 3  # per batch
 
 def batch(pid: int, seq: int, *, epoch: int = 0, transactional: bool = False) -> bytes:
     """An idempotent producer's batch as kafka-python writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=transactional,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 20,
-    )
-    for i in range(RECORDS):
-        value = f"{pid}:{seq + i}:".encode() * 8
-        builder.append(i, timestamp=NOW_MS + i, key=b"k", value=value, headers=[])
-    return bytes(builder.build())
+    values = [f"{pid}:{seq + i}:".encode() * 8 for i in range(RECORDS)]
+    return build_batch(
+        values, keys=[b"k"] * RECORDS, producer_id=pid, producer_epoch=epoch,
+        base_sequence=seq, transactional=transactional,
+    )  # fmt: skip
 
 
 def nth(pid: int, n: int) -> bytes:
@@ -88,14 +81,6 @@ class Shard:
 
 def config_for(directory) -> WalConfig:
     return WalConfig(str(directory), segment_bytes=64 * 1024)
-
-
-async def until(predicate, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.002)):
-        if predicate():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("condition not met in time")
 
 
 def ok(result: ProduceResult | None, base_offset: int) -> None:
@@ -222,7 +207,9 @@ async def test_a_full_queue_makes_callers_wait_in_order_and_drops_nothing():
                     asyncio.create_task(partition.produce(nth(7, n), 0 if n == 9 else -1))
                     for n in range(10)
                 ]
-                await until(lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS)
+                await eventually(
+                    lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS, interval_s=0.002
+                )
                 await asyncio.sleep(0.05)
                 # 2 in flight, 2 queued, 6 waiting to be queued (the acks=0 one too)
                 assert partition.log_end_offset == CUTOVER + 6 and wal.durable_end == 0
@@ -249,7 +236,9 @@ async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledge
         in_flight = [
             asyncio.create_task(partitions.produce(S0, nth(7, n), -1)) for n in range(10, 15)
         ]
-        await until(lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS)
+        await eventually(
+            lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS, interval_s=0.002
+        )
         fs.fail_next_fsync()  # the held fsync fails
     results = await asyncio.gather(*in_flight)
     assert [r.error_code for r in results] == [56] * 5

@@ -4,11 +4,7 @@ test_tiered_produce_rules.py compares them with a passthrough topic's)."""
 
 from __future__ import annotations
 
-import struct
-
-import crc32c
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from kio.schema.errors import ErrorCode
 
 from proxy.partition.produce_rules import (
@@ -18,6 +14,7 @@ from proxy.partition.produce_rules import (
     produce_rules,
 )
 from proxy.records.batches import read_batch_header, set_log_append_time
+from tests.support.batches import build_batch, patched
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000
@@ -27,23 +24,12 @@ PARTITION = "t-0"
 
 def batch(timestamps=(NOW, NOW + 1), *, codec: int = 0, keys=None, value=b"v" * 10) -> bytes:
     """A batch as a producer writes it: base offset 0, one record per timestamp."""
-    builder = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 22)
-    for n, ts in enumerate(timestamps):
-        key = b"k%d" % n if keys is None else keys[n]
-        builder.append(n, timestamp=ts, key=key, value=value, headers=[])
-    return bytes(builder.build())
+    keys = [b"k%d" % n for n in range(len(timestamps))] if keys is None else keys
+    return build_batch([value] * len(timestamps), keys=keys, timestamps=timestamps, codec=codec)
 
 
 def check(records: bytes, rules: ProduceRules = RULES, api_version: int = 9):
     return check_records(records, rules, NOW, api_version, PARTITION)
-
-
-def patched(data: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:
-    out = bytearray(data)
-    struct.pack_into(fmt, out, position, value)
-    if fix_crc:
-        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
 
 
 @pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])

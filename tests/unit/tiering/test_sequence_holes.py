@@ -12,10 +12,10 @@ from proxy.partition.producer_state import INT32_MAX
 from proxy.partition.rules import refusal, sequence
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles, seq_within
 from proxy.partition.sequencer import PartitionSequencer, Rejected
+from tests.support.batches import build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 S = 5  # a stream
 PID = 42
@@ -23,10 +23,10 @@ NOW = 1_700_000_000_000
 
 
 def records(seq: int, count: int = 3, *, epoch: int = 0, pid: int = PID) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, False, pid, epoch, seq, 1 << 16)
-    for i in range(count):
-        builder.append(i, timestamp=NOW, key=None, value=b"v", headers=[])
-    return bytes(builder.build())
+    return build_batch(
+        [b"v"] * count, timestamps=[NOW] * count, producer_id=pid, producer_epoch=epoch,
+        base_sequence=seq,
+    )  # fmt: skip
 
 
 def batch(seq: int, count: int = 3, epoch: int = 0) -> ProducerBatch:

@@ -24,12 +24,13 @@ from proxy.partition.sequencer import (
     Rejected,
 )
 from proxy.records.batches import iter_batches, read_batch_header, validate_batch
+from tests.support.batches import build_batch, patched
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatch
 
 NOW = 1_700_000_000_000
 PID = 4242
@@ -45,30 +46,14 @@ def batch(
     compression: int = 0,
 ) -> bytes:
     """A batch as a kafka-python producer writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        builder.append(i, timestamp=NOW + i, key=b"k%d" % i, value=b"v" * 10, headers=[])
-    return bytes(builder.build())
+    return build_batch(
+        [b"v" * 10] * count, keys=[b"k%d" % i for i in range(count)], codec=compression,
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=transactional,
+    )  # fmt: skip
 
 
 def idem(seq: int, count: int = 3, *, epoch: int = 0, pid: int = PID) -> bytes:
     return batch(count, pid=pid, epoch=epoch, seq=seq)
-
-
-def patch(data: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:
-    out = bytearray(data)
-    struct.pack_into(fmt, out, position, value)
-    if fix_crc:
-        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
 
 
 def appended(sequencer: PartitionSequencer, records: bytes, now: int = NOW) -> PendingAppend:
@@ -149,10 +134,10 @@ def test_log_append_time_stamps_each_batch_and_keeps_the_crc_valid():
     "damage",
     [
         lambda b: b[:-1] + bytes([b[-1] ^ 1]),  # CRC
-        lambda b: patch(b, 16, ">b", 1, fix_crc=False),  # magic
+        lambda b: patched(b, 16, ">b", 1, fix_crc=False),  # magic
         lambda b: b[:-3],  # truncated
-        lambda b: patch(b, 8, ">i", 20, fix_crc=False),  # length below a header
-        lambda b: patch(b, 21, ">h", 6),  # unknown codec
+        lambda b: patched(b, 8, ">i", 20, fix_crc=False),  # length below a header
+        lambda b: patched(b, 21, ">h", 6),  # unknown codec
     ],
     ids=["crc", "magic", "truncated", "length", "codec"],
 )
@@ -167,9 +152,9 @@ def test_a_corrupt_batch_is_corrupt_message_and_changes_nothing(damage):
     ("records", "words"),
     [
         (b"", "no record batch"),
-        (patch(batch(3), 57, ">i", 2), "record count 2"),  # count != last offset delta + 1
-        (patch(batch(1), 57, ">i", 0), "record count 0"),
-        (patch(batch(3), 21, ">h", 0x30), "control records"),
+        (patched(batch(3), 57, ">i", 2), "record count 2"),  # count != last offset delta + 1
+        (patched(batch(1), 57, ">i", 0), "record count 0"),
+        (patched(batch(3), 21, ">h", 0x30), "control records"),
         (idem(-1), "invalid sequence number -1"),
     ],
     ids=["empty", "count", "zero records", "control", "negative sequence"],
@@ -427,7 +412,7 @@ def test_the_snapshot_format_is_as_documented():
     [
         (lambda d: d[:-1], "CRC-32C mismatch"),
         (lambda d: d[:5], "too short"),
-        (lambda d: patch(d, 0, ">h", 2, fix_crc=False), "version 2"),
+        (lambda d: patched(d, 0, ">h", 2, fix_crc=False), "version 2"),
         (lambda d: d[:6] + bytes([d[6] ^ 1]) + d[7:], "CRC-32C mismatch"),
     ],
 )
@@ -483,16 +468,16 @@ def test_restore_then_replay_the_tail_then_append():
 
 def test_replay_refuses_a_batch_straddling_the_state_end_and_ignores_older_epochs():
     sequencer = PartitionSequencer(5)
-    straddling = read_batch_header(patch(idem(0), 0, ">q", 3, fix_crc=False))
+    straddling = read_batch_header(patched(idem(0), 0, ">q", 3, fix_crc=False))
     with pytest.raises(ValueError, match="straddles"):
         sequencer.replay(straddling)
-    sequencer.replay(read_batch_header(patch(idem(0, epoch=2), 0, ">q", 5, fix_crc=False)))
-    sequencer.replay(read_batch_header(patch(idem(3, epoch=1), 0, ">q", 8, fix_crc=False)))
+    sequencer.replay(read_batch_header(patched(idem(0, epoch=2), 0, ">q", 5, fix_crc=False)))
+    sequencer.replay(read_batch_header(patched(idem(3, epoch=1), 0, ">q", 8, fix_crc=False)))
     entry = sequencer.producer_states[PID]
     assert (entry.producer_epoch, entry.last_seq, sequencer.log_end_offset) == (2, 2, 11)
     assert entry.last_timestamp == NOW + 2  # the batch's max timestamp when no clock is given
     # a control batch of a newer epoch (a transaction marker) bumps the epoch
-    marker = patch(patch(idem(-1, 1, epoch=3), 21, ">h", 0x30), 0, ">q", 11, fix_crc=False)
+    marker = patched(patched(idem(-1, 1, epoch=3), 21, ">h", 0x30), 0, ">q", 11, fix_crc=False)
     sequencer.replay(read_batch_header(marker), NOW)
     assert sequencer.producer_states[PID] == ProducerStateEntry(PID, 3, NOW, ())
 
