@@ -39,6 +39,7 @@ from proxy.apis.fetch_split import (
 )
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.ports import ReadHandlers
 
 KAFKA_STORAGE_ERROR = 56
 _SIZE = struct.Struct(">i")
@@ -78,7 +79,11 @@ class FetchPlan:
 
 
 async def plan_fetch(
-    tiering, header_bytes: memoryview, body: memoryview, api_version: int, reader: object
+    tiering: ReadHandlers,
+    header_bytes: memoryview,
+    body: memoryview,
+    api_version: int,
+    reader: object,
 ) -> FetchPlan | None:
     """The plan for one Fetch; None to forward it as it came (nothing tiered, or a
     sessionless fetch of passthrough partitions only). FrameError if it cannot be read."""
@@ -128,7 +133,7 @@ async def plan_fetch(
     return FetchPlan(view, frame, local, keys, cutovers=cutovers, beyond=tiering.beyond_cutover)
 
 
-def _below_cutover(tiering, view: FetchRequestView, tiered: frozenset) -> dict:
+def _below_cutover(tiering: ReadHandlers, view: FetchRequestView, tiered: frozenset) -> dict:
     """The partitions of tiered topics that go to Kafka (read below their cutover):
     (topic, partition) -> (topic name, cutover)."""
     found_cutovers = {}

@@ -27,12 +27,14 @@ from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
 from proxy.objects.store import ObjectStoreError
+from proxy.partition.owner import TieredPartition
 from proxy.peer.codec import frame_size
 from proxy.peer.messages import FetchRequest, FetchResponse
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.reads.stream_reader import StreamReader
 from proxy.records.transactions import ControlRecordError, committed_view
+from proxy.tiered.ports import ReadsHost
 from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")
@@ -52,8 +54,8 @@ FETCH_ANSWER_BYTES = frame_size(FetchResponse(0, 0))  # and the records
 
 
 class TieredReads:
-    def __init__(self, service, cache: BlockCache, log_cache: LogCache) -> None:
-        self.service = service  # server.tiering.TieringService
+    def __init__(self, service: ReadsHost, cache: BlockCache, log_cache: LogCache) -> None:
+        self.service = service
         self.cache = cache
         self.reader = StreamReader(cache)
         self.log_cache = log_cache
@@ -83,7 +85,7 @@ class TieredReads:
         """The owner's high watermark, here or asked of the owner; None when no owner
         answers (away, or restarting and not serving the stream yet): the committed end
         may then be below offsets it acknowledged and consumers have read."""
-        partition = self.service.partitions.get(stream)
+        partition = self._partition(stream)
         if partition is not None:
             return partition.high_watermark
         end = self._committed_end(stream)
@@ -96,13 +98,18 @@ class TieredReads:
         """(the stream's batches past its committed objects from `offset` on, its high
         watermark): the log cache on the owner, else asked of the owner over the peer
         protocol; None when no owner answers. For ListOffsets' timestamp search."""
-        partition = self.service.partitions.get(stream)
+        partition = self._partition(stream)
         if partition is not None:
             return await self._tail(stream, offset, max_bytes), partition.high_watermark
         answer = await self._owner_tail(stream, offset, max_bytes, 0)
         if answer is None:
             return None
         return tuple(memoryview(piece) for piece in answer.records), answer.high_watermark
+
+    def _partition(self, stream: int) -> TieredPartition | None:
+        """The stream's partition if it is owned (and started) here."""
+        partitions = self.service.partitions
+        return None if partitions is None else partitions.get(stream)
 
     def _committed_end(self, stream: int) -> int:
         state = self.service.state(stream)
@@ -113,10 +120,10 @@ class TieredReads:
         """A peer's fetch (peer_messages.FetchRequest) of a stream owned here: the log
         cache from `offset` on, after waiting up to max_wait_ms for data past it."""
         stream, offset = request.stream_id, request.offset
-        partition = self.service.partitions.get(stream)
+        partition = self._partition(stream)
         if partition is not None and request.max_wait_ms > 0 and partition.high_watermark <= offset:
             await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
-            partition = self.service.partitions.get(stream)
+            partition = self._partition(stream)
         if partition is None:
             return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
         end, start = partition.high_watermark, partition.log_start_offset
@@ -164,7 +171,7 @@ class TieredReads:
         """The owner's answer (peer_messages.FetchResponse) for the tail from `offset`;
         None when it has no live owner elsewhere or does not answer."""
         service = self.service
-        address = service._owner_address(stream)  # noqa: SLF001
+        address = service.owner_address(stream)
         if address is None:
             return None
         try:
@@ -226,7 +233,7 @@ class TieredReads:
         if stream is None or info is None:  # untiered since the split: the client retries
             return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
         state = service.state(stream)
-        partition = service.partitions.get(stream)
+        partition = self._partition(stream)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
         end = info.cutover_offset if end is None else end
         log_start = info.log_start_offset
@@ -312,7 +319,7 @@ class TieredReads:
             if found is None:
                 continue
             stream = stream_of(found, part.partition)
-            if service.partitions.get(stream) is not None:
+            if self._partition(stream) is not None:
                 end = self.log_cache.end_offset(stream)
                 at = max(part.fetch_offset, end if end is not None else part.fetch_offset)
                 wait = self.log_cache.wait_for_data(stream, at, left_s * 1000)

@@ -23,6 +23,7 @@ from proxy.records.timestamp_search import (
     max_timestamp_in,
     offset_of_max,
 )
+from proxy.tiered.ports import ReadHandlers
 
 TAIL_READ_BYTES = 1 << 20
 
@@ -44,7 +45,7 @@ class _Span:
 class StreamSearch:
     """One stream's lookups; `tiering` is the service (state, block cache, log cache)."""
 
-    def __init__(self, tiering, stream: int) -> None:
+    def __init__(self, tiering: ReadHandlers, stream: int) -> None:
         self.tiering = tiering
         self.stream = stream
         self.state = tiering.state(stream)
@@ -142,7 +143,8 @@ class StreamSearch:
     async def _below_high_watermark(self, hit: Found) -> Found | None:
         """A committed answer is below every high watermark, except on an owner that
         restarted and has not acknowledged it yet."""
-        partition = self.tiering.partitions.get(self.stream)
+        partitions = self.tiering.partitions
+        partition = None if partitions is None else partitions.get(self.stream)
         if partition is not None and hit.offset >= partition.high_watermark:
             return None
         return hit

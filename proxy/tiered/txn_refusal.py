@@ -31,6 +31,7 @@ from proxy.apis.api24_add_partitions_to_txn import (
     refused_answer,
     refused_partitions,
 )
+from proxy.tiered.ports import TxnHost
 
 log = logging.getLogger("tierproxy.transactions")
 
@@ -84,7 +85,7 @@ class AddPartitionsPlan:
 
 
 def plan_add_partitions_to_txn(
-    tiering, body: memoryview, api_version: int, client: str
+    tiering: TxnHost, body: memoryview, api_version: int, client: str
 ) -> AddPartitionsPlan | None:
     """The plan for one AddPartitionsToTxn; None to forward it as it came (it names no
     tiered topic). FrameError if it cannot be read."""
