@@ -19,6 +19,7 @@ import struct
 from typing import get_args
 
 from kio.schema.errors import ErrorCode
+from kio.static.protocol import Entity
 
 from proxy.kafka.codec import encode, load_response_types, response_type
 from proxy.kafka.frames import FrameError
@@ -101,11 +102,11 @@ def unsupported_version_response(correlation_id: int, ranges: Ranges) -> bytes:
     return response_header(correlation_id, API_KEY, 0) + body
 
 
-def _entry_type(response: type) -> type:
+def _entry_type(response: type[Entity]) -> type:
     return get_args(response.__dataclass_fields__["api_keys"].type)[0]  # tuple[ApiVersion, ...]
 
 
-def _api_keys(response: type, ranges: Ranges) -> tuple:
+def _api_keys(response: type[Entity], ranges: Ranges) -> tuple:
     entry = _entry_type(response)
     return tuple(
         entry(api_key=key, min_version=low, max_version=high)
@@ -113,7 +114,7 @@ def _api_keys(response: type, ranges: Ranges) -> tuple:
     )
 
 
-def _read_ranges(response: type, body: memoryview) -> Ranges:
+def _read_ranges(response: type[Entity], body: memoryview) -> Ranges:
     """The api_keys array, read by hand (not with kio's reader: see `codec`)."""
     if skip_entity(response, body) != len(body):
         raise FrameError("bytes after the end of the answer")

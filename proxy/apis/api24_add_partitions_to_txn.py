@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from kio.schema.errors import ErrorCode
+from kio.static.protocol import Entity
 
 from proxy.kafka.codec import encode, load_response_types, load_types, response_type
 from proxy.kafka.frames import FrameError
@@ -191,7 +192,7 @@ def refused_answer(
 
 
 @cache
-def _entry_types(response: type) -> tuple[type, type, type | None]:
+def _entry_types(response: type[Entity]) -> tuple[type, type, type | None]:
     """(partition result, topic result, transaction result or None) classes of a version."""
     module = __import__(response.__module__, fromlist=["_"])
     txn_type = getattr(module, "AddPartitionsToTxnResult", None)

@@ -4,7 +4,7 @@ The proxy's control connections (ApiVersions and Metadata towards upstream) and 
 devstack's readiness probe build complete requests here; client traffic never goes
 through this module. `decode_response` uses kio's native reader, which trusts array
 counts (a corrupt one can exhaust memory) and refuses unknown tagged fields: it is for
-tests and the devstack only; the proxy reads network bytes with proxy.protocol.wire.
+tests and the devstack only; the proxy reads network bytes with proxy.kafka.wire.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
+from kio.static.protocol import Entity
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Entity)
 _SIZE = struct.Struct(">i")
 
 

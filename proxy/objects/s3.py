@@ -10,6 +10,7 @@ Design notes: docs/object-store.md.
 from __future__ import annotations
 
 import asyncio
+import builtins  # `list` is a method of the store; annotations after it mean the type
 import functools
 import logging
 import random
@@ -298,7 +299,7 @@ class S3Store:
         self.metrics.downloaded(len(data))
         return data
 
-    async def _delete_batch(self, keys: list[str]) -> None:
+    async def _delete_batch(self, keys: builtins.list[str]) -> None:
         remaining = keys
 
         async def attempt() -> None:
@@ -322,7 +323,7 @@ class S3Store:
     # -- multipart upload ------------------------------------------------------------------
 
     async def _put_multipart(
-        self, key: str, pieces: list[memoryview], total: int, exclusive: bool = False
+        self, key: str, pieces: builtins.list[memoryview], total: int, exclusive: bool = False
     ) -> None:
         config = self.config
         s3 = self._s3()
@@ -368,7 +369,7 @@ class S3Store:
         self,
         key: str,
         upload_id: str,
-        parts: list[dict[str, Any]],
+        parts: builtins.list[dict[str, Any]],
         total: int,
         exclusive: bool = False,
     ) -> None:

@@ -41,7 +41,7 @@ from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHo
 from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import BatchHeader
-from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.types import WalPosition
 
 __all__ = [
@@ -89,7 +89,7 @@ class TieredPartition:
         self,
         stream_id: int,
         sequencer: PartitionSequencer,
-        wal: WriteAheadLog,
+        wal: Log,
         *,
         log_start_offset: int = 0,
         config: PartitionConfig | None = None,
@@ -121,7 +121,7 @@ class TieredPartition:
     async def recover(
         cls,
         stream_id: int,
-        wal: WriteAheadLog,
+        wal: Log,
         metadata: MetadataState,
         wal_batches: Sequence[BatchHeader] | None = None,
         *,
@@ -409,7 +409,7 @@ def _answer_all(item: _InFlight, result: ProduceResult) -> None:
 
 
 async def read_wal_batches(
-    wal: WriteAheadLog, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
+    wal: Log, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
 ) -> dict[int, list[BatchHeader]]:
     """One pass over the WAL's replay: each stream's batch headers in order (only those of
     `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
@@ -430,7 +430,7 @@ class PartitionSet:
 
     def __init__(
         self,
-        wal: WriteAheadLog,
+        wal: Log,
         *,
         config: PartitionConfig | None = None,
         clock_ms: Callable[[], int] = _wall_clock_ms,

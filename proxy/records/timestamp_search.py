@@ -15,8 +15,9 @@ Kafka's rules, read off its source (apache/kafka):
 
 The one batch found is decompressed (cramjam, every codec Kafka has) and its records'
 offset and timestamp deltas read: one batch per lookup, never the partition's records.
-Which blocks hold candidates comes from the objects' time index (objectformat.py: each
-block's max timestamp), so the caller reads the index and, nearly always, one block.
+Which blocks hold candidates comes from the objects' time index (objects/format.py: each
+block's max timestamp), so the caller reads the index and, nearly always, one block; a
+block is anything with a `max_timestamp`, so this module needs no object layout.
 
 Pure: no I/O, no asyncio.
 """
@@ -26,10 +27,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import cramjam
 
-from proxy.objects.format import IndexEntry
 from proxy.records.batches import (
     HEADER_SIZE,
     BatchHeader,
@@ -155,7 +156,18 @@ def in_batches(
     return None
 
 
-def candidate_blocks(entries: Sequence[IndexEntry], target: int) -> list[IndexEntry]:
+class TimedBlock(Protocol):
+    """A block of an object's time index (objects/format.py's IndexEntry): the largest max
+    timestamp of its batches, None when its object does not record it."""
+
+    @property
+    def max_timestamp(self) -> int | None: ...
+
+
+Block = TypeVar("Block", bound=TimedBlock)
+
+
+def candidate_blocks(entries: Sequence[Block], target: int) -> list[Block]:
     """The blocks that may hold the answer to `target`: those whose max timestamp (the
     objects' time index) reaches it, and those with none known (a version 1 object's
     blocks, read to learn it). The others are skipped unread."""
@@ -174,7 +186,9 @@ def max_timestamp_in(records: memoryview, start: int, end: int | None = None) ->
     return best
 
 
-def offset_of_max(records: memoryview, max_timestamp: int, start: int, end: int | None = None):
+def offset_of_max(
+    records: memoryview, max_timestamp: int, start: int, end: int | None = None
+) -> Found | None:
     """Kafka's MAX_TIMESTAMP answer in a run: the first batch (past `start`, below `end`)
     whose max timestamp is `max_timestamp`, and its first record with that timestamp."""
     for header, batch in iter_batches(records):

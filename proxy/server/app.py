@@ -47,6 +47,7 @@ from proxy.kafka.sasl import (
     parse_handshake_response,
     plain_message,
 )
+from proxy.lifecycle import start_or_undo
 from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
@@ -54,7 +55,6 @@ from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
-from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tls import client_context, server_context
 from proxy.tiered.metrics import TieringMetrics

@@ -60,8 +60,8 @@ from proxy.server.streams import (
     read_whole,
     stream_walked_answer,
 )
+from proxy.server.tiered_answers import TieredAnswers
 from proxy.server.zoning import ConnectionZone
-from proxy.tiered.answers import TieredAnswers
 from proxy.tiered.deletes import plan_delete_records
 from proxy.tiered.epochs import plan_offset_for_leader_epoch
 from proxy.tiered.fetch import plan_fetch

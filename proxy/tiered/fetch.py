@@ -97,6 +97,7 @@ async def plan_fetch(
     keys = tuple((p.topic, p.partition) for p in tiered)
     cutovers = _below_cutover(tiering, view, frozenset(keys)) if upstream_body else {}
     loop = asyncio.get_running_loop()
+    local: asyncio.Future[dict]
     if upstream_body is None:
         local = asyncio.ensure_future(
             reads.fetch(

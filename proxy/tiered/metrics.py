@@ -53,6 +53,7 @@ class _Collector:
     def collect(self) -> Iterator[Metric]:
         service = self._service
         wal, uploader, cache = service.wal, service.uploader, service.log_cache
+        value: float  # each loop below yields counts (int) and durations (float)
         if wal is not None:
             s = wal.stats
             for family, name, documentation, value in (

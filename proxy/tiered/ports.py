@@ -2,8 +2,8 @@
 the proxy it runs in: narrow `typing.Protocol` ports (upkeep/ports.py holds the upkeep
 runners' ones).
 
-A Kafka API's tiered handler (produce.py, fetch.py, offsets.py, epochs.py, deletes.py),
-the reads (reads.py) and the metrics (metrics.py) are handed the service but see only
+A Kafka API's tiered handler (produce.py, fetch.py, offsets.py, epochs.py, deletes.py)
+and the metrics (metrics.py) are handed the service but see only
 the capabilities their port names, so each is checked by mypy and can be given a small
 twin in a test. The service in turn sees the proxy (server/app.py) only as a
 `TieringHost`: it imports nothing from proxy/server/.
@@ -12,7 +12,7 @@ twin in a test. The service in turn sees the proxy (server/app.py) only as a
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from proxy.config import ProxyConfig
 from proxy.config.tiering import TieringConfig
@@ -23,19 +23,15 @@ from proxy.objects.bandwidth import Bandwidth
 from proxy.partition.owner import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
-from proxy.peer.clients import PeerClients
 from proxy.reads.logcache import LogCache
 from proxy.routing.fleet import FleetView
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.leader_epochs import LeaderEpochs
+from proxy.tiered.reads import TieredReads
 from proxy.upkeep.ports import TrimHost
 from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
-
-if TYPE_CHECKING:  # reads.py and txn_refusal.py take a port from here
-    from proxy.tiered.reads import TieredReads
-    from proxy.tiered.txn_refusal import TxnRefusals
 
 
 class TieringHost(Protocol):
@@ -68,30 +64,6 @@ class TieredMetadata(Protocol):
     async def changed(self, timeout_s: float) -> None:
         """Wait for the next metadata record, at most `timeout_s`."""
         ...
-
-
-class ReadsHost(TieredMetadata, Protocol):
-    """The reads of tiered partitions (reads.py): the owned partitions, their WAL, and
-    the owners elsewhere, asked over the peer protocol."""
-
-    @property
-    def partitions(self) -> PartitionSet | None: ...
-
-    @property
-    def wal(self) -> WriteAheadLog | S3WriteAheadLog | None: ...
-
-    @property
-    def bandwidth(self) -> Bandwidth | None: ...
-
-    @property
-    def peers(self) -> PeerClients: ...
-
-    def owner_address(self, stream: int) -> tuple[str, int] | None:
-        """Where the stream's owner takes peer requests; None if it is this proxy or
-        not live."""
-        ...
-
-    def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None: ...
 
 
 class ReadHandlers(TieredMetadata, Protocol):
@@ -141,18 +113,6 @@ class ProduceHost(Protocol):
         timeout_ms: int,
         rules: ProduceRules | None = None,
     ) -> ProduceResult | None: ...
-
-
-class TxnHost(Protocol):
-    """AddPartitionsToTxn's refusal of tiered partitions (txn_refusal.py)."""
-
-    @property
-    def topics(self) -> TopicIndex: ...
-
-    @property
-    def txn_refusals(self) -> TxnRefusals: ...
-
-    def is_tiered(self, topic: str | uuid.UUID, partition: int) -> bool: ...
 
 
 class MetricsHost(Protocol):

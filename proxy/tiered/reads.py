@@ -21,20 +21,30 @@ import asyncio
 import logging
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
-from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
-from proxy.metadata.topic_index import stream_of
+from proxy.apis.fetch_split import (
+    FetchPartitionView,
+    TieredFetchPartition,
+    TieredFetchResult,
+    TopicKey,
+)
+from proxy.metadata.state import MetadataState
+from proxy.metadata.topic_index import TopicIndex, stream_of
+from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
 from proxy.objects.store import ObjectStoreError
-from proxy.partition.owner import TieredPartition
+from proxy.partition.owner import PartitionSet, TieredPartition
+from proxy.peer.clients import PeerClients
 from proxy.peer.codec import frame_size
 from proxy.peer.messages import FetchRequest, FetchResponse
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.reads.stream_reader import StreamReader
 from proxy.records.transactions import ControlRecordError, committed_view
-from proxy.tiered.ports import ReadsHost
+from proxy.wal.log import WriteAheadLog
+from proxy.wal.s3log import S3WriteAheadLog
 from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")
@@ -53,6 +63,37 @@ FETCH_REQUEST_BYTES = frame_size(FetchRequest(0, 0, 0, 0, 0))
 FETCH_ANSWER_BYTES = frame_size(FetchResponse(0, 0))  # and the records
 
 
+class ReadsHost(Protocol):
+    """What the reads need of the tiered service: the tiered topics' metadata, the
+    partitions owned here and their WAL, and the owners elsewhere (peer protocol)."""
+
+    @property
+    def topics(self) -> TopicIndex: ...
+
+    def state(self, stream: int) -> MetadataState: ...
+
+    async def changed(self, timeout_s: float) -> None: ...
+
+    @property
+    def partitions(self) -> PartitionSet | None: ...
+
+    @property
+    def wal(self) -> WriteAheadLog | S3WriteAheadLog | None: ...
+
+    @property
+    def bandwidth(self) -> Bandwidth | None: ...
+
+    @property
+    def peers(self) -> PeerClients: ...
+
+    def owner_address(self, stream: int) -> tuple[str, int] | None:
+        """Where the stream's owner takes peer requests; None if it is this proxy or
+        not live."""
+        ...
+
+    def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None: ...
+
+
 class TieredReads:
     def __init__(self, service: ReadsHost, cache: BlockCache, log_cache: LogCache) -> None:
         self.service = service
@@ -60,7 +101,7 @@ class TieredReads:
         self.reader = StreamReader(cache)
         self.log_cache = log_cache
 
-    def fetch_here(self, topic: object, p: FetchPartitionView) -> bool:
+    def fetch_here(self, topic: TopicKey, p: FetchPartitionView) -> bool:
         """Whether the proxy answers this partition of a Fetch: a partition cut over, at
         an offset past its cutover or one an object holds, or at any offset once
         retention moved its log start past the cutover (below it: OFFSET_OUT_OF_RANGE,
@@ -230,7 +271,7 @@ class TieredReads:
         found = service.topics.topic(part.topic)
         stream = None if found is None else stream_of(found, part.partition)
         info = None if stream is None else service.state(stream).stream(stream)
-        if stream is None or info is None:  # untiered since the split: the client retries
+        if found is None or stream is None or info is None:  # untiered since the split
             return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
         state = service.state(stream)
         partition = self._partition(stream)
@@ -313,7 +354,7 @@ class TieredReads:
         """Until a partition here may have more (an append on an owned one, a metadata
         record for the others), at most `left_s`."""
         service = self.service
-        waits = [asyncio.ensure_future(service.changed(left_s))]
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(service.changed(left_s))]
         for part in parts:
             found = service.topics.topic(part.topic)
             if found is None:
@@ -323,14 +364,14 @@ class TieredReads:
                 end = self.log_cache.end_offset(stream)
                 at = max(part.fetch_offset, end if end is not None else part.fetch_offset)
                 wait = self.log_cache.wait_for_data(stream, at, left_s * 1000)
+                waits.append(asyncio.ensure_future(wait))
             else:  # the owner answers once it has data past the committed end
                 committed = service.state(stream).stream_end(stream) or 0
                 at = max(part.fetch_offset, committed)
-                wait = self._owner_wakes(stream, at, left_s)
-            waits.append(asyncio.ensure_future(wait))
+                waits.append(asyncio.ensure_future(self._owner_wakes(stream, at, left_s)))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for wait in waits:
-                wait.cancel()
+            for pending in waits:
+                pending.cancel()
             await asyncio.gather(*waits, return_exceptions=True)

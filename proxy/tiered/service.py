@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.writer import S3WalReader, S3WalWriter
+from proxy.lifecycle import start_or_undo
 from proxy.metadata.group import ShardAssignment
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
@@ -49,7 +50,6 @@ from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.server.lifecycle import start_or_undo
 from proxy.tiered import shards
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.leader_epochs import LeaderEpochs

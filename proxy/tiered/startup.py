@@ -21,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
+from proxy.lifecycle import settle
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
@@ -35,23 +37,62 @@ from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectStore
 from proxy.partition.owner import PartitionSet
+from proxy.partition.sequence_holes import SequenceHoles
+from proxy.peer.codec import AdminRequest
+from proxy.peer.messages import FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
-from proxy.server.lifecycle import settle
 from proxy.tiered import shards
-from proxy.tiered.reads import TieredReads
-from proxy.tiered.uploads import UploadLoop
+from proxy.tiered.owners import AtOwner
+from proxy.tiered.reads import ReadsHost, TieredReads
+from proxy.tiered.shards import ShardsHost
+from proxy.tiered.topic_configs import TopicConfigs
+from proxy.tiered.uploads import UploadLoop, UploadsHost
 from proxy.upkeep.backfill import commit_backfill
 from proxy.upkeep.compactor import Compactor
+from proxy.upkeep.cutover import CutoverLoop
 from proxy.upkeep.orphan_sweep import OrphanSweep
+from proxy.upkeep.ports import BackfillHost, TrimHost, UpkeepHost
+from proxy.upkeep.retention import Retention
 from proxy.upkeep.trims import trim_stream
+from proxy.upload.plan import ObjectIdAllocator
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
 from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalConfig
 
-if TYPE_CHECKING:
-    from proxy.tiered.service import TieringService
+
+class StartHost(ReadsHost, UploadsHost, ShardsHost, UpkeepHost, BackfillHost, TrimHost, Protocol):
+    """The tiered service as its start sees it: what the parts are made of, and where
+    each part, once made, is kept (None before)."""
+
+    name: str
+    kafka_settings: dict
+    topic_configs: TopicConfigs
+    holes: SequenceHoles
+    allocate: ObjectIdAllocator
+    cutover: CutoverLoop
+    retention: Retention
+    at_owner: AtOwner
+    bandwidth: Bandwidth | None
+    store: ObjectStore | None
+    wal: WriteAheadLog | S3WriteAheadLog | None
+    partitions: PartitionSet | None
+    block_cache: BlockCache | None
+    reads: TieredReads
+    peer_server: PeerServer | None
+    s3wal_reader: S3WalReader | None
+    s3wal: S3WalWriter | None
+    uploads: UploadLoop | None
+    assignment: ShardAssignment | None
+    compactor: Compactor | None
+    orphans: OrphanSweep | None
+
+    def dirty_shards(self) -> list[int]: ...
+
+    async def on_peer_fetch(self, request: FetchRequest) -> TieredFetchResult: ...
+
+    async def on_peer_admin(self, request: AdminRequest) -> tuple[int, str]: ...
 
 
 async def open_store(
@@ -99,7 +140,7 @@ def run_task(stack: AsyncExitStack, coroutine, name: str) -> asyncio.Task[None]:
     return task
 
 
-async def start_parts(service: TieringService, stack: AsyncExitStack) -> None:
+async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     """Start the service's parts in order, each one's undo pushed on `stack`."""
     config, registry = service.config, service.registry
     stack.push_async_callback(settle, (reader.close() for reader in service.readers))
@@ -162,7 +203,7 @@ async def start_parts(service: TieringService, stack: AsyncExitStack) -> None:
     run_task(stack, orphans.run(), "orphan-sweep")
 
 
-async def _start_peer_listener(service: TieringService, stack: AsyncExitStack) -> None:
+async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> None:
     """The peer listener, its handlers the service's; the peer clients close after it."""
     config = service.config
     stack.push_async_callback(service.peers.close)

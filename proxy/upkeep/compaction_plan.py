@@ -144,7 +144,8 @@ def pick_sources(state: MetadataState, settings: CompactionSettings) -> list[int
             commit = state.object_commit(number)
             small.append((commit.committed_at_ms if commit else 0, number, r.object_size))
     small.sort()
-    chosen, total = [], 0
+    chosen: list[int] = []
+    total = 0
     for _, number, size in small:
         if chosen and total + size > settings.max_pass_bytes:
             break

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -36,8 +37,9 @@ from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
 from proxy.peer.codec import ADMIN_OPS
-from proxy.upkeep.ports import CutoverHost
-from proxy.upkeep.seals import Sealed
+from proxy.routing.fleet import FleetView
+from proxy.upkeep.ports import SealHost
+from proxy.upkeep.seals import Sealed, Seals
 
 log = logging.getLogger("tierproxy.cutover")
 
@@ -49,6 +51,32 @@ STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
+
+
+class CutoverHost(SealHost, Protocol):
+    """The cutover loop (cutover.py): reads Kafka, writes cutovers for the shards owned
+    here, asks the other proxies what they drained."""
+
+    @property
+    def kafka_settings(self) -> dict:
+        """aiokafka's connection settings for the upstream cluster."""
+        ...
+
+    @property
+    def fleet(self) -> FleetView: ...
+
+    @property
+    def seals(self) -> Seals: ...
+
+    def drained(self) -> frozenset[str]: ...
+
+    async def changed(self, timeout_s: float) -> None: ...
+
+    async def start_stream(self, shard: int, stream: int) -> None: ...
+
+    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
+        """The topic's id and partition count, from Kafka."""
+        ...
 
 
 class CutoverLoop:
@@ -127,6 +155,7 @@ class CutoverLoop:
             if ends is None:  # a transaction is open: its marker is still to come
                 waiting_for_reports = True
                 continue
+            assert self._consumer is not None  # run() made it
             starts = await self._consumer.beginning_offsets(
                 [TopicPartition(topic.name, p) for p, _ in mine]
             )

@@ -1,6 +1,7 @@
 """What the upkeep runners need of the tiered service, as narrow ports.
 
-Each runner (cutover, seals, retention, trims, backfill, compactor, orphan sweep) is
+Each runner (seals, retention, trims, backfill, compactor, orphan sweep; cutover.py
+extends `SealHost` with what the cutover loop needs) is
 handed the tiered service (proxy/tiered/service.py) but sees it only through the
 `typing.Protocol` below that names the few capabilities it uses: the shards' metadata,
 the shards owned here, the peers. So a runner can be given a small twin in a test, mypy
@@ -10,9 +11,8 @@ the runners). The service satisfies every port structurally: nothing here subcla
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -25,12 +25,8 @@ from proxy.objects.store import ObjectStore
 from proxy.partition.owner import PartitionSet
 from proxy.peer.clients import PeerClients
 from proxy.reads.blockcache import BlockCache
-from proxy.routing.fleet import FleetView
 from proxy.upkeep.retention_plan import RetentionConfig
 from proxy.upload.uploader import Uploader
-
-if TYPE_CHECKING:  # seals.py takes a port from here
-    from proxy.upkeep.seals import Seals
 
 
 class Shards(Protocol):
@@ -135,29 +131,3 @@ class SealHost(Shards, Peers, OwnedPartitions, Protocol):
     def topics(self) -> TopicIndex: ...
 
     async def recover_streams(self, state: MetadataState, streams: list[int]) -> None: ...
-
-
-class CutoverHost(SealHost, Protocol):
-    """The cutover loop (cutover.py): reads Kafka, writes cutovers for the shards owned
-    here, asks the other proxies what they drained."""
-
-    @property
-    def kafka_settings(self) -> dict:
-        """aiokafka's connection settings for the upstream cluster."""
-        ...
-
-    @property
-    def fleet(self) -> FleetView: ...
-
-    @property
-    def seals(self) -> Seals: ...
-
-    def drained(self) -> frozenset[str]: ...
-
-    async def changed(self, timeout_s: float) -> None: ...
-
-    async def start_stream(self, shard: int, stream: int) -> None: ...
-
-    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """The topic's id and partition count, from Kafka."""
-        ...

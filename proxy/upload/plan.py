@@ -268,7 +268,7 @@ class _Entry:
 
 
 def _scan(entry: WalEntry) -> _Entry:
-    sizes = []
+    sizes: list[int] = []
     end = entry.base_offset
     where = f"stream {entry.stream_id}: the entry at WAL offset {entry.position.start}"
     for header, _ in iter_batches(entry.batch):

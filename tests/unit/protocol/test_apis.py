@@ -16,13 +16,13 @@ from proxy.kafka.versions import (
 def test_generated_table_matches_the_installed_kio():
     committed = Path(gen_api_table.TABLE_PATH).read_text()
     assert committed == gen_api_table.render(), (
-        "proxy/kafka/api_table.py is stale: run .venv/bin/python -m proxy.protocol.gen_api_table"
+        "proxy/kafka/api_table.py is stale: run .venv/bin/python -m proxy.kafka.gen_api_table"
     )
 
 
 def test_importing_the_header_layer_loads_no_kio_schema():
     code = (
-        "import sys, proxy.protocol.headers, proxy.protocol.frames; "
+        "import sys, proxy.kafka.headers, proxy.kafka.frames; "
         "print(sorted(m for m in sys.modules if m.startswith('kio')))"
     )
     result = subprocess.run(
