@@ -3,10 +3,12 @@ the proxy it runs in: narrow `typing.Protocol` ports (upkeep/ports.py holds the 
 runners' ones).
 
 A Kafka API's tiered handler (produce.py, fetch.py, offsets.py, epochs.py, deletes.py)
-and the metrics (metrics.py) are handed the service but see only
-the capabilities their port names, so each is checked by mypy and can be given a small
-twin in a test. The service in turn sees the proxy (server/app.py) only as a
-`TieringHost`: it imports nothing from proxy/server/.
+and the metrics (metrics.py) are handed the service but see only the capabilities their
+port names, so each is checked by mypy and can be given a small twin in a test. The
+service in turn sees the proxy (server/app.py) only as a `TieringHost`: it imports
+nothing from proxy/server/. Ports whose types would import this module back live beside
+their consumer: `ReadsHost` (reads.py), `TxnHost` (txn_refusal.py), `StartHost`
+(startup.py), and the small ones of owners.py, shards.py and uploads.py.
 """
 
 from __future__ import annotations

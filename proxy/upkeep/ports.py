@@ -1,12 +1,12 @@
 """What the upkeep runners need of the tiered service, as narrow ports.
 
-Each runner (seals, retention, trims, backfill, compactor, orphan sweep; cutover.py
-extends `SealHost` with what the cutover loop needs) is
-handed the tiered service (proxy/tiered/service.py) but sees it only through the
-`typing.Protocol` below that names the few capabilities it uses: the shards' metadata,
-the shards owned here, the peers. So a runner can be given a small twin in a test, mypy
-checks what it reads, and this package imports nothing from proxy/tiered/ (which starts
-the runners). The service satisfies every port structurally: nothing here subclasses.
+Each runner (seals, retention, trims, backfill, compactor, orphan sweep; cutover.py's
+`CutoverHost` extends `SealHost` with what the cutover loop needs) is handed the tiered
+service (proxy/tiered/service.py) but sees it only through the `typing.Protocol` below
+that names the few capabilities it uses: the shards' metadata, the shards owned here,
+the peers. So a runner can be given a small twin in a test, mypy checks what it reads,
+and this package imports nothing from proxy/tiered/ (which starts the runners). The
+service satisfies every port structurally: nothing here subclasses.
 """
 
 from __future__ import annotations
