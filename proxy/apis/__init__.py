@@ -33,11 +33,13 @@ RESPONSE_REWRITERS: dict[int, Rewriter] = {
 # walk to their tagged fields (about 1 us per partition): clients then rediscover a
 # moved leader by Metadata, as before KIP-951. Capping Produce at 9 costs more: v11+
 # carry KIP-890 (TRANSACTION_ABORTABLE, transactions v2), so cap Fetch alone if any.
-NODE_ENDPOINTS_SINCE = {
+NODE_ENDPOINTS_SINCE: dict[int, int] = {
     api00_produce.API_KEY: api00_produce.FIRST_NODE_ENDPOINTS_VERSION,
     api01_fetch.API_KEY: api01_fetch.FIRST_NODE_ENDPOINTS_VERSION,
 }
-CAPPED_VERSIONS = {api_key: version - 1 for api_key, version in NODE_ENDPOINTS_SINCE.items()}
+CAPPED_VERSIONS: dict[int, int] = {
+    api_key: version - 1 for api_key, version in NODE_ENDPOINTS_SINCE.items()
+}
 
 
 def max_version_without_node_endpoints(api_key: int) -> int | None:

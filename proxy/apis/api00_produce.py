@@ -7,10 +7,11 @@ is rewritten in place; an answer without it (the usual case) is returned as it c
 
 from __future__ import annotations
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types
 from proxy.kafka.rewrite import node_endpoints_rewriter
 
-API_KEY = 0
+API_KEY = ApiKey.PRODUCE
 FIRST_NODE_ENDPOINTS_VERSION = 10
 RESPONSES = load_response_types(API_KEY)
 rewrite_response = node_endpoints_rewriter(API_KEY, FIRST_NODE_ENDPOINTS_VERSION, RESPONSES)

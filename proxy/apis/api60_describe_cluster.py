@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from kio.static.protocol import Entity
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.rewrite import Advertise, empty_array, rewrite_address_array
 from proxy.kafka.schema_walk import field_offset
 from proxy.kafka.wire import INT8
 
-API_KEY = 60
+API_KEY = ApiKey.DESCRIBE_CLUSTER
 ENDPOINT_TYPE_BROKER = 1
 RESPONSES = load_response_types(API_KEY)
 

@@ -28,7 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.apis.api00_produce import API_KEY, RESPONSES
 from proxy.kafka.codec import encode, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
     expect_end,
     read_count,
@@ -126,10 +126,8 @@ def read_produce_request(api_version: int, body: memoryview | bytes) -> ProduceR
     """Every partition's records located in the body, none copied; FrameError if malformed."""
     layout = _layout(api_version)
     body = memoryview(body)
-    try:
+    with malformed(f"Produce v{api_version} request"):
         return _read_request(layout, body)
-    except FrameError as exc:
-        raise FrameError(f"malformed Produce v{api_version} request: {exc}") from None
 
 
 def _read_request(layout: _Layout, body: memoryview) -> ProduceRequestView:
@@ -221,12 +219,10 @@ def merge_responses(
     results: list[PartitionResult] = []
     upstream_throttle_ms, endpoints = 0, ()
     if upstream_body is not None:
-        try:
+        with malformed(f"Produce v{api_version} response"):
             results, upstream_throttle_ms, endpoints = _read_response(
                 layout, memoryview(upstream_body)
             )
-        except FrameError as exc:
-            raise FrameError(f"malformed Produce v{api_version} response: {exc}") from None
     results += local
     if request is not None:
         results = _in_request_order(request, results)

@@ -17,8 +17,9 @@ from kio.schema.index import api_key_map, schema_name_map
 from kio.static.constants import EntityType
 from kio.static.protocol import Entity
 
+from proxy.kafka.api_keys import ApiKey
+
 TABLE_PATH = Path(__file__).with_name("api_table.py")
-API_VERSIONS = 18
 
 HEADER = '''"""The Kafka APIs kio {kio_version} has schemas for.
 
@@ -61,7 +62,7 @@ def describe(api_key: int) -> tuple[str, int, int, int | None]:
             raise SystemExit(f"{name} v{version}: request and response disagree on flexible")
         if _header_version(requests[version]) != (2 if is_flexible else 1):
             raise SystemExit(f"{name} v{version}: unexpected request header version")
-        expected = 1 if is_flexible and api_key != API_VERSIONS else 0
+        expected = 1 if is_flexible and api_key != ApiKey.API_VERSIONS else 0
         if _header_version(responses[version]) != expected:
             raise SystemExit(f"{name} v{version}: unexpected response header version")
     title = requests[high].__name__.removesuffix("Request")

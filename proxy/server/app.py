@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import logging
 import random
-import struct
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -37,7 +36,7 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import response_header_size
 from proxy.kafka.messages import encode_request
 from proxy.kafka.sasl import (
@@ -64,7 +63,6 @@ log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints
 # (fetch_stream.py); Produce answers are small, read whole and rewritten.
 _VERSION_CAPS: dict[int, int] = {}
-_SIZE = struct.Struct(">i")
 
 
 class SaslFailed(ConnectionError):
@@ -512,7 +510,7 @@ async def _call(reader, writer, request) -> memoryview:
     """Send one request of the proxy's own; the body of its answer."""
     writer.write(encode_request(request, correlation_id=0))
     await writer.drain()
-    (size,) = _SIZE.unpack(await reader.readexactly(4))
+    (size,) = FRAME_SIZE.unpack(await reader.readexactly(4))
     frame = memoryview(await reader.readexactly(size))
     return frame[response_header_size(request.__api_key__, request.__version__, frame) :]
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections import deque
 
@@ -40,7 +39,8 @@ from proxy.apis.api18_api_versions import (
     unsupported_version_response,
 )
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
-from proxy.kafka.frames import FrameError
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import (
     RequestHeader,
     header_rejection_reason,
@@ -71,25 +71,17 @@ from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
 
 log = logging.getLogger("tierproxy.connection")
 
-_SIZE = struct.Struct(">i")
-API_PRODUCE = 0
-API_FETCH = 1
-API_LIST_OFFSETS = 2
-API_DELETE_RECORDS = 21
-API_OFFSET_FOR_LEADER_EPOCH = 23
-API_ADD_PARTITIONS_TO_TXN = 24
 # split (or answered in part) when tiering
 TIERED_APIS = frozenset(
     (
-        API_PRODUCE,
-        API_FETCH,
-        API_LIST_OFFSETS,
-        API_DELETE_RECORDS,
-        API_OFFSET_FOR_LEADER_EPOCH,
-        API_ADD_PARTITIONS_TO_TXN,
+        ApiKey.PRODUCE,
+        ApiKey.FETCH,
+        ApiKey.LIST_OFFSETS,
+        ApiKey.DELETE_RECORDS,
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
+        ApiKey.ADD_PARTITIONS_TO_TXN,
     )
 )
-API_VERSIONS = 18
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
 MAX_RESPONSE_BYTES = 1 << 30
@@ -230,7 +222,7 @@ class ClientConnection(TieredAnswers):
                 size_bytes = await self._read_client(4, between_frames=True)
             else:
                 size_bytes, read_ahead = read_ahead, None
-            (size,) = _SIZE.unpack(size_bytes)
+            (size,) = FRAME_SIZE.unpack(size_bytes)
             if size < 0:
                 raise RejectedFrame("negative_frame_size", f"negative frame size {size}")
             if size > self._max_frame:  # before reading any of the body
@@ -247,7 +239,7 @@ class ClientConnection(TieredAnswers):
             self.zone.on_client_id(header.client_id)
             if not self._room.is_set():
                 await self._room.wait()
-            if header.api_key == API_VERSIONS:
+            if header.api_key == ApiKey.API_VERSIONS:
                 answer = self._answer_api_versions(header, frame[header.size :])
                 self.zone.count_local(size + 4, answer)
                 await self.client_writer.drain()  # a client not reading stops being read
@@ -259,13 +251,13 @@ class ClientConnection(TieredAnswers):
                 )
             expects_answer = True
             plan = None
-            if header.api_key == API_PRODUCE:
+            if header.api_key == ApiKey.PRODUCE:
                 try:
                     acks = produce_acks(header.api_version, frame[header.size :])
                 except FrameError as exc:
                     raise RejectedFrame("malformed_request", str(exc)) from None
                 expects_answer = acks != 0
-            elif header.api_key == API_FETCH and self.zone.wants_fetch_rack:
+            elif header.api_key == ApiKey.FETCH and self.zone.wants_fetch_rack:
                 try:
                     rack = request_rack_id(header.api_version, frame[header.size :])
                 except FrameError:
@@ -299,15 +291,15 @@ class ClientConnection(TieredAnswers):
         tiering, version = self.proxy.tiering, header.api_version
         head, body = frame[: header.size], frame[header.size :]
         try:
-            if header.api_key == API_PRODUCE:
+            if header.api_key == ApiKey.PRODUCE:
                 return plan_produce(tiering, head, body, version)
-            if header.api_key == API_FETCH:
+            if header.api_key == ApiKey.FETCH:
                 return await plan_fetch(tiering, head, body, version, reader=id(self))
-            if header.api_key == API_DELETE_RECORDS:
+            if header.api_key == ApiKey.DELETE_RECORDS:
                 return await plan_delete_records(tiering, head, body, version)
-            if header.api_key == API_OFFSET_FOR_LEADER_EPOCH:
+            if header.api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
                 return plan_offset_for_leader_epoch(tiering, head, body, version)
-            if header.api_key == API_ADD_PARTITIONS_TO_TXN:
+            if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
                 return plan_add_partitions_to_txn(tiering, body, version, self.peer)
             return plan_list_offsets(tiering, head, body, version)
         except FrameError as exc:
@@ -351,19 +343,21 @@ class ClientConnection(TieredAnswers):
 
     def _answer_api_versions(self, header: RequestHeader, body: memoryview) -> int:
         """Answer here (queued behind earlier answers); the answer's size."""
-        if is_known(API_VERSIONS, header.api_version):
+        if is_known(ApiKey.API_VERSIONS, header.api_version):
             try:
                 check_api_versions_request(header.api_version, body)
             except FrameError as exc:  # Kafka closes on a body it cannot read
                 raise RejectedFrame(
                     "malformed_request", f"ApiVersions v{header.api_version} request: {exc}"
                 ) from None
-            payload = response_header(header.correlation_id, API_VERSIONS, header.api_version)
+            payload = response_header(
+                header.correlation_id, ApiKey.API_VERSIONS, header.api_version
+            )
             payload += self.proxy.api_versions_body(header.api_version)
         else:  # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
             payload = unsupported_version_response(header.correlation_id, self.proxy.api_ranges())
-        slot = Slot(header.correlation_id, API_VERSIONS, header.api_version, local=True)
-        slot.data = (_SIZE.pack(len(payload)) + payload,)
+        slot = Slot(header.correlation_id, ApiKey.API_VERSIONS, header.api_version, local=True)
+        slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)
         self._enqueue(slot)
         self._flush()
         return len(payload) + 4
@@ -392,7 +386,7 @@ class ClientConnection(TieredAnswers):
                     size_bytes = await reader.readexactly(4)
                 except asyncio.IncompleteReadError:
                     raise UpstreamClosed("connection closed by the broker") from None
-                (size,) = _SIZE.unpack(size_bytes)
+                (size,) = FRAME_SIZE.unpack(size_bytes)
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
                     raise UpstreamClosed(f"response frame size {size} out of range")
                 if not self._awaiting_upstream:
@@ -439,7 +433,7 @@ class ClientConnection(TieredAnswers):
         rewritten = RESPONSE_REWRITERS[slot.api_key](slot.api_version, body, self.zone.advertise)
         if rewritten is body:
             return size_bytes, frame
-        return _SIZE.pack(head + len(rewritten)), view[:head], rewritten
+        return FRAME_SIZE.pack(head + len(rewritten)), view[:head], rewritten
 
     async def _pass_through(self, slot: Slot, head: bytes, remaining: int) -> None:
         """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens
@@ -453,7 +447,7 @@ class ClientConnection(TieredAnswers):
         reader = self.upstream_reader
         assert reader is not None
         unsent_head: bytes | None = head  # sent with the first chunk, in one system call
-        if slot.api_key == API_FETCH and _rewrites(slot):  # large, v16+ (`_walks`)
+        if slot.api_key == ApiKey.FETCH and _rewrites(slot):  # large, v16+ (`_walks`)
             version = slot.api_version
             await stream_walked_answer(
                 reader, head, remaining, walk_fetch_answer(version), self._chunk_bytes,
@@ -539,7 +533,7 @@ def _walks(slot: Slot, size: int, buffer_bytes: int) -> bool:
     than read whole: one larger than the connection's buffer. A smaller one, such as
     the answers that name a moved leader (its partitions carry no records), is read whole
     and rewritten at its own length."""
-    return slot.api_key == API_FETCH and size > buffer_bytes
+    return slot.api_key == ApiKey.FETCH and size > buffer_bytes
 
 
 def _rewrites(slot: Slot) -> bool:

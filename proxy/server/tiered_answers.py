@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 
 from proxy.apis import RESPONSE_REWRITERS
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.kafka.headers import RequestHeader, response_header, response_header_size
 from proxy.server.slots import Plan, Slot
 from proxy.tiered.produce import count_in_flight
 
 log = logging.getLogger("tierproxy.connection")
-
-_SIZE = struct.Struct(">i")
 
 
 class TieredAnswers:
@@ -63,7 +61,7 @@ class TieredAnswers:
             return
         payload = response_header(slot.correlation_id, slot.api_key, slot.api_version)
         payload += self._merged_body(slot, None)
-        slot.data = (_SIZE.pack(len(payload)) + payload,)
+        slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)
         self.zone.count_local(request_size, len(payload) + 4)
         self._flush()
         self._local_answer.set()
@@ -79,7 +77,7 @@ class TieredAnswers:
         rewriter = RESPONSE_REWRITERS.get(slot.api_key)  # ListOffsets, DeleteRecords: none
         if rewriter is not None:
             body = rewriter(slot.api_version, body, self.zone.advertise)
-        return (_SIZE.pack(head + len(body)) + bytes(view[:head]) + bytes(body),)
+        return (FRAME_SIZE.pack(head + len(body)) + bytes(view[:head]) + bytes(body),)
 
     def _merged_body(self, slot: Slot, upstream: memoryview | None) -> bytes:
         plan = slot.plan

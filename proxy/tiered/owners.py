@@ -17,22 +17,23 @@ import uuid
 from dataclasses import dataclass
 from typing import Protocol
 
+from kio.schema.errors import ErrorCode
+
 from proxy.handoff.objects import S3WalLocation
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TieredTopic
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
-from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.clients import PeerClients, PeerUnavailable
-from proxy.peer.codec import AppendRequest, for_peer, frame_size
-from proxy.peer.messages import AppendResponse
+from proxy.peer.codec import for_peer, frame_size
+from proxy.peer.messages import AppendRequest, AppendResponse
 from proxy.records.batches import CorruptBatchError
 
 log = logging.getLogger("tierproxy.tiering")
 
-CORRUPT_MESSAGE = 2
 ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released this late
 
 
@@ -51,7 +52,7 @@ class Part:
 
 
 def not_owner(message: str) -> ProduceResult:
-    return ProduceResult(NOT_LEADER_OR_FOLLOWER, error_message=message)
+    return ProduceResult(ErrorCode.not_leader_or_follower, error_message=message)
 
 
 class SenderHost(Protocol):
@@ -122,13 +123,17 @@ class ToOwner:
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
-            return ProduceResult(CORRUPT_MESSAGE, error_message=str(exc))  # the owner's answer
+            return ProduceResult(
+                ErrorCode.corrupt_message, error_message=str(exc)
+            )  # the owner's answer
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
             holes.dropped(stream, batch)  # before the next hand-off of the stream goes
             if location is not None and s3wal is not None:
                 s3wal.release(location)
-            return ProduceResult(56, error_message=f"could not hand the batch over: {exc}")
+            return ProduceResult(
+                ErrorCode.kafka_storage_error, error_message=f"could not hand the batch over: {exc}"
+            )
         finally:
             started.set_result(None)
             if self._sends.get(stream) is started:
@@ -224,13 +229,15 @@ class AtOwner:
                 holes.dropped(stream, batch)
                 return not_owner(f"stream {stream} is not owned by {service.name}")
             if rules is None:
-                return ProduceResult(56, error_message=f"stream {stream}: no topic config")
+                return ProduceResult(
+                    ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"
+                )
             append_time = rules.log_append_time
             call = asyncio.ensure_future(
                 partitions.produce(stream, records, request.acks, append_time)
             )
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
-        except BaseException:  # the S3-WAL read failed: answered 56, the batch not appended
+        except BaseException:  # the S3-WAL read failed: a storage error, the batch not appended
             holes.dropped(stream, batch)  # before the stream's next arrival goes on
             raise
         finally:

@@ -22,7 +22,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex
 from proxy.metrics import ProxyMetrics
 from proxy.objects.bandwidth import Bandwidth
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
 from proxy.reads.logcache import LogCache

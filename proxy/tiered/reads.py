@@ -23,6 +23,8 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.fetch_split import (
     FetchPartitionView,
     TieredFetchPartition,
@@ -35,7 +37,8 @@ from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
 from proxy.objects.store import ObjectStoreError
-from proxy.partition.owner import PartitionSet, TieredPartition
+from proxy.partition.owner import TieredPartition
+from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients
 from proxy.peer.codec import frame_size
 from proxy.peer.messages import FetchRequest, FetchResponse
@@ -49,11 +52,6 @@ from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-NOT_LEADER_OR_FOLLOWER = 6
-KAFKA_STORAGE_ERROR = 56
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 # a read_committed answer reads this far for the marker of a transaction it starts with
 MAX_TRANSACTION_READ_BYTES = 64 << 20
@@ -166,14 +164,14 @@ class TieredReads:
             await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
             partition = self._partition(stream)
         if partition is None:
-            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+            return TieredFetchResult(ErrorCode.not_leader_or_follower)
         end, start = partition.high_watermark, partition.log_start_offset
         if offset > end or offset < start:
-            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, start)
+            return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, start)
         records: Sequence[memoryview] = ()
         if request.max_bytes > 0:
             records = await self._tail(stream, offset, request.max_bytes)
-        return TieredFetchResult(NONE, end, end, start, None, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, end, end, start, None, -1, tuple(records))
 
     async def _tail(self, stream: int, offset: int, max_bytes: int) -> Sequence[memoryview]:
         """The owner's batches from `offset` past the committed objects: the log cache,
@@ -223,7 +221,9 @@ class TieredReads:
         size = sum(len(memoryview(piece)) for piece in answer.records)
         service.count_peer_bytes(address, "tail_request", FETCH_REQUEST_BYTES)
         service.count_peer_bytes(address, "tail_answer", FETCH_ANSWER_BYTES + size)
-        return answer if answer.error_code in (NONE, OFFSET_OUT_OF_RANGE) else None
+        return (
+            answer if answer.error_code in (ErrorCode.none, ErrorCode.offset_out_of_range) else None
+        )
 
     async def fetch(
         self,
@@ -244,7 +244,7 @@ class TieredReads:
             left = deadline - time.monotonic()
             if min_bytes <= 0 or got >= min_bytes or left <= 0:
                 return results
-            if any(r.error_code != NONE for r in results.values()):
+            if any(r.error_code != ErrorCode.none for r in results.values()):
                 return results
             await self._wait_for_data(parts, left)
 
@@ -272,7 +272,7 @@ class TieredReads:
         stream = None if found is None else stream_of(found, part.partition)
         info = None if stream is None else service.state(stream).stream(stream)
         if found is None or stream is None or info is None:  # untiered since the split
-            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+            return TieredFetchResult(ErrorCode.not_leader_or_follower)
         state = service.state(stream)
         partition = self._partition(stream)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
@@ -280,7 +280,7 @@ class TieredReads:
         log_start = info.log_start_offset
         offset = part.fetch_offset
         if offset < log_start or (partition is not None and offset > end):
-            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+            return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
         records: Sequence[memoryview] = ()
         aborted: tuple[tuple[int, int], ...] | None = None
         priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
@@ -296,10 +296,10 @@ class TieredReads:
                     )
             except (ObjectFormatError, ControlRecordError) as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
-                return TieredFetchResult(CORRUPT_MESSAGE, end, end, log_start)
+                return TieredFetchResult(ErrorCode.corrupt_message, end, end, log_start)
             except ObjectStoreError as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
-                return TieredFetchResult(KAFKA_STORAGE_ERROR, end, end, log_start)
+                return TieredFetchResult(ErrorCode.kafka_storage_error, end, end, log_start)
             if not records and partition is not None:
                 records = await self._tail(stream, offset, max_bytes)
                 priority = Priority.TAIL_READ
@@ -307,8 +307,8 @@ class TieredReads:
             tail = await self._owner_tail(stream, offset, max_bytes, 0)
             if tail is not None:
                 end = max(end, tail.high_watermark)
-                if tail.error_code == OFFSET_OUT_OF_RANGE:
-                    return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+                if tail.error_code == ErrorCode.offset_out_of_range:
+                    return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
                 records = tail.records
                 priority = Priority.TAIL_READ
         if records and self.service.bandwidth is not None:
@@ -316,7 +316,7 @@ class TieredReads:
             await self.service.bandwidth.limiter.acquire(priority, size)
         if aborted is None and isolation_level == READ_COMMITTED:
             aborted = ()
-        return TieredFetchResult(NONE, end, end, log_start, aborted, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, end, end, log_start, aborted, -1, tuple(records))
 
     async def _decided(
         self,

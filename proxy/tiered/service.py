@@ -26,6 +26,7 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 
+from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry
 
 from proxy.apis.fetch_split import TieredFetchResult
@@ -39,13 +40,12 @@ from proxy.metadata.streams import shard_of
 from proxy.metadata.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.store import ObjectStore
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.clients import PeerClients
-from proxy.peer.codec import AdminRequest
-from proxy.peer.messages import FetchRequest
+from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
@@ -71,9 +71,6 @@ from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
 
 log = logging.getLogger("tierproxy.tiering")
-
-REQUEST_TIMED_OUT = 7
-INVALID_REQUEST = 42
 
 
 class TieringService:
@@ -323,7 +320,7 @@ class TieringService:
         if found is None:  # untiered since the split: the client retries through Kafka
             return not_owner(f"topic {topic} is no longer tiered")
         if records is None:
-            return ProduceResult(INVALID_REQUEST, error_message="null records")
+            return ProduceResult(ErrorCode.invalid_request, error_message="null records")
         stream = stream_of(found, partition)
         batch = ProducerBatch.of(records) if acks != 0 else None
         try:
@@ -341,7 +338,7 @@ class TieringService:
         if self.state(stream).stream(stream) is None:
             if not await self._wait_for_cutover(found, stream):
                 return ProduceResult(
-                    REQUEST_TIMED_OUT,
+                    ErrorCode.request_timed_out,
                     error_message=f"{found.name}-{partition} is being cut over to tiered",
                 )
         assert self.partitions is not None

@@ -15,7 +15,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_headers
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 
 log = logging.getLogger("tierproxy.tiering")
 

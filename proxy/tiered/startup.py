@@ -36,10 +36,9 @@ from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectStore
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.sequence_holes import SequenceHoles
-from proxy.peer.codec import AdminRequest
-from proxy.peer.messages import FetchRequest
+from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.tiered import shards

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from proxy.clock import now_ms
 from proxy.config.tiering import TieringConfig
 from proxy.metadata.records import ObjectCommit
 from proxy.metadata.state import MetadataState
@@ -54,10 +55,6 @@ class UploadsHost(Protocol):
     def state(self, stream: int) -> MetadataState: ...
 
     def shard_owner(self, shard: int) -> ShardOwner | None: ...
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class UploadLoop:
@@ -117,7 +114,7 @@ class UploadLoop:
             if time.monotonic() > min(o.commit_by for o, _ in items):
                 # the orphan sweep may delete it now: the restarted uploader uploads again
                 raise CommitRefused(f"shard {shard}: the objects' PUT is too old to commit")
-            now = _now_ms()
+            now = now_ms()
             commits = [
                 ObjectCommit(
                     owner.state.generation, o.object_id, o.kind, o.size, owner.epoch, now, ranges

@@ -41,13 +41,8 @@ from dataclasses import dataclass, fields
 
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import (
-    FORMAT_VERSION,
-    READ_VERSIONS,
-    IndexEntry,
-    ObjectWriter,
-    find_entries,
-)
+from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS, IndexEntry, find_entries
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 
 MiB = 1 << 20

@@ -22,7 +22,7 @@ from proxy.metadata.store import ShardOwner, ShardReader
 from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.store import ObjectStore
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients
 from proxy.reads.blockcache import BlockCache
 from proxy.upkeep.retention_plan import RetentionConfig

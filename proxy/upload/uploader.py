@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from proxy.objects.format import BuiltObject
+from proxy.objects.format_writer import BuiltObject
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.upload.config import UploaderConfig, UploaderStats

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.fetch_merge import merge_responses
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
     TieredFetchResult,
-    merge_responses,
     read_fetch_request,
     split,
 )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 
 from proxy.partition.producer_state import (
     INT32_MAX,
@@ -28,7 +29,6 @@ from proxy.partition.producer_state import (
 )
 from proxy.partition.sequencer import (
     Duplicate,
-    ErrorCode,
     PartitionSequencer,
     PendingAppend,
     Rejected,
@@ -114,9 +114,9 @@ class Run:
         if not self.pending:
             return
         pending, twin_pending, now = self.pending.popleft()
-        assert self.sequencer.commit(pending) is ErrorCode.NONE
+        assert self.sequencer.commit(pending) is ErrorCode.none
         if self.twin is not None:
-            assert twin_pending is not None and self.twin.commit(twin_pending) is ErrorCode.NONE
+            assert twin_pending is not None and self.twin.commit(twin_pending) is ErrorCode.none
         self.committed.append((pending, now))
         assert self.sequencer.high_watermark == pending.next_offset
 
@@ -178,7 +178,7 @@ class Run:
             if producer.known_epoch is None:  # no state: any sequence (KIP-360)
                 self.accepted(pid, producer.epoch, [(seq, 2)], result)
             else:
-                self.refused(result, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+                self.refused(result, ErrorCode.out_of_order_sequence_number)
         elif kind == "bump":
             producer = self.producers[args[0]]
             producer.epoch += 1
@@ -188,12 +188,12 @@ class Run:
             producer = self.producers[pid]
             if producer.known_epoch is not None:
                 result = self.send(build(pid, producer.epoch + 1, seq, 1))
-                self.refused(result, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+                self.refused(result, ErrorCode.out_of_order_sequence_number)
         elif kind == "zombie":
             producer = self.producers[args[0]]
             if producer.known_epoch is not None and producer.known_epoch > 0:
                 result = self.send(build(args[0], producer.known_epoch - 1, 0, 1))
-                self.refused(result, ErrorCode.INVALID_PRODUCER_EPOCH)
+                self.refused(result, ErrorCode.invalid_producer_epoch)
 
     def start_twin(self) -> None:
         """Commit what is pending, then restore a second sequencer from a snapshot."""

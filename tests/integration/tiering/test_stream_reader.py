@@ -22,7 +22,8 @@ from proxy.metadata.codec import encode
 from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
-from proxy.objects.format import BuiltObject, ObjectFormatError, ObjectWriter
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload

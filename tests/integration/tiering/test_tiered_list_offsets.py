@@ -47,7 +47,8 @@ from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import offload_object_id, stream_id
-from proxy.objects.format import ObjectKind, ObjectWriter
+from proxy.objects.format import ObjectKind
+from proxy.objects.format_writer import ObjectWriter
 from proxy.peer.clients import PeerClients
 
 with warnings.catch_warnings():

@@ -43,7 +43,8 @@ from proxy.devstack import MinioServer
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

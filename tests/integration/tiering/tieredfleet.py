@@ -52,7 +52,8 @@ from proxy.metadata.reader import ShardReader
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.format import find_entries, read_block, read_object
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoint

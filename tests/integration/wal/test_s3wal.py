@@ -33,7 +33,8 @@ from proxy.handoff.writer import (
 )
 from proxy.objects.keys import parse_object_key
 from proxy.objects.local import LocalDirectoryStore
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 from proxy.objects.store import ObjectStore, ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from uuid import UUID
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from proxy.metadata.codec import encode
 from proxy.metadata.records import ObjectCommit, ProducerSnapshot, ShardClaim, StreamCutover
@@ -23,14 +24,8 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_block, read_object
 from proxy.objects.local import LocalDirectoryStore
-from proxy.partition.owner import (
-    PartitionConfig,
-    PartitionSet,
-    ProduceResult,
-    RecoveryError,
-    TieredPartition,
-)
-from proxy.partition.producer_state import ErrorCode
+from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError, TieredPartition
+from proxy.partition.partition_set import PartitionSet
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, with_base_offset
 from proxy.tiered.reads import TieredReads
@@ -186,7 +181,7 @@ async def test_retries_get_their_original_offsets_and_write_nothing(tmp_path):
             assert (wal.stats.appends, partition.log_end_offset) == (appends, end)
             # older than the last 5: not recognised, so out of order
             result = await partition.produce(nth(7, 0), -1)
-            assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+            assert result.error_code == ErrorCode.out_of_order_sequence_number
 
 
 async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):
@@ -194,7 +189,7 @@ async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):
         async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
             ok(await partition.produce(batch(7, 0), -1), CUTOVER)
             result = await partition.produce(batch(7, 10), -1)  # expected 3
-            assert result.error_code == 45 == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+            assert result.error_code == 45 == ErrorCode.out_of_order_sequence_number
             assert result.base_offset == -1
             assert "10 (incoming seq. number), 2 (current end sequence number)" in (
                 result.error_message
@@ -207,7 +202,7 @@ async def test_a_transactional_batch_is_refused_with_42_and_a_clear_message(tmp_
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
         async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
             result = await partition.produce(batch(7, 0, transactional=True), -1)
-            assert result.error_code == 42 == ErrorCode.INVALID_REQUEST
+            assert result.error_code == 42 == ErrorCode.invalid_request
             assert "transactional produce to a tiered topic is not supported" in (
                 result.error_message
             )
@@ -265,7 +260,7 @@ async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledge
     # later requests, retries included, get 56 too (retriable: the client moves on)
     for records in (nth(7, 15), nth(7, 9), nth(8, 0)):
         result = await partitions.produce(S0, records, -1)
-        assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result
+        assert result.error_code == ErrorCode.kafka_storage_error, result
     await partitions.close()
     await wal.close()
 
@@ -313,7 +308,7 @@ async def test_idempotence_survives_a_restart_through_the_wal_replay(tmp_path, e
         for pid in (7, 8):  # a retry of each producer's last batch is a duplicate
             ok(await partitions.produce(S0, nth(pid, 19), -1), last[pid])
         result = await partitions.produce(S0, nth(7, 21), -1)  # a gap is still a gap
-        assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert result.error_code == ErrorCode.out_of_order_sequence_number
         assert wal.stats.appends == 0
         ok(await partitions.produce(S0, nth(7, 20), -1), CUTOVER + 120)
         await partitions.close()

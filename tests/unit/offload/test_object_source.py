@@ -10,7 +10,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.object_source import ObjectReadError, object_batches
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import ObjectWriter
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
 from proxy.records.batches import with_base_offset

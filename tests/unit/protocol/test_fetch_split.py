@@ -13,13 +13,12 @@ import warnings
 import pytest
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.fetch_merge import build_fetch_response, merge_responses
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
     TieredFetchPartition,
     TieredFetchResult,
-    build_fetch_response,
-    merge_responses,
     read_fetch_request,
     split,
 )

@@ -26,7 +26,8 @@ from proxy.metadata.records import (
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, stream_id
-from proxy.objects.format import FORMAT_VERSION, ObjectWriter, read_block, read_object
+from proxy.objects.format import FORMAT_VERSION, read_block, read_object
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectNotFound

@@ -21,7 +21,6 @@ from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
     ObjectKind,
-    ObjectWriter,
     find_entries,
     index_in_tail,
     parse_footer,
@@ -29,6 +28,7 @@ from proxy.objects.format import (
     read_block,
     read_object,
 )
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import object_key, parse_object_key
 from proxy.records.batches import CorruptBatchError, iter_batches, with_base_offset
 

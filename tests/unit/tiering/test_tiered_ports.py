@@ -8,11 +8,13 @@ import asyncio
 from contextlib import AsyncExitStack
 from types import SimpleNamespace
 
+from kio.schema.errors import ErrorCode
+
 from proxy.peer.messages import TrimRequest
 from proxy.tiered import shards
 from proxy.tiered.startup import run_task
 from proxy.tiered.uploads import UploadLoop
-from proxy.upkeep.trims import NOT_LEADER_OR_FOLLOWER, trim_stream
+from proxy.upkeep.trims import trim_stream
 
 
 class Peers:
@@ -47,7 +49,7 @@ async def test_a_trim_of_a_stream_owned_elsewhere_goes_to_its_owner():
 async def test_a_trim_with_no_live_owner_is_retriable():
     host = trim_host(None)
     code, log_start, message = await trim_stream(host, TrimRequest(0, 7, 50, 1000))
-    assert (code, log_start) == (NOT_LEADER_OR_FOLLOWER, -1)
+    assert (code, log_start) == (ErrorCode.not_leader_or_follower, -1)
     assert "no live owner" in message
     assert host.peers.trims == []
 

@@ -18,9 +18,9 @@ from proxy.objects.format import (
     INDEX_ENTRY_SIZE_V1,
     IndexEntry,
     ObjectKind,
-    ObjectWriter,
     read_object,
 )
+from proxy.objects.format_writer import ObjectWriter
 from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
