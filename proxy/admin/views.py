@@ -91,7 +91,7 @@ def _tiering_check(tiering) -> dict:
 
 
 def _shards_without_live_owner(tiering) -> list[int]:
-    live = {member.name for member in tiering.proxy.fleet.live()}
+    live = {member.name for member in tiering.fleet.live()}
     return [
         reader.shard
         for reader in tiering.readers

@@ -42,6 +42,7 @@ from proxy.apis.api21_delete_records import (
 from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.peer.messages import TrimRequest
+from proxy.tiered.ports import DeletesHost
 from proxy.upkeep.trims import trim_stream
 
 Key = tuple[str, int]
@@ -88,7 +89,7 @@ def refusal(offset: int, cutover: int, high_watermark: int | None) -> int | None
 
 
 async def plan_delete_records(
-    tiering, header_bytes: memoryview, body: memoryview, api_version: int
+    tiering: DeletesHost, header_bytes: memoryview, body: memoryview, api_version: int
 ) -> DeletePlan | None:
     """The plan for one DeleteRecords; None to forward it as it came. FrameError if it
     cannot be read. Waits for the high watermarks the offsets are checked against."""
@@ -137,7 +138,7 @@ async def plan_delete_records(
 
 
 async def _refusals(
-    tiering, asked: Sequence[tuple[str, int, int]], cutovers: dict
+    tiering: DeletesHost, asked: Sequence[tuple[str, int, int]], cutovers: dict
 ) -> dict[Key, DeleteResult]:
     """The partitions whose delete Kafka would refuse, with its error."""
     checked = [e for e in asked if needs_high_watermark(e[2], cutovers[e[0], e[1]][1])]
@@ -156,7 +157,7 @@ async def _refusals(
 
 
 async def _trim_all(
-    tiering,
+    tiering: DeletesHost,
     asked: Sequence[tuple[str, int, int]],
     cutovers: dict,
     timeout_ms: int,

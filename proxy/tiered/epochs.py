@@ -30,6 +30,7 @@ from proxy.apis.api23_offset_for_leader_epoch import (
 from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.ports import ReadHandlers
 
 Key = tuple[str, int]
 
@@ -64,7 +65,7 @@ class EpochsPlan:
 
 
 def plan_offset_for_leader_epoch(
-    tiering, header_bytes: memoryview, body: memoryview, api_version: int
+    tiering: ReadHandlers, header_bytes: memoryview, body: memoryview, api_version: int
 ) -> EpochsPlan | None:
     """The plan for one OffsetForLeaderEpoch; None when it names no tiered partition.
     FrameError if it cannot be read."""
@@ -87,7 +88,7 @@ def plan_offset_for_leader_epoch(
     return EpochsPlan(frame, local, cutovers, beyond=tiering.beyond_cutover)
 
 
-async def _high_watermarks(tiering, streams: dict[Key, tuple[int, int]]) -> dict:
+async def _high_watermarks(tiering: ReadHandlers, streams: dict[Key, tuple[int, int]]) -> dict:
     keys = list(streams)
     reads = tiering.reads
     ends = await asyncio.gather(*(reads.owner_high_watermark(streams[k][0]) for k in keys))

@@ -41,6 +41,7 @@ from proxy.apis.fetch_split import (
 from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.ports import ReadHandlers
 
 
 @dataclass(slots=True, eq=False)
@@ -77,7 +78,11 @@ class FetchPlan:
 
 
 async def plan_fetch(
-    tiering, header_bytes: memoryview, body: memoryview, api_version: int, reader: object
+    tiering: ReadHandlers,
+    header_bytes: memoryview,
+    body: memoryview,
+    api_version: int,
+    reader: object,
 ) -> FetchPlan | None:
     """The plan for one Fetch; None to forward it as it came (nothing tiered, or a
     sessionless fetch of passthrough partitions only). FrameError if it cannot be read."""
@@ -91,6 +96,7 @@ async def plan_fetch(
     keys = tuple((p.topic, p.partition) for p in tiered)
     cutovers = _below_cutover(tiering, view, frozenset(keys)) if upstream_body else {}
     loop = asyncio.get_running_loop()
+    local: asyncio.Future[dict]
     if upstream_body is None:
         local = asyncio.ensure_future(
             reads.fetch(
@@ -127,7 +133,7 @@ async def plan_fetch(
     return FetchPlan(view, frame, local, keys, cutovers=cutovers, beyond=tiering.beyond_cutover)
 
 
-def _below_cutover(tiering, view: FetchRequestView, tiered: frozenset) -> dict:
+def _below_cutover(tiering: ReadHandlers, view: FetchRequestView, tiered: frozenset) -> dict:
     """The partitions of tiered topics that go to Kafka (read below their cutover):
     (topic, partition) -> (topic name, cutover)."""
     found_cutovers = {}

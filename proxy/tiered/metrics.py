@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from proxy.tiered.ports import MetricsHost
+
 FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -31,7 +33,7 @@ class TieringMetrics:
         )
         self._collector: _Collector | None = None
 
-    def attach(self, service) -> None:  # service: proxy.tiered.service.TieringService
+    def attach(self, service: MetricsHost) -> None:
         if service.wal is not None:
             service.wal.on_sync = self.fsync_seconds.observe
         self._collector = _Collector(service)
@@ -45,12 +47,13 @@ class TieringMetrics:
 
 
 class _Collector:
-    def __init__(self, service) -> None:
+    def __init__(self, service: MetricsHost) -> None:
         self._service = service
 
     def collect(self) -> Iterator[Metric]:
         service = self._service
         wal, uploader, cache = service.wal, service.uploader, service.log_cache
+        value: float  # each loop below yields counts (int) and durations (float)
         if wal is not None:
             s = wal.stats
             for family, name, documentation, value in (

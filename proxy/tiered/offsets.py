@@ -57,6 +57,7 @@ from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 from proxy.records.timestamp_search import Found
+from proxy.tiered.ports import ReadHandlers
 from proxy.tiered.timestamps import OwnerAway, StreamSearch
 
 log = logging.getLogger("tierproxy.reads")
@@ -67,7 +68,9 @@ _EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
 _ANY_TIMESTAMP = -(1 << 63)  # every record's timestamp is at least this
 
 
-def route(tiering, topic: str, partition: int, timestamp: int, api_version: int) -> Route:
+def route(
+    tiering: ReadHandlers, topic: str, partition: int, timestamp: int, api_version: int
+) -> Route:
     """Where this partition's entry is answered (see the module docstring)."""
     found = tiering.topics.topic(topic)
     if found is None:
@@ -164,7 +167,7 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
     return kafka if below else part.alone(timestamp)
 
 
-async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
+async def stream_part(tiering: ReadHandlers, item: TieredOffsetsPartition) -> StreamPart:
     """The stream's part of one partition's answer, with the partition's leader epoch."""
     part, epoch = await asyncio.gather(
         _stream_part(tiering, item), tiering.leader_epochs.epoch(item.topic, item.partition)
@@ -172,7 +175,7 @@ async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     return dataclasses.replace(part, current_epoch=epoch)
 
 
-async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
+async def _stream_part(tiering: ReadHandlers, item: TieredOffsetsPartition) -> StreamPart:
     found = tiering.topics.topic(item.topic)
     stream = None if found is None else stream_of(found, item.partition)
     state = None if stream is None else tiering.state(stream)
@@ -213,7 +216,7 @@ async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     return StreamPart(ErrorCode.none, info.cutover_offset, info.log_start_offset, hit)
 
 
-async def _latest(tiering, item: TieredOffsetsPartition) -> OffsetsResult:
+async def _latest(tiering: ReadHandlers, item: TieredOffsetsPartition) -> OffsetsResult:
     """The high watermark, with the current leader epoch (Kafka's Partition answers its
     leader epoch with LATEST)."""
     found = tiering.topics.topic(item.topic)
@@ -236,7 +239,7 @@ class OffsetsPlan:
     local: asyncio.Future[dict]  # (topic, partition) -> OffsetsResult, or StreamPart if BOTH
     tiered: tuple[TieredOffsetsPartition, ...] = ()
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
-    tiering: object = None  # the service: beyond_cutover is noted on it
+    tiering: ReadHandlers | None = None  # the service: beyond_cutover is noted on it
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         """The answer: HERE partitions as `local` has them, BOTH ones Kafka's answer
@@ -271,7 +274,7 @@ class OffsetsPlan:
 
 
 def plan_list_offsets(
-    tiering, header_bytes: memoryview, body: memoryview, api_version: int
+    tiering: ReadHandlers, header_bytes: memoryview, body: memoryview, api_version: int
 ) -> OffsetsPlan | None:
     """The plan for one ListOffsets; None to forward it as it came. FrameError if it
     cannot be read."""
@@ -291,12 +294,14 @@ def plan_list_offsets(
     return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
 
 
-async def _answer_all(tiering, tiered) -> dict:
+async def _answer_all(tiering: ReadHandlers, tiered) -> dict:
     answers = await asyncio.gather(*(_answer(tiering, p) for p in tiered))
     return {(p.topic, p.partition): a for p, a in zip(tiered, answers, strict=True)}
 
 
-async def _answer(tiering, item: TieredOffsetsPartition) -> OffsetsResult | StreamPart:
+async def _answer(
+    tiering: ReadHandlers, item: TieredOffsetsPartition
+) -> OffsetsResult | StreamPart:
     if item.timestamp == LATEST:
         return await _latest(tiering, item)
     part = await stream_part(tiering, item)

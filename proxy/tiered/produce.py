@@ -32,6 +32,7 @@ from proxy.kafka.frames import FRAME_SIZE
 from proxy.objects.ratelimit import Priority
 from proxy.partition.produce_rules import ProduceRules, check_records
 from proxy.partition.rules import ProduceResult
+from proxy.tiered.ports import ProduceHost
 
 
 @dataclass(slots=True, eq=False)
@@ -53,7 +54,9 @@ class ProducePlan:
         ]
 
 
-def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_version: int):
+def plan_produce(
+    tiering: ProduceHost, header_bytes: memoryview, body: memoryview, api_version: int
+):
     """The plan for one Produce request; FrameError if it cannot be read."""
     view = read_produce_request(api_version, body)
     if not tiering.topics.any():
@@ -79,7 +82,7 @@ def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_versio
 
 
 async def _produce_local(
-    tiering, view: ProduceRequestView, tiered: list[TieredPartition]
+    tiering: ProduceHost, view: ProduceRequestView, tiered: list[TieredPartition]
 ) -> list[PartitionResult]:
     # Each partition's produce is started now, in request order (a task's first step runs
     # in creation order), and awaited together: partitions do not wait for one another.
@@ -87,7 +90,9 @@ async def _produce_local(
     return list(await asyncio.gather(*calls))
 
 
-async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> PartitionResult:
+async def _one(
+    tiering: ProduceHost, view: ProduceRequestView, part: TieredPartition
+) -> PartitionResult:
     if view.transactional_id is not None:
         result = ProduceResult(
             ErrorCode.invalid_request,
@@ -121,7 +126,10 @@ async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> Part
 
 
 def _refusal(
-    tiering, view: ProduceRequestView, part: TieredPartition, rules: ProduceRules | None
+    tiering: ProduceHost,
+    view: ProduceRequestView,
+    part: TieredPartition,
+    rules: ProduceRules | None,
 ) -> PartitionResult | None:
     """Kafka's refusal of the partition's records by the topic's configs (produce_rules.py),
     decided here, before the batch is written or handed to its owner."""

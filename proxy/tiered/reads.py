@@ -21,20 +21,33 @@ import asyncio
 import logging
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
-from proxy.metadata.topic_index import stream_of
+from proxy.apis.fetch_split import (
+    FetchPartitionView,
+    TieredFetchPartition,
+    TieredFetchResult,
+    TopicKey,
+)
+from proxy.metadata.state import MetadataState
+from proxy.metadata.topic_index import TopicIndex, stream_of
+from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
 from proxy.objects.store import ObjectStoreError
+from proxy.partition.owner import TieredPartition
+from proxy.partition.partition_set import PartitionSet
+from proxy.peer.clients import PeerClients
 from proxy.peer.codec import frame_size
 from proxy.peer.messages import FetchRequest, FetchResponse
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.reads.stream_reader import StreamReader
 from proxy.records.transactions import ControlRecordError, committed_view
+from proxy.wal.log import WriteAheadLog
+from proxy.wal.s3log import S3WriteAheadLog
 from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")
@@ -48,14 +61,45 @@ FETCH_REQUEST_BYTES = frame_size(FetchRequest(0, 0, 0, 0, 0))
 FETCH_ANSWER_BYTES = frame_size(FetchResponse(0, 0))  # and the records
 
 
+class ReadsHost(Protocol):
+    """What the reads need of the tiered service: the tiered topics' metadata, the
+    partitions owned here and their WAL, and the owners elsewhere (peer protocol)."""
+
+    @property
+    def topics(self) -> TopicIndex: ...
+
+    def state(self, stream: int) -> MetadataState: ...
+
+    async def changed(self, timeout_s: float) -> None: ...
+
+    @property
+    def partitions(self) -> PartitionSet | None: ...
+
+    @property
+    def wal(self) -> WriteAheadLog | S3WriteAheadLog | None: ...
+
+    @property
+    def bandwidth(self) -> Bandwidth | None: ...
+
+    @property
+    def peers(self) -> PeerClients: ...
+
+    def owner_address(self, stream: int) -> tuple[str, int] | None:
+        """Where the stream's owner takes peer requests; None if it is this proxy or
+        not live."""
+        ...
+
+    def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None: ...
+
+
 class TieredReads:
-    def __init__(self, service, cache: BlockCache, log_cache: LogCache) -> None:
-        self.service = service  # server.tiering.TieringService
+    def __init__(self, service: ReadsHost, cache: BlockCache, log_cache: LogCache) -> None:
+        self.service = service
         self.cache = cache
         self.reader = StreamReader(cache)
         self.log_cache = log_cache
 
-    def fetch_here(self, topic: object, p: FetchPartitionView) -> bool:
+    def fetch_here(self, topic: TopicKey, p: FetchPartitionView) -> bool:
         """Whether the proxy answers this partition of a Fetch: a partition cut over, at
         an offset past its cutover or one an object holds, or at any offset once
         retention moved its log start past the cutover (below it: OFFSET_OUT_OF_RANGE,
@@ -80,7 +124,7 @@ class TieredReads:
         """The owner's high watermark, here or asked of the owner; None when no owner
         answers (away, or restarting and not serving the stream yet): the committed end
         may then be below offsets it acknowledged and consumers have read."""
-        partition = self.service.partitions.get(stream)
+        partition = self._partition(stream)
         if partition is not None:
             return partition.high_watermark
         end = self._committed_end(stream)
@@ -93,13 +137,18 @@ class TieredReads:
         """(the stream's batches past its committed objects from `offset` on, its high
         watermark): the log cache on the owner, else asked of the owner over the peer
         protocol; None when no owner answers. For ListOffsets' timestamp search."""
-        partition = self.service.partitions.get(stream)
+        partition = self._partition(stream)
         if partition is not None:
             return await self._tail(stream, offset, max_bytes), partition.high_watermark
         answer = await self._owner_tail(stream, offset, max_bytes, 0)
         if answer is None:
             return None
         return tuple(memoryview(piece) for piece in answer.records), answer.high_watermark
+
+    def _partition(self, stream: int) -> TieredPartition | None:
+        """The stream's partition if it is owned (and started) here."""
+        partitions = self.service.partitions
+        return None if partitions is None else partitions.get(stream)
 
     def _committed_end(self, stream: int) -> int:
         state = self.service.state(stream)
@@ -110,10 +159,10 @@ class TieredReads:
         """A peer's fetch (peer_messages.FetchRequest) of a stream owned here: the log
         cache from `offset` on, after waiting up to max_wait_ms for data past it."""
         stream, offset = request.stream_id, request.offset
-        partition = self.service.partitions.get(stream)
+        partition = self._partition(stream)
         if partition is not None and request.max_wait_ms > 0 and partition.high_watermark <= offset:
             await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
-            partition = self.service.partitions.get(stream)
+            partition = self._partition(stream)
         if partition is None:
             return TieredFetchResult(ErrorCode.not_leader_or_follower)
         end, start = partition.high_watermark, partition.log_start_offset
@@ -161,7 +210,7 @@ class TieredReads:
         """The owner's answer (peer_messages.FetchResponse) for the tail from `offset`;
         None when it has no live owner elsewhere or does not answer."""
         service = self.service
-        address = service._owner_address(stream)  # noqa: SLF001
+        address = service.owner_address(stream)
         if address is None:
             return None
         try:
@@ -222,10 +271,10 @@ class TieredReads:
         found = service.topics.topic(part.topic)
         stream = None if found is None else stream_of(found, part.partition)
         info = None if stream is None else service.state(stream).stream(stream)
-        if stream is None or info is None:  # untiered since the split: the client retries
+        if found is None or stream is None or info is None:  # untiered since the split
             return TieredFetchResult(ErrorCode.not_leader_or_follower)
         state = service.state(stream)
-        partition = service.partitions.get(stream)
+        partition = self._partition(stream)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
         end = info.cutover_offset if end is None else end
         log_start = info.log_start_offset
@@ -305,24 +354,24 @@ class TieredReads:
         """Until a partition here may have more (an append on an owned one, a metadata
         record for the others), at most `left_s`."""
         service = self.service
-        waits = [asyncio.ensure_future(service.changed(left_s))]
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(service.changed(left_s))]
         for part in parts:
             found = service.topics.topic(part.topic)
             if found is None:
                 continue
             stream = stream_of(found, part.partition)
-            if service.partitions.get(stream) is not None:
+            if self._partition(stream) is not None:
                 end = self.log_cache.end_offset(stream)
                 at = max(part.fetch_offset, end if end is not None else part.fetch_offset)
                 wait = self.log_cache.wait_for_data(stream, at, left_s * 1000)
+                waits.append(asyncio.ensure_future(wait))
             else:  # the owner answers once it has data past the committed end
                 committed = service.state(stream).stream_end(stream) or 0
                 at = max(part.fetch_offset, committed)
-                wait = self._owner_wakes(stream, at, left_s)
-            waits.append(asyncio.ensure_future(wait))
+                waits.append(asyncio.ensure_future(self._owner_wakes(stream, at, left_s)))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for wait in waits:
-                wait.cancel()
+            for pending in waits:
+                pending.cancel()
             await asyncio.gather(*waits, return_exceptions=True)

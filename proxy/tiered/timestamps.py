@@ -11,7 +11,7 @@ or past the high watermark are not answers (Kafka's `lastFetchableOffset` rule).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from proxy.objects.format import IndexEntry, find_entries
@@ -23,6 +23,7 @@ from proxy.records.timestamp_search import (
     max_timestamp_in,
     offset_of_max,
 )
+from proxy.tiered.ports import ReadHandlers
 
 TAIL_READ_BYTES = 1 << 20
 
@@ -44,7 +45,7 @@ class _Span:
 class StreamSearch:
     """One stream's lookups; `tiering` is the service (state, block cache, log cache)."""
 
-    def __init__(self, tiering, stream: int) -> None:
+    def __init__(self, tiering: ReadHandlers, stream: int) -> None:
         self.tiering = tiering
         self.stream = stream
         self.state = tiering.state(stream)
@@ -83,15 +84,15 @@ class StreamSearch:
                     _Span(position, committed.end_offset, known, self._loader(committed, entry))
                 )
             position = max(position, committed.end_offset)
-        high_watermark = None
+        high_watermark: int | None = None
         async for piece, tail_high_watermark in self._tail(position):
             high_watermark = tail_high_watermark
             spans.append(_Span(position, None, max_timestamp_in(piece, position), _ready(piece)))
         for at, span in enumerate(spans):
             if span.max_timestamp is None:
                 block = await span.load()
-                exact = max_timestamp_in(block, span.start, span.end)
-                spans[at] = _Span(span.start, span.end, exact, span.load)
+                largest = max_timestamp_in(block, span.start, span.end)
+                spans[at] = _Span(span.start, span.end, largest, span.load)
         best = max((s.max_timestamp for s in spans), default=-1)
         if best < 0:
             return None
@@ -120,7 +121,7 @@ class StreamSearch:
         key = committed.object_key
         return lambda: self._block(key, entry)
 
-    async def _tail(self, position: int):
+    async def _tail(self, position: int) -> AsyncIterator[tuple[memoryview, int]]:
         """(batches, high watermark) of the stream past its committed objects, from
         `position` on: the owner's log cache, here or asked of the owner."""
         reads = self.tiering.reads
@@ -142,7 +143,8 @@ class StreamSearch:
     async def _below_high_watermark(self, hit: Found) -> Found | None:
         """A committed answer is below every high watermark, except on an owner that
         restarted and has not acknowledged it yet."""
-        partition = self.tiering.partitions.get(self.stream)
+        partitions = self.tiering.partitions
+        partition = None if partitions is None else partitions.get(self.stream)
         if partition is not None and hit.offset >= partition.high_watermark:
             return None
         return hit

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -31,6 +33,7 @@ from proxy.apis.api24_add_partitions_to_txn import (
     refused_answer,
     refused_partitions,
 )
+from proxy.metadata.topic_index import TopicIndex
 
 log = logging.getLogger("tierproxy.transactions")
 
@@ -83,8 +86,20 @@ class AddPartitionsPlan:
         return frozenset(self.view.keys())  # refuse all: nothing was added anywhere
 
 
+class TxnHost(Protocol):
+    """AddPartitionsToTxn's refusal of tiered partitions (txn_refusal.py)."""
+
+    @property
+    def topics(self) -> TopicIndex: ...
+
+    @property
+    def txn_refusals(self) -> TxnRefusals: ...
+
+    def is_tiered(self, topic: str | uuid.UUID, partition: int) -> bool: ...
+
+
 def plan_add_partitions_to_txn(
-    tiering, body: memoryview, api_version: int, client: str
+    tiering: TxnHost, body: memoryview, api_version: int, client: str
 ) -> AddPartitionsPlan | None:
     """The plan for one AddPartitionsToTxn; None to forward it as it came (it names no
     tiered topic). FrameError if it cannot be read."""

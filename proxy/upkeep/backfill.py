@@ -27,11 +27,12 @@ from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectStoreError
 from proxy.peer.messages import BackfillRequest
 from proxy.upkeep.orphan_plan import commit_age_limit, too_old_to_commit
+from proxy.upkeep.ports import BackfillHost
 
 POLICY_VIOLATION = 44
 
 
-async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
+async def commit_backfill(service: BackfillHost, request: BackfillRequest) -> tuple[int, str]:
     """Commit `request`'s object on the shard's owner (here, or through the peer protocol)."""
     r = request
     what = f"stream {r.stream_id} [{r.start_offset}, {r.end_offset}) in object {r.object_id}"
@@ -41,7 +42,7 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
         return ErrorCode.invalid_request, f"{what}: not the offload object id of that range"
     assert r.object_id & OFFLOAD_ID_BIT
     shard = shard_of(r.stream_id, service.config.shard_count)
-    owner = service.assignment.owner(shard)
+    owner = service.shard_owner(shard)
     if owner is None:
         address = service.peer_address(service.readers[shard].state.owner)
         if address is None:
@@ -85,11 +86,13 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
     return 0, f"{what}: committed"
 
 
-async def _too_old(service, key: str, what: str) -> tuple[int, str] | None:
+async def _too_old(service: BackfillHost, key: str, what: str) -> tuple[int, str] | None:
     """Why the object cannot be committed now (missing, or PUT too long ago), else None."""
     grace = service.config.offload_orphan_grace_s
+    store = service.store
+    assert store is not None  # the service is started
     try:
-        found = [info async for info in service.store.list(key) if info.key == key]
+        found = [info async for info in store.list(key) if info.key == key]
     except ObjectStoreError as exc:
         return ErrorCode.kafka_storage_error, f"{what}: cannot look at object {key}: {exc}"
     if not found or found[0].last_modified is None:

@@ -54,6 +54,7 @@ from proxy.upkeep.compaction_plan import (
 )
 from proxy.upkeep.object_gc import GarbageCollector, discard, read_index, write_through
 from proxy.upkeep.orphan_plan import commit_age_limit
+from proxy.upkeep.ports import UpkeepHost
 from proxy.upload.plan import ObjectIdAllocator
 
 log = logging.getLogger("tierproxy.compaction")
@@ -140,14 +141,15 @@ class Compactor:
             registry.register(self._collector)
 
     @classmethod
-    def for_service(cls, service, allocate: ObjectIdAllocator) -> Compactor:
+    def for_service(cls, service: UpkeepHost, allocate: ObjectIdAllocator) -> Compactor:
         """The compactor of a started TieringService, configured from its TieringConfig."""
         config = service.config
         cache = service.block_cache
+        assert service.store is not None  # the service is started
         return cls(
             service.store,
             config.shard_count,
-            owner_of=service.assignment.owner,
+            owner_of=service.shard_owner,
             state_of=lambda k: service.readers[k].state,
             read_to_end=lambda k: service.readers[k].read_to_end(),
             allocate=allocate,
@@ -164,7 +166,7 @@ class Compactor:
             enabled=config.compaction_enabled,
             max_commit_age_s=commit_age_limit(config.orphan_grace_s),
             forget=cache.forget if cache is not None else None,
-            registry=service.proxy.metrics.registry,
+            registry=service.registry,
             bandwidth=service.bandwidth.limiter if service.bandwidth is not None else None,
         )
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -37,7 +38,9 @@ from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
 from proxy.peer.messages import ADMIN_OPS
-from proxy.upkeep.seals import Sealed
+from proxy.routing.fleet import FleetView
+from proxy.upkeep.ports import SealHost
+from proxy.upkeep.seals import Sealed, Seals
 
 log = logging.getLogger("tierproxy.cutover")
 
@@ -47,8 +50,34 @@ IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes 
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
 
 
+class CutoverHost(SealHost, Protocol):
+    """The cutover loop (cutover.py): reads Kafka, writes cutovers for the shards owned
+    here, asks the other proxies what they drained."""
+
+    @property
+    def kafka_settings(self) -> dict:
+        """aiokafka's connection settings for the upstream cluster."""
+        ...
+
+    @property
+    def fleet(self) -> FleetView: ...
+
+    @property
+    def seals(self) -> Seals: ...
+
+    def drained(self) -> frozenset[str]: ...
+
+    async def changed(self, timeout_s: float) -> None: ...
+
+    async def start_stream(self, shard: int, stream: int) -> None: ...
+
+    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
+        """The topic's id and partition count, from Kafka."""
+        ...
+
+
 class CutoverLoop:
-    def __init__(self, service) -> None:  # service: server.tiering.TieringService
+    def __init__(self, service: CutoverHost) -> None:
         self.service = service
         self._consumer: AIOKafkaConsumer | None = None
         self._committed: AIOKafkaConsumer | None = None  # ListOffsets read_committed: LSO
@@ -56,9 +85,10 @@ class CutoverLoop:
 
     async def run(self) -> None:
         service = self.service
-        self._consumer = AIOKafkaConsumer(**service._kafka, group_id=None, enable_auto_commit=False)
+        kafka = service.kafka_settings
+        self._consumer = AIOKafkaConsumer(**kafka, group_id=None, enable_auto_commit=False)
         self._committed = AIOKafkaConsumer(
-            **service._kafka,
+            **kafka,
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",
@@ -87,12 +117,12 @@ class CutoverLoop:
 
     def _reports(self) -> list[frozenset[str]]:
         """Every live proxy's drained topics: this one's now, the others' last heartbeat."""
-        proxy = self.service.proxy
+        fleet = self.service.fleet
         reports = [self.service.drained()]
-        for member in proxy.fleet.live():
+        for member in fleet.live():
             if member.name == self.service.name:
                 continue
-            heartbeat = proxy.fleet.heartbeat(member.name)
+            heartbeat = fleet.heartbeat(member.name)
             reports.append(heartbeat.drained if heartbeat is not None else frozenset())
         return reports
 
@@ -101,7 +131,6 @@ class CutoverLoop:
         drained; whether some still wait for those reports."""
         service = self.service
         waiting_for_reports = False
-        assignment = service.assignment
         for topic in service.topics.topics():
             partitions = await self._partition_count(topic.name)
             waiting = [
@@ -112,7 +141,7 @@ class CutoverLoop:
             mine = [
                 (p, s)
                 for p, s in waiting
-                if assignment.owner(shard_of(s, service.config.shard_count)) is not None
+                if service.shard_owner(shard_of(s, service.config.shard_count)) is not None
             ]
             if not mine:
                 continue
@@ -123,6 +152,7 @@ class CutoverLoop:
             if ends is None:  # a transaction is open: its marker is still to come
                 waiting_for_reports = True
                 continue
+            assert self._consumer is not None  # run() made it
             starts = await self._consumer.beginning_offsets(
                 [TopicPartition(topic.name, p) for p, _ in mine]
             )
@@ -142,7 +172,7 @@ class CutoverLoop:
         shard in one transaction: produce to them waits until then, so one write instead
         of one per partition keeps the hold short."""
         service = self.service
-        owner = service.assignment.owner(shard)
+        owner = service.shard_owner(shard)
         if owner is None:
             return
         state = owner.state
@@ -177,10 +207,8 @@ class CutoverLoop:
         and write StreamUntier, if they hold nothing past the cutover (the rules refuse it
         otherwise, and the stream stays tiered)."""
         service = self.service
-        for shard in service.assignment.owned():
-            owner = service.assignment.owner(shard)
-            if owner is None:
-                continue
+        assert service.partitions is not None  # the service is started
+        for owner in service.owned_shards().values():
             state = owner.state
             for stream in state.stream_ids():
                 info = state.stream(stream)
@@ -244,7 +272,7 @@ class CutoverLoop:
             return ErrorCode.invalid_request, f"unknown admin operation {op!r}"
         if topic_id.int == 0:  # the command names the topic: ask Kafka for its id
             try:
-                topic_id, _ = await service.proxy.describe_topic(topic)
+                topic_id, _ = await service.describe_topic(topic)
             except LookupError as exc:
                 return ErrorCode.unknown_topic_or_partition, str(exc)
             except OSError as exc:
@@ -252,7 +280,7 @@ class CutoverLoop:
         if op in ("seal", "unseal"):  # from the owner of the topic's shard, untiering it
             return await self._seal(op, topic, topic_id)
         shard = topic_shard(topic_id, service.config.shard_count)
-        owner = service.assignment.owner(shard)
+        owner = service.shard_owner(shard)
         if owner is None:
             address = service.peer_address(service.readers[shard].state.owner)
             if address is None:

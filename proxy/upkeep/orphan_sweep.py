@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 from proxy.metadata.state import MetadataState
 from proxy.objects.store import ObjectInfo, ObjectStore, ObjectStoreError
 from proxy.upkeep.orphan_plan import SweepLimits, SweepPlan, plan_sweep, still_old
+from proxy.upkeep.ports import UpkeepHost
 
 log = logging.getLogger("tierproxy.orphans")
 
@@ -93,20 +94,21 @@ class OrphanSweep:
         self._is_sweeper, self._wall_clock = is_sweeper, wall_clock
 
     @classmethod
-    def for_service(cls, service) -> OrphanSweep:
+    def for_service(cls, service: UpkeepHost) -> OrphanSweep:
         """The sweep of a started TieringService, configured from its TieringConfig."""
         config = service.config
+        assert service.store is not None  # the service is started
         return cls(
             service.store,
             config.shard_count,
             state_of=lambda k: service.readers[k].state,
             read_to_end=lambda k: service.readers[k].read_to_end(),
-            is_sweeper=lambda: service.assignment.owner(0) is not None,
+            is_sweeper=lambda: service.shard_owner(0) is not None,
             limits=SweepLimits(
                 config.orphan_grace_s, config.offload_orphan_grace_s, config.s3wal_retention_s
             ),
             interval_s=config.orphan_sweep_interval_s,
-            metrics=SweepMetrics(service.proxy.metrics.registry),
+            metrics=SweepMetrics(service.registry),
         )
 
     async def run(self) -> None:

@@ -37,6 +37,7 @@ from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
 from proxy.objects.format import ObjectFormatError, find_entries
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError, iter_batches
+from proxy.upkeep.ports import RetentionHost
 from proxy.upkeep.retention_plan import (
     RangeFacts,
     TrimPlan,
@@ -59,8 +60,8 @@ class RetentionReport:
 class Retention:
     """The retention task of one proxy (`run`), or one pass of it (`run_once`)."""
 
-    def __init__(self, service, *, clock_ms: Callable[[], int] = now_ms) -> None:
-        self.service = service  # server.tiering.TieringService
+    def __init__(self, service: RetentionHost, *, clock_ms: Callable[[], int] = now_ms) -> None:
+        self.service = service
         self.interval_s = service.config.retention_check_interval_s
         self.configs = service.topic_configs  # closed by the service
         self._clock_ms = clock_ms
@@ -81,10 +82,7 @@ class Retention:
         is measured from (default: the clock)."""
         now = self._clock_ms() if now_ms is None else now_ms
         report = RetentionReport()
-        assignment = self.service.assignment
-        if assignment is None:
-            return report
-        owners = {k: o for k in assignment.owned() if (o := assignment.owner(k)) is not None}
+        owners = self.service.owned_shards()
         live: set[RangeKey] = set()
         for owner in owners.values():
             await self._trim_shard(owner, now, refresh_configs, report, live)
@@ -135,6 +133,7 @@ class Retention:
         if known is not None:
             return known
         cache = self.service.block_cache
+        assert cache is not None  # the service is started
         name = r.object_key
         index = await cache.index(name, r.object_size)
         blocks = [

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.partition.owner import RecoveryError
 from proxy.peer.clients import PeerUnavailable
+from proxy.upkeep.ports import SealHost
 
 log = logging.getLogger("tierproxy.untier")
 
@@ -43,7 +44,7 @@ class Sealed:
 
 
 class Seals:
-    def __init__(self, service) -> None:  # service: server.tiering.TieringService
+    def __init__(self, service: SealHost) -> None:
         self.service = service
         self._leases: dict[int, tuple[uuid.UUID, float]] = {}  # stream -> topic id, until
 
@@ -94,7 +95,7 @@ class Seals:
         for partition in range(partitions):
             stream = stream_id(topic_id, partition)
             shard = shard_of(stream, service.config.shard_count)
-            if service.assignment.owner(shard) is not None:
+            if service.shard_owner(shard) is not None:
                 continue
             state = service.readers[shard].state
             if state.stream(stream) is None:
@@ -125,6 +126,7 @@ class Seals:
         """Close the topic's partitions this proxy owns and refuse if any holds offsets
         past its cutover (refused, they start again). Returns the streams closed."""
         service = self.service
+        assert service.partitions is not None  # the service is started
         sealed: list[int] = []
         reasons: list[str] = []
         until = time.monotonic() + SEAL_LEASE_S
@@ -132,7 +134,7 @@ class Seals:
             stream = stream_id(topic_id, partition)
             shard = shard_of(stream, service.config.shard_count)
             info = service.state(stream).stream(stream)
-            if info is None or service.assignment.owner(shard) is None:
+            if info is None or service.shard_owner(shard) is None:
                 continue
             tiered = service.partitions.get(stream)
             if tiered is None:  # starting (its WAL not read yet), broken, or sealed already
@@ -162,10 +164,11 @@ class Seals:
         """Start sealed partitions again, from the metadata, the WAL and, for what the
         uploader trimmed from the WAL meanwhile, the committed objects."""
         service = self.service
+        assert service.partitions is not None  # the service is started
         for stream in streams:
             if self._leases.pop(stream, None) is None:
                 continue
-            owner = service.assignment.owner(shard_of(stream, service.config.shard_count))
+            owner = service.shard_owner(shard_of(stream, service.config.shard_count))
             if owner is None or service.partitions.get(stream) is not None:
                 continue
             try:

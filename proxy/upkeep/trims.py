@@ -21,6 +21,7 @@ from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, shard_of
 from proxy.peer.messages import TrimRequest
+from proxy.upkeep.ports import OwnedPartitions, TrimHost
 from proxy.upload.uploader import UploadError
 
 log = logging.getLogger("tierproxy.trims")
@@ -29,7 +30,7 @@ HIGH_WATERMARK = -1
 
 
 async def write_trim(
-    service, owner: ShardOwner, info: StreamInfo, log_start: int, now_ms: int
+    service: OwnedPartitions, owner: ShardOwner, info: StreamInfo, log_start: int, now_ms: int
 ) -> Verdict:
     """Write the StreamTrim and, once accepted, move the owned partition's log start."""
     trim = StreamTrim(
@@ -43,12 +44,12 @@ async def write_trim(
     return verdict
 
 
-async def trim_stream(service, request: TrimRequest) -> tuple[int, int, str]:
+async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int, str]:
     """DeleteRecords' part for one tiered stream: (Kafka error code, the log start after
     it, a message), on the shard's owner, here or through the peer protocol."""
     stream, offset = request.stream_id, request.offset
     shard = shard_of(stream, service.config.shard_count)
-    owner = service.assignment.owner(shard) if service.assignment is not None else None
+    owner = service.shard_owner(shard)
     if owner is None:
         address = service.peer_address(service.readers[shard].state.owner)
         if address is None:
@@ -76,6 +77,7 @@ async def trim_stream(service, request: TrimRequest) -> tuple[int, int, str]:
     try:
         async with asyncio.timeout(request.timeout_ms / 1000):
             if (owner.state.stream_end(stream) or 0) < target:
+                assert service.uploader is not None  # started with the partitions
                 await service.uploader.flush()
     except TimeoutError:
         return (

@@ -103,7 +103,7 @@ def test_the_sweep_deletes_only_unnamed_objects_past_their_grace(
             commit_by=time.monotonic() - 0.001,
         )
         with pytest.raises(CommitRefused, match="too old to commit"):
-            proxy.run(lambda: t.tiering._commit([late]))
+            proxy.run(lambda: t.tiering.uploads.commit([late]))
         assert t.owner_state(0).object_commit(late.object_id) is None
         orphan = object_key(0x7FFF_0000_0001, ObjectKind.STREAM_SET)
         compaction_orphan = object_key(0x7FFF_0000_0002, ObjectKind.STREAM)

@@ -29,6 +29,7 @@ from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.server import app, membership
 from proxy.tiered import service as tiering
+from proxy.tiered import startup
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -70,25 +71,25 @@ def _inject(step: str, monkeypatch) -> None:
     if step == "upstream refresh":  # broker listeners being opened
         patch(app.Proxy, "refresh_upstream", _after(app.Proxy.refresh_upstream))
     elif step == "metadata topic":
-        patch(tiering, "ensure_metadata_topic", _fail_async)
+        patch(startup, "ensure_metadata_topic", _fail_async)
     elif step == "metadata readers":  # shard 0's reader started, shard 1's too, then fails
         patch(tiering.ShardReader, "start", _reader_after(tiering.ShardReader.start, 1))
     elif step == "metadata catch-up":
         patch(tiering.ShardReader, "caught_up", _reader_after(tiering.ShardReader.caught_up, 0))
     elif step == "object store":
-        patch(tiering, "open_store", _fail_async)
+        patch(startup, "open_store", _fail_async)
     elif step == "WAL":
-        patch(tiering.WriteAheadLog, "open", _fail_async)
+        patch(startup.WriteAheadLog, "open", _fail_async)
     elif step == "peer listener":
-        patch(tiering.PeerServer, "start", _after(tiering.PeerServer.start))
+        patch(startup.PeerServer, "start", _after(startup.PeerServer.start))
     elif step == "S3-WAL writer":
-        patch(tiering, "S3WalWriter", _fail_before)
+        patch(startup, "S3WalWriter", _fail_before)
     elif step == "group membership":  # the uploader runs; the member joined the group
-        patch(tiering.ShardAssignment, "start", _after(tiering.ShardAssignment.start))
+        patch(startup.ShardAssignment, "start", _after(startup.ShardAssignment.start))
     elif step == "compactor":
-        patch(tiering.Compactor, "for_service", _fail_before)
+        patch(startup.Compactor, "for_service", _fail_before)
     elif step == "background loops":
-        patch(tiering.OrphanSweep, "for_service", _fail_before)
+        patch(startup.OrphanSweep, "for_service", _fail_before)
     elif step == "bootstrap listener":
         original = app.Proxy._listen
 

@@ -342,14 +342,14 @@ def test_untier_is_refused_while_a_wal_holds_writes_not_uploaded(kafka_cluster, 
         assert refused.returncode == 1, refused.stdout + refused.stderr
         for partition, end in ends.items():
             s = stream_id(topic_id, partition)
-            owner = coordinator if coordinator.proxy.tiering._owned_here(s) else other
+            owner = coordinator if coordinator.proxy.tiering.owned_here(s) else other
             expected = (
                 f"stream {s} (topic id {topic_id} partition {partition}) holds offsets "
                 f"[0, {end}) written after its cutover and not all uploaded yet: they exist "
                 f"only in the WAL and objects of {owner.proxy.tiering.name}"
             )
             assert expected in refused.stdout, (expected, refused.stdout)
-        assert any(not coordinator.proxy.tiering._owned_here(stream_id(topic_id, p)) for p in ends)
+        assert any(not coordinator.proxy.tiering.owned_here(stream_id(topic_id, p)) for p in ends)
         assert coordinator.proxy.tiering.topics.topic(topic) is not None
         for proxy in (a, b):  # started again everywhere
             wait_until(lambda p=proxy: not p.proxy.tiering.seals.streams_of(topic_id), 10, "unseal")

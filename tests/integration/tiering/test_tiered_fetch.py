@@ -272,7 +272,7 @@ def test_a_proxy_not_owning_a_partition_serves_its_tail_from_the_owner(kafka_clu
         assert topics_command("tier", topic, a.proxy.tiering.peer_port).returncode == 0
         topic_id = tiered_topic_id(b, topic)
         partition, stream = 0, stream_id(topic_id, 0)
-        owner, reader = (a, b) if a.proxy.tiering._owned_here(stream) else (b, a)
+        owner, reader = (a, b) if a.proxy.tiering.owned_here(stream) else (b, a)
         owner_zone, reader_zone = owner.proxy.config.fleet.zone, reader.proxy.config.fleet.zone
         deadline = time.monotonic() + 30
         while owner.proxy.tiering.partitions.get(stream) is None:

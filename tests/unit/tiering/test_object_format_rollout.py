@@ -19,7 +19,7 @@ from proxy.objects.format import (
     read_object,
 )
 from proxy.records.timestamp_search import candidate_blocks, in_batches
-from proxy.tiered.service import uploader_config
+from proxy.tiered.uploads import uploader_config
 from proxy.upkeep.compaction_plan import CompactionSettings
 from proxy.upkeep.compactor import Compactor
 from proxy.upload.plan import PlanLimits, build_object, plan_upload
@@ -98,9 +98,9 @@ async def test_the_compactor_reads_either_version_and_writes_the_configured_one(
         config=tiering(object_format_version=written),
         store=fleet.store,
         block_cache=None,
-        assignment=SimpleNamespace(owner=lambda k: None),
+        shard_owner=lambda k: None,
         readers={},
-        proxy=SimpleNamespace(metrics=SimpleNamespace(registry=None)),
+        registry=None,
         bandwidth=None,
     )
     made = Compactor.for_service(service, fleet.ids)

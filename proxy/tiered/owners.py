@@ -1,0 +1,255 @@
+"""A tiered partition's batch on its way to the owner of its stream, another proxy
+(docs/tiering.md, "In the proxy"): the sender's side (`ToOwner`) and the owner's
+(`AtOwner`).
+
+`notify: s3` PUTs the batch to an S3-WAL object and sends its location, `notify: direct`
+sends the bytes; the owner's answer is the client's. An unreachable owner answers
+NOT_LEADER_OR_FOLLOWER (retriable). A stream's batches reach its partition in the order
+they came (a producer's sequence numbers must arrive in order), on both sides, however
+the S3 PUTs and GETs between them interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Protocol
+
+from kio.schema.errors import ErrorCode
+
+from proxy.handoff.objects import S3WalLocation
+from proxy.handoff.writer import S3WalReader, S3WalWriter
+from proxy.metadata.state import MetadataState
+from proxy.metadata.topic_index import TieredTopic
+from proxy.partition.partition_set import PartitionSet
+from proxy.partition.produce_rules import ProduceRules
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
+from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.codec import for_peer, frame_size
+from proxy.peer.messages import AppendRequest, AppendResponse
+from proxy.records.batches import CorruptBatchError
+
+log = logging.getLogger("tierproxy.tiering")
+
+ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released this late
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One partition of a Produce request for a tiered topic, on its way to the owner."""
+
+    topic: TieredTopic
+    partition: int
+    stream: int
+    batch: ProducerBatch | None  # whose batches (sequence_holes.py); None for acks=0
+    records: memoryview
+    acks: int
+    timeout_ms: int
+    rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
+
+
+def not_owner(message: str) -> ProduceResult:
+    return ProduceResult(ErrorCode.not_leader_or_follower, error_message=message)
+
+
+class SenderHost(Protocol):
+    """What the sender's side needs of the tiered service."""
+
+    @property
+    def holes(self) -> SequenceHoles: ...
+
+    @property
+    def peers(self) -> PeerClients: ...
+
+    @property
+    def s3wal(self) -> S3WalWriter | None: ...
+
+    def state(self, stream: int) -> MetadataState: ...
+
+    def owner_address(self, stream: int) -> tuple[str, int] | None: ...
+
+    def peer_protocol(self, member: str) -> int: ...
+
+    def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None: ...
+
+
+class ToOwner:
+    def __init__(self, service: SenderHost) -> None:
+        self._service = service
+        # stream -> the latest request's future, done once it is written: keeps its order
+        self._sends: dict[int, asyncio.Future[None]] = {}
+
+    async def send(self, part: Part) -> ProduceResult | None:
+        """The owner's answer to `part` (None for acks=0)."""
+        service = self._service
+        topic, partition, stream, batch = part.topic, part.partition, part.stream, part.batch
+        records, acks, timeout_ms = part.records, part.acks, part.timeout_ms
+        address = service.owner_address(stream)
+        if address is None:
+            return not_owner(f"{topic.name}-{partition}: no live owner right now")
+        protocol = service.peer_protocol(service.state(stream).owner)
+        # A stream's batches reach the owner in the order they came (producer sequence
+        # numbers): each call is made after the previous one's, which PeerClients writes
+        # first, whichever S3-WAL PUT ends first.
+        previous = self._sends.get(stream)
+        started = asyncio.get_running_loop().create_future()
+        self._sends[stream] = started
+        location: S3WalLocation | None = None  # released once the owner answered: s3walgc.py
+        inline: memoryview | None = None  # or the records themselves (notify: direct)
+        s3wal, holes = service.s3wal, service.holes
+        try:
+            if s3wal is not None:
+                location = await s3wal.append(stream, records)
+            else:
+                inline = records
+            if previous is not None:
+                await asyncio.wait([previous])
+            call = asyncio.ensure_future(
+                service.peers.append(
+                    address,
+                    stream,
+                    acks,
+                    timeout_ms,
+                    records=inline,
+                    location=location,
+                    batch=batch,
+                    hole=lambda: holes.hole_before(stream, batch),
+                    on_lost=lambda: holes.dropped(stream, batch),
+                    peer_protocol=protocol,
+                )
+            )
+            await asyncio.sleep(0)  # its first step queues the request, before the next's
+        except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
+            return ProduceResult(
+                ErrorCode.corrupt_message, error_message=str(exc)
+            )  # the owner's answer
+        except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
+            log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
+            holes.dropped(stream, batch)  # before the next hand-off of the stream goes
+            if location is not None and s3wal is not None:
+                s3wal.release(location)
+            return ProduceResult(
+                ErrorCode.kafka_storage_error, error_message=f"could not hand the batch over: {exc}"
+            )
+        finally:
+            started.set_result(None)
+            if self._sends.get(stream) is started:
+                del self._sends[stream]
+        request = for_peer(
+            AppendRequest(
+                0, stream, acks, timeout_ms, records=inline, location=location, batch=batch
+            ),
+            protocol,
+        )
+        service.count_peer_bytes(address, "to_owner", frame_size(request))
+        try:
+            result = await call
+        except (PeerUnavailable, TimeoutError, OSError) as exc:
+            return not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
+        finally:  # answered: the owner read the batch first; failed: nothing acknowledged
+            if location is not None and s3wal is not None:
+                _release_location(s3wal, location, acks)
+        if result is not None:
+            service.count_peer_bytes(
+                address, "from_owner", frame_size(AppendResponse.from_result(0, result))
+            )
+        return result
+
+
+def _release_location(s3wal: S3WalWriter, location: S3WalLocation, acks: int) -> None:
+    """acks=0 gets no answer (the call returns once the request is written): its
+    batch is released later, when the owner has long read it; nothing was promised."""
+    if acks == 0:
+        loop = asyncio.get_running_loop()
+        loop.call_later(ACKS0_RELEASE_DELAY_S, s3wal.release, location)
+    else:
+        s3wal.release(location)
+
+
+class OwnerHost(Protocol):
+    """What the owner's side needs of the tiered service."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def holes(self) -> SequenceHoles: ...
+
+    @property
+    def partitions(self) -> PartitionSet | None: ...
+
+    @property
+    def s3wal_reader(self) -> S3WalReader | None: ...
+
+    def state(self, stream: int) -> MetadataState: ...
+
+    async def produce_rules(self, topic: str | uuid.UUID) -> ProduceRules | None: ...
+
+    def owned_here(self, stream: int) -> bool: ...
+
+    async def wait_for_partition(self, stream: int) -> None: ...
+
+
+class AtOwner:
+    def __init__(self, service: OwnerHost) -> None:
+        self._service = service
+        # stream -> the latest request's future, done once its batch is queued
+        self._arrivals: dict[int, asyncio.Future[None]] = {}
+
+    async def append(self, request: AppendRequest) -> ProduceResult:
+        """A peer's batch for a stream owned here. The S3 reads run concurrently, but the
+        batches are queued to the partition in the order the requests arrived (a producer's
+        sequence numbers must arrive in order)."""
+        service = self._service
+        partitions, reader, holes = service.partitions, service.s3wal_reader, service.holes
+        assert partitions is not None and reader is not None
+        stream = request.stream_id
+        batch = request.batch if request.acks != 0 else None
+        if batch is not None and request.hole >= 0:  # what the sender dropped before it
+            pid, epoch, seq = batch.producer_id, batch.producer_epoch, request.hole
+            hole = ProducerBatch(pid, epoch, seq, seq)
+            holes.dropped(stream, hole)
+        previous = self._arrivals.get(stream)
+        queued = asyncio.get_running_loop().create_future()
+        self._arrivals[stream] = queued
+        try:
+            records = request.records
+            if records is None:
+                assert request.location is not None
+                records = await reader.read(request.location)
+            rules = await self._stream_rules(stream)  # before the order is kept: may wait
+            if previous is not None:
+                await asyncio.wait([previous])
+            if partitions.get(stream) is None and service.owned_here(stream):
+                await service.wait_for_partition(stream)
+            if partitions.get(stream) is None:
+                holes.dropped(stream, batch)
+                return not_owner(f"stream {stream} is not owned by {service.name}")
+            if rules is None:
+                return ProduceResult(
+                    ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"
+                )
+            append_time = rules.log_append_time
+            call = asyncio.ensure_future(
+                partitions.produce(stream, records, request.acks, append_time)
+            )
+            await asyncio.sleep(0)  # its first step queues the batch, before the next's
+        except BaseException:  # the S3-WAL read failed: a storage error, the batch not appended
+            holes.dropped(stream, batch)  # before the stream's next arrival goes on
+            raise
+        finally:
+            queued.set_result(None)
+            if self._arrivals.get(stream) is queued:
+                del self._arrivals[stream]
+        result = await call
+        if result is not None:
+            holes.observe(stream, batch, result.error_code)
+        return result if result is not None else ProduceResult(0)
+
+    async def _stream_rules(self, stream: int) -> ProduceRules | None:
+        """The produce rules of a stream's topic, at its owner (LogAppendTime)."""
+        info = self._service.state(stream).stream(stream)
+        return None if info is None else await self._service.produce_rules(info.topic_id)

@@ -1,0 +1,72 @@
+"""What a tiered service does when the group (metadata/group.py) gives it a metadata
+shard or takes one away (docs/tiering.md, "Shard owners"): the partitions of the shard's
+streams are rebuilt and started here, or stopped. The release of a shard (its uploads
+committed first) is the uploads' (uploads.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardOwner, ShardReader
+from proxy.objects.store import ObjectStore
+from proxy.partition.committed import committed_headers
+from proxy.partition.partition_set import PartitionSet
+
+log = logging.getLogger("tierproxy.tiering")
+
+
+class ShardsHost(Protocol):
+    """What the shard callbacks need of the tiered service."""
+
+    @property
+    def readers(self) -> Sequence[ShardReader]: ...
+
+    @property
+    def partitions(self) -> PartitionSet | None: ...
+
+    @property
+    def store(self) -> ObjectStore | None: ...
+
+    def is_sealed(self, stream: int) -> bool:
+        """Whether an untier sealed the stream (upkeep/seals.py): it is not started."""
+        ...
+
+    def notify(self) -> None:
+        """Wake whoever waits for a change (a partition started)."""
+        ...
+
+
+async def owned(service: ShardsHost, owner: ShardOwner) -> None:
+    """A shard became this proxy's: rebuild and start its streams' partitions."""
+    await recover_streams(service, owner.state, owner.state.stream_ids())
+
+
+async def recover_streams(service: ShardsHost, state: MetadataState, streams: list[int]) -> None:
+    """Rebuild and start partitions of one shard's streams: from the metadata, the WAL
+    and, for what the WAL no longer holds, the committed objects' batch headers."""
+    partitions, store = service.partitions, service.store
+    assert partitions is not None and store is not None  # the service is started
+    streams = [s for s in streams if not service.is_sealed(s)]  # until the untier is written
+
+    def read_committed(stream: int, start: int, end: int):
+        return committed_headers(store, state, stream, start, end)
+
+    await partitions.recover(streams, state, read_committed=read_committed)
+    service.notify()
+
+
+async def lost(service: ShardsHost, shard: int) -> None:
+    """A shard is being taken away: stop its partitions (in-flight appends answered)."""
+    partitions = service.partitions
+    assert partitions is not None
+    streams = [s for s in service.readers[shard].state.stream_ids() if partitions.get(s)]
+    await asyncio.gather(*(partitions.remove(s) for s in streams))
+
+
+def partition_broken(stream: int, error: BaseException) -> None:
+    log.error("stream %d: the WAL failed (%r); restart this proxy", stream, error)

@@ -1,0 +1,220 @@
+"""The start of a tiered service (service.py), part by part.
+
+Each part's undo is pushed on the service's `AsyncExitStack` as the part is started (or
+just before, when a start that fails halfway leaves something to close), so `stop()` is
+the stack's close: the parts stop in the reverse order, each only if it got that far,
+and a start that fails midway (or is cancelled) closes exactly what it opened
+(docs/ARCHITECTURE.md, "A start that fails"). The order of the pushes is the stop order
+read backwards; three places where it matters:
+
+- the compactor and the background loops are closed before the group is left: their
+  commits go through the shards' owners;
+- the uploader's restart loop is cancelled before the group is left, and the uploader
+  closed after it: leaving uploads what the shards acknowledged (the release's flush),
+  which must not race a restart;
+- the partitions are closed after the group (leaving answers their appends in flight),
+  the WAL after the partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import AsyncExitStack
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+
+from proxy.apis.fetch_split import TieredFetchResult
+from proxy.config.tiering import TieringConfig
+from proxy.handoff.objects import writer_id_for
+from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
+from proxy.lifecycle import settle
+from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
+from proxy.objects.bandwidth import Bandwidth
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.metrics import ObjectStoreMetrics
+from proxy.objects.s3 import S3Store
+from proxy.objects.store import ObjectStore
+from proxy.partition.partition_set import PartitionSet
+from proxy.partition.sequence_holes import SequenceHoles
+from proxy.peer.messages import AdminRequest, FetchRequest
+from proxy.peer.server import PeerServer
+from proxy.reads.blockcache import BlockCache
+from proxy.tiered import shards
+from proxy.tiered.owners import AtOwner
+from proxy.tiered.reads import ReadsHost, TieredReads
+from proxy.tiered.shards import ShardsHost
+from proxy.tiered.topic_configs import TopicConfigs
+from proxy.tiered.uploads import UploadLoop, UploadsHost
+from proxy.upkeep.backfill import commit_backfill
+from proxy.upkeep.compactor import Compactor
+from proxy.upkeep.cutover import CutoverLoop
+from proxy.upkeep.orphan_sweep import OrphanSweep
+from proxy.upkeep.ports import BackfillHost, TrimHost, UpkeepHost
+from proxy.upkeep.retention import Retention
+from proxy.upkeep.trims import trim_stream
+from proxy.upload.plan import ObjectIdAllocator
+from proxy.wal.log import WriteAheadLog
+from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
+from proxy.wal.s3log_objects import log_prefix
+from proxy.wal.types import WalConfig
+
+
+class StartHost(ReadsHost, UploadsHost, ShardsHost, UpkeepHost, BackfillHost, TrimHost, Protocol):
+    """The tiered service as its start sees it: what the parts are made of, and where
+    each part, once made, is kept (None before)."""
+
+    name: str
+    kafka_settings: dict
+    topic_configs: TopicConfigs
+    holes: SequenceHoles
+    allocate: ObjectIdAllocator
+    cutover: CutoverLoop
+    retention: Retention
+    at_owner: AtOwner
+    bandwidth: Bandwidth | None
+    store: ObjectStore | None
+    wal: WriteAheadLog | S3WriteAheadLog | None
+    partitions: PartitionSet | None
+    block_cache: BlockCache | None
+    reads: TieredReads
+    peer_server: PeerServer | None
+    s3wal_reader: S3WalReader | None
+    s3wal: S3WalWriter | None
+    uploads: UploadLoop | None
+    assignment: ShardAssignment | None
+    compactor: Compactor | None
+    orphans: OrphanSweep | None
+
+    def dirty_shards(self) -> list[int]: ...
+
+    async def on_peer_fetch(self, request: FetchRequest) -> TieredFetchResult: ...
+
+    async def on_peer_admin(self, request: AdminRequest) -> tuple[int, str]: ...
+
+
+async def open_store(
+    config: TieringConfig, registry: CollectorRegistry | None = None
+) -> ObjectStore:
+    """The configured store; an S3 store counts its requests on `registry` (/metrics)."""
+    settings = config.object_store
+    if settings.kind == "s3":
+        assert settings.s3 is not None
+        return await S3Store.open(settings.s3, metrics=ObjectStoreMetrics(registry))
+    return LocalDirectoryStore(settings.directory)
+
+
+async def open_wal(
+    config: TieringConfig, name: str, store: ObjectStore
+) -> WriteAheadLog | S3WriteAheadLog:
+    """The local WAL, or in `wal.mode: s3` the log in the store (no local disk: the ack
+    waits for a PUT, docs/wal.md)."""
+    if config.wal_mode == "s3":
+        s3_config = S3WalConfig(
+            log_prefix(name),
+            capacity_bytes=config.wal_capacity_bytes,
+            max_object_bytes=config.s3wal_max_bytes,
+        )
+        return await S3WriteAheadLog.open(s3_config, store)
+    config.wal_directory.mkdir(parents=True, exist_ok=True)
+    return await WriteAheadLog.open(
+        WalConfig(
+            str(config.wal_directory),
+            segment_bytes=config.wal_segment_bytes,
+            capacity_bytes=config.wal_capacity_bytes,
+        )
+    )
+
+
+def run_task(stack: AsyncExitStack, coroutine, name: str) -> asyncio.Task[None]:
+    """Start a background task whose undo (cancel, then wait for it) is on `stack`."""
+    task = asyncio.create_task(coroutine, name=name)
+
+    async def cancel() -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    stack.push_async_callback(cancel)
+    return task
+
+
+async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
+    """Start the service's parts in order, each one's undo pushed on `stack`."""
+    config, registry = service.config, service.registry
+    stack.push_async_callback(settle, (reader.close() for reader in service.readers))
+    stack.push_async_callback(service.topic_configs.close)
+    await ensure_metadata_topic(service.kafka_settings, config.metadata_topic, config.shard_count)
+    await settle(reader.start() for reader in service.readers)
+    await settle(reader.caught_up() for reader in service.readers)
+    bandwidth = service.bandwidth = Bandwidth(
+        config.bandwidth_bytes_per_s, config.bandwidth_burst_bytes, registry
+    )
+    stack.callback(bandwidth.close)
+    store = service.store = await open_store(config, registry)
+    stack.push_async_callback(store.close)
+    wal = service.wal = await open_wal(config, service.name, store)
+    stack.push_async_callback(wal.close)
+    partitions = service.partitions = PartitionSet(
+        wal, on_broken=shards.partition_broken, log_cache=service.log_cache, holes=service.holes
+    )
+    stack.push_async_callback(partitions.close)
+    cache = service.block_cache = BlockCache(
+        store, capacity_bytes=config.block_cache_bytes, registry=registry
+    )
+    stack.push_async_callback(cache.close)
+    service.reads = TieredReads(service, cache, service.log_cache)
+    await _start_peer_listener(service, stack)
+    service.s3wal_reader = S3WalReader(store)
+    if config.notify == "s3":
+        s3wal = service.s3wal = S3WalWriter(
+            store,
+            writer_id_for(service.name, time.time()),
+            max_delay_s=config.s3wal_max_delay_ms / 1000,
+            max_bytes=config.s3wal_max_bytes,
+            metrics=S3WalMetrics(registry),
+        )
+        stack.push_async_callback(s3wal.close)
+    uploads = service.uploads = UploadLoop(service, wal, store, service.allocate)
+    stack.push_async_callback(uploads.close)
+    assignment = service.assignment = ShardAssignment(
+        service.kafka_settings,
+        config.metadata_topic,
+        config.shard_count,
+        service.name,
+        group_id=config.group,
+        session_timeout_ms=config.session_timeout_ms,
+        dirty_shards=service.dirty_shards,
+        on_owned=lambda shard, owner: shards.owned(service, owner),
+        on_lost=lambda shard: shards.lost(service, shard),
+        on_release=uploads.release,
+        unclean_takeover_after_s=config.unclean_takeover_after_s,
+    )
+    stack.push_async_callback(assignment.close)  # hands the shards over, all uploaded
+    run_task(stack, uploads.run(), "uploader")  # cancelled first: no restart races the hand-over
+    await assignment.start()
+    compactor = service.compactor = Compactor.for_service(service, service.allocate)
+    stack.push_async_callback(compactor.close)
+    compactor.start()
+    run_task(stack, service.cutover.run(), "cutover")
+    run_task(stack, service.retention.run(), "retention")
+    orphans = service.orphans = OrphanSweep.for_service(service)
+    run_task(stack, orphans.run(), "orphan-sweep")
+
+
+async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> None:
+    """The peer listener, its handlers the service's; the peer clients close after it."""
+    config = service.config
+    stack.push_async_callback(service.peers.close)
+    server = service.peer_server = PeerServer(
+        config.peer_bind_host,
+        config.peer_port,
+        service.at_owner.append,
+        service.on_peer_admin,
+        service.on_peer_fetch,
+        on_backfill=lambda request: commit_backfill(service, request),
+        on_trim=lambda request: trim_stream(service, request),
+        name=service.name,
+    )
+    stack.push_async_callback(server.close)
+    await server.start()

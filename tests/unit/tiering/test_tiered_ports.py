@@ -1,0 +1,124 @@
+"""The tiered service's parts seen through their ports (proxy/tiered/ports.py,
+proxy/upkeep/ports.py): each takes a small twin of the few capabilities it uses, with no
+Kafka, store or peer behind it. And the start's stack undoes in the reverse order."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from types import SimpleNamespace
+
+from kio.schema.errors import ErrorCode
+
+from proxy.peer.messages import TrimRequest
+from proxy.tiered import shards
+from proxy.tiered.startup import run_task
+from proxy.tiered.uploads import UploadLoop
+from proxy.upkeep.trims import trim_stream
+
+
+class Peers:
+    def __init__(self) -> None:
+        self.trims: list[tuple] = []
+
+    async def trim(self, address, stream_id, offset, timeout_ms):
+        self.trims.append((address, stream_id, offset, timeout_ms))
+        return 0, offset, "trimmed by the owner"
+
+
+def trim_host(owner_address):
+    """A TrimHost whose one shard is owned by `p2`, reachable at `owner_address`."""
+    return SimpleNamespace(
+        config=SimpleNamespace(shard_count=1),
+        readers=[SimpleNamespace(state=SimpleNamespace(owner="p2"))],
+        shard_owner=lambda shard: None,
+        peer_address=lambda member: owner_address if member == "p2" else None,
+        peers=Peers(),
+        partitions=None,
+        uploader=None,
+    )
+
+
+async def test_a_trim_of_a_stream_owned_elsewhere_goes_to_its_owner():
+    host = trim_host(("10.0.0.2", 9000))
+    answer = await trim_stream(host, TrimRequest(0, 7, 50, 1000))
+    assert answer == (0, 50, "trimmed by the owner")
+    assert host.peers.trims == [(("10.0.0.2", 9000), 7, 50, 1000)]
+
+
+async def test_a_trim_with_no_live_owner_is_retriable():
+    host = trim_host(None)
+    code, log_start, message = await trim_stream(host, TrimRequest(0, 7, 50, 1000))
+    assert (code, log_start) == (ErrorCode.not_leader_or_follower, -1)
+    assert "no live owner" in message
+    assert host.peers.trims == []
+
+
+class Uploader:
+    def __init__(self, error: BaseException | None = None, failed=None) -> None:
+        self.error, self.failed, self.flushed = error, failed, 0
+
+    async def flush(self) -> None:
+        self.flushed += 1
+        if self.error is not None:
+            raise self.error
+
+
+def uploads_with(uploader) -> UploadLoop:
+    host = SimpleNamespace(config=SimpleNamespace(session_timeout_ms=1000))
+    loop = UploadLoop(host, wal=None, store=None, allocate=None)
+    loop.uploader = uploader
+    return loop
+
+
+async def test_a_shard_is_released_cleanly_only_once_its_uploads_are_committed():
+    assert await uploads_with(None).release(0) is False  # no uploader (yet)
+    assert await uploads_with(Uploader(failed="broken")).release(0) is False
+    failing = Uploader(error=OSError("store down"))
+    assert await uploads_with(failing).release(0) is False
+    assert failing.flushed == 1
+    working = Uploader()
+    assert await uploads_with(working).release(0) is True
+    assert working.flushed == 1
+
+
+class Partitions:
+    def __init__(self) -> None:
+        self.recovered: list[list[int]] = []
+
+    async def recover(self, streams, state, *, read_committed) -> None:
+        self.recovered.append(list(streams))
+
+
+async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
+    partitions, woken = Partitions(), []
+    host = SimpleNamespace(
+        readers=[],
+        partitions=partitions,
+        store=object(),
+        is_sealed=lambda stream: stream == 2,
+        notify=lambda: woken.append(True),
+    )
+    owner = SimpleNamespace(state=SimpleNamespace(stream_ids=lambda: [1, 2, 3]))
+    await shards.owned(host, owner)
+    assert partitions.recovered == [[1, 3]]
+    assert woken == [True]
+
+
+async def test_the_start_stack_undoes_in_the_reverse_order_tasks_cancelled_and_awaited():
+    done: list[str] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            done.append("task")
+
+    stack = AsyncExitStack()
+    stack.callback(done.append, "first")
+    task = run_task(stack, forever(), "t")
+    await asyncio.sleep(0)
+    stack.callback(done.append, "last")
+    await stack.aclose()
+    assert done == ["last", "task", "first"]
+    assert task.cancelled()
