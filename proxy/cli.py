@@ -139,7 +139,7 @@ def _add_topic_views(topic_commands) -> None:
 
 
 def _topic_view(args: argparse.Namespace) -> int:
-    from proxy import admin_client
+    from proxy.admin import client as admin_client
 
     path = "/v1/topics" if args.op == "list" else admin_client.topic_path(args.topic)
     try:
@@ -158,7 +158,7 @@ def _topic_view(args: argparse.Namespace) -> int:
 
 def _fleet_status(args: argparse.Namespace) -> int:
     if args.admin is not None:
-        from proxy import admin_client
+        from proxy.admin import client as admin_client
 
         try:
             report = admin_client.get(args.admin, "/v1/fleet", args.token)
