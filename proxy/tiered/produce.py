@@ -18,7 +18,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from proxy.apis.produce_split import (
+from proxy.apis.api00_produce import (
     PartitionResult,
     ProduceRequestView,
     TieredPartition,
