@@ -22,7 +22,7 @@ def test_generated_table_matches_the_installed_kio():
 
 def test_importing_the_header_layer_loads_no_kio_schema():
     code = (
-        "import sys, proxy.protocol.headers, proxy.protocol.frames; "
+        "import sys, proxy.kafka.headers, proxy.kafka.frames; "
         "print(sorted(m for m in sys.modules if m.startswith('kio')))"
     )
     result = subprocess.run(
