@@ -11,5 +11,5 @@ test:  ## install everything and run the whole test suite
 setup:
 	scripts/setup.sh --minio
 
-lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+lint:  ## ruff, the import contracts (import-linter) and the types (mypy)
+	scripts/lint.sh

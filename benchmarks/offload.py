@@ -1,7 +1,7 @@
 """Offload benchmark: the migration job's MB/s at local[1] and local[2], against a raw copy
 of the same bytes to MinIO at the same parallelism, in one run.
 
-    .venv/bin/python benchmarks/offload.py [--bytes 2000000000] [--partitions 12]
+    .venv/bin/python -m benchmarks.offload [--bytes 2000000000] [--partitions 12]
         [--json out.json]
 
 One Kafka broker (its log directory holds every partition), one MinIO, one
@@ -34,18 +34,17 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench_clients import MIB, librdkafka_produce  # noqa: E402
-from bench_procs import ProxyProcess, machine_description, tierproxy_argv, wait_idle  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from passthrough import _command_line, _git_state  # noqa: E402
-
-from offload_jobs.migrate import MigrateJob, StoreSpec, migrate  # noqa: E402
-from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
-from proxy.devstack.paths import free_port  # noqa: E402
-from proxy.devstack.spark import spark_session  # noqa: E402
-from proxy.objects.s3 import S3Config, S3Store  # noqa: E402
+from benchmarks.common.clients import MIB, librdkafka_produce
+from benchmarks.common.procs import ProxyProcess, machine_description, tierproxy_argv, wait_idle
+from benchmarks.common.run import command_line, git_state
+from offload_jobs.migrate import MigrateJob, StoreSpec, migrate
+from proxy.devstack import KafkaCluster, MinioServer, versions
+from proxy.devstack.paths import free_port
+from proxy.devstack.spark import spark_session
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 
 GB = 10**9
 PARALLELISM = (1, 2)
@@ -208,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proxy.stop()
     run = {
-        "command": _command_line(),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "proxy_code": _git_state(),
+        "proxy_code": git_state(),
         "machine": machine,
         "kafka": versions()["KAFKA_VERSION"],
         "minio": versions()["MINIO_VERSION"],

@@ -1,6 +1,6 @@
 """Passthrough benchmark: the same clients and topic layout, direct to Kafka and through one proxy.
 
-    .venv/bin/python benchmarks/passthrough.py [--records N] [--cluster-size 3] [--json out.json]
+    .venv/bin/python -m benchmarks.passthrough [--records N] [--cluster-size 3] [--json out.json]
                                                [--rounds 2] [--profile DIR]
 
 Starts a real Kafka (KRaft, from the cached jars) and one `tierproxy run` process in front
@@ -27,13 +27,8 @@ functions to the report (sampling slows the proxy: read throughput from a run wi
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import resource
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,10 +36,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from confluent_kafka.admin import AdminClient, NewTopic
 
-from bench_clients import JavaTools, librdkafka_consume, librdkafka_produce  # noqa: E402
-from bench_procs import (  # noqa: E402
+from benchmarks.common.clients import JavaTools, librdkafka_consume, librdkafka_produce
+from benchmarks.common.procs import (
     PerfRecord,
     ProxyProcess,
     PySpy,
@@ -56,12 +51,18 @@ from bench_procs import (  # noqa: E402
     sched_stats,
     summarize_perf,
     summarize_pyspy,
+    wait_idle,
 )
-from bench_report import render_markdown, summarize  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-
-from proxy.devstack import KafkaCluster, versions  # noqa: E402
-from proxy.devstack.paths import kafka_libs, repo_root  # noqa: E402
+from benchmarks.common.report import render_markdown, summarize
+from benchmarks.common.run import (
+    git_state,
+    run_facts,
+    run_main,
+    stop_on_signals,
+    write_json,
+)
+from proxy.devstack import KafkaCluster
+from proxy.devstack.paths import kafka_libs
 
 PATHS = ("direct", "proxy")
 CLIENTS = ("java", "librdkafka")
@@ -138,15 +139,7 @@ class Bench:
         phase's replication done), so that no phase pays for the one before. Returns the
         seconds waited."""
         pids = [n.process.pid for n in self.cluster.nodes if n.process.pid]
-        started = time.monotonic()
-        last = sum(cpu_seconds(pid) for pid in pids)
-        while time.monotonic() - started < timeout:
-            time.sleep(1.0)
-            now = sum(cpu_seconds(pid) for pid in pids)
-            if now - last < idle_cores:
-                break
-            last = now
-        return time.monotonic() - started
+        return wait_idle(pids, idle_cores, timeout)
 
     def measure(self, kind: str, client: str, path: str, rnd: int, topic: str, run) -> Phase:
         broker_pids = [n.process.pid for n in self.cluster.nodes if n.process.pid]
@@ -295,39 +288,10 @@ def _describe(phase: Phase) -> str:
     return text
 
 
-def _command_line() -> str:
-    argv = [sys.executable, *sys.argv]
-    try:
-        argv[0] = str(Path(sys.executable).relative_to(Path.cwd()))
-    except ValueError:
-        pass
-    return shlex.join(argv)
-
-
-def _git_state() -> str:
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", *args], cwd=repo_root(), capture_output=True, text=True)
-        return result.stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=normal", "proxy")
-    if not dirty:
-        return commit
-    # Others may be editing the tree: name the exact code the proxy process loaded.
-    digest = hashlib.sha256()
-    for path in sorted((repo_root() / "proxy").rglob("*.py")):
-        digest.update(path.relative_to(repo_root()).as_posix().encode() + path.read_bytes())
-    return f"{commit} + uncommitted changes (proxy/**/*.py sha256 {digest.hexdigest()[:12]})"
-
-
 def _report_failure(proxy: ProxyProcess, kind: type | None) -> None:
     """On the way out of a failed run, the proxy's last words (its log is deleted next)."""
     if kind is not None and kind is not KeyboardInterrupt:
         print(f"--- proxy log tail ---\n{proxy.process.tail(30)}", file=sys.stderr)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -397,8 +361,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job ignores it
-        signal.signal(signum, _interrupt)
+    stop_on_signals()
     machine = machine_description()
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
@@ -413,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(proxy.stop)
         stack.push(lambda kind, exc, tb: _report_failure(proxy, kind))
         proxy.start()
-        proxy_code = _git_state()  # what the proxy process has just loaded
+        proxy_code = git_state()  # what the proxy process has just loaded
         print(f"Kafka at {cluster.bootstrap}; proxy (pid {proxy.pid}) at {proxy.bootstrap}")
         bench = Bench(args, cluster, proxy)
         stack.callback(bench.close)  # before Kafka stops, or its admin client logs the stop
@@ -424,12 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.run_round(rnd)
         memory = memory_bytes(proxy.pid)
         problems = proxy.problems()
-        run = {
-            "command": _command_line(),
-            "machine": machine | {"loadavg_at_end": os.getloadavg()},
-            "kafka": versions()["KAFKA_VERSION"],
-            "proxy_code": proxy_code,
-            "settings": {k: str(v) for k, v in vars(args).items()},
+        at_end = machine | {"loadavg_at_end": os.getloadavg()}
+        run = run_facts(args, proxy_code, at_end, minio=False) | {
             "proxy_rss_bytes": {
                 "after_start": rss_at_start,
                 "end": memory["VmRSS"],
@@ -453,14 +412,9 @@ def main(argv: list[str] | None = None) -> int:
         phases = [vars(phase) for phase in bench.phases]
         profile_json = {kind: vars(p) for kind, p in profiles.items()}
         out = {"run": run, "summary": summary, "phases": phases, "profiles": profile_json}
-        args.json.write_text(json.dumps(out, indent=2, default=str))
-        print(f"\n(JSON written to {args.json})")
+        write_json(args.json, out)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

@@ -1,6 +1,6 @@
 """Tiered benchmark: one workload direct to Kafka, through a proxy, and tiered three ways.
 
-    .venv/bin/python benchmarks/tiered.py [--records N] [--rounds 2] [--json out.json]
+    .venv/bin/python -m benchmarks.tiered [--records N] [--rounds 2] [--json out.json]
 
 The same producers (Kafka's ProducerPerformance, librdkafka; 1 KiB records, acks=all,
 idempotence on) and topic layout (6 partitions, replication factor 3, min.insync.replicas
@@ -28,10 +28,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,11 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import botocore.session
 
-import botocore.session  # noqa: E402
-from bench_clients import JavaTools, librdkafka_produce  # noqa: E402
-from bench_procs import (  # noqa: E402
+from benchmarks.common.clients import JavaTools, librdkafka_produce
+from benchmarks.common.cluster import Cluster
+from benchmarks.common.procs import (
     ProxyProcess,
     cpu_seconds,
     increases,
@@ -59,18 +57,22 @@ from bench_procs import (  # noqa: E402
     tierproxy_argv,
     wait_idle,
 )
-from bench_report import _cell, _fmt  # noqa: E402
-from confluent_kafka import libversion  # noqa: E402
-from passthrough import _command_line, _git_state, _interrupt  # noqa: E402
-from zones import Cluster  # noqa: E402
-
-from proxy.config.tiering import TieringConfig  # noqa: E402
-from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
-from proxy.devstack.paths import free_port, kafka_libs  # noqa: E402
-from proxy.metadata.store import ShardReader  # noqa: E402
-from proxy.objects.keys import ObjectKind  # noqa: E402
-from proxy.peer.codec import frame_size  # noqa: E402
-from proxy.peer.messages import AppendResponse  # noqa: E402
+from benchmarks.common.report import cell, fmt
+from benchmarks.common.run import (
+    git_state,
+    publish,
+    run_facts,
+    run_main,
+    stop_on_signals,
+    wait_until,
+)
+from proxy.config.tiering import TieringConfig
+from proxy.devstack import KafkaCluster, MinioServer
+from proxy.devstack.paths import free_port, kafka_libs
+from proxy.metadata.store import ShardReader
+from proxy.objects.keys import ObjectKind
+from proxy.peer.codec import frame_size
+from proxy.peer.messages import AppendResponse
 
 ZONES = ("zone-a", "zone-b", "zone-c")
 MODES = ("direct", "passthrough", "local", "s3", "direct-notify")
@@ -101,15 +103,6 @@ CROSSING = ("client_proxy", "to_brokers", "owner_hop", "replication", "metadata"
 
 def total(samples: list[dict], keep) -> float:
     return sum(sample["value"] for sample in samples if keep(sample))
-
-
-def wait_until(what: str, check, timeout: float, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not after {timeout:.0f} s")
-        time.sleep(interval)
-    return result
 
 
 class MetadataWatch:
@@ -601,7 +594,7 @@ def render(run: dict, summary: dict, args) -> str:
         return f"{x['puts']:,.0f} ({x['s3wal_objects']:,.0f} + {x['upload_objects']:,.0f})"
 
     def per_batch(x: dict) -> str:
-        return _fmt(per_notification(x)) if x["from_owner"] else "–"
+        return fmt(per_notification(x)) if x["from_owner"] else "–"
 
     def gb(key: str, prefix: str = ""):
         return lambda x: f"{per_gb(x.get(prefix + key, 0), x.get(prefix + 'produced', 0)):.0f}"
@@ -636,7 +629,7 @@ def render(run: dict, summary: dict, args) -> str:
     for client, rows in summary["latency"].items():
         out += ["", f"#### {CLIENT_NAMES[client]}", "", *table(modes)]
         for label, values in rows.items():
-            out.append(f"| {label} | " + " | ".join(_cell(values[x]) for x in modes) + " |")
+            out.append(f"| {label} | " + " | ".join(cell(values[x]) for x in modes) + " |")
             direct = fmean(values["direct"]) if values.get("direct") else None
             if direct and label == "MB/s, full speed":
                 cells = (f"{fmean(values[x]) / direct:.2f}" if values[x] else "–" for x in modes)
@@ -752,8 +745,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job ignores it
-        signal.signal(signum, _interrupt)
+    stop_on_signals()
     machine = machine_description()
     run_id = os.urandom(3).hex()
     with tempfile.TemporaryDirectory(prefix="tierproxy-tiered-") as tmp, ExitStack() as stack:
@@ -772,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet = TieredFleet(kafka, minio, Path(tmp), run_id, args)
         stack.callback(fleet.stop)
         fleet.start()
-        proxy_code = _git_state()  # what the proxies have just loaded
+        proxy_code = git_state()  # what the proxies have just loaded
         bench = Bench(args, kafka, cluster, minio, fleet)
         stack.callback(bench.close)
         bench.warm_up()
@@ -780,33 +772,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {rnd + 1} of {args.rounds}", flush=True)
             bench.run_round(rnd)
         exported = scrape(fleet.owner.metrics_url, ("tierproxy_object_store", "tierproxy_s3wal"))
-        run = {
-            "command": _command_line(),
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "proxy_code": proxy_code,
-            "machine": machine | {"loadavg_at_end": os.getloadavg()},
-            "kafka": versions()["KAFKA_VERSION"],
-            "minio": versions()["MINIO_VERSION"],
-            "librdkafka": libversion()[0],
-            "settings": {k: str(v) for k, v in vars(args).items()},
+        at_end = machine | {"loadavg_at_end": os.getloadavg()}
+        run = run_facts(args, proxy_code, at_end, minio=True) | {
             "proxies_export_store_metrics": bool(exported),
             "warnings": bench.warnings,
             "proxy_log_problems": fleet.problems()[:50],
         }
     run["runtime_s"] = time.monotonic() - started  # with the shutdown
     summary = summarize(bench.phases, args)
-    print()
-    print(render(run, summary, args))
-    if args.json:
-        out = {"run": run, "summary": summary, "phases": [asdict(p) for p in bench.phases]}
-        args.json.write_text(json.dumps(out, indent=2, default=str))
-        print(f"\n(JSON written to {args.json})")
-    return 0
+    phases = [asdict(p) for p in bench.phases]
+    return publish(run, summary, render(run, summary, args), args.json, phases=phases)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

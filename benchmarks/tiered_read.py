@@ -1,6 +1,6 @@
 """Tiered read benchmark: catch-up and tail reads, direct from Kafka and tiered, in one run.
 
-    .venv/bin/python benchmarks/tiered_read.py [--bytes 2000000000] [--rounds 2]
+    .venv/bin/python -m benchmarks.tiered_read [--bytes 2000000000] [--rounds 2]
         [--clients librdkafka,java] [--tail-rate 5] [--tail-seconds 60] [--json out.json]
 
 On the stack of benchmarks/tiered.py (3 brokers in racks zone-a/b/c, MinIO counting its
@@ -17,7 +17,7 @@ objects. Per round, in reverse order every other round:
   the tail over the peer protocol); `storm` (`local` while three catch-up readers, through
   a, b and c, re-read the tiered topic). End-to-end and produce percentiles.
 
-Every consumer runs in a process of its own (this script with --worker), apart from the
+Every consumer runs in a process of its own (this module with --worker), apart from the
 producer's interpreter. Markdown report on stdout; `--json` has it all.
 """
 
@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import resource
-import signal
 import sys
 import tempfile
 import time
@@ -37,27 +36,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import yaml
+from confluent_kafka import Consumer, TopicPartition
 
-import yaml  # noqa: E402
-from bench_clients import MIB, PERCENTILES, _percentiles, librdkafka_produce  # noqa: E402
-from bench_procs import machine_description, scrape, wait_idle  # noqa: E402
-from bench_report import CONSUMER_NAMES, GIB, _cell  # noqa: E402
-from confluent_kafka import Consumer, TopicPartition, libversion  # noqa: E402
-from passthrough import _command_line, _git_state, _interrupt  # noqa: E402
-from tiered import (  # noqa: E402
+from benchmarks.common.clients import MIB, PERCENTILES, librdkafka_produce, percentiles
+from benchmarks.common.cluster import Cluster
+from benchmarks.common.procs import machine_description, scrape, wait_idle
+from benchmarks.common.report import CONSUMER_NAMES, GIB, cell
+from benchmarks.common.run import (
+    git_state,
+    publish,
+    run_facts,
+    run_main,
+    stop_on_signals,
+    wait_until,
+)
+from benchmarks.tiered import (
     GB,
     P99_TARGET_MS,
     UPLOAD_SETTINGS,
     ZONES,
     Bench,
     TieredFleet,
-    wait_until,
 )
-from zones import Cluster  # noqa: E402
-
-from proxy.config.tiering import TieringConfig  # noqa: E402
-from proxy.devstack import KafkaCluster, ManagedProcess, MinioServer, versions  # noqa: E402
+from proxy.config.tiering import TieringConfig
+from proxy.devstack import KafkaCluster, ManagedProcess, MinioServer
+from proxy.devstack.paths import repo_root
 
 CATCHUP = ("direct", "cold", "warm")
 CATCHUP_NAMES = {"direct": "direct (RF 3)", "cold": "tiered, cold (b)", "warm": "tiered, warm (b)"}
@@ -130,7 +134,7 @@ def consume(spec: dict) -> dict:
     seconds, own = max(last - started, 1e-9), resource.getrusage(resource.RUSAGE_SELF)
     found = {"records": count, "bytes": nbytes, "passes": passes, "complete": wrap or count >= want}
     found |= {"seconds": seconds, "mb_per_s": nbytes / MIB / seconds}  # assignment to last record
-    found["latency_ms"] = _percentiles(latencies) if latencies else {}
+    found["latency_ms"] = percentiles(latencies) if latencies else {}
     return found | {"cpu_s": own.ru_utime + own.ru_stime}
 
 
@@ -143,7 +147,7 @@ def worker(text: str) -> int:
 
 
 class Reader:
-    """`consume` in a process of its own (this script with --worker) that dies with the
+    """`consume` in a process of its own (this module with --worker) that dies with the
     benchmark; its spec, ready and stop files, result and log in a folder of its own."""
 
     started = 0
@@ -154,8 +158,9 @@ class Reader:
         folder.mkdir(parents=True)
         self.ready, self.stop_file, self.out = (folder / n for n in ("ready", "stop", "out.json"))
         spec |= {"ready": str(self.ready), "stop": str(self.stop_file), "out": str(self.out)}
-        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-        self.process = ManagedProcess(f"reader-{Reader.started}", argv, folder / "log")
+        argv = [sys.executable, "-m", "benchmarks.tiered_read", "--worker", json.dumps(spec)]
+        log = folder / "log"
+        self.process = ManagedProcess(f"reader-{Reader.started}", argv, log, cwd=repo_root())
         self.process.start()
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -460,7 +465,7 @@ def table(rows: dict[str, dict[str, list[float]]], names: dict[str, str]) -> lis
     modes = list(names)
     out = ["| | " + " | ".join(names.values()) + " |", "| --- |" + " ---: |" * len(modes)]
     for label, values in rows.items():
-        cells = (_cell(values[x]) if values.get(x) else "–" for x in modes)
+        cells = (cell(values[x]) if values.get(x) else "–" for x in modes)
         out.append(f"| {label} | " + " | ".join(cells) + " |")
         if label in DERIVED and values.get("direct"):
             name, how = DERIVED[label]
@@ -604,8 +609,7 @@ def set_tiering(fleet: TieredFleet, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job ignores it
-        signal.signal(signum, _interrupt)
+    stop_on_signals()
     machine, run_id = machine_description(), os.urandom(3).hex()
     with tempfile.TemporaryDirectory(prefix="tierproxy-read-") as tmp, ExitStack() as stack:
         work = Path(tmp)
@@ -622,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         set_tiering(fleet, args)
         stack.callback(fleet.stop)
         fleet.start()
-        proxy_code = _git_state()  # what the proxies have just loaded
+        proxy_code = git_state()  # what the proxies have just loaded
         base = stack.enter_context(closing(Bench(args, kafka, cluster, minio, fleet)))
         bench = ReadBench(args, base, work)
         print(f"writing {args.bytes / GB:.2f} GB direct and through a...", flush=True)
@@ -631,35 +635,19 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(args.rounds):
             print(f"round {rnd + 1} of {args.rounds}", flush=True)
             bench.run_round(rnd)
-        run = {
-            "command": _command_line(),
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "proxy_code": proxy_code,
-            "machine": machine | {"loadavg_at_end": os.getloadavg()},
-            "kafka": versions()["KAFKA_VERSION"],
-            "minio": versions()["MINIO_VERSION"],
-            "librdkafka": libversion()[0],
-            "settings": {k: str(v) for k, v in vars(args).items()},
+        at_end = machine | {"loadavg_at_end": os.getloadavg()}
+        run = run_facts(args, proxy_code, at_end, minio=True) | {
             "written": bench.written,
             "warnings": base.warnings,
             "proxy_log_problems": fleet.problems()[:50],
         }
     run["runtime_s"] = time.monotonic() - started  # with the shutdown
     summary = summarize(bench.phases, args)
-    print()
-    print(render(run, summary, args))
-    if args.json:
-        out = {"run": run, "summary": summary, "phases": [asdict(p) for p in bench.phases]}
-        args.json.write_text(json.dumps(out, indent=2, default=str))
-        print(f"\n(JSON written to {args.json})")
-    return 0
+    phases = [asdict(p) for p in bench.phases]
+    return publish(run, summary, render(run, summary, args), args.json, phases=phases)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         sys.exit(worker(sys.argv[2]))
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("\ninterrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

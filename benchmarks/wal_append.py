@@ -1,6 +1,6 @@
 """WAL append benchmark: latency and group commit on the local disk.
 
-    .venv/bin/python benchmarks/wal_append.py [--concurrency 1 16 64 256]
+    .venv/bin/python -m benchmarks.wal_append [--concurrency 1 16 64 256]
         [--batch-bytes 1024 16384] [--seconds 3] [--dir DIR] [--uvloop] [--json out.json]
 
 For each (concurrency, batch size): that many tasks each append a batch, await the ack,
@@ -24,9 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from proxy.wal import WalConfig, WriteAheadLog  # noqa: E402
+from proxy.wal import WalConfig, WriteAheadLog
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:

@@ -1,6 +1,6 @@
 """Cross-zone bytes: one workload direct to Kafka, then through the zone-aware fleet.
 
-    .venv/bin/python benchmarks/zones.py [--bytes 1000000000] [--partitions 18] [--json out.json]
+    .venv/bin/python -m benchmarks.zones [--bytes 1000000000] [--partitions 18] [--json out.json]
 
 The baseline the tiered write path will be measured against. One 3-broker Kafka with
 broker.rack zone-a/b/c and, per scenario, a fresh topic with replication factor 3 whose
@@ -30,11 +30,9 @@ import argparse
 import json
 import os
 import re
-import signal
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,26 +43,26 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_clients import Handle, Traffic  # noqa: E402
-from bench_procs import in_threads, machine_description, tierproxy_argv  # noqa: E402
-from confluent_kafka import (  # noqa: E402
+from confluent_kafka import (
     Consumer,
-    ElectionType,
     KafkaError,
     Producer,
     TopicPartition,
-    libversion,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from kio.schema.metadata.v12.request import MetadataRequest  # noqa: E402
-from passthrough import _command_line, _git_state, _interrupt  # noqa: E402
+from kio.schema.metadata.v12.request import MetadataRequest
 
-from proxy.devstack import KafkaCluster, ManagedProcess, versions  # noqa: E402
-from proxy.devstack.paths import free_port_block  # noqa: E402
-from proxy.kafka.messages import encode_request  # noqa: E402
+from benchmarks.common.clients import Handle, Traffic
+from benchmarks.common.cluster import Cluster
+from benchmarks.common.procs import in_threads, machine_description, tierproxy_argv
+from benchmarks.common.run import (
+    git_state,
+    run_facts,
+    run_main,
+    stop_on_signals,
+)
+from proxy.devstack import KafkaCluster, ManagedProcess
+from proxy.devstack.paths import free_port_block
+from proxy.kafka.messages import encode_request
 
 ZONES = ("zone-a", "zone-b", "zone-c")
 RECORD_SIZE = 1024
@@ -352,87 +350,6 @@ class Fleet:
         return found
 
 
-# -- topics, and their replicas on disk -------------------------------------------------------
-
-
-class Cluster:
-    def __init__(self, kafka: KafkaCluster) -> None:
-        self.kafka = kafka
-        self.admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        self.racks = {node.node_id: node.rack for node in kafka.nodes}
-        self.ports = {node.port: node.node_id for node in kafka.nodes}
-
-    def close(self) -> None:
-        del self.admin  # librdkafka's handle goes with the last reference
-
-    def partitions(self, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
-        """{partition: (leader, replicas, in-sync replicas)}."""
-        meta = self.admin.list_topics(topic, timeout=30).topics[topic]
-        return {p: (m.leader, list(m.replicas), list(m.isrs)) for p, m in meta.partitions.items()}
-
-    def create_topic(self, topic: str, partitions: int) -> dict[int, int]:
-        """Partition p led by broker p mod 3 + 1, the two others following: the same
-        layout in every scenario and run. {partition: leader} once every replica is in
-        sync and every preferred replica leads (one elected while its broker was still
-        fenced would not)."""
-        nodes = sorted(self.racks)
-        layout = [
-            [nodes[(p + i) % len(nodes)] for i in range(len(nodes))] for p in range(partitions)
-        ]
-        new = NewTopic(topic, num_partitions=partitions, replica_assignment=layout)
-        self.admin.create_topics([new])[topic].result(60)
-        deadline, elected = time.monotonic() + 90, False
-        while True:
-            state = self.partitions(topic)
-            full = len(state) == partitions and all(len(isr) == 3 for _, _, isr in state.values())
-            if full and all(leader == replicas[0] for leader, replicas, _ in state.values()):
-                return {p: leader for p, (leader, _, _) in sorted(state.items())}
-            if full and not elected:
-                parts = [TopicPartition(topic, p) for p in state]
-                self.admin.elect_leaders(ElectionType.PREFERRED, parts).result(60)
-                elected = True
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"topic {topic}: replicas or leaders not in place: {state}")
-            time.sleep(0.5)
-
-    def delete_topic(self, topic: str) -> None:
-        self.admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
-
-    def replica_logs(self, topic: str, timeout: float = 60.0) -> dict:
-        """Bytes of the topic's .log files per partition and replica, once the followers
-        hold as much as their leader: the leaders' are what one replica stores, the
-        followers' what replication carried."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.partitions(topic)
-            sizes = {
-                p: {node: self._log_bytes(node, topic, p) for node in replicas}
-                for p, (_, replicas, _) in state.items()
-            }
-            caught_up = all(len(set(s.values())) == 1 for s in sizes.values())
-            if caught_up or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-        for p, (_, replicas, _) in state.items():
-            if len({self.racks[node] for node in replicas}) != len(replicas):
-                raise RuntimeError(f"{topic}-{p}: two replicas in one rack: {replicas}")
-        return {
-            "leader_bytes": sum(sizes[p][leader] for p, (leader, _, _) in state.items()),
-            "follower_bytes": sum(
-                size
-                for p, (leader, _, _) in state.items()
-                for node, size in sizes[p].items()
-                if node != leader
-            ),
-            "followers_caught_up": caught_up,
-            "by_partition": {p: {"leader": state[p][0], "bytes": sizes[p]} for p in sorted(state)},
-        }
-
-    def _log_bytes(self, node: int, topic: str, partition: int) -> int:
-        folder = self.kafka.node(node).data_dir / "logs" / f"{topic}-{partition}"
-        return sum(path.stat().st_size for path in folder.glob("*.log"))
-
-
 # -- hops and figures -------------------------------------------------------------------------
 
 
@@ -693,8 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job ignores it
-        signal.signal(signum, _interrupt)
+    stop_on_signals()
     machine = machine_description()
     run_id = os.urandom(3).hex()
     with tempfile.TemporaryDirectory(prefix="tierproxy-zones-") as tmp, ExitStack() as stack:
@@ -714,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(fleet.stop)
         fleet_started = time.monotonic()
         fleet.start()
-        proxy_code = _git_state()  # what the proxies have just loaded
+        proxy_code = git_state()  # what the proxies have just loaded
         bootstraps = {zone: fleet.bootstrap(zone) for zone in ZONES}
         in_fleet = run_scenario("fleet", cluster, bootstraps, args, run_id)
         time.sleep(3)  # the last counts travel with the next heartbeats (one a second)
@@ -733,14 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         "direct": summarize(direct, lambda h: direct_hops(h, cluster)),
         "fleet": summarize(in_fleet, lambda h: fleet_hops(h, cluster, fleet, bootstrap_in_zone)),
     }
-    run = {
-        "command": _command_line(),
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "proxy_code": proxy_code,
-        "machine": machine,
-        "kafka": versions()["KAFKA_VERSION"],
-        "librdkafka": libversion()[0],
-        "settings": {k: str(v) for k, v in vars(args).items()},
+    run = run_facts(args, proxy_code, machine, minio=False) | {
         "summary": summary,
         "fleet_check": fleet_check(summary["fleet"], status),
         "fleet_status": status,
@@ -760,4 +669,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

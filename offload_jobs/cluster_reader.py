@@ -3,7 +3,7 @@
 Managed Kafka has no segment files to read, so the offload jobs fetch: a Metadata request
 finds the partition's leader, then raw Fetch requests (v12, READ_UNCOMMITTED, no fetch
 session) walk the range. The answers are read by the proxy's own protocol code
-(`fetch_split.read_fetch_response`, `batches.whole_batches`) and every batch is handed on
+(`fetch_merge.read_fetch_response`, `batches.whole_batches`) and every batch is handed on
 as a view of the answer it came in: never decompressed, never re-encoded, so codecs,
 producer ids, sequences, timestamps and transaction markers (batches too, READ_UNCOMMITTED
 returns them) reach the caller as Kafka stored them.

@@ -3,7 +3,7 @@
 Just what reading a partition by offset range takes: Metadata (the partition's leader, a
 topic's id and partition count), ListOffsets (log start and high watermark) and Fetch
 (v12, READ_UNCOMMITTED, no fetch session), each request encoded with kio and each answer
-read by hand (`api03_metadata`, `offsets_split`, `fetch_split`), as the proxy reads
+read by hand (`api03_metadata`, `api02_list_offsets`, `fetch_merge`), as the proxy reads
 upstream's. Plain sockets, no asyncio: it runs inside Spark tasks.
 """
 
@@ -16,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass, fields
 
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.list_offsets.v7.request import (
     ListOffsetsPartition,
@@ -28,7 +29,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from proxy.apis.api02_list_offsets import read_list_offsets_response
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
-from proxy.apis.fetch_split import FetchPartitionAnswer, read_fetch_response
+from proxy.apis.fetch_merge import FetchPartitionAnswer, read_fetch_response
 from proxy.kafka.frames import FrameDecoder, FrameError
 from proxy.kafka.headers import response_header_size
 from proxy.kafka.messages import encode_request
@@ -38,8 +39,6 @@ METADATA_VERSION = 12
 LIST_OFFSETS_VERSION = 7
 EARLIEST, LATEST = -2, -1  # ListOffsets timestamps: the log start, the high watermark
 READ_UNCOMMITTED = 0
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
 # Errors a leader change or a broker restart gives for a while: ask Metadata again, retry.
 RETRIABLE = {
     3: "UNKNOWN_TOPIC_OR_PARTITION",
@@ -187,7 +186,7 @@ class PartitionFetcher:
             backoff = min(backoff * 2, 2.0)
 
     def _refusal(self, offset: int, error_code: int) -> ClusterReadError:
-        if error_code == OFFSET_OUT_OF_RANGE:
+        if error_code == ErrorCode.offset_out_of_range:
             what = "out of range (below the log start or past the log end)"
         else:
             what = f"Kafka answers error code {error_code}"
@@ -286,7 +285,7 @@ def describe_topic(bootstrap: str, topic: str, **settings) -> tuple[uuid.UUID, i
     for error_code, name, topic_id, partitions in read_topics(METADATA_VERSION, body):
         if name == topic and error_code == 0 and topic_id is not None:
             return topic_id, partitions
-        if name == topic and error_code == UNKNOWN_TOPIC_OR_PARTITION:
+        if name == topic and error_code == ErrorCode.unknown_topic_or_partition:
             raise UnknownTopic(f"topic {topic} does not exist in Kafka")
         if name == topic:
             what = RETRIABLE.get(error_code, "error")

@@ -58,7 +58,8 @@ class StoreSpec:
 
     async def open(self):
         if self.kind == "s3":
-            from proxy.objects.s3 import S3Config, S3Store
+            from proxy.objects.s3 import S3Store
+            from proxy.objects.s3config import S3Config
 
             return await S3Store.open(S3Config(**(self.s3 or {})))
         from proxy.objects.local import LocalDirectoryStore

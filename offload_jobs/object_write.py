@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 
-from proxy.objects.format import BuiltObject, IndexEntry, read_block, read_object
+from proxy.objects.format import IndexEntry, read_block, read_object
+from proxy.objects.format_writer import BuiltObject
 from proxy.objects.store import ObjectExists, ObjectStore
 
 log = logging.getLogger(__name__)

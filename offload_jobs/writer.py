@@ -17,12 +17,8 @@ from dataclasses import dataclass
 
 from offload_jobs.sources import SourceBatch
 from proxy.metadata.streams import offload_object_id
-from proxy.objects.format import (
-    DEFAULT_MAX_BLOCK_BYTES,
-    FORMAT_VERSION,
-    BuiltObject,
-    ObjectWriter,
-)
+from proxy.objects.format import FORMAT_VERSION
+from proxy.objects.format_writer import DEFAULT_MAX_BLOCK_BYTES, BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.records.batches import CorruptBatchError, read_batch_header, validate_batch
 

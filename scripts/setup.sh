@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything tierproxy needs on a fresh machine, into ignored folders:
-#   .venv/                 Python packages (pinned by constraints.txt)
+#   .venv/                 Python packages: proxy, offload jobs, dev tools (constraints.txt)
 #   .cache/kafka-<v>/libs  Apache Kafka's jars from Maven Central
 #   .cache/bin/minio       MinIO built from source at a pinned version (with --minio)
 # Each step is skipped when its stamp says it is already done, so second runs are fast.
@@ -47,7 +47,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.tierproxy-stamp 2>/dev/null)" !=
   .venv/bin/python -m pip install -q --upgrade pip
   # setuptools' note on editable installs is a warning pip shows; nothing to act on
   PYTHONWARNINGS="ignore:Editable installation" \
-    .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+    .venv/bin/python -m pip install -q -c constraints.txt -e '.[dev,offload]'
   echo "$stamp_py" > .venv/.tierproxy-stamp
 fi
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command: install everything, run the whole suite, then make sure no
-# java or minio process started from this checkout's cache outlived it.
+# The README's test command: install everything, check the import contracts and the types
+# (scripts/lint.sh --contracts), run the whole suite, then make sure no java or minio
+# process started from this checkout's cache outlived it.
 #
 # The suite runs in two parts (tests/conftest.py, --part): the pure tests (unit, property,
 # fuzz: no Kafka, MinIO or Spark) on TIERPROXY_TEST_WORKERS pytest-xdist workers (default
@@ -13,6 +14,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --minio || exit $?
+# The import contracts and mypy first: seconds, and a broken one fails before the suite.
+scripts/lint.sh --contracts || { echo "[test] not running the tests: fix the above first" >&2; exit 1; }
 cache=${TIERPROXY_CACHE:-$PWD/.cache}
 workers=${TIERPROXY_TEST_WORKERS:-2}
 # Test modules are compiled (and their asserts rewritten) once, not in every process.

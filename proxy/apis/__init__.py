@@ -120,12 +120,14 @@ TIERED_API_KEYS = frozenset(key for key, api in HANDLING.items() if api.tiered i
 # walk to their tagged fields (about 1 us per partition): clients then rediscover a
 # moved leader by Metadata, as before KIP-951. Capping Produce at 9 costs more: v11+
 # carry KIP-890 (TRANSACTION_ABORTABLE, transactions v2), so cap Fetch alone if any.
-NODE_ENDPOINTS_SINCE = {
+NODE_ENDPOINTS_SINCE: dict[int, int] = {
     key: api.node_endpoints_since
     for key, api in HANDLING.items()
     if api.node_endpoints_since is not None
 }
-CAPPED_VERSIONS = {api_key: version - 1 for api_key, version in NODE_ENDPOINTS_SINCE.items()}
+CAPPED_VERSIONS: dict[int, int] = {
+    api_key: version - 1 for api_key, version in NODE_ENDPOINTS_SINCE.items()
+}
 
 
 def max_version_without_node_endpoints(api_key: int) -> int | None:

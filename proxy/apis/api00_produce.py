@@ -31,8 +31,9 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import encode, load_response_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.rewrite import node_endpoints_rewriter
 from proxy.kafka.wire import (
     expect_end,
@@ -49,7 +50,7 @@ from proxy.kafka.wire import (
     write_array_length,
 )
 
-API_KEY = 0
+API_KEY = ApiKey.PRODUCE
 FIRST_NODE_ENDPOINTS_VERSION = 10
 RESPONSES = load_response_types(API_KEY)
 rewrite_response = node_endpoints_rewriter(API_KEY, FIRST_NODE_ENDPOINTS_VERSION, RESPONSES)
@@ -136,10 +137,8 @@ def read_produce_request(api_version: int, body: memoryview | bytes) -> ProduceR
     """Every partition's records located in the body, none copied; FrameError if malformed."""
     layout = _layout(api_version)
     body = memoryview(body)
-    try:
+    with malformed(f"Produce v{api_version} request"):
         return _read_request(layout, body)
-    except FrameError as exc:
-        raise FrameError(f"malformed Produce v{api_version} request: {exc}") from None
 
 
 def _read_request(layout: _Layout, body: memoryview) -> ProduceRequestView:
@@ -231,12 +230,10 @@ def merge_responses(
     results: list[PartitionResult] = []
     upstream_throttle_ms, endpoints = 0, ()
     if upstream_body is not None:
-        try:
+        with malformed(f"Produce v{api_version} response"):
             results, upstream_throttle_ms, endpoints = _read_response(
                 layout, memoryview(upstream_body)
             )
-        except FrameError as exc:
-            raise FrameError(f"malformed Produce v{api_version} response: {exc}") from None
     results += local
     if request is not None:
         results = _in_request_order(request, results)

@@ -9,12 +9,13 @@ per-record work and no copy. An answer without node endpoints is returned as it 
 
 from __future__ import annotations
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.rewrite import node_endpoints_rewriter
 from proxy.kafka.schema_walk import field_offset
 from proxy.kafka.wire import read_string
 
-API_KEY = 1
+API_KEY = ApiKey.FETCH
 FIRST_NODE_ENDPOINTS_VERSION = 16
 RESPONSES = load_response_types(API_KEY)
 rewrite_response = node_endpoints_rewriter(API_KEY, FIRST_NODE_ENDPOINTS_VERSION, RESPONSES)

@@ -51,8 +51,10 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -64,7 +66,7 @@ from proxy.kafka.wire import (
     write_array_length,
 )
 
-API_KEY = 2
+API_KEY = ApiKey.LIST_OFFSETS
 REQUESTS = load_types(API_KEY, "request")
 RESPONSES = load_response_types(API_KEY)
 
@@ -77,7 +79,6 @@ LATEST_TIERED_TIMESTAMP = -5  # v9+: the last offset in remote storage (KIP-1005
 EARLIEST_PENDING_UPLOAD_TIMESTAMP = -6  # v11+: the first offset not yet tiered (KIP-1023)
 
 Span = slice  # of the request body
-_NO_TAGS = b"\x00"
 
 
 class Route(IntEnum):
@@ -167,10 +168,8 @@ def read_list_offsets_request(api_version: int, body: memoryview | bytes) -> Lis
     """Every field the proxy routes by, every partition's entry located; FrameError if
     the version is not served or the body is malformed or truncated."""
     layout = _layout(api_version)
-    try:
+    with malformed(f"ListOffsets v{api_version} request"):
         return _read_request(layout, memoryview(body))
-    except FrameError as exc:
-        raise FrameError(f"malformed ListOffsets v{api_version} request: {exc}") from None
 
 
 def _read_request(layout: _Layout, body: memoryview) -> ListOffsetsRequestView:
@@ -270,22 +269,16 @@ def merge_responses(
     layout = _layout(api_version)
     flexible = layout.flexible
     answered: dict[tuple[str, int], memoryview] = {}
-    tags: bytes | memoryview = _NO_TAGS
+    tags: bytes | memoryview = NO_TAGS
     if upstream_body is not None:
         upstream_ms, answered, tags = _read_response(layout, memoryview(upstream_body))
         throttle_ms = max(throttle_ms, upstream_ms)
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)] if layout.throttle else []
-    out.append(write_array_length(len(view.topics), flexible))
-    for topic in view.topics:
-        out += (view.body[topic.key_span], write_array_length(len(topic.partitions), flexible))
-        for p in topic.partitions:
-            key = (topic.topic, p.partition)
-            result = results.get(key)
-            if result is None and key in answered:
-                out.append(answered[key])
-            else:
-                out.append(_answer(layout, p.partition, UNANSWERED if result is None else result))
-        out += [_NO_TAGS] if flexible else []
+
+    def answer(_: object, p: OffsetsPartitionView, result: OffsetsResult | None) -> Pieces:
+        return (_answer(layout, p.partition, UNANSWERED if result is None else result),)
+
+    out += merge_partitions(view, flexible, results, answered, answer)
     out += [tags] if flexible else []
     return b"".join(out)
 
@@ -311,17 +304,15 @@ def _answer(layout: _Layout, partition: int, result: OffsetsResult) -> bytes:
         entry = layout.answer.pack(*fields)
     except struct.error as exc:
         raise ValueError(f"ListOffsets answer for partition {partition}: {exc}") from None
-    return entry + _NO_TAGS if layout.flexible else entry
+    return entry + NO_TAGS if layout.flexible else entry
 
 
 def _read_response(
     layout: _Layout, body: memoryview
 ) -> tuple[int, dict[tuple[str, int], memoryview], memoryview]:
     """(throttle_time_ms, {(topic, partition): its whole entry}, the top-level tags)."""
-    try:
+    with malformed(f"ListOffsets v{layout.version} response"):
         return _read_entries(layout, body)
-    except FrameError as exc:
-        raise FrameError(f"malformed ListOffsets v{layout.version} response: {exc}") from None
 
 
 def _read_entries(

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import get_args
 from uuid import UUID
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import malformed
 from proxy.kafka.rewrite import Advertise, rewrite_address_array
 from proxy.kafka.schema_walk import field_offset, skip_entity
 from proxy.kafka.wire import read_array_length, read_int16, read_int32, read_string
 
-API_KEY = 3
+API_KEY = ApiKey.METADATA
 RESPONSES = load_response_types(API_KEY)
 
 
@@ -34,7 +35,7 @@ def read_brokers(api_version: int, body: memoryview) -> list[tuple[int, str, int
     item = get_args(response.__dataclass_fields__["brokers"].type)[0]
     flexible = response.__flexible__
     has_rack = "rack" in item.__dataclass_fields__
-    try:
+    with malformed(f"Metadata v{api_version} brokers"):
         count, offset = read_array_length(body, field_offset(response, body, "brokers"), flexible)
         brokers = []
         for _ in range(max(count, 0)):
@@ -44,8 +45,6 @@ def read_brokers(api_version: int, body: memoryview) -> list[tuple[int, str, int
             rack = read_string(body, pos, flexible)[0] if has_rack else None
             brokers.append((node_id, host or "", port, rack or None))
             offset = skip_entity(item, body, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed Metadata v{api_version} brokers: {exc}") from None
     return brokers
 
 
@@ -56,7 +55,7 @@ def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID
     item = get_args(response.__dataclass_fields__["topics"].type)[0]
     flexible = response.__flexible__
     has_id = "topic_id" in item.__dataclass_fields__
-    try:
+    with malformed(f"Metadata v{api_version} topics"):
         count, offset = read_array_length(body, field_offset(response, body, "topics"), flexible)
         topics = []
         for _ in range(max(count, 0)):
@@ -70,8 +69,6 @@ def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID
             partitions, _ = read_array_length(body, partitions_at, flexible)
             topics.append((error_code, name or "", topic_id, max(partitions, 0)))
             offset = skip_entity(item, body, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed Metadata v{api_version} topics: {exc}") from None
     return topics
 
 
@@ -86,7 +83,7 @@ def read_partition_leaders(
     entry = get_args(item.__dataclass_fields__["partitions"].type)[0]
     flexible = response.__flexible__
     has_epoch = "leader_epoch" in entry.__dataclass_fields__
-    try:
+    with malformed(f"Metadata v{api_version} topics"):
         count, offset = read_array_length(body, field_offset(response, body, "topics"), flexible)
         for _ in range(max(count, 0)):
             name, _ = read_string(body, field_offset(item, body, "name", offset), flexible)
@@ -105,6 +102,4 @@ def read_partition_leaders(
                 leaders[index] = (code, leader, epoch)
                 at = skip_entity(entry, body, at)
             return error_code, leaders
-    except FrameError as exc:
-        raise FrameError(f"malformed Metadata v{api_version} topics: {exc}") from None
     raise LookupError(f"topic {topic} is not in the Metadata answer")

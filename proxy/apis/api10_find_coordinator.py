@@ -9,10 +9,11 @@ error code; it names no broker and is passed through unchanged.
 
 from __future__ import annotations
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, response_type
 from proxy.kafka.rewrite import Advertise, rewrite_address, rewrite_address_array
 
-API_KEY = 10
+API_KEY = ApiKey.FIND_COORDINATOR
 FIRST_BATCHED_VERSION = 4
 RESPONSES = load_response_types(API_KEY)
 

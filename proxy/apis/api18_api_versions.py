@@ -19,17 +19,17 @@ import struct
 from typing import get_args
 
 from kio.schema.errors import ErrorCode
+from kio.static.protocol import Entity
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import encode, load_response_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.headers import response_header
 from proxy.kafka.schema_walk import field_offset, skip_entity
-from proxy.kafka.versions import API_VERSIONS, APIS, supported_ranges
+from proxy.kafka.versions import APIS, supported_ranges
 from proxy.kafka.wire import read_array_length, read_int16, read_string, skip_tagged_fields
 
-API_KEY = API_VERSIONS
-NONE = 0
-UNSUPPORTED_VERSION = 35
+API_KEY = ApiKey.API_VERSIONS
 RESPONSES = load_response_types(API_KEY)
 
 Ranges = dict[int, tuple[int, int]]  # api key -> (min version, max version)
@@ -56,16 +56,14 @@ def proxy_supported_ranges() -> Ranges:
 def parse_api_versions_response(api_version: int, body: memoryview | bytes) -> Ranges:
     """Upstream's supported ranges; ApiVersionsError if it answered with an error."""
     body = memoryview(body)
-    try:
+    with malformed(f"ApiVersionsResponse v{api_version}"):
         error_code, _ = read_int16(body, 0)  # first field in every version
-        if error_code == UNSUPPORTED_VERSION:
+        if error_code == ErrorCode.unsupported_version:
             # Kafka answers a version it does not know in the v0 shape, whatever was asked.
             raise ApiVersionsError(error_code, _read_ranges(RESPONSES[0], body))
-        if error_code != NONE:
+        if error_code != ErrorCode.none:
             raise ApiVersionsError(error_code, {})
         return _read_ranges(response_type(RESPONSES, API_KEY, api_version), body)
-    except FrameError as exc:
-        raise FrameError(f"malformed ApiVersionsResponse v{api_version}: {exc}") from None
 
 
 def intersect(upstream: Ranges, proxy: Ranges, caps: dict[int, int]) -> Ranges:
@@ -80,7 +78,7 @@ def intersect(upstream: Ranges, proxy: Ranges, caps: dict[int, int]) -> Ranges:
 
 
 def encode_api_versions_response(
-    api_version: int, ranges: Ranges, throttle_ms: int = 0, error_code: int = NONE
+    api_version: int, ranges: Ranges, throttle_ms: int = 0, error_code: int = ErrorCode.none
 ) -> bytes:
     """The body (no header) of an ApiVersions answer at a version the proxy knows."""
     response = response_type(RESPONSES, API_KEY, api_version)
@@ -97,15 +95,15 @@ def unsupported_version_response(correlation_id: int, ranges: Ranges) -> bytes:
     """The whole answer (header v0 + v0 body, no size prefix) to an unknown version."""
     api_versions = APIS[API_KEY]
     own = ranges.get(API_KEY, (api_versions.min_version, api_versions.max_version))
-    body = encode_api_versions_response(0, {API_KEY: own}, error_code=UNSUPPORTED_VERSION)
+    body = encode_api_versions_response(0, {API_KEY: own}, error_code=ErrorCode.unsupported_version)
     return response_header(correlation_id, API_KEY, 0) + body
 
 
-def _entry_type(response: type) -> type:
+def _entry_type(response: type[Entity]) -> type:
     return get_args(response.__dataclass_fields__["api_keys"].type)[0]  # tuple[ApiVersion, ...]
 
 
-def _api_keys(response: type, ranges: Ranges) -> tuple:
+def _api_keys(response: type[Entity], ranges: Ranges) -> tuple:
     entry = _entry_type(response)
     return tuple(
         entry(api_key=key, min_version=low, max_version=high)
@@ -113,7 +111,7 @@ def _api_keys(response: type, ranges: Ranges) -> tuple:
     )
 
 
-def _read_ranges(response: type, body: memoryview) -> Ranges:
+def _read_ranges(response: type[Entity], body: memoryview) -> Ranges:
     """The api_keys array, read by hand (not with kio's reader: see `codec`)."""
     if skip_entity(response, body) != len(body):
         raise FrameError("bytes after the end of the answer")

@@ -23,8 +23,10 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -36,14 +38,13 @@ from proxy.kafka.wire import (
     write_array_length,
 )
 
-API_KEY = 21
+API_KEY = ApiKey.DELETE_RECORDS
 REQUESTS = load_types(API_KEY, "request")
 RESPONSES = load_response_types(API_KEY)
 HIGH_WATERMARK = -1  # the offset that means "everything below the high watermark"
 
 _PARTITION = struct.Struct(">iq")  # partition_index, offset
 _ANSWER = struct.Struct(">iqh")  # partition_index, low_watermark, error_code
-_NO_TAGS = b"\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ def read_delete_records_request(
     body is malformed or truncated."""
     flexible = _flexible(api_version)
     buf = memoryview(body)
-    try:
+    with malformed(f"DeleteRecords v{api_version} request"):
         topics = []
         count, offset = read_count(buf, 0, flexible, "topics")
         for _ in range(count):
@@ -113,8 +114,6 @@ def read_delete_records_request(
         timeout_ms, offset = read_int32(buf, offset)
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed DeleteRecords v{api_version} request: {exc}") from None
     return DeleteRecordsRequestView(
         api_version, buf, tuple(topics), timeout_ms, slice(tail_start, offset)
     )
@@ -138,7 +137,7 @@ def split(
             if wanted == p.offset:
                 kept.append(body[p.span])
             else:
-                kept.append(_PARTITION.pack(p.partition, wanted) + (_NO_TAGS if flexible else b""))
+                kept.append(_PARTITION.pack(p.partition, wanted) + (NO_TAGS if flexible else b""))
         if kept:
             topic_count += 1
             pieces += (body[topic.key_span], write_array_length(len(kept), flexible))
@@ -176,31 +175,28 @@ def merge_responses(
     if upstream_body is not None:
         throttle_ms, answered = _read_response(api_version, memoryview(upstream_body))
     out: list[bytes | memoryview] = [INT32.pack(throttle_ms)]
-    out.append(write_array_length(len(view.topics), flexible))
-    for topic in view.topics:
-        out += (view.body[topic.key_span], write_array_length(len(topic.partitions), flexible))
-        for p in topic.partitions:
-            key = (topic.topic, p.partition)
-            result = results.get(key)
-            if result is None and key in answered:
-                out.append(answered[key])
-                continue
-            result = UNANSWERED if result is None else result
-            try:
-                entry = _ANSWER.pack(p.partition, result.low_watermark, result.error_code)
-            except struct.error as exc:
-                raise ValueError(f"DeleteRecords answer for {key}: {exc}") from None
-            out.append(entry + _NO_TAGS if flexible else entry)
-        out += [_NO_TAGS] if flexible else []
-    out += [_NO_TAGS] if flexible else []
+
+    def answer(key: tuple[str, int], p: DeletePartitionView, result: DeleteResult | None) -> Pieces:
+        entry = _entry(key, p.partition, UNANSWERED if result is None else result)
+        return (entry + NO_TAGS if flexible else entry,)
+
+    out += merge_partitions(view, flexible, results, answered, answer)
+    out += [NO_TAGS] if flexible else []
     return b"".join(out)
+
+
+def _entry(key: tuple[str, int], partition: int, result: DeleteResult) -> bytes:
+    try:
+        return _ANSWER.pack(partition, result.low_watermark, result.error_code)
+    except struct.error as exc:
+        raise ValueError(f"DeleteRecords answer for {key}: {exc}") from None
 
 
 def _read_response(
     api_version: int, body: memoryview
 ) -> tuple[int, dict[tuple[str, int], memoryview]]:
     flexible = _flexible(api_version)
-    try:
+    with malformed(f"DeleteRecords v{api_version} response"):
         throttle_ms, offset = read_int32(body, 0)
         entries: dict[tuple[str, int], memoryview] = {}
         count, offset = read_count(body, offset, flexible, "topics")
@@ -214,6 +210,4 @@ def _read_response(
             offset = skip_tagged_fields(body, offset) if flexible else offset
         offset = skip_tagged_fields(body, offset) if flexible else offset
         expect_end(body, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed DeleteRecords v{api_version} response: {exc}") from None
     return throttle_ms, entries

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -28,7 +29,7 @@ from proxy.kafka.wire import (
     skip_tagged_fields,
 )
 
-API_KEY = 23
+API_KEY = ApiKey.OFFSET_FOR_LEADER_EPOCH
 REQUESTS = load_types(API_KEY, "request")
 RESPONSES = load_response_types(API_KEY)
 
@@ -65,7 +66,7 @@ def read_requested(api_version: int, body: memoryview | bytes) -> list[Key]:
     flexible, replica_id = _layout(api_version)
     buf = memoryview(body)
     asked: list[Key] = []
-    try:
+    with malformed(f"OffsetForLeaderEpoch v{api_version} request"):
         offset = skip(buf, 0, 4) if replica_id else 0
         count, offset = read_count(buf, offset, flexible, "topics")
         for _ in range(count):
@@ -78,8 +79,6 @@ def read_requested(api_version: int, body: memoryview | bytes) -> list[Key]:
             offset = skip_tagged_fields(buf, offset) if flexible else offset
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed OffsetForLeaderEpoch v{api_version} request: {exc}") from None
     return asked
 
 
@@ -92,7 +91,7 @@ def rewrite_end_offsets(
     buf = body if isinstance(body, memoryview) else memoryview(body)
     patches: list[tuple[int, int]] = []  # (position of an end offset, its new value)
     errors: list[tuple[int, int, int]] = []  # (position of an answer, error code, partition)
-    try:
+    with malformed(f"OffsetForLeaderEpoch v{api_version} response"):
         offset = skip(buf, 0, 4)  # throttle_time_ms
         count, offset = read_count(buf, offset, flexible, "topics")
         for _ in range(count):
@@ -111,8 +110,6 @@ def rewrite_end_offsets(
             offset = skip_tagged_fields(buf, offset) if flexible else offset
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed OffsetForLeaderEpoch v{api_version} response: {exc}") from None
     if not patches and not errors:
         return buf
     out = bytearray(buf)

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from functools import cache
 
 from kio.schema.errors import ErrorCode
+from kio.static.protocol import Entity
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import encode, load_response_types, load_types, response_type
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
     INT32,
     expect_end,
@@ -41,7 +43,7 @@ from proxy.kafka.wire import (
     skip_tagged_fields,
 )
 
-API_KEY = 24
+API_KEY = ApiKey.ADD_PARTITIONS_TO_TXN
 REQUESTS = load_types(API_KEY, "request")
 RESPONSES = load_response_types(API_KEY)
 FIRST_BATCHED_VERSION = 4  # transactions[...]: the broker-to-broker form
@@ -88,7 +90,7 @@ def read_add_partitions_to_txn_request(
     the body is malformed or truncated."""
     flexible = _flexible(api_version)
     buf = memoryview(body)
-    try:
+    with malformed(f"AddPartitionsToTxn v{api_version} request"):
         if api_version < FIRST_BATCHED_VERSION:
             txn, offset = _read_transaction(buf, 0, flexible, batched=False)
             transactions = [txn]
@@ -100,8 +102,6 @@ def read_add_partitions_to_txn_request(
                 transactions.append(txn)
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    except FrameError as exc:
-        raise FrameError(f"malformed AddPartitionsToTxn v{api_version} request: {exc}") from None
     return AddPartitionsView(api_version, tuple(transactions))
 
 
@@ -191,7 +191,7 @@ def refused_answer(
 
 
 @cache
-def _entry_types(response: type) -> tuple[type, type, type | None]:
+def _entry_types(response: type[Entity]) -> tuple[type, type, type | None]:
     """(partition result, topic result, transaction result or None) classes of a version."""
     module = __import__(response.__module__, fromlist=["_"])
     txn_type = getattr(module, "AddPartitionsToTxnResult", None)

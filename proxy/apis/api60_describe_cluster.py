@@ -8,13 +8,16 @@ the list is emptied rather than leak their addresses or map them to broker liste
 
 from __future__ import annotations
 
+from kio.static.protocol import Entity
+
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.rewrite import Advertise, empty_array, rewrite_address_array
 from proxy.kafka.schema_walk import field_offset
 from proxy.kafka.wire import INT8
 
-API_KEY = 60
+API_KEY = ApiKey.DESCRIBE_CLUSTER
 ENDPOINT_TYPE_BROKER = 1
 RESPONSES = load_response_types(API_KEY)
 
@@ -28,7 +31,7 @@ def rewrite_response(
     return rewrite_address_array(response, "brokers", body, advertise, id_field="broker_id")
 
 
-def _endpoint_type(response: type, body: memoryview) -> int:
+def _endpoint_type(response: type[Entity], body: memoryview) -> int:
     if "endpoint_type" not in response.__dataclass_fields__:  # v0: brokers only
         return ENDPOINT_TYPE_BROKER
     offset = field_offset(response, body, "endpoint_type")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from proxy.config.section import ConfigError, Section
 from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS
-from proxy.objects.s3 import S3Config
+from proxy.objects.s3config import S3Config
 from proxy.upload.plan import MiB
 
 NOTIFY_MODES = ("s3", "direct")

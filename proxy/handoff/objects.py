@@ -2,7 +2,7 @@
 
 An S3-WAL object holds record batches that a proxy which is not a partition's owner made
 durable in S3 before the owner sequenced them. They have no offsets yet, so the stream
-object format (objectformat.py, whose index is by offset and whose keys carry no writer)
+object format (objects/format.py, whose index is by offset and whose keys carry no writer)
 does not fit; this is a small format of the same shape::
 
     [block 0] ... [block n-1] [index: n entries of 32 bytes] [footer: 52 bytes]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from proxy.errors import TierproxyError
 from proxy.handoff.gc import S3WalReleases
 from proxy.handoff.objects import (
     STREAM_ID_MAX,
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 
 
-class S3WalError(Exception):
+class S3WalError(TierproxyError):
     """An append was not made durable: nothing was acknowledged, the producer may retry."""
 
 

@@ -20,17 +20,18 @@ from typing import Any, TypeVar
 
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
+from kio.static.protocol import Entity
 
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS, api_name
 
-E = TypeVar("E")
+E = TypeVar("E", bound=Entity)
 # SerialError for short or bad input; ValueError for values kio cannot build (an error
 # code it does not know); KeyError for a tagged field it does not know.
 _KIO_DECODE_ERRORS = (SerialError, ValueError, KeyError)
 
 
-def load_types(api_key: int, kind: str = "response") -> dict[int, type]:
+def load_types(api_key: int, kind: str = "response") -> dict[int, type[Entity]]:
     """{version: kio class} of this API's "request" or "response", for every version."""
     api = APIS[api_key]
     module = re.sub(r"(?<!^)(?=[A-Z])", "_", api.name).lower()  # FindCoordinator: find_coordinator
@@ -43,11 +44,11 @@ def load_types(api_key: int, kind: str = "response") -> dict[int, type]:
     }
 
 
-def load_response_types(api_key: int) -> dict[int, type]:
+def load_response_types(api_key: int) -> dict[int, type[Entity]]:
     return load_types(api_key, "response")
 
 
-def response_type(types: dict[int, type], api_key: int, api_version: int) -> type:
+def response_type(types: dict[int, type[Entity]], api_key: int, api_version: int) -> type[Entity]:
     """The kio class for this version, or FrameError naming the API and version."""
     try:
         return types[api_version]
@@ -57,7 +58,7 @@ def response_type(types: dict[int, type], api_key: int, api_version: int) -> typ
         ) from None
 
 
-def describe(entity_type: type) -> str:
+def describe(entity_type: type[Entity]) -> str:
     return f"{entity_type.__name__} v{entity_type.__version__}"
 
 

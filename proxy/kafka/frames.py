@@ -11,12 +11,30 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-_SIZE = struct.Struct(">i")
+FRAME_SIZE = struct.Struct(">i")  # the i32 size before every request and response
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
 
 
 class FrameError(Exception):
     """Bytes that are not a valid Kafka frame, header or body; the connection must close."""
+
+
+class malformed:  # lower case: it reads as a function, `with malformed(...)`
+    """Names what was being read in a FrameError raised inside: "malformed {what}: ...",
+    so a bad frame says which message it broke in. Other exceptions pass unchanged; none
+    is swallowed (`__exit__` returns None, which type checkers see)."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        if isinstance(error, FrameError):
+            raise FrameError(f"malformed {self.what}: {error}") from None
 
 
 class FrameDecoder:
@@ -55,7 +73,7 @@ class FrameDecoder:
         if self._size is None:
             if self._buffered < 4:
                 return None
-            (size,) = _SIZE.unpack(self._take(4))
+            (size,) = FRAME_SIZE.unpack(self._take(4))
             if size < 0:
                 self._error = FrameError(f"negative frame size {size}")
                 raise self._error
@@ -96,4 +114,4 @@ class FrameDecoder:
 
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
     """The payload with its int32 size in front."""
-    return b"".join((_SIZE.pack(len(payload)), payload))
+    return b"".join((FRAME_SIZE.pack(len(payload)), payload))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import (
-    API_VERSIONS,
     APIS,
     is_flexible,
     is_known,
@@ -24,7 +24,6 @@ from proxy.kafka.versions import (
 from proxy.kafka.wire import INT16, INT32, read_int16, skip_nullable_string, skip_tagged_fields
 
 _FIXED = struct.Struct(">hhi")  # api_key, api_version, correlation_id
-API_PRODUCE = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +47,7 @@ def parse_request_header(frame: memoryview | bytes) -> RequestHeader:
         raise FrameError(f"request header truncated: {len(frame)} bytes, need at least 8")
     api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
     api = spec(api_key)
-    if api_key != API_VERSIONS and not api.min_version <= api_version <= api.max_version:
+    if api_key != ApiKey.API_VERSIONS and not api.min_version <= api_version <= api.max_version:
         raise FrameError(f"unsupported version {api_version} of {api.name} (api key {api_key})")
     offset = _FIXED.size
     client_id = None
@@ -101,7 +100,7 @@ def produce_acks(api_version: int, body: memoryview | bytes) -> int:
     """
     body = memoryview(body)
     try:
-        offset = skip_nullable_string(body, 0, compact=is_flexible(API_PRODUCE, api_version))
+        offset = skip_nullable_string(body, 0, compact=is_flexible(ApiKey.PRODUCE, api_version))
         acks, _ = read_int16(body, offset)
     except FrameError as exc:
         raise FrameError(f"truncated Produce v{api_version} request: {exc}") from None
@@ -115,6 +114,6 @@ def header_rejection_reason(frame: memoryview) -> str:
     api_key, api_version = struct.unpack_from(">hh", frame)
     if api_key not in APIS:
         return "unknown_api_key"
-    if api_key != API_VERSIONS and not is_known(api_key, api_version):
+    if api_key != ApiKey.API_VERSIONS and not is_known(api_key, api_version):
         return "unsupported_version"
     return "truncated_header"

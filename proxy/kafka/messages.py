@@ -4,20 +4,21 @@ The proxy's control connections (ApiVersions and Metadata towards upstream) and 
 devstack's readiness probe build complete requests here; client traffic never goes
 through this module. `decode_response` uses kio's native reader, which trusts array
 counts (a corrupt one can exhaust memory) and refuses unknown tagged fields: it is for
-tests and the devstack only; the proxy reads network bytes with proxy.protocol.wire.
+tests and the devstack only; the proxy reads network bytes with proxy.kafka.wire.
 """
 
 from __future__ import annotations
 
 import io
-import struct
 from typing import Any, TypeVar
 
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
+from kio.static.protocol import Entity
 
-T = TypeVar("T")
-_SIZE = struct.Struct(">i")
+from proxy.kafka.frames import FRAME_SIZE
+
+T = TypeVar("T", bound=Entity)
 
 
 def encode_request(request: Any, correlation_id: int, client_id: str = "tierproxy") -> bytes:
@@ -36,7 +37,7 @@ def encode_request(request: Any, correlation_id: int, client_id: str = "tierprox
     )
     entity_writer(type(request))(buffer, request)
     frame = buffer.getbuffer()
-    _SIZE.pack_into(frame, 0, len(frame) - 4)
+    FRAME_SIZE.pack_into(frame, 0, len(frame) - 4)
     return bytes(frame)
 
 

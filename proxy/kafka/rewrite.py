@@ -19,6 +19,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, get_args
 
+from kio.static.protocol import Entity
+
 from proxy.kafka.codec import describe, response_type
 from proxy.kafka.frames import FrameError
 from proxy.kafka.schema_walk import field_offset, field_span, skip_entity, tagged_fields_offset
@@ -48,7 +50,7 @@ def _naming_the_message(function: F) -> F:
     """Prefix the FrameError of a truncated or malformed body with the message's name."""
 
     @functools.wraps(function)
-    def wrapper(entity_type: type, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(entity_type: type[Entity], *args: Any, **kwargs: Any) -> Any:
         try:
             return function(entity_type, *args, **kwargs)
         except FrameError as exc:
@@ -59,7 +61,7 @@ def _naming_the_message(function: F) -> F:
 
 @_naming_the_message
 def rewrite_address(
-    entity_type: type, body: memoryview, advertise: Advertise, id_field: str = "node_id"
+    entity_type: type[Entity], body: memoryview, advertise: Advertise, id_field: str = "node_id"
 ) -> bytes | memoryview:
     """The body with the top-level (id, host, port) triple rewritten."""
     _check_triple(entity_type, id_field)
@@ -72,7 +74,11 @@ def rewrite_address(
 
 @_naming_the_message
 def rewrite_address_array(
-    entity_type: type, name: str, body: memoryview, advertise: Advertise, id_field: str = "node_id"
+    entity_type: type[Entity],
+    name: str,
+    body: memoryview,
+    advertise: Advertise,
+    id_field: str = "node_id",
 ) -> bytes | memoryview:
     """The body with the triple of every item of top-level array `name` rewritten."""
     start = field_offset(entity_type, body, name)
@@ -86,7 +92,11 @@ def rewrite_address_array(
 
 @_naming_the_message
 def rewrite_tagged_address_array(
-    entity_type: type, name: str, body: memoryview, advertise: Advertise, id_field: str = "node_id"
+    entity_type: type[Entity],
+    name: str,
+    body: memoryview,
+    advertise: Advertise,
+    id_field: str = "node_id",
 ) -> bytes | memoryview:
     """As `rewrite_address_array`, for an array in the top-level tagged fields."""
     start = tagged_fields_offset(entity_type, body)
@@ -97,7 +107,7 @@ def rewrite_tagged_address_array(
 
 
 def rewrite_tagged_fields(
-    entity_type: type,
+    entity_type: type[Entity],
     name: str,
     section: memoryview,
     advertise: Advertise,
@@ -135,7 +145,7 @@ def encode_tagged_fields(fields: list[tuple[int, bytes | memoryview]]) -> list[b
 
 
 @_naming_the_message
-def empty_array(entity_type: type, name: str, body: memoryview) -> bytes | memoryview:
+def empty_array(entity_type: type[Entity], name: str, body: memoryview) -> bytes | memoryview:
     """The body with top-level array `name` emptied."""
     start, end = field_span(entity_type, body, name)
     count, _ = read_array_length(body, start, entity_type.__flexible__)
@@ -145,7 +155,7 @@ def empty_array(entity_type: type, name: str, body: memoryview) -> bytes | memor
 
 
 def _rewrite_array(
-    item_type: type,
+    item_type: type[Entity],
     id_field: str,
     buf: memoryview,
     offset: int,
@@ -187,12 +197,12 @@ def _address(
     return INT32.pack(node_id) + write_string(new_host, flexible) + INT32.pack(new_port), end
 
 
-def _item_type(entity_type: type, name: str) -> type:
+def _item_type(entity_type: type[Entity], name: str) -> type[Entity]:
     return get_args(entity_type.__dataclass_fields__[name].type)[0]  # tuple[Item, ...]
 
 
 @functools.cache
-def _check_triple(entity_type: type, id_field: str) -> None:
+def _check_triple(entity_type: type[Entity], id_field: str) -> None:
     """Fail loudly, once, if a kio upgrade broke the id/host/port layout relied on."""
     fields = [f for f in dataclasses.fields(entity_type) if "tag" not in f.metadata]
     names = [f.name for f in fields]

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, get_args, get_origin
 
+from kio.static.protocol import Entity
+
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
     INT8,
@@ -50,12 +52,12 @@ _FIXED_SIZES = {
 }
 
 
-def skip_entity(entity_type: type, buf: memoryview, offset: int = 0) -> int:
+def skip_entity(entity_type: type[Entity], buf: memoryview, offset: int = 0) -> int:
     """The offset just past an entity of this type encoded at `offset`."""
     return _entity_skipper(entity_type)(buf, offset)
 
 
-def validate(entity_type: type, body: memoryview | bytes) -> None:
+def validate(entity_type: type[Entity], body: memoryview | bytes) -> None:
     """FrameError unless body is exactly one well-formed entity of this type.
 
     The safe way to check a body from the network (kio's reader is not: see `codec`).
@@ -69,11 +71,11 @@ def validate(entity_type: type, body: memoryview | bytes) -> None:
         raise FrameError(f"{len(body) - end} bytes after the end of {_describe(entity_type)}")
 
 
-def _describe(entity_type: type) -> str:
+def _describe(entity_type: type[Entity]) -> str:
     return f"{entity_type.__name__} v{entity_type.__version__}"
 
 
-def field_offset(entity_type: type, buf: memoryview, name: str, offset: int = 0) -> int:
+def field_offset(entity_type: type[Entity], buf: memoryview, name: str, offset: int = 0) -> int:
     """Where the (untagged) field `name` of the entity encoded at `offset` starts."""
     for field_name, skipper in _plan(entity_type):
         if field_name == name:
@@ -82,7 +84,9 @@ def field_offset(entity_type: type, buf: memoryview, name: str, offset: int = 0)
     raise ValueError(f"{entity_type.__name__} has no untagged field {name!r}")
 
 
-def field_span(entity_type: type, buf: memoryview, name: str, offset: int = 0) -> tuple[int, int]:
+def field_span(
+    entity_type: type[Entity], buf: memoryview, name: str, offset: int = 0
+) -> tuple[int, int]:
     """(start, end) of the (untagged) field `name` of the entity encoded at `offset`."""
     for field_name, skipper in _plan(entity_type):
         if field_name == name:
@@ -91,7 +95,7 @@ def field_span(entity_type: type, buf: memoryview, name: str, offset: int = 0) -
     raise ValueError(f"{entity_type.__name__} has no untagged field {name!r}")
 
 
-def tagged_fields_offset(entity_type: type, buf: memoryview, offset: int = 0) -> int:
+def tagged_fields_offset(entity_type: type[Entity], buf: memoryview, offset: int = 0) -> int:
     """Where the tagged-field section of the (flexible) entity at `offset` starts."""
     if not entity_type.__flexible__:
         raise ValueError(f"{entity_type.__name__} v{entity_type.__version__} is not flexible")
@@ -101,7 +105,7 @@ def tagged_fields_offset(entity_type: type, buf: memoryview, offset: int = 0) ->
 
 
 @cache
-def _plan(entity_type: type) -> tuple[tuple[str, Skipper], ...]:
+def _plan(entity_type: type[Entity]) -> tuple[tuple[str, Skipper], ...]:
     """(name, skipper) of each untagged field, in wire order."""
     flexible = entity_type.__flexible__
     return tuple(
@@ -112,7 +116,7 @@ def _plan(entity_type: type) -> tuple[tuple[str, Skipper], ...]:
 
 
 @cache
-def _entity_skipper(entity_type: type) -> Skipper:
+def _entity_skipper(entity_type: type[Entity]) -> Skipper:
     skippers = _merge_fixed([skipper for _name, skipper in _plan(entity_type)])
     if entity_type.__flexible__:
         skippers.append(skip_tagged_fields)

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.api_table import API_TABLE
 from proxy.kafka.frames import FrameError
-
-API_VERSIONS = 18
-# Inter-broker only, absent from kio; kept because its v0 has Kafka's one odd header.
-CONTROLLED_SHUTDOWN = 7
 
 
 class ApiSpec(NamedTuple):
@@ -55,7 +52,7 @@ def is_flexible(api_key: int, api_version: int) -> bool:
 
 def request_header_version(api_key: int, api_version: int) -> int:
     """2 for flexible versions, else 1; ControlledShutdown v0 has header v0 (no client id)."""
-    if api_key == CONTROLLED_SHUTDOWN:  # ControlledShutdownRequest.json: flexible from v3
+    if api_key == ApiKey.CONTROLLED_SHUTDOWN:  # ControlledShutdownRequest.json: flexible from v3
         return 0 if api_version == 0 else 2 if api_version >= 3 else 1
     return 2 if is_flexible(api_key, api_version) else 1
 
@@ -66,7 +63,7 @@ def response_header_version(api_key: int, api_version: int) -> int:
     ApiVersions responses always use v0: a client that does not yet know which versions
     the broker speaks must be able to read the answer, whatever version it asked for.
     """
-    if api_key == API_VERSIONS:
+    if api_key == ApiKey.API_VERSIONS:
         return 0
     return 1 if is_flexible(api_key, api_version) else 0
 

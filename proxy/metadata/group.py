@@ -21,20 +21,21 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
+from kio.schema.errors import ErrorCode
 
 from proxy.metadata.assignor import ShardAssignor
 from proxy.metadata.client_start import start_client
+from proxy.metadata.records import MetadataError
 from proxy.metadata.store import ShardFenced, ShardOwner
 
 log = logging.getLogger("tierproxy.metadata")
 
-TOPIC_ALREADY_EXISTS = 36
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # a tombstone outlives any reader's catch-up
 SEGMENT_MS = 3600 * 1000  # Kafka compacts closed segments only: roll them hourly
 DEFAULT_GROUP = "tierproxy-shards"
 
 
-class MetadataTopicError(Exception):
+class MetadataTopicError(MetadataError):
     """The metadata topic cannot be used as it is: not creatable, or not as configured."""
 
 
@@ -65,7 +66,7 @@ async def ensure_metadata_topic(
         response = await admin.create_topics([new])
         for entry in getattr(response, "topic_errors", None) or response.topics:
             code = entry[1] if isinstance(entry, tuple) else entry.error_code
-            if code not in (0, TOPIC_ALREADY_EXISTS):
+            if code not in (0, ErrorCode.topic_already_exists):
                 raise MetadataTopicError(f"cannot create the metadata topic {topic}: error {code}")
         async with asyncio.timeout(timeout_s):
             while True:  # a new topic reaches each broker in its own time

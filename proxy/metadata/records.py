@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from uuid import UUID
 
+from proxy.errors import TierproxyError
 from proxy.objects.keys import U64_MAX, ObjectKind, object_key
 
 U32_MAX = (1 << 32) - 1
@@ -20,7 +21,12 @@ I64_MAX = (1 << 63) - 1
 MAX_NAME_BYTES = 255  # topic and owner names: a u8 length; Kafka's topic names are <= 249
 
 
-class MetadataRecordError(ValueError):
+class MetadataError(TierproxyError):
+    """Base of the metadata subsystem's failures: a record it cannot read, a fenced shard
+    owner, a metadata topic it cannot use."""
+
+
+class MetadataRecordError(MetadataError, ValueError):
     """Bytes that are not a metadata record this version reads."""
 
     def __init__(self, what: str) -> None:

@@ -271,7 +271,7 @@ def _check_commit(view: ShardView, commit: ObjectCommit) -> Verdict:
         problem = _range_problem(view, r, commit.replaces)
         if problem:
             return refuse(f"object {number}: {problem}")
-    taken = set()
+    taken: set[int] = set()
     for r in commit.ranges:
         olds = view.streams[r.stream_id].overlapping(r.start_offset, r.end_offset)
         taken.update(old.object_id for old in olds)

@@ -15,16 +15,16 @@ import asyncio
 import contextlib
 import copy
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import InvalidProducerEpoch, ProducerFenced
 
+from proxy.clock import now_ms
 from proxy.metadata.client_start import start_client
 from proxy.metadata.codec import encode
 from proxy.metadata.reader import ShardReader
-from proxy.metadata.records import Record, ShardClaim, ShardRelease
+from proxy.metadata.records import MetadataError, Record, ShardClaim, ShardRelease
 from proxy.metadata.rules import Outcome, Verdict, refuse
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import transactional_id
@@ -34,7 +34,7 @@ __all__ = ["ShardFenced", "ShardOwner", "ShardReader"]
 log = logging.getLogger("tierproxy.metadata")
 
 
-class ShardFenced(Exception):
+class ShardFenced(MetadataError):
     """This owner no longer writes its shard: Kafka fenced its producer (another owner
     started), a newer claim was read, it was closed, or a write failed midway. A write
     that raises this was not committed, unless it failed or was cancelled after its commit
@@ -44,10 +44,6 @@ class ShardFenced(Exception):
         super().__init__(f"shard {shard}: no longer its owner: {reason}")
         self.shard = shard
         self.reason = reason
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _retrieve_transaction_failure(producer: AIOKafkaProducer) -> None:
@@ -91,7 +87,7 @@ class ShardOwner:
         shard_count: int,
         name: str,
         *,
-        clock: Callable[[], int] = _now_ms,
+        clock: Callable[[], int] = now_ms,
         transaction_timeout_ms: int = 60000,
         unclean_takeover_after_s: float | None = None,
         hold_recheck_s: float = 0.5,

@@ -13,7 +13,10 @@ so a ListOffsets timestamp lookup reads the index and one block instead of every
 header; version 1 objects (no max timestamp: `IndexEntry.max_timestamp` is None) are
 still read, and still written when a writer is asked for them.
 
-Pure: no I/O, no asyncio. The offload jobs run this module inside Spark tasks.
+This module is the layout and its reader (footer, index, blocks, each checked); the
+writer that lays objects out is `objects/format_writer.py` (`ObjectWriter`).
+
+Pure: no I/O, no asyncio. The offload jobs run both modules inside Spark tasks.
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from proxy.objects.keys import U64_MAX, ObjectKind, object_key, parse_object_key
-from proxy.records.batches import iter_batches, validate_batch
+from proxy.objects.keys import ObjectKind, object_key, parse_object_key
 
 FORMAT_VERSION = 2  # what writers write
 READ_VERSIONS = (1, 2)  # what readers read
@@ -49,7 +51,6 @@ INDEX_ENTRY_SIZE = _ENTRY_V2.size  # 52, the size writers write
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP
 U32_MAX = (1 << 32) - 1
 I64_MAX = (1 << 63) - 1
-DEFAULT_MAX_BLOCK_BYTES = 1 << 20
 
 Buffer = bytes | bytearray | memoryview
 
@@ -114,182 +115,24 @@ class IndexEntry:
         return self.position + self.size
 
 
-@dataclass(frozen=True, slots=True)
-class BuiltObject:
-    """An object ready to upload: `pieces` written one after another are its `size` bytes."""
-
-    key: str
-    footer: Footer
-    index: tuple[IndexEntry, ...]
-    pieces: tuple[memoryview, ...]
-    size: int
-
-    def to_bytes(self) -> bytes:
-        return b"".join(self.pieces)
-
-
-def _view(data: Buffer) -> memoryview:
+def as_view(data: Buffer) -> memoryview:
+    """A flat byte view of `data`, no copy."""
     return memoryview(data).cast("B")
 
 
-class ObjectWriter:
-    """Collects blocks, then `build()` lays out the object. Record bytes are not copied:
-    the buffers given must not change until the built pieces are written.
-
-    Blocks of a stream must be added in offset order, each starting where the previous
-    ended. `build()` orders blocks by (stream id, start offset), so a stream's blocks sit
-    side by side and one ranged read fetches a run of them.
-    """
-
-    def __init__(self, object_id: int, kind: ObjectKind, *, version: int = FORMAT_VERSION) -> None:
-        if version not in READ_VERSIONS:
-            raise ValueError(f"object format version {version}: writers write {READ_VERSIONS}")
-        self.object_id = object_id
-        self.kind = ObjectKind(kind)
-        self.key = object_key(object_id, self.kind)
-        self.version = version
-        # per stream: (start, end, record count, bytes, crc, max timestamp) of each block,
-        # in offset order
-        self._streams: dict[int, list[tuple[int, int, int, memoryview, int, int | None]]] = {}
-
-    def stream_end(self, stream_id: int) -> int | None:
-        """Where the stream's last block added so far ends, or None if it has none."""
-        blocks = self._streams.get(stream_id)
-        return blocks[-1][1] if blocks else None
-
-    def add_block(
-        self,
-        stream_id: int,
-        data: Buffer,
-        start_offset: int,
-        end_offset: int,
-        record_count: int,
-        *,
-        max_timestamp: int | None = None,
-    ) -> None:
-        """Add one block: `data` holds the stream's offsets [start_offset, end_offset).
-        Version 2 records the block's max timestamp: `max_timestamp` when given, else read
-        off the batch headers (CorruptBatchError if `data` is not record batches)."""
-        view = _view(data)
-        where = f"{self.key}: stream {stream_id} block [{start_offset}, {end_offset})"
-        if not 0 <= stream_id <= U64_MAX:
-            raise ValueError(f"{where}: stream id is not an unsigned 64-bit integer")
-        if not 0 <= start_offset < end_offset <= I64_MAX:
-            raise ValueError(f"{where}: needs 0 <= start offset < end offset < 2**63")
-        if not 0 <= record_count <= min(end_offset - start_offset, U32_MAX):
-            raise ValueError(f"{where}: {record_count} records cannot fit the offset range")
-        if not 1 <= len(view) <= U32_MAX:
-            raise ValueError(f"{where}: {len(view)} bytes; a block holds 1 to 2**32-1 bytes")
-        if self.kind is ObjectKind.STREAM and self._streams and stream_id not in self._streams:
-            raise ValueError(f"{where}: a stream object holds one stream, it has another")
-        end = self.stream_end(stream_id)
-        if end is not None and start_offset != end:
-            problem = "overlaps" if start_offset < end else "leaves a gap after"
-            raise ValueError(f"{where} {problem} the stream's previous block, ending at {end}")
-        if self.version == 1:
-            max_timestamp = None
-        elif max_timestamp is None:
-            max_timestamp = max_timestamp_of(view)
-        entry = (start_offset, end_offset, record_count, view, crc32c.crc32c(view), max_timestamp)
-        self._streams.setdefault(stream_id, []).append(entry)
-
-    def add_batches(
-        self,
-        stream_id: int,
-        records: Buffer,
-        *,
-        start_offset: int | None = None,
-        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
-        validate: bool = True,
-    ) -> None:
-        """Add a run of Kafka v2 record batches as one or more blocks of at most
-        `max_block_bytes` (a larger batch gets a block of its own).
-
-        Offsets and record counts come from the batch headers. The range starts at the
-        first batch's base offset, or at `start_offset` when the stream's range starts
-        before it (offsets removed by compaction). Offsets must increase from batch to
-        batch; gaps between batches stay inside a block. `validate` checks each batch's
-        magic and CRC first (CorruptBatchError).
-        """
-        if not 1 <= max_block_bytes <= U32_MAX:
-            raise ValueError(f"max_block_bytes {max_block_bytes} is not in 1..2**32-1")
-        view = _view(records)
-        planned = []  # (first byte, end byte, start offset, end offset, records, max ts)
-        block_pos, block_start, next_offset, count, pos = 0, start_offset, start_offset, 0, 0
-        max_ts = NO_TIMESTAMP
-        for header, batch in iter_batches(view):
-            if validate:
-                validate_batch(batch, pos)
-            if next_offset is not None and header.base_offset < next_offset:
-                raise ValueError(
-                    f"{self.key}: stream {stream_id}: batch at byte {pos} has base offset "
-                    f"{header.base_offset}, below {next_offset} where the run had got to"
-                )
-            if block_start is None:
-                block_start = header.base_offset
-            elif pos > block_pos and pos + header.size - block_pos > max_block_bytes:
-                planned.append((block_pos, pos, block_start, next_offset, count, max_ts))
-                block_pos, block_start, count, max_ts = pos, next_offset, 0, NO_TIMESTAMP
-            next_offset = header.next_offset
-            count += header.record_count
-            max_ts = max(max_ts, header.max_timestamp)
-            pos += header.size
-        if pos == 0:
-            raise ValueError(f"{self.key}: stream {stream_id}: no record batches to add")
-        planned.append((block_pos, pos, block_start, next_offset, count, max_ts))
-        before = len(self._streams.get(stream_id, ()))
-        try:
-            for first, end, start, end_offset, records_in_block, block_max in planned:
-                self.add_block(
-                    stream_id,
-                    view[first:end],
-                    start,
-                    end_offset,
-                    records_in_block,
-                    max_timestamp=block_max,
-                )
-        except ValueError:
-            # a run is added whole or not at all
-            if before:
-                del self._streams[stream_id][before:]
-            else:
-                self._streams.pop(stream_id, None)
-            raise
-
-    def build(self) -> BuiltObject:
-        """Lay out the object: blocks, index, footer."""
-        if not self._streams:
-            raise ValueError(f"{self.key}: an object holds at least one block")
-        pieces: list[memoryview] = []
-        index = bytearray()
-        entries = []
-        position = 0
-        layout = _ENTRIES[self.version]
-        for stream_id in sorted(self._streams):
-            for start, end, count, view, crc, max_ts in self._streams[stream_id]:
-                entry = IndexEntry(stream_id, start, end, count, position, len(view), crc, max_ts)
-                fields = (stream_id, start, end - start, count, position, len(view), crc)
-                index += layout.pack(*fields, *(() if max_ts is None else (max_ts,)))
-                entries.append(entry)
-                pieces.append(view)
-                position += len(view)
-        if len(index) > U32_MAX:
-            raise ValueError(f"{self.key}: {len(entries)} blocks are too many for one index")
-        footer = Footer(
-            self.object_id,
-            self.kind,
-            position,
-            len(index),
-            len(entries),
-            crc32c.crc32c(index),
-            self.version,
-        )
-        pieces.append(memoryview(bytes(index)))
-        pieces.append(memoryview(_pack_footer(footer)))
-        return BuiltObject(self.key, footer, tuple(entries), tuple(pieces), footer.object_size)
+def pack_index(entries: Sequence[IndexEntry], version: int) -> bytes:
+    """The index of a version `version` object holding these blocks, in their order."""
+    layout = _ENTRIES[version]
+    index = bytearray()
+    for e in entries:
+        delta = e.end_offset - e.start_offset
+        fields = (e.stream_id, e.start_offset, delta, e.record_count, e.position, e.size, e.crc)
+        index += layout.pack(*fields, *(() if e.max_timestamp is None else (e.max_timestamp,)))
+    return bytes(index)
 
 
-def _pack_footer(footer: Footer) -> bytes:
+def pack_footer(footer: Footer) -> bytes:
+    """The footer's bytes (`parse_footer` reads them back)."""
     packed = _FOOTER.pack(
         HEAD_MAGIC,
         footer.kind,
@@ -312,7 +155,7 @@ def parse_footer(tail: Buffer, object_size: int, key: str) -> Footer:
     """The footer, from the last bytes of the object (at least FOOTER_SIZE of them; more
     is fine, see `index_in_tail`). `object_size` is the whole object's size and `key` the
     key it was read from, which must name the object id and kind the footer holds."""
-    view = _view(tail)
+    view = as_view(tail)
     if object_size < FOOTER_SIZE:
         raise ObjectFormatError(
             key, f"{object_size} bytes, less than a {FOOTER_SIZE}-byte footer: truncated"
@@ -374,7 +217,7 @@ def parse_footer(tail: Buffer, object_size: int, key: str) -> Footer:
 
 def index_in_tail(tail: Buffer, object_size: int, footer: Footer) -> memoryview | None:
     """The index bytes, when the tail read for the footer reached back far enough."""
-    view = _view(tail)
+    view = as_view(tail)
     start = footer.index_position - (object_size - len(view))
     if start < 0:
         return None
@@ -385,7 +228,7 @@ def parse_index(index: Buffer, footer: Footer, key: str) -> tuple[IndexEntry, ..
     """The index entries, checked against the index CRC and for a sound layout: sorted by
     (stream id, start offset), each stream's blocks consecutive, blocks filling the bytes
     before the index with no gap or overlap."""
-    view = _view(index)
+    view = as_view(index)
     if len(view) != footer.index_size:
         raise ObjectFormatError(
             key, f"index is {len(view)} bytes, the footer says {footer.index_size}: truncated"
@@ -441,7 +284,7 @@ def read_block(data: Buffer, entry: IndexEntry, key: str, data_position: int = 0
     """The block's bytes, checked against its CRC. `data` holds the object's bytes from
     `data_position` on: the whole object (0), one ranged read of exactly this block
     (`entry.position`), or of a run of blocks."""
-    view = _view(data)
+    view = as_view(data)
     start = entry.position - data_position
     if start < 0 or start + entry.size > len(view):
         raise ObjectFormatError(
@@ -464,7 +307,7 @@ def read_block(data: Buffer, entry: IndexEntry, key: str, data_position: int = 0
 
 def read_object(data: Buffer, key: str) -> tuple[Footer, tuple[IndexEntry, ...]]:
     """Footer and index of a whole object held in memory (offload jobs, tests)."""
-    view = _view(data)
+    view = as_view(data)
     footer = parse_footer(view[max(0, len(view) - FOOTER_SIZE) :], len(view), key)
     return footer, parse_index(view[footer.index_position : footer.index_end], footer, key)
 
@@ -481,9 +324,3 @@ def find_entries(index: Sequence[IndexEntry], stream_id: int, offset: int) -> Se
 
 def _entry_key(entry: IndexEntry) -> tuple[int, int]:
     return (entry.stream_id, entry.start_offset)
-
-
-def max_timestamp_of(block: Buffer) -> int:
-    """The largest max timestamp of a block's batches, read off their headers (-1, Kafka's
-    NO_TIMESTAMP, when none has one). CorruptBatchError if they are not record batches."""
-    return max((h.max_timestamp for h, _ in iter_batches(_view(block))), default=NO_TIMESTAMP)

@@ -14,6 +14,7 @@ event loop and never starves the loop's default executor.
 from __future__ import annotations
 
 import asyncio
+import builtins  # `list` is a method of the store; annotations after it mean the type
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -148,7 +149,7 @@ class LocalDirectoryStore:
 
     # -- the thread side -------------------------------------------------------------------
 
-    def _put_sync(self, path: Path, pieces: list[memoryview], exclusive: bool) -> None:
+    def _put_sync(self, path: Path, pieces: builtins.list[memoryview], exclusive: bool) -> None:
         directory = path.parent
         self._make_dirs(directory)
         tmp = directory / f".{path.name}.{secrets.token_hex(8)}{TMP_SUFFIX}"
@@ -206,7 +207,7 @@ class LocalDirectoryStore:
             return os.fstat(file.fileno()).st_size
 
     @staticmethod
-    def _delete_sync(paths: list[Path]) -> None:
+    def _delete_sync(paths: builtins.list[Path]) -> None:
         directories = set()
         for path in paths:
             try:
@@ -217,7 +218,7 @@ class LocalDirectoryStore:
         for directory in directories:
             _fsync_dir(directory)
 
-    def _list_sync(self, directory: str, prefix: str) -> list[ObjectInfo]:
+    def _list_sync(self, directory: str, prefix: str) -> builtins.list[ObjectInfo]:
         top = self.root.joinpath(*directory.split("/")) if directory else self.root
         found = []
         stack = [(top, f"{directory}/" if directory else "")]

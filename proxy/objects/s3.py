@@ -4,19 +4,20 @@ Every request goes through `S3Store._request`: one attempt per HTTP request, eac
 `request_timeout` on top of botocore's connect/read socket timeouts, retried with full-jitter
 exponential backoff when the failure is transient (s3retry.classify), and counted by S3 API
 and outcome. botocore's own retries are switched off so these are the only ones.
+Its settings are `S3Config` (objects/s3config.py), the retry verdicts objects/s3retry.py.
 Design notes: docs/object-store.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins  # `list` is a method of the store; annotations after it mean the type
 import functools
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from aiobotocore.config import AioConfig
@@ -24,7 +25,8 @@ from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import ClientError
 
 from proxy.objects.metrics import ObjectStoreMetrics
-from proxy.objects.s3retry import NOT_FOUND, OK, DeleteErrors, backoff_delay, classify
+from proxy.objects.s3config import MAX_PARTS, S3Config
+from proxy.objects.s3retry import NOT_FOUND, OK, DeleteErrors, backoff_delay, classify, error_code
 from proxy.objects.store import (
     ObjectExists,
     ObjectInfo,
@@ -34,61 +36,14 @@ from proxy.objects.store import (
     check_key,
     check_range,
     check_tail_length,
+    join_pieces,
     pieces_of,
 )
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-MiB = 1024 * 1024
-MIN_PART_SIZE = 5 * MiB  # S3 refuses smaller parts, except the last
-MAX_PARTS = 10_000
-MAX_DELETE_BATCH = 1000  # DeleteObjects' limit
 PRECONDITION_FAILED = "PreconditionFailed"  # 412: `If-None-Match: *` met an object
-
-
-@dataclass(frozen=True)
-class S3Config:
-    bucket: str
-    endpoint_url: str | None = None  # None: AWS's endpoint for the region
-    region: str = "us-east-1"
-    access_key_id: str | None = None  # None: botocore's default credential chain
-    secret_access_key: str | None = field(default=None, repr=False)
-    session_token: str | None = field(default=None, repr=False)
-    path_style: bool = False  # http://host/bucket/key, as MinIO usually wants
-    multipart_threshold: int = 16 * MiB  # objects larger than this upload in parts
-    part_size: int = 8 * MiB
-    part_concurrency: int = 4  # parts in flight per multipart upload
-    delete_batch_size: int = MAX_DELETE_BATCH
-    list_page_size: int = 1000  # keys per ListObjectsV2 request (S3 returns at most 1000)
-    connect_timeout: float = 3.0  # seconds to open a connection
-    read_timeout: float = 10.0  # seconds without a byte from the server
-    request_timeout: float = 30.0  # seconds for one whole attempt, body included
-    max_attempts: int = 5  # per request, the first included
-    backoff_base: float = 0.1  # seconds; the cap of the first retry's jitter window
-    backoff_cap: float = 5.0
-    max_pool_connections: int = 32
-
-    def __post_init__(self) -> None:
-        def refuse(name: str, reason: str) -> None:
-            raise ValueError(f"S3 config {name}={getattr(self, name)!r}: {reason}")
-
-        if not self.bucket:
-            refuse("bucket", "must be set")
-        for spec in fields(self):
-            value = getattr(self, spec.name)
-            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
-                refuse(spec.name, "must be positive")
-        if self.part_size < MIN_PART_SIZE:
-            refuse("part_size", f"S3 parts are at least {MIN_PART_SIZE} bytes")
-        if self.multipart_threshold < self.part_size:
-            refuse("multipart_threshold", f"must be at least part_size ({self.part_size})")
-        if self.list_page_size > 1000:
-            refuse("list_page_size", "ListObjectsV2 returns at most 1000 keys")
-        if self.delete_batch_size > MAX_DELETE_BATCH:
-            refuse("delete_batch_size", f"DeleteObjects takes at most {MAX_DELETE_BATCH} keys")
-        if self.backoff_cap < self.backoff_base:
-            refuse("backoff_cap", f"must be at least backoff_base ({self.backoff_base})")
 
 
 class S3Store:
@@ -169,7 +124,7 @@ class S3Store:
         if total > self.config.multipart_threshold:
             await self._put_multipart(key, pieces, total, exclusive)
             return
-        body = _join(pieces, 0, total)
+        body = join_pieces(pieces, 0, total)
         condition = {"IfNoneMatch": "*"} if exclusive else {}
         tries = 0
 
@@ -181,7 +136,7 @@ class S3Store:
                     Bucket=self.config.bucket, Key=key, Body=body, **condition
                 )
             except ClientError as exc:
-                if not exclusive or _code(exc) != PRECONDITION_FAILED:
+                if not exclusive or error_code(exc) != PRECONDITION_FAILED:
                     raise
                 if tries == 1 or not await self._holds(key, body):
                     raise ObjectExists(key, f"{self._where} PutObject") from exc
@@ -288,7 +243,7 @@ class S3Store:
             try:
                 answer = await self._s3().get_object(**args)
             except ClientError as exc:
-                if _code(exc) == "InvalidRange":
+                if error_code(exc) == "InvalidRange":
                     return b""  # the range starts at or past the end (or the object is empty)
                 raise
             async with answer["Body"] as body:
@@ -298,7 +253,7 @@ class S3Store:
         self.metrics.downloaded(len(data))
         return data
 
-    async def _delete_batch(self, keys: list[str]) -> None:
+    async def _delete_batch(self, keys: builtins.list[str]) -> None:
         remaining = keys
 
         async def attempt() -> None:
@@ -322,7 +277,7 @@ class S3Store:
     # -- multipart upload ------------------------------------------------------------------
 
     async def _put_multipart(
-        self, key: str, pieces: list[memoryview], total: int, exclusive: bool = False
+        self, key: str, pieces: builtins.list[memoryview], total: int, exclusive: bool = False
     ) -> None:
         config = self.config
         s3 = self._s3()
@@ -341,7 +296,7 @@ class S3Store:
                     Key=key,
                     UploadId=upload_id,
                     PartNumber=number,
-                    Body=_join(pieces, start, stop),
+                    Body=join_pieces(pieces, start, stop),
                 )
                 answer = await self._request("UploadPart", "put", key, call)
                 self.metrics.uploaded(stop - start)
@@ -368,7 +323,7 @@ class S3Store:
         self,
         key: str,
         upload_id: str,
-        parts: list[dict[str, Any]],
+        parts: builtins.list[dict[str, Any]],
         total: int,
         exclusive: bool = False,
     ) -> None:
@@ -389,7 +344,7 @@ class S3Store:
             except ClientError as exc:
                 # An earlier attempt timed out after S3 had completed the upload: the
                 # upload is gone and the object is there.
-                code = _code(exc)
+                code = error_code(exc)
                 if exclusive and code == PRECONDITION_FAILED and tries == 1:
                     raise ObjectExists(key, f"{self._where} CompleteMultipartUpload") from exc
                 if tries == 1 or code not in ("NoSuchUpload", PRECONDITION_FAILED):
@@ -427,31 +382,6 @@ class S3Store:
             await self._request("AbortMultipartUpload", "put", key, call)
         except ObjectStoreError as exc:
             cause = exc.cause
-            if isinstance(cause, ClientError) and _code(cause) == "NoSuchUpload":
+            if isinstance(cause, ClientError) and error_code(cause) == "NoSuchUpload":
                 return  # already gone: completed after all, or aborted by an earlier attempt
             log.warning("multipart upload %s of %r not aborted: %s", upload_id, key, exc)
-
-
-def _code(error: ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))
-
-
-def _join(pieces: list[memoryview], start: int, stop: int) -> bytes:
-    """Bytes [start, stop) of the concatenated pieces, as one `bytes` for botocore (which
-    takes no memoryview). No copy when that is one whole `bytes` piece."""
-    if len(pieces) == 1:
-        piece = pieces[0]
-        if start == 0 and stop == piece.nbytes and isinstance(piece.obj, bytes):
-            if piece.nbytes == len(piece.obj):
-                return piece.obj
-        return bytes(piece[start:stop])
-    chosen = []
-    offset = 0
-    for piece in pieces:
-        end = offset + piece.nbytes
-        if end > start and offset < stop:
-            chosen.append(piece[max(start - offset, 0) : min(stop, end) - offset])
-        offset = end
-        if offset >= stop:
-            break
-    return b"".join(chosen)

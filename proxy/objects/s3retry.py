@@ -1,6 +1,6 @@
 """Which S3 failures are worth retrying, and how long to wait before the next attempt.
 
-Pure decisions over exceptions; the retry loop itself is in s3store.py.
+Pure decisions over exceptions; the retry loop itself is in objects/s3.py.
 """
 
 from __future__ import annotations
@@ -71,9 +71,8 @@ def classify(exc: BaseException) -> Verdict | None:
     """The verdict on one failed attempt, or None for an exception that is not an S3 or
     network failure (a bug or a misuse), which the store lets through unchanged."""
     if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return _code_verdict(str(error.get("Code", "")), status)
+        return _code_verdict(error_code(exc), status)
     if isinstance(exc, DeleteErrors):
         return SERVER_ERROR if exc.retryable else CLIENT_ERROR
     if isinstance(exc, ReadTimeoutError | ConnectTimeoutError | TimeoutError):
@@ -87,6 +86,11 @@ def classify(exc: BaseException) -> Verdict | None:
     if type(exc).__module__.startswith("botocore"):
         return CLIENT_ERROR  # credentials, parameter validation: retrying will not help
     return None
+
+
+def error_code(error: ClientError) -> str:
+    """S3's error code in a failed request's answer ("NoSuchKey", "PreconditionFailed")."""
+    return str(error.response.get("Error", {}).get("Code", ""))
 
 
 def _code_verdict(code: str, status: int) -> Verdict:

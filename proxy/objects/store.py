@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from proxy.errors import TierproxyError
+
 MAX_KEY_BYTES = 1024  # S3's limit on a key's UTF-8 length
 
 # What `put` accepts: one buffer, or the pieces of one object in order (written as one
@@ -21,7 +23,7 @@ MAX_KEY_BYTES = 1024  # S3's limit on a key's UTF-8 length
 Payload = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
-class ObjectStoreError(Exception):
+class ObjectStoreError(TierproxyError):
     """An operation on the store failed. Carries the key (None for a multi-key operation
     that failed as a whole), the operation, the cause, and whether retrying later may help
     (the store has already retried transient errors `attempts` times). `where` names the
@@ -190,3 +192,24 @@ def _describe(cause: BaseException | str) -> str:
         return cause
     text = str(cause)
     return f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+
+
+def join_pieces(pieces: list[memoryview], start: int, stop: int) -> bytes:
+    """Bytes [start, stop) of the concatenated pieces, as one `bytes` for botocore (which
+    takes no memoryview). No copy when that is one whole `bytes` piece."""
+    if len(pieces) == 1:
+        piece = pieces[0]
+        if start == 0 and stop == piece.nbytes and isinstance(piece.obj, bytes):
+            if piece.nbytes == len(piece.obj):
+                return piece.obj
+        return bytes(piece[start:stop])
+    chosen = []
+    offset = 0
+    for piece in pieces:
+        end = offset + piece.nbytes
+        if end > start and offset < stop:
+            chosen.append(piece[max(start - offset, 0) : min(stop, end) - offset])
+        offset = end
+        if offset >= stop:
+            break
+    return b"".join(chosen)

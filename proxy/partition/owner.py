@@ -8,63 +8,52 @@ them and makes them durable in the order they were queued), and is committed and
 answered when its write is done, oldest first. The pipeline, the error mapping and the
 recovery sources are in docs/sequencer.md ("The owner of a tiered partition").
 
-`PartitionSet` holds the partitions of one proxy, keyed by stream id, and routes
-`produce(stream_id, records, acks)` to them.
+How a partition is rebuilt from durable sources is `partition/recovery.py`; the
+partitions of one proxy, by stream id, are `partition/partition_set.py` (`PartitionSet`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
-from collections.abc import AsyncIterable, Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
+from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
-from proxy.partition.producer_state import ErrorCode
-from proxy.partition.recovered_tail import RecoveredTail, TailEntry
+from proxy.partition.recovery import ReadCommitted, rebuild
 from proxy.partition.rules import (
     PartitionConfig,
     ProduceResult,
     RecoveryError,
-    RecoveryPoint,
-    entry_batches,
-    missing_committed,
     not_owner,
-    rebuild_sequencer,
     refusal,
     sequence,
     storage_error,
 )
 from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
-from proxy.reads.logcache import LogCache
 from proxy.records.batches import BatchHeader
-from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.types import WalPosition
 
 __all__ = [
+    "OnBroken",
     "PartitionConfig",
-    "PartitionSet",
     "ProduceResult",
-    "ReadCommitted",
+    "Records",
     "RecoveryError",
     "TieredPartition",
-    "read_wal_batches",
 ]
 
 log = logging.getLogger(__name__)
 
 Records = bytes | bytearray | memoryview
-# (stream, start, end) -> headers of the committed batches covering [start, end), in order
-ReadCommitted = Callable[[int, int, int], AsyncIterable[BatchHeader]]
 OnBroken = Callable[[int, BaseException], None]
 OnAppended = Callable[[int, int, int, bytearray], None]  # stream, base, last offset, batches
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True, eq=False)
@@ -89,11 +78,11 @@ class TieredPartition:
         self,
         stream_id: int,
         sequencer: PartitionSequencer,
-        wal: WriteAheadLog,
+        wal: Log,
         *,
         log_start_offset: int = 0,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
     ) -> None:
         self.stream_id = stream_id
@@ -121,38 +110,28 @@ class TieredPartition:
     async def recover(
         cls,
         stream_id: int,
-        wal: WriteAheadLog,
+        wal: Log,
         metadata: MetadataState,
         wal_batches: Sequence[BatchHeader] | None = None,
         *,
         read_committed: ReadCommitted | None = None,
         config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
+        clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
     ) -> TieredPartition:
-        """The partition at the stream's log end, not started, from durable sources only
-        (which wins where: `partition_rules`' docstring). Below the snapshot's offset S:
-        the snapshot. Below the committed end E (`metadata.stream_end`): the objects are
-        the log; the WAL's batches there replay the producer state from S, and
-        `read_committed(stream, start, end)` is asked only for what of [S, E) the WAL no
-        longer holds (RecoveryError without it). From E on: the WAL alone, continuing E
-        with no gap; the log end (= high watermark) is its last batch's end. A gap or a
-        straddle raises RecoveryError. `wal_batches`: this stream's WAL batch headers in
-        order (`read_wal_batches`: one pass for many streams); None reads the WAL here."""
+        """The partition at the stream's log end, not started, rebuilt from durable
+        sources only (`recovery.rebuild`: which source wins where; RecoveryError on a gap
+        or a straddle). `wal_batches`: this stream's WAL batch headers in order
+        (`recovery.read_wal_batches`: one pass for many streams); None reads the WAL here."""
         config = config or PartitionConfig()
-        if wal_batches is None:
-            wal_batches = (await read_wal_batches(wal, {stream_id})).get(stream_id, [])
-        point = RecoveryPoint.from_metadata(metadata, stream_id)
-        gap = missing_committed(point, wal_batches)
-        committed = None
-        if gap is not None and read_committed is not None:
-            committed = [header async for header in read_committed(stream_id, *gap)]
-        sequencer = rebuild_sequencer(point, committed, wal_batches, clock_ms(), config)
+        sequencer, log_start_offset = await rebuild(
+            stream_id, wal, metadata, wal_batches, read_committed, config, clock_ms
+        )
         return cls(
             stream_id,
             sequencer,
             wal,
-            log_start_offset=point.log_start_offset,
+            log_start_offset=log_start_offset,
             config=config,
             clock_ms=clock_ms,
             on_broken=on_broken,
@@ -296,7 +275,7 @@ class TieredPartition:
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
                     self.stream_id,
-                    result.error_code.name,
+                    result.error_code.name.upper(),  # Kafka's Errors name
                     result.message,
                     answer.error_code,
                 )
@@ -335,13 +314,13 @@ class TieredPartition:
                 self._fail(item, error)
                 return
             code = self._sequencer.commit(item.pending)
-            if code == ErrorCode.NONE and self.on_appended is not None:
+            if code == ErrorCode.none and self.on_appended is not None:
                 pending = item.pending
                 self.on_appended(
                     self.stream_id, pending.base_offset, pending.last_offset, pending.records
                 )
             for future, base_offset, append_time in item.waiters:
-                if code == ErrorCode.NONE:
+                if code == ErrorCode.none:
                     _answer(future, self._success(base_offset, append_time))
                 else:
                     self._dropped(item.pending.records)
@@ -395,7 +374,7 @@ class TieredPartition:
         self._appended = asyncio.Event()
 
 
-_SEQUENCE_REFUSALS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.INVALID_PRODUCER_EPOCH)
+_SEQUENCE_REFUSALS = (ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch)
 
 
 def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult) -> None:
@@ -406,126 +385,3 @@ def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult)
 def _answer_all(item: _InFlight, result: ProduceResult) -> None:
     for future, _, _ in item.waiters:
         _answer(future, result)
-
-
-async def read_wal_batches(
-    wal: WriteAheadLog, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
-) -> dict[int, list[BatchHeader]]:
-    """One pass over the WAL's replay: each stream's batch headers in order (only those of
-    `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
-    keeps (the entries past each stream's committed end, for the log cache)."""
-    found: dict[int, list[BatchHeader]] = {}
-    async for entry in wal.replay():
-        if streams is None or entry.stream_id in streams:
-            headers = entry_batches(entry.stream_id, entry.base_offset, entry.batch)
-            found.setdefault(entry.stream_id, []).extend(headers)
-            if tail is not None:
-                last = headers[-1].last_offset
-                tail.add(entry.stream_id, entry.base_offset, last, entry.position, entry.batch)
-    return found
-
-
-class PartitionSet:
-    """The tiered partitions this proxy owns, by stream id, sharing one WAL."""
-
-    def __init__(
-        self,
-        wal: WriteAheadLog,
-        *,
-        config: PartitionConfig | None = None,
-        clock_ms: Callable[[], int] = _wall_clock_ms,
-        on_broken: OnBroken | None = None,
-        log_cache: LogCache | None = None,
-        holes: SequenceHoles | None = None,
-    ) -> None:
-        self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
-        self.holes = holes  # shared with the Produce path (sequence_holes.py)
-        self._on_broken = on_broken
-        self.log_cache = log_cache
-        self._partitions: dict[int, TieredPartition] = {}
-        self.broken: dict[int, BaseException] = {}
-
-    async def recover(
-        self,
-        streams: Iterable[int],
-        metadata: MetadataState,
-        *,
-        read_committed: ReadCommitted | None = None,
-    ) -> None:
-        """Rebuild and start a partition per stream (`TieredPartition.recover`), reading
-        the WAL once for all of them. The entries past each stream's committed end go to
-        the log cache, as many as it has room for (`recovered_tail.py`)."""
-        streams = [s for s in streams if s not in self._partitions]
-        tail = None
-        if self.log_cache is not None:
-            ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
-            tail = RecoveredTail(ends, self.log_cache.room)
-        batches = await read_wal_batches(self._wal, set(streams), tail)
-        for stream in streams:
-            partition = await TieredPartition.recover(
-                stream,
-                self._wal,
-                metadata,
-                batches.get(stream, []),
-                read_committed=read_committed,
-                config=self.config,
-                clock_ms=self._clock_ms,
-                on_broken=self._broken_partition,
-            )
-            self.add(partition, () if tail is None else tail.entries(stream))
-
-    def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
-        """Start serving a partition; `tail`: its recovered entries not uploaded yet, for
-        the log cache (those without data are noted as in the WAL)."""
-        if partition.stream_id in self._partitions:
-            raise ValueError(f"stream {partition.stream_id} already has a partition here")
-        self._partitions[partition.stream_id] = partition
-        if partition.on_broken is None:
-            partition.on_broken = self._broken_partition
-        if self.log_cache is not None:
-            self.log_cache.drop(partition.stream_id)  # what it held is from an older owner
-            for entry in tail:
-                if entry.data is None:
-                    self.log_cache.in_wal(
-                        partition.stream_id, entry.base_offset, entry.last_offset, entry.position
-                    )
-                else:
-                    self.log_cache.append(
-                        partition.stream_id, entry.base_offset, entry.last_offset, entry.data
-                    )
-            partition.on_appended = self.log_cache.append
-        partition.holes = self.holes
-        partition.start()
-
-    def get(self, stream_id: int) -> TieredPartition | None:
-        return self._partitions.get(stream_id)
-
-    async def produce(
-        self, stream_id: int, records: Records, acks: int, log_append_time: bool | None = None
-    ) -> ProduceResult | None:
-        partition = self._partitions.get(stream_id)
-        if partition is None:
-            return None if acks == 0 else not_owner(stream_id)
-        return await partition.produce(records, acks, log_append_time)
-
-    async def remove(self, stream_id: int) -> None:
-        """Give a partition up: close it (in-flight appends are answered) and forget it."""
-        partition = self._partitions.pop(stream_id, None)
-        if partition is not None:
-            await partition.close()
-        if self.log_cache is not None:
-            self.log_cache.drop(stream_id)
-
-    async def close(self) -> None:
-        partitions, self._partitions = list(self._partitions.values()), {}
-        await asyncio.gather(*(p.close() for p in partitions))
-        if self.log_cache is not None:
-            for partition in partitions:
-                self.log_cache.drop(partition.stream_id)
-
-    def _broken_partition(self, stream_id: int, error: BaseException) -> None:
-        self.broken[stream_id] = error
-        if self.log_cache is not None:
-            self.log_cache.drop(stream_id)
-        if self._on_broken is not None:
-            self._on_broken(stream_id, error)

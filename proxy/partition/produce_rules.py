@@ -33,10 +33,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import crc32c
+from kio.schema.errors import ErrorCode
 
 from proxy.records.batches import (
     ATTRIBUTES_POSITION,
-    HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC_POSITION,
     MIN_BATCH_LENGTH,
@@ -45,7 +45,7 @@ from proxy.records.batches import (
     CorruptBatchError,
     read_batch_header,
 )
-from proxy.records.timestamp_search import decompress, read_varint
+from proxy.records.record_walk import walk_records
 
 __all__ = [
     "CONFIG_KEYS",
@@ -55,12 +55,6 @@ __all__ = [
     "produce_rules",
 ]
 
-CORRUPT_MESSAGE = 2
-MESSAGE_TOO_LARGE = 10
-RECORD_LIST_TOO_LARGE = 18
-INVALID_TIMESTAMP = 32
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
 
 LONG_MAX = 2**63 - 1
 _LENGTH = struct.Struct(">i")
@@ -156,22 +150,22 @@ def check_records(
     header = read_batch_header(view)
     view = view[: header.size]
     if header.codec == Compression.ZSTD and api_version < 7:
-        return ProduceRefusal(UNSUPPORTED_COMPRESSION_TYPE)
+        return ProduceRefusal(ErrorCode.unsupported_compression_type)
     if header.base_offset != 0:
-        return ProduceRefusal(INVALID_RECORD)
+        return ProduceRefusal(ErrorCode.invalid_record)
     if header.size > rules.max_message_bytes:
-        return ProduceRefusal(MESSAGE_TOO_LARGE)
+        return ProduceRefusal(ErrorCode.message_too_large)
     if not _header_valid(header):
         return None  # refused by the sequencer, before Kafka looks at any record
     refused = _needs_record_check(header, rules, now_ms)
     if not refused and not rules.decodes_records:
         return _after_records(header, view, rules)
     if _crc_wrong(header, view):
-        return ProduceRefusal(CORRUPT_MESSAGE)
+        return ProduceRefusal(ErrorCode.corrupt_message)
     try:
         errors = list(_record_errors(header, view, rules, now_ms, partition))
     except CorruptBatchError:
-        return ProduceRefusal(CORRUPT_MESSAGE)
+        return ProduceRefusal(ErrorCode.corrupt_message)
     if not errors:
         return _after_records(header, view, rules)
     return _refusal(errors)
@@ -182,23 +176,23 @@ def _one_batch(view: memoryview) -> ProduceRefusal | None:
     whole magic 2 batch. None: it is one (its header can be read); bytes after it that
     make no whole batch are left to the sequencer (CORRUPT_MESSAGE; Kafka drops them)."""
     if len(view) < LOG_OVERHEAD:
-        return ProduceRefusal(INVALID_RECORD)  # no batch at all
+        return ProduceRefusal(ErrorCode.invalid_record)  # no batch at all
     length = _LENGTH.unpack_from(view, _LENGTH_POSITION)[0]
     if length < _MIN_SIZE:
-        return ProduceRefusal(CORRUPT_MESSAGE)
+        return ProduceRefusal(ErrorCode.corrupt_message)
     if len(view) < length + LOG_OVERHEAD:
-        return ProduceRefusal(INVALID_RECORD)  # no whole batch
+        return ProduceRefusal(ErrorCode.invalid_record)  # no whole batch
     if view[MAGIC_POSITION] != 2:
-        return ProduceRefusal(INVALID_RECORD)
+        return ProduceRefusal(ErrorCode.invalid_record)
     if length < MIN_BATCH_LENGTH:
-        return ProduceRefusal(CORRUPT_MESSAGE)
+        return ProduceRefusal(ErrorCode.corrupt_message)
     rest = view[length + LOG_OVERHEAD :]
     if len(rest) >= LOG_OVERHEAD:
         following = _LENGTH.unpack_from(rest, _LENGTH_POSITION)[0]
         if following < _MIN_SIZE:
-            return ProduceRefusal(CORRUPT_MESSAGE)
+            return ProduceRefusal(ErrorCode.corrupt_message)
         if len(rest) >= following + LOG_OVERHEAD:
-            return ProduceRefusal(INVALID_RECORD)  # more than one batch
+            return ProduceRefusal(ErrorCode.invalid_record)  # more than one batch
     return None
 
 
@@ -239,8 +233,8 @@ def _after_records(
     if header.size <= rules.segment_bytes:
         return None
     if _crc_wrong(header, view):
-        return ProduceRefusal(CORRUPT_MESSAGE)
-    return ProduceRefusal(RECORD_LIST_TOO_LARGE)
+        return ProduceRefusal(ErrorCode.corrupt_message)
+    return ProduceRefusal(ErrorCode.record_list_too_large)
 
 
 def _crc_wrong(header: BatchHeader, view: memoryview) -> bool:
@@ -255,16 +249,17 @@ def _record_errors(
     create_time = not rules.log_append_time
     low = _java_long(now_ms - rules.timestamp_before_max_ms)
     high = _java_long(now_ms + rules.timestamp_after_max_ms)
-    for index, delta, timestamp, key_size, value_size in _records(header, batch):
+    records = walk_records(header, batch, sizes=True)
+    for index, (delta, timestamp, key_size, value_size) in enumerate(records):
         if rules.compact and key_size < 0:
             message = (
                 f"Compacted topic cannot accept message without key in topic partition {partition}"
             )
-            yield INVALID_RECORD, index, message
+            yield ErrorCode.invalid_record, index, message
         elif create_time and timestamp != NO_TIMESTAMP:
             if _out_of_range(timestamp, now_ms, rules):
                 yield (
-                    INVALID_TIMESTAMP,
+                    ErrorCode.invalid_timestamp,
                     index,
                     f"Timestamp {timestamp} of message with offset {delta} is out of range. "
                     f"The timestamp should be within [{low}, {high}]",
@@ -275,7 +270,7 @@ def _record_errors(
                 f"key={max(key_size, 0)} bytes, value={max(value_size, 0)} bytes)"
             )
             yield (
-                INVALID_TIMESTAMP,
+                ErrorCode.invalid_timestamp,
                 index,
                 f"Invalid timestamp type in message {record}. Producer should not set "
                 "timestamp type to LogAppendTime.",
@@ -286,9 +281,9 @@ def _refusal(errors: list[tuple[int, int, str]]) -> ProduceRefusal:
     """LogValidator.processRecordErrors: INVALID_TIMESTAMP if any record's is, else
     INVALID_RECORD naming the first three."""
     record_errors = tuple((index, message) for _, index, message in errors)
-    if any(code == INVALID_TIMESTAMP for code, _, _ in errors):
+    if any(code == ErrorCode.invalid_timestamp for code, _, _ in errors):
         return ProduceRefusal(
-            INVALID_TIMESTAMP,
+            ErrorCode.invalid_timestamp,
             "One or more records have been rejected due to invalid timestamp",
             record_errors,
         )
@@ -297,7 +292,7 @@ def _refusal(errors: list[tuple[int, int, str]]) -> ProduceRefusal:
         for index, message in record_errors[:3]
     )
     return ProduceRefusal(
-        INVALID_RECORD,
+        ErrorCode.invalid_record,
         f"One or more records have been rejected due to {len(errors)} record errors in total, "
         f"and only showing the first three errors at most: [{shown}]",
         record_errors,
@@ -307,26 +302,3 @@ def _refusal(errors: list[tuple[int, int, str]]) -> ProduceRefusal:
 def _java_long(value: int) -> int:
     """`value` as Java's long arithmetic has it (Kafka's message prints the bounds so)."""
     return (value + 2**63) % 2**64 - 2**63
-
-
-def _records(header: BatchHeader, batch: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
-    """(index, offset delta, timestamp, key size, value size) of each record; a size of
-    -1 is null. CorruptBatchError if the records cannot be read."""
-    body = memoryview(decompress(header.codec, batch[HEADER_SIZE:])).cast("B")
-    append_time = header.is_log_append_time
-    pos = 0
-    try:
-        for index in range(header.record_count):
-            length, pos = read_varint(body, pos)
-            end = pos + length
-            ts_delta, pos = read_varint(body, pos + 1)  # after the record's attributes
-            offset_delta, pos = read_varint(body, pos)
-            key_size, pos = read_varint(body, pos)
-            value_size, _ = read_varint(body, pos + max(key_size, 0))
-            if length < 0 or end > len(body):
-                raise IndexError
-            timestamp = header.max_timestamp if append_time else header.base_timestamp + ts_delta
-            yield index, offset_delta, timestamp, key_size, value_size
-            pos = end
-    except IndexError:
-        raise CorruptBatchError(0, "records cut short") from None

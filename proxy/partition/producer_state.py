@@ -16,9 +16,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import IntEnum
 
 import crc32c
+from kio.schema.errors import ErrorCode
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -27,18 +27,6 @@ NO_TIMESTAMP = -1
 NUM_BATCHES_TO_RETAIN = 5
 INT32_MAX = (1 << 31) - 1
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms
-
-
-class ErrorCode(IntEnum):
-    """The Kafka error codes the sequencer answers with (Kafka's Errors names)."""
-
-    NONE = 0
-    CORRUPT_MESSAGE = 2  # bad magic, CRC, length or codec
-    INVALID_REQUEST = 42  # transactional produce: not supported on tiered topics
-    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-    INVALID_PRODUCER_EPOCH = 47
-    KAFKA_STORAGE_ERROR = 56  # the sequencer was fenced after a failed write
-    INVALID_RECORD = 87  # well-formed but refused: control batch, bad count or sequence
 
 
 def increment_sequence(sequence: int, increment: int) -> int:
@@ -128,20 +116,20 @@ def check_append(
     """
     pid = entry.producer_id
     if producer_epoch < entry.producer_epoch:
-        return ErrorCode.INVALID_PRODUCER_EPOCH, (
+        return ErrorCode.invalid_producer_epoch, (
             f"epoch {producer_epoch} of producer {pid} is smaller than the last seen "
             f"epoch {entry.producer_epoch}"
         )
     if producer_epoch != entry.producer_epoch:
         if first_seq != 0 and entry.producer_epoch != NO_PRODUCER_EPOCH:
-            return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, (
+            return ErrorCode.out_of_order_sequence_number, (
                 f"invalid sequence number for new epoch {producer_epoch} of producer {pid}: "
                 f"{first_seq} (a new epoch starts at 0), {entry.producer_epoch} (current epoch)"
             )
         return None
     if entry.producer_epoch == NO_PRODUCER_EPOCH or in_sequence(entry.last_seq, first_seq):
         return None
-    return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, (
+    return ErrorCode.out_of_order_sequence_number, (
         f"out of order sequence number for producer {pid}: {first_seq} (incoming seq. "
         f"number), {entry.last_seq} (current end sequence number)"
     )

@@ -46,7 +46,12 @@ class RecoveredTail:
         self.held_bytes = 0
 
     def add(
-        self, stream: int, base_offset: int, last_offset: int, position: WalPosition, batch
+        self,
+        stream: int,
+        base_offset: int,
+        last_offset: int,
+        position: WalPosition,
+        batch: bytes | bytearray | memoryview,
     ) -> None:
         """One WAL entry, in WAL order. Ignored for other streams and below what is
         wanted (committed, or replayed already); the rebuild checks the rest for gaps."""
@@ -54,10 +59,11 @@ class RecoveredTail:
         if wanted is None or last_offset < wanted:
             return
         self._next[stream] = last_offset + 1
-        entry = TailEntry(base_offset, last_offset, position, bytes(batch))
+        data = bytes(batch)
+        entry = TailEntry(base_offset, last_offset, position, data)
         self._entries.setdefault(stream, []).append(entry)
         self._held.append(entry)
-        self.held_bytes += len(entry.data)
+        self.held_bytes += len(data)
         while self.held_bytes > self.budget:
             oldest = self._held.popleft()  # an entry over the budget goes at once
             assert oldest.data is not None

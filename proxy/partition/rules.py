@@ -41,18 +41,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
 from proxy.metadata.state import MetadataState
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     CorruptSnapshotError,
-    ErrorCode,
 )
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
 from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
 
 __all__ = [
-    "NOT_LEADER_OR_FOLLOWER",
     "PartitionConfig",
     "ProduceResult",
     "RecoveryError",
@@ -65,9 +65,6 @@ __all__ = [
     "sequence",
     "storage_error",
 ]
-
-
-NOT_LEADER_OR_FOLLOWER = 6  # not (or no longer) the owner: the client refreshes metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +80,13 @@ class ProduceResult:
 
 def storage_error(message: str) -> ProduceResult:
     """The answer while the WAL write failed or the partition is fenced (retriable)."""
-    return ProduceResult(int(ErrorCode.KAFKA_STORAGE_ERROR), error_message=message)
+    return ProduceResult(int(ErrorCode.kafka_storage_error), error_message=message)
 
 
 def not_owner(stream_id: int) -> ProduceResult:
+    """Not (or no longer) the owner: NOT_LEADER_OR_FOLLOWER makes the client refresh metadata."""
     return ProduceResult(
-        NOT_LEADER_OR_FOLLOWER, error_message=f"stream {stream_id} is not owned here"
+        ErrorCode.not_leader_or_follower, error_message=f"stream {stream_id} is not owned here"
     )
 
 
@@ -118,10 +116,10 @@ def refusal(rejected: Rejected, stream_id: int, holes: SequenceHoles | None) -> 
     as "possibly persisted", which would be written twice; NOT_LEADER_OR_FOLLOWER makes it
     resend in order with the same sequences (docs/sequencer.md, "Gaps the proxy made")."""
     code = rejected.error_code
-    if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and holes is not None:
+    if code == ErrorCode.out_of_order_sequence_number and holes is not None:
         if holes.explains(stream_id, rejected.gap):
             return ProduceResult(
-                NOT_LEADER_OR_FOLLOWER,
+                ErrorCode.not_leader_or_follower,
                 error_message=f"stream {stream_id}: a batch before this one was not appended "
                 f"({rejected.message}): resend from the oldest batch not answered",
             )
@@ -149,7 +147,7 @@ def sequence(
                     batch.producer_id, batch.producer_epoch, hole, batch.first_sequence
                 )
                 return Rejected(
-                    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    ErrorCode.out_of_order_sequence_number,
                     f"producer {batch.producer_id} is not known here and its batch at "
                     f"{hole} was not appended: {batch.first_sequence} would leave a gap",
                     gap,

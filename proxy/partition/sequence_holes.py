@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kio.schema.errors import ErrorCode
+
 from proxy.partition.producer_state import INT32_MAX, increment_sequence
 from proxy.records.batches import CorruptBatchError, iter_batches
 
@@ -43,9 +45,16 @@ __all__ = [
 SEQUENCE_SPACE = INT32_MAX + 1
 _HALF = SEQUENCE_SPACE // 2
 # Answers meaning "not appended here, send it again": a batch answered so was dropped.
-# NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS(_AFTER_APPEND),
-# NETWORK_EXCEPTION, KAFKA_STORAGE_ERROR.
-DROP_CODES = frozenset({6, 7, 13, 19, 20, 56})
+DROP_CODES = frozenset(
+    {
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.request_timed_out,
+        ErrorCode.network_exception,
+        ErrorCode.not_enough_replicas,
+        ErrorCode.not_enough_replicas_after_append,
+        ErrorCode.kafka_storage_error,
+    }
+)
 
 
 def seq_within(seq: int, start: int, end: int) -> bool:

@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from itertools import pairwise
 from types import MappingProxyType
 
+from kio.schema.errors import ErrorCode
+
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     NO_TIMESTAMP,
     BatchMetadata,
-    ErrorCode,
     ProducerStateEntry,
     check_append,
     decode_snapshot,
@@ -68,7 +69,6 @@ from proxy.records.batches import (
 __all__ = [
     "AppendResult",
     "Duplicate",
-    "ErrorCode",
     "PartitionSequencer",
     "PendingAppend",
     "Rejected",
@@ -119,22 +119,22 @@ def _refuse_batch(header: BatchHeader) -> Rejected | None:
     """Kafka's LogValidator checks of a client's batch, and what tiered topics refuse."""
     if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
         return Rejected(
-            ErrorCode.INVALID_RECORD,
+            ErrorCode.invalid_record,
             f"record count {header.record_count} does not match the last offset delta "
             f"{header.last_offset_delta}",
         )
     if header.is_control:
         return Rejected(
-            ErrorCode.INVALID_RECORD, "clients are not allowed to write control records"
+            ErrorCode.invalid_record, "clients are not allowed to write control records"
         )
     if header.is_transactional:
         return Rejected(
-            ErrorCode.INVALID_REQUEST,
+            ErrorCode.invalid_request,
             "transactional produce to a tiered topic is not supported until transactions are",
         )
     if header.producer_id >= 0 and header.base_sequence < 0:
         return Rejected(
-            ErrorCode.INVALID_RECORD,
+            ErrorCode.invalid_record,
             f"invalid sequence number {header.base_sequence} in a batch of producer "
             f"{header.producer_id}",
         )
@@ -203,7 +203,7 @@ class PartitionSequencer:
         """Check and sequence one partition's `records`; see the module docstring."""
         if self._fenced:
             return Rejected(
-                ErrorCode.KAFKA_STORAGE_ERROR,
+                ErrorCode.kafka_storage_error,
                 "the partition's sequencer was fenced after a failed write",
             )
         if self._state_end != self._high_watermark:
@@ -253,7 +253,7 @@ class PartitionSequencer:
         """`pending` is durable: apply it. Returns the code to answer its producer with:
         NONE, or KAFKA_STORAGE_ERROR if the sequencer was fenced meanwhile."""
         if self._fenced:
-            return ErrorCode.KAFKA_STORAGE_ERROR
+            return ErrorCode.kafka_storage_error
         if not self._pending or self._pending[0] is not pending:
             raise ValueError("commit takes the oldest pending append of this sequencer")
         self._pending.popleft()
@@ -262,7 +262,7 @@ class PartitionSequencer:
             if self._pending_states.get(pid) is entry:
                 del self._pending_states[pid]
         self._high_watermark = self._state_end = pending.next_offset
-        return ErrorCode.NONE
+        return ErrorCode.none
 
     def abort(self, pending: PendingAppend) -> None:
         """`pending`'s write failed or its fate is unknown: fence (module docstring).
@@ -357,9 +357,9 @@ class PartitionSequencer:
                 headers.append(validate_batch(batch, position))
                 position += len(batch)
         except CorruptBatchError as exc:
-            return Rejected(ErrorCode.CORRUPT_MESSAGE, str(exc))
+            return Rejected(ErrorCode.corrupt_message, str(exc))
         if not headers:
-            return Rejected(ErrorCode.INVALID_RECORD, "a partition's records hold no record batch")
+            return Rejected(ErrorCode.invalid_record, "a partition's records hold no record batch")
         for header in headers:
             refusal = _refuse_batch(header)
             if refusal is not None:
@@ -374,7 +374,7 @@ class PartitionSequencer:
             later.first_offset != earlier.last_offset + 1 for earlier, later in pairwise(duplicates)
         ):
             return Rejected(
-                ErrorCode.INVALID_RECORD,
+                ErrorCode.invalid_record,
                 "a partition's records mix retried batches with new or non-adjacent ones",
             )
         first, last = duplicates[0], duplicates[-1]
@@ -390,7 +390,7 @@ class PartitionSequencer:
 def _gap(
     entry: ProducerStateEntry, epoch: int, first_seq: int, code: ErrorCode
 ) -> SequenceGap | None:
-    if code != ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
+    if code != ErrorCode.out_of_order_sequence_number:
         return None
     expected = increment_sequence(entry.last_seq, 1) if epoch == entry.producer_epoch else 0
     return SequenceGap(entry.producer_id, epoch, expected, first_seq)

@@ -24,6 +24,13 @@ from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL,
+    PeerFrameReader,
+    PeerProtocolError,
+    encode,
+    for_peer,
+    frame_size,
+)
+from proxy.peer.messages import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -31,16 +38,11 @@ from proxy.peer.codec import (
     BackfillRequest,
     FetchRequest,
     FetchResponse,
-    PeerFrameReader,
     PeerMessage,
-    PeerProtocolError,
     PingRequest,
     PingResponse,
     TrimRequest,
     TrimResponse,
-    encode,
-    for_peer,
-    frame_size,
 )
 from proxy.peer.server import READ_BYTES, Answer, Request, peer_name
 
@@ -265,7 +267,7 @@ class PeerClients:
         timeout is the request's own `timeout_ms` plus `timeout_margin_s`. `batch` and
         `hole()` (asked now, as the connection is picked) tell the owner whose batches
         these are and the sender's last drop before them, unless the owner's `peer_protocol`
-        (its heartbeat's) predates them: `peer_codec.for_peer`; `on_lost`:
+        (its heartbeat's) predates them: `codec.for_peer`; `on_lost`:
         `_PeerConnection.call`."""
         hole_seq = -1 if hole is None or batch is None else hole()
         request = for_peer(

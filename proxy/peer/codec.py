@@ -1,4 +1,5 @@
-"""The proxy-to-proxy ("peer") protocol's frames. Pure: no asyncio, no sockets.
+"""The proxy-to-proxy ("peer") protocol's frames: framing, checking and splitting a byte
+stream into messages. Pure: no asyncio, no sockets.
 
 A proxy that receives a Produce for a tiered partition it does not own hands the
 partition's batches to the owner (`AppendRequest`) and relays the owner's answer
@@ -7,8 +8,9 @@ S3-WAL object and only their `S3WalLocation` travels; in direct mode the batches
 inline, as opaque bytes. `AdminRequest` carries `tierproxy topics tier/untier` to the proxy
 that owns the topic's metadata shard. A proxy that serves a consumer the committed offsets
 of a partition it does not own asks the owner for the tail not uploaded yet
-(`FetchRequest`, answered by `FetchResponse`). The messages are `peer_messages.py` (their
-classes import from here too); on sockets: `proxy/peer/server.py`, `peer_clients.py`.
+(`FetchRequest`, answered by `FetchResponse`). The messages are `peer/messages.py`, their
+bodies `peer/bodies.py`; on sockets:
+`peer/server.py`, `peer/clients.py`.
 
 Every message is one frame, big-endian::
 
@@ -25,31 +27,7 @@ Every message is one frame, big-endian::
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
-Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
-
-    append request   stream_id u64, acks i16, timeout_ms i32, payload kind u8, then
-                     kind 1 (direct): records size u32, records
-                     kind 2 (s3):     object_key string, start u64, end u64, crc u32
-                     (the location's stream id is the request's)
-                     then, optionally (an idempotent producer's batches): producer_id i64,
-                     producer_epoch i16, first_sequence i32, last_sequence i32, hole i32
-                     (-1: none; docs/sequencer.md, "Gaps the proxy made"), only to a
-                     peer at protocol 2 or later (below)
-    append response  error_code i16, base_offset i64, log_append_time_ms i64,
-                     log_start_offset i64, error_message nullable string
-    admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
-                     topic_id 16 bytes
-    admin response   error_code i16, message string
-    fetch request    stream_id u64, offset i64 (>= 0), max_bytes i32 (>= 0),
-                     max_wait_ms i32 (>= 0)
-    fetch response   error_code i16, high_watermark i64, log_start_offset i64,
-                     records size u32, records (whole batches, one after another)
-    backfill request object_id u64, size i64 (> 0), stream_id u64, start_offset i64,
-                     end_offset i64 (> start_offset)
-    trim request     stream_id u64, offset i64 (>= -1), timeout_ms i32 (>= 0)
-    trim response    error_code i16, log_start_offset i64 (>= -1), message string
-    ping request     (empty)
-    ping response    name string (the proxy's fleet.name), version string
+The bodies, field by field, are `peer/bodies.py`.
 
 Every frame is version 1: a new message is a new type (and a new protocol level, below),
 so the frames of the older messages stay readable both ways. A type this code does not
@@ -74,34 +52,35 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import uuid
 from collections import deque
 from collections.abc import Sequence
 
 from crc32c import crc32c
 
-from proxy.handoff.objects import S3WalLocation
-from proxy.partition.sequence_holes import ProducerBatch
+from proxy.peer.bodies import PeerProtocolError, decode_body, encode_body
 from proxy.peer.messages import (
-    ACKS,
-    ADMIN_OPS,
     MAX_RECORDS_BYTES,
-    AdminRequest,
-    AdminResponse,
     AppendRequest,
-    AppendResponse,
-    BackfillRequest,
     Buffer,
-    FetchRequest,
-    FetchResponse,
     PeerMessage,
-    PingRequest,
-    PingResponse,
-    TrimRequest,
-    TrimResponse,
     buffer_size,
     check_range,
 )
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "HEADER_SIZE",
+    "PROTOCOL",
+    "SEQUENCES_PROTOCOL",
+    "PeerFrameReader",
+    "PeerProtocolError",
+    "decode_frame",
+    "encode",
+    "encode_frame",
+    "for_peer",
+    "frame_size",
+    "read_frame",
+]
 
 VERSION = 1
 PROTOCOL = 3  # the level this code reads and writes (docstring: "Protocol levels")
@@ -113,114 +92,18 @@ _HEAD = struct.Struct(">BBI")  # version, type, correlation id
 PREFIX_SIZE = _PREFIX.size  # 8
 HEADER_SIZE = PREFIX_SIZE + _HEAD.size  # 14: the smallest frame
 MAX_LENGTH = 0xFFFF_FFFF
+_LENGTH = struct.Struct(">I")  # the prefix's first field, read before the rest arrives
 assert MAX_RECORDS_BYTES == MAX_LENGTH - HEADER_SIZE
-
-_APPEND = struct.Struct(">QhiB")  # stream_id, acks, timeout_ms, payload kind
-_U32 = struct.Struct(">I")
-_U16 = struct.Struct(">H")
-_I16 = struct.Struct(">h")
-_RANGE = struct.Struct(">QQI")  # start, end, crc
-_SEQUENCE = struct.Struct(">qhiii")  # producer id, epoch, first and last sequence, hole
-_RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
-_FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
-_FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
-_BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset, end_offset
-_TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
-_TRIMMED = struct.Struct(">hq")  # error_code, log_start_offset
-
-DIRECT = 1
-S3 = 2
-
-APPEND_REQUEST, APPEND_RESPONSE, ADMIN_REQUEST, ADMIN_RESPONSE = 1, 2, 3, 4
-FETCH_REQUEST, FETCH_RESPONSE = 5, 6
-BACKFILL_REQUEST = 7
-TRIM_REQUEST, TRIM_RESPONSE = 8, 9
-PING_REQUEST, PING_RESPONSE = 10, 11
-
-
-class PeerProtocolError(ValueError):
-    """Bytes from a peer that are not a valid frame; the connection must close."""
-
-
-# -- encoding ------------------------------------------------------------------------------
-
-
-def _string(value: str) -> bytes:
-    data = value.encode()
-    return _U16.pack(len(data)) + data
-
-
-def _nullable_string(value: str | None) -> bytes:
-    if value is None:
-        return _I16.pack(-1)
-    data = value.encode()
-    return _I16.pack(len(data)) + data
 
 
 def _parts(message: PeerMessage) -> tuple[bytes, Sequence[Buffer]]:
     """The frame after its prefix: the head (version to the body's fixed fields) and the
     records pieces that follow it, as given."""
-    tail: Sequence[Buffer] = ()
-    if isinstance(message, AppendRequest):
-        kind = APPEND_REQUEST
-        loc = message.location
-        if loc is None:
-            assert message.records is not None
-            tail = (message.records,) if message.records else ()
-            body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, DIRECT)
-            body += _U32.pack(buffer_size(message.records))
-        else:
-            body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, S3)
-            body += _string(loc.object_key) + _RANGE.pack(loc.start, loc.end, loc.crc)
-        b = message.batch
-        if b is not None:  # after the records, which are the tail pieces (never copied)
-            trailer = _SEQUENCE.pack(
-                b.producer_id, b.producer_epoch, b.first_sequence, b.last_sequence, message.hole
-            )
-            if tail:
-                tail = (*tail, trailer)
-            else:
-                body += trailer
-    elif isinstance(message, AppendResponse):
-        kind = APPEND_RESPONSE
-        m = message
-        body = _RESULT.pack(m.error_code, m.base_offset, m.log_append_time_ms, m.log_start_offset)
-        body += _nullable_string(m.error_message)
-    elif isinstance(message, AdminRequest):
-        kind = ADMIN_REQUEST
-        body = _string(message.op) + _string(message.topic) + message.topic_id.bytes
-    elif isinstance(message, AdminResponse):
-        kind = ADMIN_RESPONSE
-        body = _I16.pack(message.error_code) + _string(message.message)
-    elif isinstance(message, FetchRequest):
-        kind = FETCH_REQUEST
-        m = message
-        body = _FETCH.pack(m.stream_id, m.offset, m.max_bytes, m.max_wait_ms)
-    elif isinstance(message, FetchResponse):
-        kind = FETCH_RESPONSE
-        m = message
-        tail = m.records
-        body = _FETCHED.pack(m.error_code, m.high_watermark, m.log_start_offset, m.records_size)
-    elif isinstance(message, BackfillRequest):
-        kind = BACKFILL_REQUEST
-        m = message
-        body = _BACKFILL.pack(m.object_id, m.size, m.stream_id, m.start_offset, m.end_offset)
-    elif isinstance(message, TrimRequest):
-        kind = TRIM_REQUEST
-        body = _TRIM.pack(message.stream_id, message.offset, message.timeout_ms)
-    elif isinstance(message, TrimResponse):
-        kind = TRIM_RESPONSE
-        body = _TRIMMED.pack(message.error_code, message.log_start_offset)
-        body += _string(message.message)
-    elif isinstance(message, PingRequest):
-        kind = PING_REQUEST
-        body = b""
-    elif isinstance(message, PingResponse):
-        kind = PING_RESPONSE
-        body = _string(message.name) + _string(message.version)
-    else:
-        raise TypeError(f"not a peer message: {message!r}")
+    kind, body, tail = encode_body(message)
     return _HEAD.pack(VERSION, kind, message.correlation_id) + body, tail
+
+
+# -- encoding ------------------------------------------------------------------------------
 
 
 def for_peer(request: AppendRequest, peer_protocol: int) -> AppendRequest:
@@ -263,140 +146,6 @@ def encode_frame(message: PeerMessage, *, max_frame_bytes: int = DEFAULT_MAX_FRA
 # -- decoding ------------------------------------------------------------------------------
 
 
-class _Cursor:
-    """Reads a body field by field; running short names the field that was cut."""
-
-    __slots__ = ("view", "pos", "end")
-
-    def __init__(self, view: memoryview, pos: int, end: int) -> None:
-        self.view, self.pos, self.end = view, pos, end
-
-    def fixed(self, fmt: struct.Struct, what: str) -> tuple:
-        if self.end - self.pos < fmt.size:
-            raise PeerProtocolError(f"truncated {what}: {self.end - self.pos} of {fmt.size} bytes")
-        values = fmt.unpack_from(self.view, self.pos)
-        self.pos += fmt.size
-        return values
-
-    def take(self, size: int, what: str) -> memoryview:
-        if self.end - self.pos < size:
-            raise PeerProtocolError(f"truncated {what}: {self.end - self.pos} of {size} bytes")
-        self.pos += size
-        return self.view[self.pos - size : self.pos]
-
-    def string(self, what: str) -> str:
-        (size,) = self.fixed(_U16, f"{what} size")
-        return self._utf8(size, what)
-
-    def nullable_string(self, what: str) -> str | None:
-        (size,) = self.fixed(_I16, f"{what} size")
-        if size < 0:
-            if size == -1:
-                return None
-            raise PeerProtocolError(f"{what} size {size}")
-        return self._utf8(size, what)
-
-    def _utf8(self, size: int, what: str) -> str:
-        try:
-            return str(self.take(size, what), "utf-8")
-        except UnicodeDecodeError as exc:
-            raise PeerProtocolError(f"{what} is not UTF-8: {exc.reason}") from None
-
-
-def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
-    stream_id, acks, timeout_ms, kind = cur.fixed(_APPEND, "append request header")
-    if acks not in ACKS:
-        raise PeerProtocolError(f"append request acks {acks}")
-    records = location = None
-    if kind == DIRECT:
-        (size,) = cur.fixed(_U32, "records size")
-        records = cur.take(size, "records")
-    elif kind == S3:
-        key = cur.string("location object key")
-        start, end, crc = cur.fixed(_RANGE, "location range")
-        if end < start:
-            raise PeerProtocolError(f"location range [{start}, {end}) ends before it starts")
-        location = S3WalLocation(key, start, end, stream_id, crc)
-    else:
-        raise PeerProtocolError(
-            f"append request payload kind {kind}: neither records (1) nor location (2)"
-        )
-    batch, hole = None, -1
-    if cur.pos < cur.end:
-        pid, epoch, first, last, hole = cur.fixed(_SEQUENCE, "append request sequences")
-        batch = ProducerBatch(pid, epoch, first, last)
-    return AppendRequest(
-        cid, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole
-    )
-
-
-def _append_response(cur: _Cursor, cid: int) -> AppendResponse:
-    error_code, base_offset, append_time, log_start = cur.fixed(_RESULT, "append response")
-    message = cur.nullable_string("error message")
-    return AppendResponse(cid, error_code, base_offset, append_time, log_start, message)
-
-
-def _admin_request(cur: _Cursor, cid: int) -> AdminRequest:
-    op = cur.string("admin op")
-    if op not in ADMIN_OPS:
-        raise PeerProtocolError(f"admin op {op!r}")
-    topic = cur.string("topic")
-    topic_id = uuid.UUID(bytes=bytes(cur.take(16, "topic id")))
-    return AdminRequest(cid, op, topic, topic_id)
-
-
-def _admin_response(cur: _Cursor, cid: int) -> AdminResponse:
-    (error_code,) = cur.fixed(_I16, "admin response error code")
-    return AdminResponse(cid, error_code, cur.string("admin response message"))
-
-
-def _fetch_request(cur: _Cursor, cid: int) -> FetchRequest:
-    stream_id, offset, max_bytes, max_wait_ms = cur.fixed(_FETCH, "fetch request")
-    return FetchRequest(cid, stream_id, offset, max_bytes, max_wait_ms)
-
-
-def _fetch_response(cur: _Cursor, cid: int) -> FetchResponse:
-    error_code, high_watermark, log_start, size = cur.fixed(_FETCHED, "fetch response")
-    records = cur.take(size, "records")
-    return FetchResponse(cid, error_code, high_watermark, log_start, (records,))
-
-
-def _backfill_request(cur: _Cursor, cid: int) -> BackfillRequest:
-    return BackfillRequest(cid, *cur.fixed(_BACKFILL, "backfill request"))
-
-
-def _trim_request(cur: _Cursor, cid: int) -> TrimRequest:
-    return TrimRequest(cid, *cur.fixed(_TRIM, "trim request"))
-
-
-def _trim_response(cur: _Cursor, cid: int) -> TrimResponse:
-    error_code, log_start_offset = cur.fixed(_TRIMMED, "trim response")
-    return TrimResponse(cid, error_code, log_start_offset, cur.string("trim response message"))
-
-
-def _ping_request(cur: _Cursor, cid: int) -> PingRequest:
-    return PingRequest(cid)
-
-
-def _ping_response(cur: _Cursor, cid: int) -> PingResponse:
-    return PingResponse(cid, cur.string("ping response name"), cur.string("ping response version"))
-
-
-_DECODERS = {
-    APPEND_REQUEST: _append_request,
-    APPEND_RESPONSE: _append_response,
-    ADMIN_REQUEST: _admin_request,
-    ADMIN_RESPONSE: _admin_response,
-    FETCH_REQUEST: _fetch_request,
-    FETCH_RESPONSE: _fetch_response,
-    BACKFILL_REQUEST: _backfill_request,
-    TRIM_REQUEST: _trim_request,
-    TRIM_RESPONSE: _trim_response,
-    PING_REQUEST: _ping_request,
-    PING_RESPONSE: _ping_response,
-}
-
-
 def read_frame(
     buf: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
 ) -> tuple[PeerMessage | None, int]:
@@ -405,9 +154,9 @@ def read_frame(
     as soon as its 4 bytes are there, before any body is waited for. Records in the
     message are a view of `buf`."""
     view = memoryview(buf).cast("B")
-    if len(view) < _U32.size:
-        return None, _U32.size
-    (length,) = _U32.unpack_from(view, 0)
+    if len(view) < _LENGTH.size:
+        return None, _LENGTH.size
+    (length,) = _LENGTH.unpack_from(view, 0)
     size = PREFIX_SIZE + length
     if length < _HEAD.size:
         raise PeerProtocolError(f"frame length {length} is below the minimum {_HEAD.size}")
@@ -415,28 +164,14 @@ def read_frame(
         raise PeerProtocolError(f"frame of {size} bytes is over the limit {max_frame_bytes}")
     if len(view) < size:
         return None, size
-    (crc,) = _U32.unpack_from(view, 4)
+    (crc,) = _LENGTH.unpack_from(view, 4)
     actual = crc32c(view[PREFIX_SIZE:size])
     if actual != crc:
         raise PeerProtocolError(f"bad crc: frame says {crc:#010x}, its bytes give {actual:#010x}")
     version, kind, cid = _HEAD.unpack_from(view, PREFIX_SIZE)
     if version != VERSION:
         raise PeerProtocolError(f"unsupported version {version}")
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
-        raise PeerProtocolError(f"unknown message type {kind}")
-    cursor = _Cursor(view, HEADER_SIZE, size)
-    try:
-        message = decoder(cursor, cid)
-    except PeerProtocolError:
-        raise
-    except ValueError as exc:  # a value the message does not allow, such as offset -1
-        raise PeerProtocolError(f"message type {kind}: {exc}") from None
-    if cursor.pos != size:
-        raise PeerProtocolError(
-            f"{size - cursor.pos} trailing bytes after a {type(message).__name__}"
-        )
-    return message, size
+    return decode_body(view, HEADER_SIZE, size, kind, cid), size
 
 
 def decode_frame(frame: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> PeerMessage:
@@ -460,7 +195,7 @@ class PeerFrameReader:
         self.max_frame_bytes = max_frame_bytes
         self._chunks: deque[memoryview] = deque()
         self._buffered = 0
-        self._needed = _U32.size  # bytes that must be buffered before a read can progress
+        self._needed = _LENGTH.size  # bytes that must be buffered before a read can progress
         self._error: PeerProtocolError | None = None
 
     @property
@@ -495,7 +230,7 @@ class PeerFrameReader:
         if message is None:
             self._needed = size
             return None
-        self._needed = _U32.size
+        self._needed = _LENGTH.size
         self._buffered -= size
         if size == len(head):
             self._chunks.popleft()

@@ -1,6 +1,6 @@
 """The proxy-to-proxy ("peer") protocol's messages and the values each may hold. Pure.
 
-Their frames, byte by byte, are `peer_codec.py` (the message classes import from there too).
+Their frames, byte by byte, are `peer/codec.py` and `peer/bodies.py`.
 A message that cannot be built (both or neither append payloads, a value out of range)
 raises a plain `ValueError`: the caller's bug. Every field's range fits its wire type, so
 any message that can be built can be framed (within the frame size limit).
@@ -20,7 +20,7 @@ from proxy.partition.sequence_holes import ProducerBatch
 ACKS = (-1, 0, 1)
 ADMIN_OPS = ("tier", "untier", "seal", "unseal")
 # Records travel in one frame, whose u32 length counts them and the frame's 14-byte head
-# (peer_codec.HEADER_SIZE).
+# (codec.HEADER_SIZE).
 MAX_RECORDS_BYTES = 0xFFFF_FFFF - 14
 
 U32_MAX = 0xFFFF_FFFF

@@ -18,11 +18,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
+from kio.schema.errors import ErrorCode
+
 from proxy import __version__
-from proxy.partition.producer_state import ErrorCode
 from proxy.partition.rules import ProduceResult
 from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
+    PeerFrameReader,
+    PeerProtocolError,
+    encode,
+    frame_size,
+)
+from proxy.peer.messages import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -30,16 +37,12 @@ from proxy.peer.codec import (
     BackfillRequest,
     FetchRequest,
     FetchResponse,
-    PeerFrameReader,
-    PeerProtocolError,
+    FetchResult,
     PingRequest,
     PingResponse,
     TrimRequest,
     TrimResponse,
-    encode,
-    frame_size,
 )
-from proxy.peer.messages import FetchResult
 
 __all__ = ["PeerServer"]
 
@@ -52,11 +55,6 @@ OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
 OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 
-KAFKA_STORAGE_ERROR = int(ErrorCode.KAFKA_STORAGE_ERROR)  # retriable: the producer retries
-UNKNOWN_SERVER_ERROR = -1
-# A fetch to a server given no on_fetch: no data answer uses this code, so the asker knows
-# the owner serves no tail at all (and reads only what is committed) instead of retrying.
-UNSUPPORTED_VERSION = 35
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
 
@@ -238,12 +236,14 @@ class PeerServer:
             return AppendResponse.from_result(cid, result)
         except Exception as exc:
             log.exception("append to stream %d from peer %s failed", request.stream_id, peer)
-            return AppendResponse(cid, KAFKA_STORAGE_ERROR, error_message=_describe(exc))
+            return AppendResponse(cid, ErrorCode.kafka_storage_error, error_message=_describe(exc))
 
     async def _fetch(self, request: FetchRequest, peer: str) -> FetchResponse:
         cid = request.correlation_id
         if self._on_fetch is None:
-            return FetchResponse(cid, UNSUPPORTED_VERSION)
+            # no data answer uses this code, so the asker knows the owner serves no tail at
+            # all (and reads only what is committed) instead of retrying
+            return FetchResponse(cid, ErrorCode.unsupported_version)
         try:
             response = FetchResponse.from_result(cid, await self._on_fetch(request))
             if (size := frame_size(response)) > self.max_frame_bytes:
@@ -252,7 +252,7 @@ class PeerServer:
         except Exception:
             stream, offset = request.stream_id, request.offset
             log.exception("fetch of stream %d at %d from peer %s failed", stream, offset, peer)
-            return FetchResponse(cid, KAFKA_STORAGE_ERROR)
+            return FetchResponse(cid, ErrorCode.kafka_storage_error)
 
     async def _admin(self, request: AdminRequest, peer: str) -> AdminResponse:
         cid = request.correlation_id
@@ -261,27 +261,29 @@ class PeerServer:
             return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
         except Exception as exc:
             log.exception("admin %s of %s from peer %s failed", request.op, request.topic, peer)
-            return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+            return AdminResponse(cid, ErrorCode.unknown_server_error, _describe(exc))
 
     async def _backfill(self, request: BackfillRequest, peer: str) -> AdminResponse:
         cid = request.correlation_id
         if self._on_backfill is None:
-            return AdminResponse(cid, UNSUPPORTED_VERSION, "this proxy takes no backfill commits")
+            return AdminResponse(
+                cid, ErrorCode.unsupported_version, "this proxy takes no backfill commits"
+            )
         try:
             code, message = await self._on_backfill(request)
             return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
         except Exception as exc:
             stream, object_id = request.stream_id, request.object_id
             log.exception("backfill of stream %d object %d from %s failed", stream, object_id, peer)
-            return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+            return AdminResponse(cid, ErrorCode.unknown_server_error, _describe(exc))
 
     async def _trim(self, request: TrimRequest, peer: str) -> TrimResponse:
         cid = request.correlation_id
         if self._on_trim is None:
-            return TrimResponse(cid, UNSUPPORTED_VERSION, -1, "this proxy takes no trims")
+            return TrimResponse(cid, ErrorCode.unsupported_version, -1, "this proxy takes no trims")
         try:
             code, log_start, message = await self._on_trim(request)
             return TrimResponse(cid, code, log_start, message[:_MAX_MESSAGE_CHARS])
         except Exception as exc:
             log.exception("trim of stream %d from %s failed", request.stream_id, peer)
-            return TrimResponse(cid, UNKNOWN_SERVER_ERROR, -1, _describe(exc))
+            return TrimResponse(cid, ErrorCode.unknown_server_error, -1, _describe(exc))

@@ -1,14 +1,15 @@
 """The block cache: data blocks of committed objects, shared by every reader of a proxy.
 
-A block (objectformat.py) is the unit, keyed by (object key, block position) and checked
+A block (objects/format.py) is the unit, keyed by (object key, block position) and checked
 against its CRC once, when it enters the cache. Three parts:
 
-- `BlockLru` holds blocks within a byte bound, evicting the least recently used. Pure.
+- `BlockLru` holds blocks within a byte bound, evicting the least recently used. Pure,
+  in `blockplan.py`.
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
-  ranged GETs that takes: one per run of adjacent missing blocks. Pure.
-- `BlockCache` is the asyncio side: it issues the GETs, lets concurrent readers of a block
-  share one GET (single flight), and keeps the parsed index of each object it reads (one
-  tail read per object).
+  ranged GETs that takes: one per run of adjacent missing blocks. Pure, in `blockplan.py`.
+- `BlockCache`, here, is the asyncio side: it issues the GETs, lets concurrent readers of
+  a block share one GET (single flight), and keeps the parsed index of each object it
+  reads (one tail read per object).
 
 Memory. A GET of adjacent blocks returns one buffer, and its blocks are cached as
 memoryview slices of it, without a copy. A slice keeps the whole buffer alive, so the
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Coroutine, Hashable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -39,6 +39,7 @@ from proxy.objects.format import (
     read_block,
 )
 from proxy.objects.store import ObjectNotFound, ObjectStore
+from proxy.reads.blockplan import BlockKey, BlockLru, Readahead, plan_fetches
 
 MiB = 1024 * 1024
 DEFAULT_CAPACITY_BYTES = 256 * MiB
@@ -46,158 +47,6 @@ DEFAULT_MAX_READAHEAD_BYTES = 16 * MiB  # a quarter of the cache at most; see do
 DEFAULT_INDEX_ENTRIES = 1024  # objects whose parsed index is kept
 DEFAULT_INDEX_READ_BYTES = 64 * 1024  # the tail read: the footer and, usually, the index
 DEFAULT_READERS = 10_000  # readers whose readahead state is kept
-
-BlockKey = tuple[str, int]  # (object key, block position)
-
-
-class _Buffer:
-    """The bytes of one GET, charged while any block cut from it is cached."""
-
-    __slots__ = ("size", "live", "blocks")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.live = 0  # bytes of its blocks still cached
-        self.blocks: set[BlockKey] = set()
-
-
-class BlockLru:
-    """Blocks within `capacity` bytes, least recently used evicted first. `bytes` is what
-    the cached blocks keep alive: their buffers, counted whole (see the module's doc)."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"block cache capacity {capacity} is negative")
-        self.capacity = capacity
-        self.bytes = 0
-        self.evictions = 0
-        self._blocks: OrderedDict[BlockKey, tuple[memoryview, _Buffer]] = OrderedDict()
-
-    def __contains__(self, block: BlockKey) -> bool:
-        return block in self._blocks
-
-    def get(self, block: BlockKey) -> memoryview | None:
-        slot = self._blocks.get(block)
-        if slot is None:
-            return None
-        self._blocks.move_to_end(block)
-        return slot[0]
-
-    def insert(self, key: str, blocks: Sequence[tuple[int, memoryview]]) -> bool:
-        """Cache `(position, view)` blocks of object `key` cut from one buffer that holds
-        exactly them (one GET), then evict down to the capacity. The new blocks are the
-        most recently used, so eviction reaches them only after everything else, which
-        leaves room for them. A buffer larger than the capacity is not cached: False."""
-        size = sum(len(view) for _, view in blocks)
-        if size > self.capacity:
-            return False
-        buffer = _Buffer(size)
-        for position, view in blocks:
-            block = (key, position)
-            if block in self._blocks:
-                self._remove(block, compact=False)
-            self._blocks[block] = (view, buffer)
-            buffer.blocks.add(block)
-            buffer.live += len(view)
-        self.bytes += size
-        while self.bytes > self.capacity:
-            block = next(iter(self._blocks))
-            self._remove(block, compact=True)
-            self.evictions += 1
-        return True
-
-    def forget(self, key: str) -> int:
-        """Drop every block of object `key` (not counted as evictions); returns how many."""
-        dropped = [block for block in self._blocks if block[0] == key]
-        for block in dropped:
-            self._remove(block, compact=False)
-        return len(dropped)
-
-    def positions(self, key: str) -> list[int]:
-        """Positions of the cached blocks of object `key`, in order (tests, operations)."""
-        return sorted(position for k, position in self._blocks if k == key)
-
-    def _remove(self, block: BlockKey, *, compact: bool) -> None:
-        view, buffer = self._blocks.pop(block)
-        buffer.blocks.discard(block)
-        buffer.live -= len(view)
-        if not buffer.blocks:
-            self.bytes -= buffer.size
-        elif compact and buffer.live * 2 <= buffer.size:
-            self._copy_out(buffer)
-
-    def _copy_out(self, buffer: _Buffer) -> None:
-        """Give each block still cached from `buffer` a copy of its own, so the buffer's
-        memory goes once readers drop it; the blocks keep their places in the LRU order."""
-        for block in buffer.blocks:
-            view = self._blocks[block][0]
-            own = _Buffer(len(view))
-            own.blocks.add(block)
-            own.live = own.size
-            self._blocks[block] = (memoryview(bytes(view)), own)
-        self.bytes -= buffer.size - buffer.live
-        buffer.blocks.clear()
-
-
-@dataclass(slots=True)
-class Readahead:
-    """One reader's readahead window, in bytes. A read that moves on from the previous one
-    (it starts after that one's first block, at most at the block after its last) is
-    sequential and doubles the window, from one block up to `max_bytes`; one that starts
-    in the same block again (a fetch ended inside it) keeps it; any other resets it."""
-
-    max_bytes: int
-    window: int = 0
-    last: tuple[int, int, int] | None = None  # the last read's stream, first and end offset
-
-    def next_read(self, first: IndexEntry, last: IndexEntry) -> int:
-        """The window for a read of the blocks `first` to `last` of one stream."""
-        previous = self.last
-        self.last = (first.stream_id, first.start_offset, last.end_offset)
-        if previous is not None and previous[0] == first.stream_id:
-            if previous[1] < first.start_offset <= previous[2]:
-                self.window = min(self.max_bytes, max(2 * self.window, first.size))
-                return self.window
-            if first.start_offset == previous[1]:
-                return self.window
-        self.window = 0
-        return 0
-
-
-def plan_fetches(
-    sizes: Sequence[int], present: Sequence[bool], wanted: int, window: int
-) -> tuple[list[tuple[int, int]], tuple[int, int] | None]:
-    """The GETs for a read of blocks [0, wanted) of a run of adjacent blocks, as [first,
-    end) index ranges. `present[i]` says block i is cached or being fetched already.
-
-    Returns the GETs the read waits for, one per run of missing wanted blocks, and at most
-    one readahead GET to start in the background. Readahead starts once fewer than half a
-    window of bytes after the wanted blocks are at hand, and fetches up to a window (at
-    least one block) of the missing blocks from the first one missing. It rides on the
-    read's own GET when that one ends where readahead begins and is no larger than it, so
-    a read never waits for more than twice the bytes it asked for."""
-    now: list[tuple[int, int]] = []
-    for i in range(wanted):
-        if present[i]:
-            continue
-        if now and now[-1][1] == i:
-            now[-1] = (now[-1][0], i + 1)
-        else:
-            now.append((i, i + 1))
-    ahead, gap = 0, wanted
-    while gap < len(sizes) and present[gap]:
-        ahead += sizes[gap]
-        gap += 1
-    if window <= 0 or gap == len(sizes) or 2 * ahead >= window:
-        return now, None
-    end, fetched = gap, 0
-    while end < len(sizes) and not present[end] and (end == gap or fetched + sizes[end] <= window):
-        fetched += sizes[end]
-        end += 1
-    if now and now[-1][1] == gap and fetched <= sum(sizes[now[-1][0] : gap]):
-        now[-1] = (now[-1][0], end)
-        return now, None
-    return now, (gap, end)
 
 
 class BlockCache:

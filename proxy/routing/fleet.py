@@ -62,7 +62,7 @@ class Heartbeat:
     # the member's WAL bytes not yet uploaded and the oldest one's wait in seconds, for
     # `fleet status` and /v1/fleet (None: tiering off, or a member that does not say)
     uploader_lag: tuple[int, float] | None = None
-    # what this member's peer listener understands (peer_codec.PROTOCOL), so a sender
+    # what this member's peer listener understands (peer/codec.py, PROTOCOL), so a sender
     # writes nothing an older member would refuse during a rolling upgrade
     peer_protocol: int = OLD_PEER_PROTOCOL
 

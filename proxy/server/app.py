@@ -28,6 +28,7 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
+from proxy.lifecycle import start_or_undo
 from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
@@ -36,7 +37,6 @@ from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
 from proxy.server.control import ControlConnection, SaslFailed, Streams
-from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tls import client_context, server_context
 from proxy.tiered.metrics import TieringMetrics

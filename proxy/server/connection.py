@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 
 from proxy.apis import HANDLING, TIERED_API_KEYS, ApiHandling
-from proxy.apis.api01_fetch import API_KEY as API_FETCH
 from proxy.apis.api01_fetch import request_rack_id
-from proxy.apis.api18_api_versions import API_KEY as API_VERSIONS
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
-from proxy.kafka.frames import FrameError
+from proxy.kafka.api_keys import ApiKey
+from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import RequestHeader, response_header_size
 from proxy.kafka.proxy_header import detect
 from proxy.kafka.proxy_header import parse as parse_proxy_header
@@ -63,7 +61,6 @@ from proxy.tiered.produce import count_in_flight
 
 log = logging.getLogger("tierproxy.connection")
 
-_SIZE = struct.Struct(">i")
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
 MAX_RESPONSE_BYTES = 1 << 30
@@ -190,7 +187,7 @@ class ClientConnection:
                 size_bytes = await self._read_client(4, between_frames=True)
             else:
                 size_bytes, read_ahead = read_ahead, None
-            (size,) = _SIZE.unpack(size_bytes)
+            (size,) = FRAME_SIZE.unpack(size_bytes)
             check_request_size(size, self._max_frame)  # before reading any of the body
             frame = memoryview(await self._read_client(size, between_frames=False))
             header = read_request_header(frame)
@@ -199,14 +196,14 @@ class ClientConnection:
             self.zone.on_client_id(header.client_id)
             if not self._answers.room.is_set():
                 await self._answers.room.wait()
-            if header.api_key == API_VERSIONS:
+            if header.api_key == ApiKey.API_VERSIONS:
                 answer = self._answer_api_versions(header, frame[header.size :])
                 self.zone.count_local(size + 4, answer)
                 await self.client_writer.drain()  # a client not reading stops being read
                 continue
             expects_answer = check_forwardable(header, frame)
             plan = None
-            if header.api_key == API_FETCH and self.zone.wants_fetch_rack:
+            if header.api_key == ApiKey.FETCH and self.zone.wants_fetch_rack:
                 try:
                     rack = request_rack_id(header.api_version, frame[header.size :])
                 except FrameError:
@@ -282,8 +279,8 @@ class ClientConnection:
         """Answer here (queued behind earlier answers); the answer's size."""
         proxy = self.proxy
         payload = api_versions_answer(header, body, proxy.api_versions_body, proxy.api_ranges)
-        slot = Slot(header.correlation_id, API_VERSIONS, header.api_version, local=True)
-        slot.data = (_SIZE.pack(len(payload)) + payload,)
+        slot = Slot(header.correlation_id, ApiKey.API_VERSIONS, header.api_version, local=True)
+        slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)
         self.enqueue(slot)
         self._answers.flush()
         return len(payload) + 4
@@ -318,7 +315,7 @@ class ClientConnection:
                     size_bytes = await reader.readexactly(4)
                 except asyncio.IncompleteReadError:
                     raise UpstreamClosed("connection closed by the broker") from None
-                (size,) = _SIZE.unpack(size_bytes)
+                (size,) = FRAME_SIZE.unpack(size_bytes)
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
                     raise UpstreamClosed(f"response frame size {size} out of range")
                 slot = self._order.next_from_upstream()  # taken once answered in full
@@ -333,7 +330,7 @@ class ClientConnection:
                     self._answered_upstream(slot)
                     self._answers.flush()
                     await self._answers.drain()
-                elif rewrites and not _walks(api, size, self._chunk_bytes):
+                elif api is not None and rewrites and not _walks(api, size, self._chunk_bytes):
                     frame = await read_whole(reader, size, self._chunk_bytes)
                     check_correlation_id(slot.correlation_id, frame)
                     slot.data = self._rewritten(api, slot, size_bytes, frame)
@@ -365,10 +362,11 @@ class ClientConnection:
         view = memoryview(frame)
         head = response_header_size(slot.api_key, slot.api_version, view)
         body = view[head:]
+        assert api.rewrite is not None  # `rewrites`
         rewritten = api.rewrite(slot.api_version, body, self.zone.advertise)
         if rewritten is body:
             return size_bytes, frame
-        return _SIZE.pack(head + len(rewritten)), view[:head], rewritten
+        return FRAME_SIZE.pack(head + len(rewritten)), view[:head], rewritten
 
     async def _pass_through(self, slot: Slot, head: bytes, remaining: int, walk: bool) -> None:
         """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens

@@ -14,13 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from proxy.apis.api00_produce import API_KEY as API_PRODUCE
-from proxy.apis.api18_api_versions import API_KEY as API_VERSIONS
 from proxy.apis.api18_api_versions import (
     Ranges,
     check_api_versions_request,
     unsupported_version_response,
 )
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.frames import FrameError
 from proxy.kafka.headers import (
     RequestHeader,
@@ -66,7 +65,7 @@ def check_forwardable(header: RequestHeader, frame: memoryview) -> bool:
             "unsupported_version",
             f"unsupported version {header.api_version} of api key {header.api_key}",
         )
-    if header.api_key != API_PRODUCE:
+    if header.api_key != ApiKey.PRODUCE:
         return True
     try:
         return produce_acks(header.api_version, frame[header.size :]) != 0
@@ -82,7 +81,7 @@ def api_versions_answer(
 ) -> bytes:
     """The proxy's answer to ApiVersions (its header included, unframed): the versions
     both the proxy and every broker serve (`encoded_body(version)`, encoded once)."""
-    if not is_known(API_VERSIONS, header.api_version):
+    if not is_known(ApiKey.API_VERSIONS, header.api_version):
         # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
         return unsupported_version_response(header.correlation_id, ranges())
     try:
@@ -91,7 +90,7 @@ def api_versions_answer(
         raise RejectedFrame(
             "malformed_request", f"ApiVersions v{header.api_version} request: {exc}"
         ) from None
-    payload = response_header(header.correlation_id, API_VERSIONS, header.api_version)
+    payload = response_header(header.correlation_id, ApiKey.API_VERSIONS, header.api_version)
     return payload + encoded_body(header.api_version)
 
 

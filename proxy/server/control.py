@@ -15,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import struct
 import uuid
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from kio.schema.types import TopicName
 
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import ApiVersionsError, parse_api_versions_response
 from proxy.config import UpstreamConfig
-from proxy.kafka.frames import FrameError
+from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import response_header_size
 from proxy.kafka.messages import encode_request
 from proxy.kafka.sasl import (
@@ -39,7 +39,6 @@ from proxy.kafka.sasl import (
 from proxy.routing.brokers import BrokerDirectory
 
 log = logging.getLogger("tierproxy.proxy")
-_SIZE = struct.Struct(">i")
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 Ranges = dict[int, tuple[int, int]]  # api key -> (min version, max version)
@@ -220,7 +219,7 @@ _ALL_TOPICS = MetadataRequest(
 
 def _metadata_request(name: str) -> MetadataRequest:
     return MetadataRequest(
-        topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
+        topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=TopicName(name)),),
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
@@ -230,7 +229,7 @@ async def call(reader, writer, request) -> memoryview:
     """Send one request of the proxy's own; the body of its answer."""
     writer.write(encode_request(request, correlation_id=0))
     await writer.drain()
-    (size,) = _SIZE.unpack(await reader.readexactly(4))
+    (size,) = FRAME_SIZE.unpack(await reader.readexactly(4))
     frame = memoryview(await reader.readexactly(size))
     return frame[response_header_size(request.__api_key__, request.__version__, frame) :]
 

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
+from kio.schema.errors import ErrorCode
 
 from proxy.config import ProxyConfig
 from proxy.routing.fleet import FleetView, Heartbeat, HeartbeatError, decode_heartbeat
 from proxy.routing.fleet import encode_heartbeat as encode
 
 log = logging.getLogger("tierproxy.fleet")
-TOPIC_ALREADY_EXISTS = 36
 
 
 class Membership:
@@ -210,7 +210,7 @@ class Membership:
             response = await admin.create_topics([topic])
             for entry in getattr(response, "topic_errors", None) or response.topics:
                 error_code = entry[1] if isinstance(entry, tuple) else entry.error_code
-                if error_code not in (0, TOPIC_ALREADY_EXISTS):
+                if error_code not in (0, ErrorCode.topic_already_exists):
                     raise ConnectionError(
                         f"cannot create the fleet topic {self._topic.topic}: error {error_code}"
                     )

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from typing import Protocol
 
 from proxy.apis import HANDLING
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.kafka.headers import RequestHeader, response_header, response_header_size
 from proxy.server.connection_state import Slot
 from proxy.server.zoning import ConnectionZone
 from proxy.tiered.planners import Plan
 
 log = logging.getLogger("tierproxy.connection")
-
-_SIZE = struct.Struct(">i")
 
 
 class SplitHost(Protocol):
@@ -89,7 +87,7 @@ class SplitAnswers:
             return
         payload = response_header(slot.correlation_id, slot.api_key, slot.api_version)
         payload += self._merged_body(slot, None)
-        slot.data = (_SIZE.pack(len(payload)) + payload,)
+        slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)
         host.zone.count_local(request_size, len(payload) + 4)
         host.answered_here()
 
@@ -99,11 +97,11 @@ class SplitAnswers:
         await asyncio.wait([slot.plan.local])
         view = memoryview(frame)
         head = response_header_size(slot.api_key, slot.api_version, view)
-        body = self._merged_body(slot, view[head:])
+        body: bytes | memoryview = self._merged_body(slot, view[head:])
         rewriter = HANDLING[slot.api_key].rewrite  # ListOffsets, DeleteRecords: none
         if rewriter is not None:
-            body = rewriter(slot.api_version, body, self._host.zone.advertise)
-        return (_SIZE.pack(head + len(body)) + bytes(view[:head]) + bytes(body),)
+            body = rewriter(slot.api_version, memoryview(body), self._host.zone.advertise)
+        return (FRAME_SIZE.pack(head + len(body)) + bytes(view[:head]) + bytes(body),)
 
     def _merged_body(self, slot: Slot, upstream: memoryview | None) -> bytes:
         plan = slot.plan

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Awaitable, Callable
 
 from proxy.kafka.frames import FrameError
-
-_SIZE = struct.Struct(">i")
+from proxy.kafka.wire import INT32
 
 
 class UpstreamClosed(Exception):
@@ -40,7 +38,7 @@ async def read_whole(reader: asyncio.StreamReader, n: int, chunk_bytes: int) -> 
 
 
 def check_correlation_id(expected: int, frame: bytes | bytearray) -> None:
-    (correlation_id,) = _SIZE.unpack_from(frame, 0)
+    (correlation_id,) = INT32.unpack_from(frame, 0)
     if correlation_id != expected:
         raise UpstreamClosed(f"correlation id {correlation_id}, expected {expected}")
 

@@ -24,9 +24,10 @@ Partitions of topics that are not tiered go upstream as they came.
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
 
 from proxy.apis.api21_delete_records import (
     HIGH_WATERMARK,
@@ -38,14 +39,10 @@ from proxy.apis.api21_delete_records import (
     read_delete_records_response,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.peer.messages import TrimRequest
 from proxy.upkeep.trims import trim_stream
-
-OFFSET_OUT_OF_RANGE = 1
-NOT_LEADER_OR_FOLLOWER = 6
-KAFKA_STORAGE_ERROR = 56
-_SIZE = struct.Struct(">i")
 
 Key = tuple[str, int]
 
@@ -67,7 +64,7 @@ class DeletePlan:
         return merge_responses(api_version, self.view, upstream, results)
 
     def failed(self, error: BaseException) -> dict:
-        return {key: DeleteResult(KAFKA_STORAGE_ERROR) for key in self.tiered}
+        return {key: DeleteResult(ErrorCode.kafka_storage_error) for key in self.tiered}
 
 
 def needs_high_watermark(offset: int, cutover: int) -> bool:
@@ -82,12 +79,12 @@ def refusal(offset: int, cutover: int, high_watermark: int | None) -> int | None
     anything is deleted (None: go ahead). `high_watermark` is the stream's, None when no
     owner answered; only looked at when `needs_high_watermark`."""
     if offset < HIGH_WATERMARK:
-        return OFFSET_OUT_OF_RANGE  # as Kafka answers a negative offset
+        return ErrorCode.offset_out_of_range  # as Kafka answers a negative offset
     if not needs_high_watermark(offset, cutover):
         return None
     if high_watermark is None:
-        return NOT_LEADER_OR_FOLLOWER
-    return OFFSET_OUT_OF_RANGE if offset > high_watermark else None
+        return ErrorCode.not_leader_or_follower
+    return ErrorCode.offset_out_of_range if offset > high_watermark else None
 
 
 async def plan_delete_records(
@@ -131,7 +128,11 @@ async def plan_delete_records(
     local = asyncio.ensure_future(_trim_all(tiering, trims, cutovers, view.timeout_ms, refused))
     frame = None
     if upstream_body is not None:
-        frame = (_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
+        frame = (
+            FRAME_SIZE.pack(len(header_bytes) + len(upstream_body)),
+            header_bytes,
+            upstream_body,
+        )
     return DeletePlan(view, frame, local, tuple(cutovers))
 
 

@@ -18,19 +18,18 @@ and consumers have read.
 from __future__ import annotations
 
 import asyncio
-import struct
 from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
 
 from proxy.apis.api23_offset_for_leader_epoch import (
     EpochError,
     read_requested,
     rewrite_end_offsets,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
-
-_SIZE = struct.Struct(">i")
-NOT_LEADER_OR_FOLLOWER = 6
 
 Key = tuple[str, int]
 
@@ -54,7 +53,7 @@ class EpochsPlan:
             if end > cutover and self.beyond is not None:
                 self.beyond.note("offset_for_leader_epoch", topic, partition, cutover, end)
             if high_watermark is None:  # the stream's end is not known: not the cutover either
-                return EpochError(NOT_LEADER_OR_FOLLOWER)
+                return EpochError(ErrorCode.not_leader_or_follower)
             return max(high_watermark, cutover)
 
         return bytes(rewrite_end_offsets(api_version, upstream, new_end))
@@ -83,7 +82,7 @@ def plan_offset_for_leader_epoch(
     if not streams:
         return None
     local = asyncio.ensure_future(_high_watermarks(tiering, streams))
-    frame = (_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
+    frame = (FRAME_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
     cutovers = {key: cutover for key, (_, cutover) in streams.items()}
     return EpochsPlan(frame, local, cutovers, beyond=tiering.beyond_cutover)
 

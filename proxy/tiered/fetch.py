@@ -22,10 +22,12 @@ Fetch.
 from __future__ import annotations
 
 import asyncio
-import struct
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.fetch_clamp import clamp_partition_answer
+from proxy.apis.fetch_merge import merge_responses
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
@@ -33,15 +35,12 @@ from proxy.apis.fetch_split import (
     TieredFetchResult,
     TopicKey,
     answer_layout,
-    merge_responses,
     read_fetch_request,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
-
-KAFKA_STORAGE_ERROR = 56
-_SIZE = struct.Struct(">i")
 
 
 @dataclass(slots=True, eq=False)
@@ -74,7 +73,7 @@ class FetchPlan:
 
     def failed(self, error: BaseException) -> dict:
         """Every partition read here answered KAFKA_STORAGE_ERROR (retriable)."""
-        return {key: TieredFetchResult(KAFKA_STORAGE_ERROR) for key in self.tiered}
+        return {key: TieredFetchResult(ErrorCode.kafka_storage_error) for key in self.tiered}
 
 
 async def plan_fetch(
@@ -124,7 +123,7 @@ async def plan_fetch(
             upstream_body = again or upstream_body
     local = loop.create_future()
     local.set_result(results)
-    frame = (_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
+    frame = (FRAME_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
     return FetchPlan(view, frame, local, keys, cutovers=cutovers, beyond=tiering.beyond_cutover)
 
 

@@ -31,7 +31,7 @@ class TieringMetrics:
         )
         self._collector: _Collector | None = None
 
-    def attach(self, service) -> None:  # service: proxy.server.tiering.TieringService
+    def attach(self, service) -> None:  # service: proxy.tiered.service.TieringService
         if service.wal is not None:
             service.wal.on_sync = self.fsync_seconds.observe
         self._collector = _Collector(service)

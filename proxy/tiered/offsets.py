@@ -35,8 +35,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import struct
 from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
 
 from proxy.apis.api02_list_offsets import (
     EARLIEST_LOCAL_TIMESTAMP,
@@ -50,6 +51,7 @@ from proxy.apis.api02_list_offsets import (
     read_list_offsets_response,
     split,
 )
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
@@ -60,10 +62,6 @@ from proxy.tiered.timestamps import OwnerAway, StreamSearch
 log = logging.getLogger("tierproxy.reads")
 
 LATEST, EARLIEST = -1, -2
-NONE = 0
-NOT_LEADER_OR_FOLLOWER = 6
-KAFKA_STORAGE_ERROR = 56
-_SIZE = struct.Struct(">i")
 _FIRST_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8}  # older: Kafka refuses it
 _EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
 _ANY_TIMESTAMP = -(1 << 63)  # every record's timestamp is at least this
@@ -116,30 +114,30 @@ class StreamPart:
 
     def alone(self, timestamp: int) -> OffsetsResult:
         """The answer when the stream holds the whole log."""
-        if self.error_code != NONE:
+        if self.error_code != ErrorCode.none:
             return OffsetsResult(self.error_code)
         if timestamp in _EARLIEST:
             return self.earliest(self.log_start)
         if self.found is None:
-            return OffsetsResult(NONE)  # no record at or after it: Kafka answers -1 too
+            return OffsetsResult(ErrorCode.none)  # no record at or after it: Kafka answers -1 too
         found = self.found
         epoch = epoch_at(found.offset, self.cutover, self.current_epoch, found.leader_epoch)
-        return OffsetsResult(NONE, found.timestamp, found.offset, epoch)
+        return OffsetsResult(ErrorCode.none, found.timestamp, found.offset, epoch)
 
     def earliest(self, log_start: int, stamped: int | None = None) -> OffsetsResult:
         """EARLIEST at `log_start`; below the cutover with the epoch of the batch there
         (`stamped`, else the one read from the objects)."""
         stamped = self.start_epoch if stamped is None else stamped
         epoch = epoch_at(log_start, self.cutover, self.current_epoch, stamped)
-        return OffsetsResult(NONE, -1, log_start, epoch)
+        return OffsetsResult(ErrorCode.none, -1, log_start, epoch)
 
 
 def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note) -> OffsetsResult:
     """Kafka's answer for its part of the log (below the cutover), completed with the
     stream's. `note(seen)` is told of a Kafka answer at or past the cutover."""
-    if kafka is None or kafka.error_code != NONE:
-        return kafka if kafka is not None else OffsetsResult(NOT_LEADER_OR_FOLLOWER)
-    if part.error_code != NONE and timestamp not in _EARLIEST:
+    if kafka is None or kafka.error_code != ErrorCode.none:
+        return kafka if kafka is not None else OffsetsResult(ErrorCode.not_leader_or_follower)
+    if part.error_code != ErrorCode.none and timestamp not in _EARLIEST:
         return OffsetsResult(part.error_code)
     cutover = part.cutover
     if timestamp in _EARLIEST:
@@ -180,12 +178,12 @@ async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
     state = None if stream is None else tiering.state(stream)
     info = None if state is None else state.stream(stream)
     if info is None:  # untiered since the split
-        return StreamPart(NOT_LEADER_OR_FOLLOWER)
+        return StreamPart(ErrorCode.not_leader_or_follower)
     timestamp = item.timestamp
     held = timestamp in _EARLIEST and bool(
         state.objects_for(stream, info.log_start_offset, limit=1)
     )
-    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset, start_held=held)
+    part = StreamPart(ErrorCode.none, info.cutover_offset, info.log_start_offset, start_held=held)
     search = StreamSearch(tiering, stream)
     if timestamp in _EARLIEST and (not held or part.log_start >= part.cutover):
         return part
@@ -208,11 +206,11 @@ async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
         else:
             hit = await search.first_at_or_after(timestamp, start)
     except OwnerAway:
-        return StreamPart(NOT_LEADER_OR_FOLLOWER)
+        return StreamPart(ErrorCode.not_leader_or_follower)
     except (ObjectFormatError, ObjectStoreError, CorruptBatchError) as exc:
         log.error("%s: %s", where, exc)
-        return StreamPart(KAFKA_STORAGE_ERROR)
-    return StreamPart(NONE, info.cutover_offset, info.log_start_offset, hit)
+        return StreamPart(ErrorCode.kafka_storage_error)
+    return StreamPart(ErrorCode.none, info.cutover_offset, info.log_start_offset, hit)
 
 
 async def _latest(tiering, item: TieredOffsetsPartition) -> OffsetsResult:
@@ -221,14 +219,14 @@ async def _latest(tiering, item: TieredOffsetsPartition) -> OffsetsResult:
     found = tiering.topics.topic(item.topic)
     stream = None if found is None else stream_of(found, item.partition)
     if stream is None or tiering.state(stream).stream(stream) is None:
-        return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+        return OffsetsResult(ErrorCode.not_leader_or_follower)
     end, epoch = await asyncio.gather(
         tiering.reads.owner_high_watermark(stream),
         tiering.leader_epochs.epoch(item.topic, item.partition),
     )
     if end is None:  # the owner is away: the committed end may be below its acks
-        return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
-    return OffsetsResult(NONE, -1, end, epoch)
+        return OffsetsResult(ErrorCode.not_leader_or_follower)
+    return OffsetsResult(ErrorCode.none, -1, end, epoch)
 
 
 @dataclass(slots=True, eq=False)
@@ -266,7 +264,10 @@ class OffsetsPlan:
         return note
 
     def failed(self, error: BaseException) -> dict:
-        return {(p.topic, p.partition): OffsetsResult(KAFKA_STORAGE_ERROR) for p in self.tiered}
+        return {
+            (p.topic, p.partition): OffsetsResult(ErrorCode.kafka_storage_error)
+            for p in self.tiered
+        }
 
 
 def plan_list_offsets(
@@ -286,7 +287,7 @@ def plan_list_offsets(
     frame = None
     if upstream_body is not None:
         size = len(header_bytes) + len(upstream_body)
-        frame = (_SIZE.pack(size), header_bytes, upstream_body)
+        frame = (FRAME_SIZE.pack(size), header_bytes, upstream_body)
     return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
 
 

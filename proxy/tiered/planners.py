@@ -9,7 +9,7 @@ upstream as it came. The per-API planners keep their own signatures; this module
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +17,7 @@ from proxy.apis import TIERED_API_KEYS, api00_produce, api01_fetch, api02_list_o
 from proxy.apis import api21_delete_records as api21
 from proxy.apis import api23_offset_for_leader_epoch as api23
 from proxy.apis import api24_add_partitions_to_txn as api24
+from proxy.apis.api00_produce import TopicKey
 from proxy.tiered.deletes import plan_delete_records
 from proxy.tiered.epochs import plan_offset_for_leader_epoch
 from proxy.tiered.fetch import plan_fetch
@@ -38,7 +39,7 @@ class Plan(Protocol):
 
     # The passthrough topics counted in flight until upstream answers (cutover drains).
     @property
-    def passthrough_topics(self) -> tuple[Hashable, ...]: ...
+    def passthrough_topics(self) -> tuple[TopicKey, ...]: ...
 
     def merge(self, api_version: int, upstream: memoryview | None, local: Any) -> bytes: ...
 

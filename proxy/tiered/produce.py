@@ -14,9 +14,9 @@ over is reported drained only when none is left (docs/tiering.md, "Cutover").
 from __future__ import annotations
 
 import asyncio
-import struct
-import time
 from dataclasses import dataclass
+
+from kio.schema.errors import ErrorCode
 
 from proxy.apis.api00_produce import (
     PartitionResult,
@@ -27,14 +27,11 @@ from proxy.apis.api00_produce import (
     read_produce_request,
     split,
 )
+from proxy.clock import now_ms
+from proxy.kafka.frames import FRAME_SIZE
 from proxy.objects.ratelimit import Priority
 from proxy.partition.produce_rules import ProduceRules, check_records
 from proxy.partition.rules import ProduceResult
-
-INVALID_REQUEST = 42
-MESSAGE_TOO_LARGE = 10
-KAFKA_STORAGE_ERROR = 56
-_SIZE = struct.Struct(">i")
 
 
 @dataclass(slots=True, eq=False)
@@ -50,7 +47,10 @@ class ProducePlan:
 
     def failed(self, error: BaseException) -> list[PartitionResult]:
         """Every tiered partition of the request answered KAFKA_STORAGE_ERROR (retriable)."""
-        return [PartitionResult(t, p, 56, error_message=repr(error)) for t, p in self.tiered]
+        return [
+            PartitionResult(t, p, ErrorCode.kafka_storage_error, error_message=repr(error))
+            for t, p in self.tiered
+        ]
 
 
 def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_version: int):
@@ -68,7 +68,7 @@ def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_versio
     tiered_keys = tuple((p.topic, p.partition) for p in tiered)
     if upstream_body is not None:
         size = len(header_bytes) + len(upstream_body)
-        frame = (_SIZE.pack(size), header_bytes, upstream_body)
+        frame = (FRAME_SIZE.pack(size), header_bytes, upstream_body)
         kept = tuple(
             t.topic
             for t in view.topics
@@ -90,12 +90,12 @@ async def _produce_local(
 async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> PartitionResult:
     if view.transactional_id is not None:
         result = ProduceResult(
-            INVALID_REQUEST,
+            ErrorCode.invalid_request,
             error_message="transactional produce to a tiered topic is not supported yet",
         )
     elif part.records is not None and len(part.records) > tiering.max_batch_bytes:
         result = ProduceResult(
-            MESSAGE_TOO_LARGE,
+            ErrorCode.message_too_large,
             error_message=f"{len(part.records)} bytes exceed {tiering.max_batch_bytes}",
         )
     else:
@@ -133,11 +133,10 @@ def _refusal(
     if rules is None:
         message = f"the configs of topic {topic.name} could not be read from Kafka"
         return PartitionResult(
-            part.topic, part.partition, KAFKA_STORAGE_ERROR, error_message=message
+            part.topic, part.partition, ErrorCode.kafka_storage_error, error_message=message
         )
-    now_ms = time.time_ns() // 1_000_000
     name = f"{topic.name}-{part.partition}"
-    refusal = check_records(part.records, rules, now_ms, view.api_version, name)
+    refusal = check_records(part.records, rules, now_ms(), view.api_version, name)
     if refusal is None:
         return None
     return PartitionResult(

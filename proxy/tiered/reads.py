@@ -22,6 +22,8 @@ import logging
 import time
 from collections.abc import Hashable, Sequence
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
 from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
@@ -37,11 +39,6 @@ from proxy.wal.types import WalError
 
 log = logging.getLogger("tierproxy.reads")
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-NOT_LEADER_OR_FOLLOWER = 6
-KAFKA_STORAGE_ERROR = 56
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 # a read_committed answer reads this far for the marker of a transaction it starts with
 MAX_TRANSACTION_READ_BYTES = 64 << 20
@@ -118,14 +115,14 @@ class TieredReads:
             await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
             partition = self.service.partitions.get(stream)
         if partition is None:
-            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+            return TieredFetchResult(ErrorCode.not_leader_or_follower)
         end, start = partition.high_watermark, partition.log_start_offset
         if offset > end or offset < start:
-            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, start)
+            return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, start)
         records: Sequence[memoryview] = ()
         if request.max_bytes > 0:
             records = await self._tail(stream, offset, request.max_bytes)
-        return TieredFetchResult(NONE, end, end, start, None, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, end, end, start, None, -1, tuple(records))
 
     async def _tail(self, stream: int, offset: int, max_bytes: int) -> Sequence[memoryview]:
         """The owner's batches from `offset` past the committed objects: the log cache,
@@ -175,7 +172,9 @@ class TieredReads:
         size = sum(len(memoryview(piece)) for piece in answer.records)
         service.count_peer_bytes(address, "tail_request", FETCH_REQUEST_BYTES)
         service.count_peer_bytes(address, "tail_answer", FETCH_ANSWER_BYTES + size)
-        return answer if answer.error_code in (NONE, OFFSET_OUT_OF_RANGE) else None
+        return (
+            answer if answer.error_code in (ErrorCode.none, ErrorCode.offset_out_of_range) else None
+        )
 
     async def fetch(
         self,
@@ -196,7 +195,7 @@ class TieredReads:
             left = deadline - time.monotonic()
             if min_bytes <= 0 or got >= min_bytes or left <= 0:
                 return results
-            if any(r.error_code != NONE for r in results.values()):
+            if any(r.error_code != ErrorCode.none for r in results.values()):
                 return results
             await self._wait_for_data(parts, left)
 
@@ -224,7 +223,7 @@ class TieredReads:
         stream = None if found is None else stream_of(found, part.partition)
         info = None if stream is None else service.state(stream).stream(stream)
         if stream is None or info is None:  # untiered since the split: the client retries
-            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+            return TieredFetchResult(ErrorCode.not_leader_or_follower)
         state = service.state(stream)
         partition = service.partitions.get(stream)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
@@ -232,7 +231,7 @@ class TieredReads:
         log_start = info.log_start_offset
         offset = part.fetch_offset
         if offset < log_start or (partition is not None and offset > end):
-            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+            return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
         records: Sequence[memoryview] = ()
         aborted: tuple[tuple[int, int], ...] | None = None
         priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
@@ -248,10 +247,10 @@ class TieredReads:
                     )
             except (ObjectFormatError, ControlRecordError) as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
-                return TieredFetchResult(CORRUPT_MESSAGE, end, end, log_start)
+                return TieredFetchResult(ErrorCode.corrupt_message, end, end, log_start)
             except ObjectStoreError as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
-                return TieredFetchResult(KAFKA_STORAGE_ERROR, end, end, log_start)
+                return TieredFetchResult(ErrorCode.kafka_storage_error, end, end, log_start)
             if not records and partition is not None:
                 records = await self._tail(stream, offset, max_bytes)
                 priority = Priority.TAIL_READ
@@ -259,8 +258,8 @@ class TieredReads:
             tail = await self._owner_tail(stream, offset, max_bytes, 0)
             if tail is not None:
                 end = max(end, tail.high_watermark)
-                if tail.error_code == OFFSET_OUT_OF_RANGE:
-                    return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+                if tail.error_code == ErrorCode.offset_out_of_range:
+                    return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
                 records = tail.records
                 priority = Priority.TAIL_READ
         if records and self.service.bandwidth is not None:
@@ -268,7 +267,7 @@ class TieredReads:
             await self.service.bandwidth.limiter.acquire(priority, size)
         if aborted is None and isolation_level == READ_COMMITTED:
             aborted = ()
-        return TieredFetchResult(NONE, end, end, log_start, aborted, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, end, end, log_start, aborted, -1, tuple(records))
 
     async def _decided(
         self,

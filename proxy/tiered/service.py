@@ -22,11 +22,16 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
 
 from proxy.apis.fetch_split import TieredFetchResult
+from proxy.clock import now_ms
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
+from proxy.lifecycle import settle, start_or_undo
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
 from proxy.metadata.records import ObjectCommit
 from proxy.metadata.state import MetadataState
@@ -39,19 +44,18 @@ from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_headers
-from proxy.partition.owner import PartitionSet
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
-from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, ProduceResult
+from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.clients import PeerClients, PeerUnavailable
-from proxy.peer.codec import AdminRequest, AppendRequest, for_peer, frame_size
-from proxy.peer.messages import AppendResponse, FetchRequest
+from proxy.peer.codec import for_peer, frame_size
+from proxy.peer.messages import AdminRequest, AppendRequest, AppendResponse, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.server.lifecycle import settle, start_or_undo
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.reads import TieredReads
@@ -74,9 +78,6 @@ from proxy.wal.types import WalConfig
 
 log = logging.getLogger("tierproxy.tiering")
 
-CORRUPT_MESSAGE = 2
-REQUEST_TIMED_OUT = 7
-INVALID_REQUEST = 42
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
 ACKS0_RELEASE_DELAY_S = 30.0  # an acks=0 batch's S3-WAL location is released this late
@@ -100,18 +101,14 @@ class _Part:
     partition: int
     stream: int
     batch: ProducerBatch | None  # whose batches (sequence_holes.py); None for acks=0
-    records: object
+    records: memoryview  # a view of the request body (null records are refused before)
     acks: int
     timeout_ms: int
     rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _not_owner(message: str) -> ProduceResult:
-    return ProduceResult(NOT_LEADER_OR_FOLLOWER, error_message=message)
+    return ProduceResult(ErrorCode.not_leader_or_follower, error_message=message)
 
 
 async def open_store(config: TieringConfig, registry=None) -> ObjectStore:
@@ -377,7 +374,7 @@ class TieringService:
         if found is None:  # untiered since the split: the client retries through Kafka
             return _not_owner(f"topic {topic} is no longer tiered")
         if records is None:
-            return ProduceResult(INVALID_REQUEST, error_message="null records")
+            return ProduceResult(ErrorCode.invalid_request, error_message="null records")
         stream = stream_of(found, partition)
         batch = ProducerBatch.of(records) if acks != 0 else None
         try:
@@ -395,7 +392,7 @@ class TieringService:
         if self.state(stream).stream(stream) is None:
             if not await self._wait_for_cutover(found, stream):
                 return ProduceResult(
-                    REQUEST_TIMED_OUT,
+                    ErrorCode.request_timed_out,
                     error_message=f"{found.name}-{partition} is being cut over to tiered",
                 )
         assert self.partitions is not None
@@ -450,6 +447,7 @@ class TieringService:
         started = asyncio.get_running_loop().create_future()
         self._sends[stream] = started
         location = None  # released once the owner answered: s3walgc.py
+        payload: dict[str, Any]  # the batch itself, or where the S3 hand-off put it
         try:
             if self.s3wal is not None:
                 location = await self.s3wal.append(stream, records)
@@ -473,13 +471,17 @@ class TieringService:
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
-            return ProduceResult(CORRUPT_MESSAGE, error_message=str(exc))  # the owner's answer
+            return ProduceResult(
+                ErrorCode.corrupt_message, error_message=str(exc)
+            )  # the owner's answer
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
             self.holes.dropped(stream, batch)  # before the next hand-off of the stream goes
             if location is not None and self.s3wal is not None:
                 self.s3wal.release(location)
-            return ProduceResult(56, error_message=f"could not hand the batch over: {exc}")
+            return ProduceResult(
+                ErrorCode.kafka_storage_error, error_message=f"could not hand the batch over: {exc}"
+            )
         finally:
             started.set_result(None)
             if self._sends.get(stream) is started:
@@ -575,13 +577,15 @@ class TieringService:
                 self.holes.dropped(stream, batch)
                 return _not_owner(f"stream {stream} is not owned by {self.name}")
             if rules is None:
-                return ProduceResult(56, error_message=f"stream {stream}: no topic config")
+                return ProduceResult(
+                    ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"
+                )
             append_time = rules.log_append_time
             call = asyncio.ensure_future(
                 self.partitions.produce(stream, records, request.acks, append_time)
             )
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
-        except BaseException:  # the S3-WAL read failed: answered 56, the batch not appended
+        except BaseException:  # the S3-WAL read failed: a storage error, the batch not appended
             self.holes.dropped(stream, batch)  # before the stream's next arrival goes on
             raise
         finally:
@@ -683,7 +687,7 @@ class TieringService:
             if time.monotonic() > min(o.commit_by for o, _ in items):
                 # the orphan sweep may delete it now: the restarted uploader uploads again
                 raise CommitRefused(f"shard {shard}: the objects' PUT is too old to commit")
-            now = _now_ms()
+            now = now_ms()
             commits = [
                 ObjectCommit(
                     owner.state.generation, o.object_id, o.kind, o.size, owner.epoch, now, ranges

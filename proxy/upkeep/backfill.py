@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import time
 
+from kio.schema.errors import ErrorCode
+
+from proxy.clock import now_ms
 from proxy.metadata.records import ObjectCommit, OffsetRange
 from proxy.metadata.rules import Outcome
 from proxy.metadata.state import check_commit
@@ -25,11 +28,7 @@ from proxy.objects.store import ObjectStoreError
 from proxy.peer.messages import BackfillRequest
 from proxy.upkeep.orphan_plan import commit_age_limit, too_old_to_commit
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_COORDINATOR = 16
-INVALID_REQUEST = 42
 POLICY_VIOLATION = 44
-KAFKA_STORAGE_ERROR = 56
 
 
 async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
@@ -39,20 +38,23 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
     # Only an offload object's id, for its very range: a job cannot take over an id the
     # upload path allocates, nor commit one object under two ranges.
     if r.object_id != offload_object_id(r.stream_id, r.start_offset, r.end_offset):
-        return INVALID_REQUEST, f"{what}: not the offload object id of that range"
+        return ErrorCode.invalid_request, f"{what}: not the offload object id of that range"
     assert r.object_id & OFFLOAD_ID_BIT
     shard = shard_of(r.stream_id, service.config.shard_count)
     owner = service.assignment.owner(shard)
     if owner is None:
         address = service.peer_address(service.readers[shard].state.owner)
         if address is None:
-            return NOT_COORDINATOR, f"{what}: metadata shard {shard} has no live owner right now"
+            return (
+                ErrorCode.not_coordinator,
+                f"{what}: metadata shard {shard} has no live owner right now",
+            )
         args = (r.object_id, r.size, r.stream_id, r.start_offset, r.end_offset)
         return await service.peers.backfill(address, *args)
     state = owner.state
     info = state.stream(r.stream_id)
     if info is None:
-        return UNKNOWN_TOPIC_OR_PARTITION, f"{what}: the stream is not tiered"
+        return ErrorCode.unknown_topic_or_partition, f"{what}: the stream is not tiered"
     # The rules would also take a tail range; an offload job only ever fills below the
     # cutover, so anything reaching past it is a mistake to refuse, not to commit.
     if r.end_offset > info.cutover_offset:
@@ -63,7 +65,7 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
         ObjectKind.STREAM,
         r.size,
         owner.epoch,
-        int(time.time() * 1000),
+        now_ms(),
         (OffsetRange(r.stream_id, r.start_offset, r.end_offset),),
     )
     verdict = check_commit(state, commit)
@@ -77,7 +79,7 @@ async def commit_backfill(service, request: BackfillRequest) -> tuple[int, str]:
     try:
         [verdict] = await owner.write([commit])
     except ShardFenced as exc:
-        return NOT_COORDINATOR, str(exc)
+        return ErrorCode.not_coordinator, str(exc)
     if verdict.outcome is Outcome.REFUSE:
         return POLICY_VIOLATION, verdict.reason
     return 0, f"{what}: committed"
@@ -89,7 +91,7 @@ async def _too_old(service, key: str, what: str) -> tuple[int, str] | None:
     try:
         found = [info async for info in service.store.list(key) if info.key == key]
     except ObjectStoreError as exc:
-        return KAFKA_STORAGE_ERROR, f"{what}: cannot look at object {key}: {exc}"
+        return ErrorCode.kafka_storage_error, f"{what}: cannot look at object {key}: {exc}"
     if not found or found[0].last_modified is None:
         return POLICY_VIOLATION, f"{what}: object {key} is not in the store"
     put_at = found[0].last_modified

@@ -41,13 +41,8 @@ from dataclasses import dataclass, fields
 
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import (
-    FORMAT_VERSION,
-    READ_VERSIONS,
-    IndexEntry,
-    ObjectWriter,
-    find_entries,
-)
+from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS, IndexEntry, find_entries
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 
 MiB = 1 << 20
@@ -144,7 +139,8 @@ def pick_sources(state: MetadataState, settings: CompactionSettings) -> list[int
             commit = state.object_commit(number)
             small.append((commit.committed_at_ms if commit else 0, number, r.object_size))
     small.sort()
-    chosen, total = [], 0
+    chosen: list[int] = []
+    total = 0
     for _, number, size in small:
         if chosen and total + size > settings.max_pass_bytes:
             break

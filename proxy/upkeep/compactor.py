@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from proxy.clock import now_ms
 from proxy.metadata.records import ObjectCommit, OffsetRange, Record
 from proxy.metadata.rules import Outcome
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import BuiltObject, IndexEntry, ObjectWriter, read_block
+from proxy.objects.format import IndexEntry, read_block
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore
@@ -50,7 +52,7 @@ from proxy.upkeep.compaction_plan import (
     pick_sources,
     plan_compaction,
 )
-from proxy.upkeep.object_gc import GarbageCollector, discard, now_ms, read_index, write_through
+from proxy.upkeep.object_gc import GarbageCollector, discard, read_index, write_through
 from proxy.upkeep.orphan_plan import commit_age_limit
 from proxy.upload.plan import ObjectIdAllocator
 

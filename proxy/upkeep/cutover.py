@@ -23,27 +23,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
+from kio.schema.errors import ErrorCode
 
+from proxy.clock import now_ms
 from proxy.metadata.client_start import start_client
 from proxy.metadata.records import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.metadata.state import topic_untier_refusal
 from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
-from proxy.peer.codec import ADMIN_OPS
+from proxy.peer.messages import ADMIN_OPS
 from proxy.upkeep.seals import Sealed
 
 log = logging.getLogger("tierproxy.cutover")
 
-NOT_COORDINATOR = 16
-UNKNOWN_TOPIC = 3
-POLICY_VIOLATION = 44
-INVALID_REQUEST = 42
 STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
@@ -149,7 +146,7 @@ class CutoverLoop:
         if owner is None:
             return
         state = owner.state
-        now = int(time.time() * 1000)
+        now = now_ms()
         records = [
             StreamCutover(
                 state.generation,
@@ -194,7 +191,7 @@ class CutoverLoop:
                     log.error("stream %d holds offsets past its cutover: it stays tiered", stream)
                     continue
                 await service.partitions.remove(stream)
-                now = int(time.time() * 1000)
+                now = now_ms()
                 untier = StreamUntier(state.generation, stream, info.incarnation, owner.epoch, now)
                 [verdict] = await owner.write([untier])
                 service.seals.untiered(stream)
@@ -244,14 +241,14 @@ class CutoverLoop:
         """tier / untier a topic: written by the owner of its topic shard, wherever it is."""
         service = self.service
         if op not in ADMIN_OPS:
-            return INVALID_REQUEST, f"unknown admin operation {op!r}"
+            return ErrorCode.invalid_request, f"unknown admin operation {op!r}"
         if topic_id.int == 0:  # the command names the topic: ask Kafka for its id
             try:
                 topic_id, _ = await service.proxy.describe_topic(topic)
             except LookupError as exc:
-                return UNKNOWN_TOPIC, str(exc)
+                return ErrorCode.unknown_topic_or_partition, str(exc)
             except OSError as exc:
-                return NOT_COORDINATOR, f"cannot reach Kafka: {exc}"
+                return ErrorCode.not_coordinator, f"cannot reach Kafka: {exc}"
         if op in ("seal", "unseal"):  # from the owner of the topic's shard, untiering it
             return await self._seal(op, topic, topic_id)
         shard = topic_shard(topic_id, service.config.shard_count)
@@ -259,7 +256,10 @@ class CutoverLoop:
         if owner is None:
             address = service.peer_address(service.readers[shard].state.owner)
             if address is None:
-                return NOT_COORDINATOR, f"metadata shard {shard} has no live owner right now"
+                return (
+                    ErrorCode.not_coordinator,
+                    f"metadata shard {shard} has no live owner right now",
+                )
             return await service.peers.admin(address, op, topic, topic_id)
         sealed = Sealed(topic, topic_id)
         if op == "untier":
@@ -269,17 +269,17 @@ class CutoverLoop:
             if not refusal:
                 sealed, refusal = await service.seals.seal_topic(topic, topic_id, partitions)
             if refusal:
-                return POLICY_VIOLATION, f"cannot untier {topic}: {refusal}"
+                return ErrorCode.policy_violation, f"cannot untier {topic}: {refusal}"
         mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
-        record = TopicModeSet(topic_id, topic, mode, int(time.time() * 1000))
+        record = TopicModeSet(topic_id, topic, mode, now_ms())
         try:
             [verdict] = await owner.write([record])
         except ShardFenced as exc:
             await service.seals.unseal_topic(sealed)
-            return NOT_COORDINATOR, str(exc)
+            return ErrorCode.not_coordinator, str(exc)
         if verdict.outcome.value == "refuse":
             await service.seals.unseal_topic(sealed)
-            return POLICY_VIOLATION, verdict.reason
+            return ErrorCode.policy_violation, verdict.reason
         return 0, f"{topic} is {mode.name.lower()}"
 
     async def _seal(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
@@ -290,5 +290,5 @@ class CutoverLoop:
             return 0, f"{len(streams)} partitions of {topic} started again"
         streams, refusal = await seals.seal_here(topic_id, await self._partition_count(topic))
         if refusal:
-            return POLICY_VIOLATION, refusal
+            return ErrorCode.policy_violation, refusal
         return 0, f"{len(streams)} partitions of {topic} sealed on {self.service.name}"

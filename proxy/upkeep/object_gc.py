@@ -30,6 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from proxy.clock import now_ms
 from proxy.metadata.records import ObjectCommit, ObjectDelete, Record
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.state import MetadataState
@@ -49,10 +50,6 @@ log = logging.getLogger("tierproxy.compaction")
 INDEX_READ_BYTES = 64 * 1024  # the tail GET that finds an index: most indexes fit in it
 CATCH_UP_TIMEOUT_S = 10.0
 KNOWN_OBJECTS = 100_000  # objects whose shards are remembered
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 async def read_index(store: ObjectStore, key: str, size: int) -> tuple[IndexEntry, ...]:

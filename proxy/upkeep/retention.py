@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
 
+from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
@@ -49,10 +49,6 @@ log = logging.getLogger("tierproxy.retention")
 RangeKey = tuple[int, int, int, int]  # object id, stream, start, end
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclass(slots=True)
 class RetentionReport:
     """What one pass did: stream -> new log start."""
@@ -63,7 +59,7 @@ class RetentionReport:
 class Retention:
     """The retention task of one proxy (`run`), or one pass of it (`run_once`)."""
 
-    def __init__(self, service, *, clock_ms: Callable[[], int] = _now_ms) -> None:
+    def __init__(self, service, *, clock_ms: Callable[[], int] = now_ms) -> None:
         self.service = service  # server.tiering.TieringService
         self.interval_s = service.config.retention_check_interval_s
         self.configs = service.topic_configs  # closed by the service

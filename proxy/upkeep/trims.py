@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
+from kio.schema.errors import ErrorCode
+
+from proxy.clock import now_ms
 from proxy.metadata.records import StreamTrim
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
@@ -23,10 +25,6 @@ from proxy.upload.uploader import UploadError
 
 log = logging.getLogger("tierproxy.trims")
 
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-NOT_LEADER_OR_FOLLOWER = 6
-REQUEST_TIMED_OUT = 7
 HIGH_WATERMARK = -1
 
 
@@ -54,39 +52,47 @@ async def trim_stream(service, request: TrimRequest) -> tuple[int, int, str]:
     if owner is None:
         address = service.peer_address(service.readers[shard].state.owner)
         if address is None:
-            return NOT_LEADER_OR_FOLLOWER, -1, f"metadata shard {shard} has no live owner now"
+            return (
+                ErrorCode.not_leader_or_follower,
+                -1,
+                f"metadata shard {shard} has no live owner now",
+            )
         return await service.peers.trim(address, stream, offset, request.timeout_ms)
     info = owner.state.stream(stream)
     partition = service.partitions.get(stream) if service.partitions else None
     if info is None or partition is None:  # untiered, or still starting: the client retries
-        return NOT_LEADER_OR_FOLLOWER, -1, f"stream {stream} is not served here now"
+        return ErrorCode.not_leader_or_follower, -1, f"stream {stream} is not served here now"
     high_watermark = partition.high_watermark
     target = high_watermark if offset == HIGH_WATERMARK else offset
     if not 0 <= target <= high_watermark:
         return (
-            OFFSET_OUT_OF_RANGE,
+            ErrorCode.offset_out_of_range,
             -1,
             f"stream {stream}: offset {target} is past the high watermark {high_watermark}",
         )
     start = max(info.log_start_offset, partition.log_start_offset)
     if target <= start:
-        return NONE, start, f"stream {stream} starts at {start} already"
+        return ErrorCode.none, start, f"stream {stream} starts at {start} already"
     try:
         async with asyncio.timeout(request.timeout_ms / 1000):
             if (owner.state.stream_end(stream) or 0) < target:
                 await service.uploader.flush()
     except TimeoutError:
-        return REQUEST_TIMED_OUT, -1, f"stream {stream}: offset {target} not uploaded in time"
+        return (
+            ErrorCode.request_timed_out,
+            -1,
+            f"stream {stream}: offset {target} not uploaded in time",
+        )
     except UploadError as exc:
-        return REQUEST_TIMED_OUT, -1, f"stream {stream}: upload failed: {exc}"
+        return ErrorCode.request_timed_out, -1, f"stream {stream}: upload failed: {exc}"
     info = owner.state.stream(stream)
     if info is None:
-        return NOT_LEADER_OR_FOLLOWER, -1, f"stream {stream} is not served here now"
+        return ErrorCode.not_leader_or_follower, -1, f"stream {stream} is not served here now"
     try:
-        verdict = await write_trim(service, owner, info, target, int(time.time() * 1000))
+        verdict = await write_trim(service, owner, info, target, now_ms())
     except ShardFenced as exc:
-        return NOT_LEADER_OR_FOLLOWER, -1, str(exc)
+        return ErrorCode.not_leader_or_follower, -1, str(exc)
     if verdict.outcome is Outcome.REFUSE:
-        return NOT_LEADER_OR_FOLLOWER, -1, verdict.reason
+        return ErrorCode.not_leader_or_follower, -1, verdict.reason
     log.info("DeleteRecords: stream %d log start %d -> %d", stream, start, target)
-    return NONE, target, f"stream {stream}: log start {target}"
+    return ErrorCode.none, target, f"stream {stream}: log start {target}"

@@ -31,15 +31,13 @@ from dataclasses import dataclass, field
 from proxy.metadata.records import OffsetRange
 from proxy.metadata.streams import OFFLOAD_ID_BIT, shard_of
 from proxy.objects.format import (
-    DEFAULT_MAX_BLOCK_BYTES,
     FOOTER_SIZE,
     FORMAT_VERSION,
     READ_VERSIONS,
     U32_MAX,
-    BuiltObject,
-    ObjectWriter,
     index_entry_size,
 )
+from proxy.objects.format_writer import DEFAULT_MAX_BLOCK_BYTES, BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.records.batches import iter_batches
 from proxy.wal.types import WalEntry
@@ -268,7 +266,7 @@ class _Entry:
 
 
 def _scan(entry: WalEntry) -> _Entry:
-    sizes = []
+    sizes: list[int] = []
     end = entry.base_offset
     where = f"stream {entry.stream_id}: the entry at WAL offset {entry.position.start}"
     for header, _ in iter_batches(entry.batch):

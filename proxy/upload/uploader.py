@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from proxy.objects.format import BuiltObject
+from proxy.objects.format_writer import BuiltObject
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.upload.config import UploaderConfig, UploaderStats
@@ -46,7 +46,7 @@ from proxy.upload.plan import (
     build_object,
     plan_upload,
 )
-from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.types import WalBrokenError, WalCorruptError, WalEntry
 
 __all__ = [
@@ -78,7 +78,7 @@ class Uploader:
 
     def __init__(
         self,
-        wal: WriteAheadLog,
+        wal: Log,
         store: ObjectStore,
         commit: Commit,
         allocate_id: ObjectIdAllocator,
@@ -199,10 +199,10 @@ class Uploader:
             self._failed.__cause__ = exc
             log.exception("uploader stopped")
         finally:
-            error = self._failed or UploadError("the uploader was closed before this flush")
+            failure = self._failed or UploadError("the uploader was closed before this flush")
             for _, future in self._flushes:
                 if not future.done():
-                    future.set_exception(error)
+                    future.set_exception(failure)
             self._flushes.clear()
 
     async def _find_start(self) -> None:

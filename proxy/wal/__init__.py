@@ -5,12 +5,13 @@
 - `segments`: segment files, the trim checkpoint, `recover`;
 - `log`: `WriteAheadLog`, the one task that owns the files (group commit, trimming,
   capacity backpressure);
-- `s3log` / `s3logobject`: `S3WriteAheadLog`, the same surface with the log as objects in
+- `s3log` / `s3log_objects`: `S3WriteAheadLog`, the same surface with the log as objects in
   the bucket (`wal.mode: s3`: the ack waits for a PUT).
 """
 
 from proxy.wal.fs import Filesystem, OsFilesystem
 from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.segments import Recovery, Segment
 from proxy.wal.types import (
     WalBrokenError,
@@ -26,6 +27,7 @@ from proxy.wal.types import (
 
 __all__ = [
     "Filesystem",
+    "Log",
     "OsFilesystem",
     "Recovery",
     "Segment",

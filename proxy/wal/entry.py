@@ -67,7 +67,7 @@ def entry_size(batch_size: int) -> int:
     return HEADER_SIZE + batch_size
 
 
-def encode_header(stream_id: int, base_offset: int, batch: bytes | memoryview) -> bytes:
+def encode_header(stream_id: int, base_offset: int, batch: bytes | bytearray | memoryview) -> bytes:
     """The 25 bytes that go before `batch` on disk. The batch itself is written as it is
     (writev), so it is never copied to be framed."""
     if not _I64_MIN <= stream_id <= _I64_MAX:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.errors import TierproxyError
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class WalPosition:
@@ -74,7 +76,7 @@ class WalConfig:
             raise ValueError("wal config error at directory: empty")
 
 
-class WalError(Exception):
+class WalError(TierproxyError):
     """Base of the WAL's own failures (misuse raises ValueError instead)."""
 
 

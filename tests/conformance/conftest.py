@@ -33,19 +33,14 @@ def conformance_clients(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def conformance_fleet(kafka_cluster, s3_server, tmp_path_factory):
-    fleet = TieredFleet(
+    with TieredFleet(
         kafka_cluster.bootstrap,
         s3_server,
         tmp_path_factory.mktemp("conformance-fleet"),
         zones=("zone-a", "zone-b"),
         shard_count=2,
-    )
-    try:
-        fleet.start()
-        fleet.wait_until_owned()
+    ) as fleet:
         yield fleet
-    finally:
-        fleet.close()
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,9 @@ from ops import (
     Tier,
 )
 from raw_kafka import epoch_ends, leaders
-from tieredfleet import TieredFleet, topic_id_of, wait_for
+from tieredfleet import TieredFleet, topic_id_of
+
+from tests.support.waiting import wait_for
 
 
 @dataclass

@@ -93,15 +93,10 @@ def _scenario(rng: random.Random) -> list:
 
 @pytest.fixture
 def restart_fleet(kafka_cluster, s3_server, tmp_path):
-    fleet = TieredFleet(
+    with TieredFleet(
         kafka_cluster.bootstrap, s3_server, tmp_path, zones=("zone-a",), shard_count=2
-    )
-    try:
-        fleet.start()
-        fleet.wait_until_owned()
+    ) as fleet:
         yield fleet
-    finally:
-        fleet.close()
 
 
 def test_a_restarted_proxy_answers_as_kafka_after_a_mid_batch_delete(

@@ -21,12 +21,12 @@ from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
     ObjectKind,
-    ObjectWriter,
     parse_footer,
     parse_index,
     read_block,
     read_object,
 )
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import object_key
 
 FUZZ = settings(

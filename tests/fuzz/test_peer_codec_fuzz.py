@@ -16,16 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.handoff.objects import S3WalLocation
-from proxy.peer.codec import (
-    AdminRequest,
-    AdminResponse,
-    AppendRequest,
-    AppendResponse,
-    PeerFrameReader,
-    PeerProtocolError,
-    encode_frame,
-    read_frame,
-)
+from proxy.peer.codec import PeerFrameReader, PeerProtocolError, encode_frame, read_frame
+from proxy.peer.messages import AdminRequest, AdminResponse, AppendRequest, AppendResponse
 
 FUZZ = settings(
     max_examples=1000,

@@ -6,40 +6,29 @@ whole answer byte for byte, with top-level error 0 and session id 0."""
 
 from __future__ import annotations
 
-import datetime
-import importlib
 import uuid
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.fetch_merge import merge_responses
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
     TieredFetchResult,
-    merge_responses,
     read_fetch_request,
     split,
 )
 from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.versions import APIS
+from tests.support.kio_types import MS, mod, only_fields
 
 REQUESTS = load_types(1, "request")
 RESPONSES = load_types(1, "response")
 VERSIONS = list(range(APIS[1].min_version, APIS[1].max_version + 1))
-MS = datetime.timedelta(milliseconds=1)
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
-
-
-def mod(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
-def only_fields(cls, **fields):
-    known = cls.__dataclass_fields__
-    return cls(**{name: value for name, value in fields.items() if name in known})
 
 
 def topic_key(version, name):

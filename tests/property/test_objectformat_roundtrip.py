@@ -14,10 +14,8 @@ from hypothesis import strategies as st
 
 from proxy.objects.format import (
     FOOTER_SIZE,
-    BuiltObject,
     ObjectFormatError,
     ObjectKind,
-    ObjectWriter,
     find_entries,
     index_in_tail,
     parse_footer,
@@ -25,6 +23,7 @@ from proxy.objects.format import (
     read_block,
     read_object,
 )
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import object_key, parse_object_key
 
 U64 = st.integers(0, (1 << 64) - 1)

@@ -6,9 +6,6 @@ byte, the unanswered partitions NOT_LEADER_OR_FOLLOWER."""
 
 from __future__ import annotations
 
-import datetime
-import importlib
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -21,22 +18,13 @@ from proxy.apis.api02_list_offsets import (
 )
 from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.versions import APIS
+from tests.support.kio_types import MS, mod, only_fields
 
 REQUESTS = load_types(2, "request")
 RESPONSES = load_types(2, "response")
 VERSIONS = list(range(APIS[2].min_version, APIS[2].max_version + 1))
-MS = datetime.timedelta(milliseconds=1)
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
-
-
-def mod(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
-def only_fields(cls, **fields):
-    known = cls.__dataclass_fields__
-    return cls(**{name: value for name, value in fields.items() if name in known})
 
 
 @st.composite

@@ -11,21 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.handoff.objects import S3WalLocation
-from proxy.peer.codec import (
+from proxy.peer.codec import PeerFrameReader, decode_frame, encode_frame, frame_size, read_frame
+from proxy.peer.messages import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
     AppendResponse,
     FetchRequest,
     FetchResponse,
-    PeerFrameReader,
     PeerMessage,
-    decode_frame,
-    encode_frame,
-    frame_size,
-    read_frame,
+    PingRequest,
+    PingResponse,
+    TrimRequest,
+    TrimResponse,
 )
-from proxy.peer.messages import PingRequest, PingResponse, TrimRequest, TrimResponse
 
 U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)

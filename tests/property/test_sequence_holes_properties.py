@@ -15,7 +15,6 @@ batch is appended twice; and once the faults stop, every batch is acknowledged.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,10 +25,10 @@ from hypothesis import strategies as st
 from proxy.partition.rules import ProduceResult, refusal, sequence
 from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from tests.support.batches import build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 S = 3
 PID = 77
@@ -40,12 +39,12 @@ SIZES = [1 + i % 3 for i in range(BATCHES)]
 FIRST = [sum(SIZES[:i]) for i in range(BATCHES)]
 
 
-@functools.lru_cache(maxsize=64)
 def records(index: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, False, PID, 0, FIRST[index], 1 << 16)
-    for i in range(SIZES[index]):
-        builder.append(i, timestamp=NOW, key=None, value=b"%d" % index, headers=[])
-    return bytes(builder.build())
+    count = SIZES[index]
+    return build_batch(
+        [b"%d" % index] * count, timestamps=[NOW] * count, producer_id=PID, producer_epoch=0,
+        base_sequence=FIRST[index],
+    )  # fmt: skip
 
 
 @dataclass(eq=False)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 import struct
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
 import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 
 from proxy.partition.producer_state import (
     INT32_MAX,
@@ -28,16 +28,12 @@ from proxy.partition.producer_state import (
 )
 from proxy.partition.sequencer import (
     Duplicate,
-    ErrorCode,
     PartitionSequencer,
     PendingAppend,
     Rejected,
 )
 from proxy.records.batches import iter_batches
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
+from tests.support.batches import build_batch
 
 NOW = 1_700_000_000_000
 PIDS = (11, 12, 13)
@@ -45,18 +41,9 @@ PIDS = (11, 12, 13)
 
 @functools.lru_cache(maxsize=4096)
 def build(pid: int, epoch: int, seq: int, count: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 16,
+    return build_batch(
+        [b"v%d" % seq] * count, producer_id=pid, producer_epoch=epoch, base_sequence=seq
     )
-    for i in range(count):
-        builder.append(i, timestamp=NOW + i, key=None, value=b"v%d" % seq, headers=[])
-    return bytes(builder.build())
 
 
 def after(seq: int, count: int) -> int:
@@ -114,9 +101,9 @@ class Run:
         if not self.pending:
             return
         pending, twin_pending, now = self.pending.popleft()
-        assert self.sequencer.commit(pending) is ErrorCode.NONE
+        assert self.sequencer.commit(pending) is ErrorCode.none
         if self.twin is not None:
-            assert twin_pending is not None and self.twin.commit(twin_pending) is ErrorCode.NONE
+            assert twin_pending is not None and self.twin.commit(twin_pending) is ErrorCode.none
         self.committed.append((pending, now))
         assert self.sequencer.high_watermark == pending.next_offset
 
@@ -178,7 +165,7 @@ class Run:
             if producer.known_epoch is None:  # no state: any sequence (KIP-360)
                 self.accepted(pid, producer.epoch, [(seq, 2)], result)
             else:
-                self.refused(result, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+                self.refused(result, ErrorCode.out_of_order_sequence_number)
         elif kind == "bump":
             producer = self.producers[args[0]]
             producer.epoch += 1
@@ -188,12 +175,12 @@ class Run:
             producer = self.producers[pid]
             if producer.known_epoch is not None:
                 result = self.send(build(pid, producer.epoch + 1, seq, 1))
-                self.refused(result, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+                self.refused(result, ErrorCode.out_of_order_sequence_number)
         elif kind == "zombie":
             producer = self.producers[args[0]]
             if producer.known_epoch is not None and producer.known_epoch > 0:
                 result = self.send(build(args[0], producer.known_epoch - 1, 0, 1))
-                self.refused(result, ErrorCode.INVALID_PRODUCER_EPOCH)
+                self.refused(result, ErrorCode.invalid_producer_epoch)
 
     def start_twin(self) -> None:
         """Commit what is pending, then restore a second sequencer from a snapshot."""

@@ -39,11 +39,13 @@ import pytest
 from cutover_load import Ack, LoadProducer
 from faultload import Figures, FleetConsumer, Progress
 from faultsteps import Injector
-from tieredfleet import TieredFleet, parse_value, wait_for, wal_backlog
+from tieredfleet import TieredFleet, parse_value, wal_backlog
 
 from proxy.devstack import KafkaCluster, MinioServer
 from proxy.devstack.process import ManagedProcess
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 

@@ -14,9 +14,10 @@ from proxy.metadata.codec import encode
 from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import offload_object_id, stream_id
-from proxy.objects.format import BuiltObject, ObjectWriter
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 
 NOW_MS = 1_700_000_000_000
 BLOCK_BYTES = 4096  # small blocks: a damaged block is a few batches, not the object

@@ -40,7 +40,8 @@ from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.keys import parse_object_key
 from proxy.peer.clients import PeerClients
 from proxy.records.batches import iter_batches
-from tests.integration.tiering.tieredfleet import TieredFleet, wait_for
+from tests.integration.tiering.tieredfleet import TieredFleet
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]
 
@@ -51,14 +52,10 @@ AFTER = 40  # records through the proxy, past the cutover
 @pytest.fixture(scope="module")
 def fleet(kafka_cluster, s3_server, tmp_path_factory):
     base = tmp_path_factory.mktemp("fleet")
-    fleet = TieredFleet(kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",),
-                        shard_count=2)  # fmt: skip
-    try:
-        fleet.start()
-        fleet.wait_until_owned()
+    with TieredFleet(
+        kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",), shard_count=2
+    ) as fleet:
         yield fleet
-    finally:
-        fleet.close()
 
 
 def _config(fleet: TieredFleet) -> str:

@@ -41,6 +41,7 @@ from proxy.devstack.minio import SECRET_KEY
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.kafka.messages import encode_request
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -125,13 +126,6 @@ def _get(url: str, token: str | None = TOKEN) -> tuple[int, dict[str, str], byte
         return exc.code, dict(exc.headers), exc.read()
 
 
-def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not after {timeout_s} s"
-        time.sleep(0.2)
-
-
 def _metrics(admin: str) -> dict[tuple[str, tuple], float]:
     """(sample name, sorted labels) -> value, as /metrics serves them."""
     status, _, body = _get(admin + "/metrics")
@@ -179,7 +173,7 @@ def _cli(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
 
 def test_probes_need_no_token_and_everything_else_does(ops):
     proxy, admin, _ = ops
-    _wait(lambda: _get(admin + "/readyz", None)[0] == 200, 60, "ready")
+    wait_until(lambda: _get(admin + "/readyz", None)[0] == 200, 60, "ready")
     status, _, body = _get(admin + "/readyz", None)
     checks = json.loads(body)["checks"]
     assert checks["upstream"]["ok"] and checks["fleet"]["ok"]
@@ -214,7 +208,7 @@ def test_probes_need_no_token_and_everything_else_does(ops):
 
 def test_a_tiered_topic_in_the_admin_api_the_cli_and_the_metrics(ops, kafka_cluster):
     proxy, admin, lines = ops
-    _wait(lambda: _get(admin + "/readyz", None)[0] == 200, 60, "ready")
+    wait_until(lambda: _get(admin + "/readyz", None)[0] == 200, 60, "ready")
     topic = f"ops-{uuid.uuid4().hex[:8]}"
     kafka_admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     kafka_admin.create_topics([NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
@@ -227,8 +221,10 @@ def test_a_tiered_topic_in_the_admin_api_the_cli_and_the_metrics(ops, kafka_clus
     peer = f"127.0.0.1:{proxy.proxy.tiering.peer_port}"
     tier = _cli("topics", "tier", topic, "--peer", peer)
     assert tier.returncode == 0, tier.stderr
-    _wait(lambda: _status(admin, topic)["mode"] == "tiered", 30, "tiered")
-    _wait(lambda: len(_status(admin, topic)["tiered_partitions"]) == PARTITIONS, 30, "cut over")
+    wait_until(lambda: _status(admin, topic)["mode"] == "tiered", 30, "tiered")
+    wait_until(
+        lambda: len(_status(admin, topic)["tiered_partitions"]) == PARTITIONS, 30, "cut over"
+    )
     connection_lines = len([r for r in lines.records if r.name == "tierproxy.connection"])
     _produce(proxy.bootstrap, topic, AFTER, "tiered")
     assert _read(proxy.bootstrap, topic, BEFORE + AFTER) == dict.fromkeys(
@@ -338,7 +334,7 @@ def test_a_request_whose_connection_closes_unanswered_is_counted(ops, kafka_clus
         partitions = kafka_admin.list_topics(topic, timeout=10).topics[topic].partitions
         return partitions[0].leader if 0 in partitions else -1
 
-    _wait(lambda: leader() >= 0, 30, "a leader")
+    wait_until(lambda: leader() >= 0, 30, "a leader")
     port = proxy.config.listeners.broker_port_base + leader()
     fetch = FetchRequest(
         max_wait=datetime.timedelta(seconds=30),
@@ -371,7 +367,7 @@ def test_a_request_whose_connection_closes_unanswered_is_counted(ops, kafka_clus
         time.sleep(0.25)
     else:
         raise AssertionError("the broker never held the Fetch")
-    _wait(
+    wait_until(
         lambda: (
             _value(_metrics(admin), "tierproxy_unanswered_requests_total", api_key="1")
             == before + 1

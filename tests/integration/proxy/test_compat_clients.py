@@ -31,6 +31,8 @@ from confluent_kafka import TopicPartition as RdTopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin import NewTopic as RdNewTopic
 
+from tests.support.waiting import wait_until
+
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 KAFKA_PYTHON_WARNING = "(read_text|open_text) is deprecated"
@@ -266,7 +268,7 @@ def test_librdkafka_full_scenario(bootstrap, compat):
         future.result(30)
     wait_until(
         lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == PARTITIONS,
-        f"{topic} has {PARTITIONS} partitions in metadata",
+        what=f"{topic} has {PARTITIONS} partitions in metadata",
     )
 
     records = compat.records("rd", RECORDS)
@@ -298,7 +300,7 @@ def test_librdkafka_full_scenario(bootstrap, compat):
     compat.assert_exactly_once([(k, v) for _, k, v in resumed[0]], later)
 
     admin.delete_topics([topic])[topic].result(30)
-    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, f"{topic} deleted")
+    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, what=f"{topic} deleted")
 
 
 # -- kafka-python ----------------------------------------------------------------------
@@ -315,7 +317,7 @@ def test_kafka_python_full_scenario(bootstrap, compat):
         )
         wait_until(
             lambda: len(admin.describe_topics([topic])[0]["partitions"]) == PARTITIONS,
-            f"{topic} has {PARTITIONS} partitions in metadata",
+            what=f"{topic} has {PARTITIONS} partitions in metadata",
         )
 
         records = compat.records("kp", RECORDS)
@@ -342,7 +344,7 @@ def test_kafka_python_full_scenario(bootstrap, compat):
         compat.assert_exactly_once([(k, v) for _, k, v in resumed[0]], later)
 
         admin.delete_topics([topic])
-        wait_until(lambda: topic not in admin.list_topics(), f"{topic} deleted")
+        wait_until(lambda: topic not in admin.list_topics(), what=f"{topic} deleted")
     finally:
         admin.close()
 
@@ -487,11 +489,3 @@ async def aio_produce(bootstrap: str, topic: str, records: list[tuple[bytes, byt
 
 
 # -- shared ----------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s")
-        time.sleep(0.2)

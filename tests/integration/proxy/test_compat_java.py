@@ -17,7 +17,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from proxy.devstack.paths import kafka_libs
+from tests.support import waiting
 
 pytestmark = pytest.mark.kafka
 
@@ -273,12 +273,6 @@ def test_java_client_full_scenario(bootstrap, tools, tmp_path):
     )
 
 
-def wait_for(get, done, what: str, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s; last: {value!r}"[:3000])
-        time.sleep(0.3)
+def wait_for(get, done, what: str):
+    """The Java tools start a JVM a call: a longer bound, a slower poll."""
+    return waiting.wait_for(get, done, what, timeout=90.0, interval=0.3)

@@ -12,20 +12,16 @@ from typing import Any
 
 import pytest
 from aiobotocore.session import AioSession, get_session
+from tieredfleet import s3_settings
 
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 
 
 def s3_config_for(server: Any, **overrides: Any) -> S3Config:
     """An S3Config for a MinioServer or an ExternalS3, with short timeouts for tests."""
-    kwargs = server.client_kwargs()
-    settings: dict[str, Any] = {
-        "bucket": server.bucket,
-        "endpoint_url": kwargs["endpoint_url"],
-        "region": kwargs["region_name"],
-        "access_key_id": kwargs["aws_access_key_id"],
-        "secret_access_key": kwargs["aws_secret_access_key"],
-        "path_style": True,
+    settings: dict[str, Any] = {k: v for k, v in s3_settings(server).items() if k != "kind"}
+    settings |= {
         "connect_timeout": 2.0,
         "read_timeout": 5.0,
         "request_timeout": 10.0,

@@ -15,19 +15,24 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from aiokafka.record.default_records import DefaultRecordBatch
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.devstack.paths import free_port
+from proxy.config import parse_config
+from proxy.devstack.paths import free_port, free_port_block
+from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardReader
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.store import ObjectStore
 from proxy.records.batches import iter_batches
+from tests.support.waiting import wait_until
 
 
 def proxy_config(
@@ -49,6 +54,17 @@ def proxy_config(
         "fleet": {"name": name, "zone": zone, "topic": f"fleet-{suffix}"},
         "tiering": settings,
     }
+
+
+@contextmanager
+def one_proxy(cluster, tmp_path, name: str, **tiering) -> Iterator[ProxyThread]:
+    """One proxy (zone-a, in this process) on `cluster`, with metadata and fleet topics of
+    its own, started and owning both metadata shards; stopped on the way out."""
+    suffix = uuid.uuid4().hex[:8]
+    config = proxy_config(cluster, tmp_path, name, "zone-a", suffix, free_port_block(8), **tiering)
+    with ProxyThread(parse_config(config)) as proxy:
+        wait_owned([proxy], 2)
+        yield proxy
 
 
 def create_topic(cluster, topic: str, partitions: int) -> None:
@@ -73,16 +89,6 @@ def start_topics_command(op: str, topic: str, peer_port: int) -> subprocess.Pope
     return subprocess.Popen(
         _command(op, topic, peer_port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-
-
-def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.1) -> float:
-    """Poll `condition()` until true; the seconds it took. AssertionError naming `what`."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"{what}: not after {timeout_s} s")
-        time.sleep(interval_s)
-    return time.monotonic() - started
 
 
 def wait_owned(proxies, shard_count: int, timeout_s: float = 30.0) -> None:

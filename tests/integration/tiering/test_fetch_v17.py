@@ -13,7 +13,13 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from cutover_load import create_topic, proxy_config, tiered_topic_id, topics_command, wait_owned
+from cutover_load import (
+    create_topic,
+    proxy_config,
+    tiered_topic_id,
+    topics_command,
+    wait_owned,
+)
 from test_tiered_fetch import _java
 from tiered_topic import produce
 

@@ -31,6 +31,7 @@ from proxy.metadata.rules import Outcome
 from proxy.metadata.store import ShardFenced, ShardOwner, ShardReader
 from proxy.metadata.streams import shard_of, stream_id, transactional_id
 from proxy.objects.keys import ObjectKind
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
@@ -85,14 +86,20 @@ async def started_owner(
     return owner
 
 
-async def eventually(condition: Callable[[], bool], within: float, what: str) -> float:
-    """Seconds until `condition()` holds, polled every 50 ms."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > within:
-            raise AssertionError(f"not within {within} s: {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start
+def count_looks(owner: ShardOwner) -> Callable[[], int]:
+    """How many times `owner` has read its partition to the end: each look at whether
+    the last owner released the shard starts with one. Two more looks, still held, is
+    what a waiting owner must show; a fixed sleep would only guess their pace."""
+    reads = 0
+    read_to_end = owner.reader.read_to_end
+
+    async def counted(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return await read_to_end(*args, **kwargs)
+
+    owner.reader.read_to_end = counted
+    return lambda: reads
 
 
 async def committed_keys(kafka: dict, topic: str) -> set[bytes]:
@@ -369,9 +376,11 @@ async def test_an_owner_waits_for_a_last_owner_that_did_not_release_the_shard(ka
     try:
         b = ShardOwner(kafka, topic, 3, SHARDS, "proxy-b")
         owners.append(b)
+        looks = count_looks(b)
         starting = asyncio.create_task(b.start())
         await eventually(lambda: b.held_by == "proxy-a", 60, "b waits for proxy-a")
-        await asyncio.sleep(1.2)  # two more looks at the partition
+        seen = looks()
+        await eventually(lambda: looks() >= seen + 3, 60, "two more looks at the partition")
         assert b.held_by == "proxy-a" and not b.owning and not starting.done()
         starting.cancel()  # as a revoke does
         with pytest.raises(asyncio.CancelledError):

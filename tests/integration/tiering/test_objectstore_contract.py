@@ -40,7 +40,8 @@ def prefix(key_prefix):
 
 
 def test_both_stores_are_object_stores(tmp_path):
-    from proxy.objects.s3 import S3Config, S3Store
+    from proxy.objects.s3 import S3Store
+    from proxy.objects.s3config import S3Config
 
     assert isinstance(LocalDirectoryStore(tmp_path), ObjectStore)
     assert isinstance(S3Store(S3Config(bucket="b")), ObjectStore)

@@ -23,7 +23,7 @@ import uuid
 
 import botocore.session
 import pytest
-from cutover_load import proxy_config, topics_command, wait_owned, wait_until
+from cutover_load import proxy_config, topics_command, wait_owned
 from tiered_topic import TieredTopic, create_spread_topic, produce, read_all
 from tieredfleet import s3_settings
 
@@ -35,6 +35,7 @@ from proxy.metadata.records import OffsetRange
 from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.upload.uploader import CommitRefused, UploadedObject
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

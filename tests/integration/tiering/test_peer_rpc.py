@@ -27,13 +27,8 @@ from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.clients import PeerClients, PeerUnavailable
-from proxy.peer.codec import (
-    AdminRequest,
-    AppendRequest,
-    FetchRequest,
-    FetchResponse,
-    encode_frame,
-)
+from proxy.peer.codec import encode_frame
+from proxy.peer.messages import AdminRequest, AppendRequest, FetchRequest, FetchResponse
 from proxy.peer.server import PeerServer
 from proxy.reads.logcache import LogCache
 

@@ -26,7 +26,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from proxy.devstack import MinioServer
 from proxy.devstack.external import external_s3
 from proxy.objects.metrics import ObjectStoreMetrics
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 from proxy.objects.s3retry import DeleteErrors, backoff_delay, classify
 from proxy.objects.store import ObjectNotFound, ObjectStoreError
 

@@ -22,17 +22,19 @@ from proxy.metadata.codec import encode
 from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
-from proxy.objects.format import BuiltObject, ObjectFormatError, ObjectWriter
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
-from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload
+from proxy.objects.store import ObjectNotFound
 from proxy.reads.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
 from proxy.reads.stream_reader import ReadResult, StreamReader
 from proxy.records.batches import with_base_offset
+from tests.support.batches import build_batch
+from tests.support.stores import PrefixedStore
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("0b6f3c52-8e1d-4f7a-a2c9-5d4e3f2a1b0c")
 S1, S2, S3 = (stream_id(TOPIC, p) for p in range(3))
@@ -43,11 +45,7 @@ GiB = 1024 * MiB
 
 def kafka_batch(records: int, value_size: int, tag: int) -> bytes:
     """A v2 batch as kafka-python's producer writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, batch_size=1 << 24)
-    for i in range(records):
-        value = (f"{tag}:{i}:".encode() * value_size)[:value_size]
-        builder.append(i, timestamp=NOW_MS + i, key=None, value=value, headers=[])
-    return bytes(builder.build())
+    return build_batch([(f"{tag}:{i}:".encode() * value_size)[:value_size] for i in range(records)])
 
 
 @dataclass
@@ -151,33 +149,8 @@ def three_streams() -> Layout:
     return layout
 
 
-class PrefixedStore:
+class CountingStore(PrefixedStore):
     """The store under test under this test's own key prefix (the MinIO bucket is shared)."""
-
-    def __init__(self, inner, prefix: str) -> None:
-        self.inner, self.prefix = inner, prefix
-
-    async def put(self, key: str, data: Payload) -> None:
-        await self.inner.put(self.prefix + key, data)
-
-    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return await self.inner.get(self.prefix + key, start, end)
-
-    async def get_tail(self, key: str, length: int) -> bytes:
-        return await self.inner.get_tail(self.prefix + key, length)
-
-    async def size(self, key: str) -> int:
-        return await self.inner.size(self.prefix + key)
-
-    async def delete(self, keys: Iterable[str]) -> None:
-        await self.inner.delete([self.prefix + key for key in keys])
-
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        async for info in self.inner.list(self.prefix + prefix):
-            yield ObjectInfo(info.key[len(self.prefix) :], info.size)
-
-    async def close(self) -> None:
-        pass
 
     def s3_gets(self) -> float | None:
         """GetObject requests S3 counted (None for the local store)."""
@@ -186,15 +159,15 @@ class PrefixedStore:
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.minio)])
-async def store(request, tmp_path, key_prefix, make_s3_store) -> AsyncIterator[PrefixedStore]:
+async def store(request, tmp_path, key_prefix, make_s3_store) -> AsyncIterator[CountingStore]:
     if request.param == "local":
         async with LocalDirectoryStore(tmp_path / "objects") as local:
-            yield PrefixedStore(local, key_prefix)
+            yield CountingStore(local, key_prefix)
     else:
-        yield PrefixedStore(await make_s3_store(request.getfixturevalue("s3_server")), key_prefix)
+        yield CountingStore(await make_s3_store(request.getfixturevalue("s3_server")), key_prefix)
 
 
-async def put_all(store: PrefixedStore, layout: Layout) -> None:
+async def put_all(store: CountingStore, layout: Layout) -> None:
     for built in layout.objects:
         await store.put(built.key, built.pieces)
 
@@ -343,12 +316,12 @@ async def test_a_deleted_object_raises_object_not_found(store, cache):
     assert [bytes(b) for b in got.batches] == layout.expected(S1, 0, 1000)[0]
 
 
-class CompactsOnFirstBlockRead(PrefixedStore):
+class CompactsOnFirstBlockRead(CountingStore):
     """The store, and a compaction committed to `layout.state` while a read is between two
     objects: right after the first GET of a block of `first_key` (an index read is a tail
     read, not counted)."""
 
-    def __init__(self, inner: PrefixedStore, layout: Layout, first_key: str, compaction) -> None:
+    def __init__(self, inner: CountingStore, layout: Layout, first_key: str, compaction) -> None:
         super().__init__(inner.inner, inner.prefix)
         self.layout, self.first_key, self.compaction = layout, first_key, compaction
         self.swapped = False

@@ -16,14 +16,11 @@ import uuid
 from dataclasses import asdict
 
 import pytest
-from cutover_load import create_topic, proxy_config, wait_owned
+from cutover_load import create_topic, one_proxy
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tiered_topic import TieredTopic
 
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
-from proxy.devstack.proxy_thread import ProxyThread
 from proxy.objects.ratelimit import Priority
 
 pytestmark = pytest.mark.kafka
@@ -49,21 +46,16 @@ def test_catch_up_reads_wait_for_bandwidth_and_produce_never_does(kafka_cluster,
     suffix = uuid.uuid4().hex[:8]
     topic = f"bandwidth-{suffix}"
     create_topic(kafka_cluster, topic, PARTITIONS)
-    config = proxy_config(
+    with one_proxy(
         kafka_cluster,
         tmp_path,
         f"bandwidth-{suffix}",
-        "zone-a",
-        suffix,
-        free_port_block(8),
         upload_interval_s=3600.0,
         compaction_interval_s=3600.0,
         compaction_min_objects=2,
         bandwidth_bytes_per_s=RATE,
         bandwidth_burst_bytes=BURST,
-    )
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    ) as proxy:
         t = TieredTopic(proxy, topic, PARTITIONS, PER_ROUND, PAD)
         for n in range(ROUNDS):
             t.round(f"r{n}")

@@ -23,12 +23,14 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned, wait_until
+from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
+from tests.support.clients import watermarks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -105,15 +107,6 @@ async def _aiokafka(bootstrap: str, topic: str, want: int) -> Records:
     return got
 
 
-def _kafka_end(cluster, topic: str) -> int:
-    """Kafka's own high watermark of partition 0, asked of the brokers directly."""
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "ends"})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
-    finally:
-        consumer.close()
-
-
 def _tiered(cluster, tmp_path, suffix: str, topic: str, config: dict | None = None):
     """A proxy, a 1-partition topic with BEFORE records through it, tiered, and AFTER
     more: (proxy, cutover, what the proxy acknowledged)."""
@@ -150,7 +143,7 @@ def test_records_written_to_a_broker_past_the_cutover_are_not_served(kafka_clust
     try:
         direct = _produce(kafka_cluster.bootstrap, topic, "direct", DIRECT)
         assert [offset for offset, _ in direct] == list(range(cutover, cutover + DIRECT))
-        assert _kafka_end(kafka_cluster, topic) == cutover + DIRECT
+        assert watermarks(kafka_cluster.bootstrap, topic)[1] == cutover + DIRECT
 
         assert _librdkafka(proxy.bootstrap, topic, len(acked)) == acked
         assert asyncio.run(_aiokafka(proxy.bootstrap, topic, len(acked))) == acked
@@ -180,7 +173,9 @@ def test_an_abort_marker_at_the_cutover_skips_no_tiered_record(kafka_cluster, tm
             producer.commit_transaction(30)
         assert failed and failed[0].code() == KafkaError.MSG_SIZE_TOO_LARGE, failed
         producer.abort_transaction(30)
-        assert _kafka_end(kafka_cluster, topic) == cutover + 1  # the ABORT marker, at C
+        assert (
+            watermarks(kafka_cluster.bootstrap, topic)[1] == cutover + 1
+        )  # the ABORT marker, at C
 
         assert _librdkafka(proxy.bootstrap, topic, len(acked)) == acked
         assert asyncio.run(_aiokafka(proxy.bootstrap, topic, len(acked))) == acked

@@ -17,7 +17,7 @@ import time
 import uuid
 
 import pytest
-from cutover_load import proxy_config, wait_owned, wait_until
+from cutover_load import proxy_config, wait_owned
 from tiered_topic import TieredTopic, create_spread_topic
 from tieredfleet import s3_settings
 
@@ -25,6 +25,7 @@ from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.objects.keys import ObjectKind
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 

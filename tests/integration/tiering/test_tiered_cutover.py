@@ -37,7 +37,6 @@ from cutover_load import (
     tiered_topic_id,
     topics_command,
     wait_owned,
-    wait_until,
 )
 
 from proxy.config import parse_config
@@ -45,6 +44,7 @@ from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import shard_of, stream_id, topic_shard
 from proxy.objects.local import LocalDirectoryStore
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 

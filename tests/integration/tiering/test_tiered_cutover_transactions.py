@@ -11,6 +11,7 @@ the proxy reads the committed records, then records produced after the cutover.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -18,17 +19,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from cutover_load import (
     create_topic,
-    proxy_config,
+    one_proxy,
     tiered_topic_id,
     topics_command,
-    wait_owned,
-    wait_until,
 )
 
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
-from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
+from tests.support.clients import watermarks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -36,30 +34,12 @@ IN_TRANSACTION = 5
 AFTER = 3
 
 
-def _watermarks(bootstrap: str, topic: str, isolation: str) -> tuple[int, int]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"w-{uuid.uuid4().hex}",
-            "isolation.level": isolation,
-        }
-    )
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30, cached=False)
-    finally:
-        consumer.close()
-
-
-def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path):
+def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tierproxy.cutover")
     suffix = uuid.uuid4().hex[:8]
     topic = f"txn-cutover-{suffix}"
     create_topic(kafka_cluster, topic, 1)
-    config = proxy_config(
-        kafka_cluster, tmp_path, f"txn-{suffix}", "zone-a", suffix, free_port_block(8),
-        cutover_hold_ms=60_000,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp_path, f"txn-{suffix}", cutover_hold_ms=60_000) as proxy:
         tiering = proxy.proxy.tiering
         producer = Producer(
             {"bootstrap.servers": proxy.bootstrap, "transactional.id": f"tx-{suffix}"}
@@ -70,21 +50,24 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path)
             producer.produce(topic, f"txn-{n}".encode(), partition=0)
         assert producer.flush(30) == 0
         high, stable = (
-            _watermarks(kafka_cluster.bootstrap, topic, i)[1]
+            watermarks(kafka_cluster.bootstrap, topic, isolation=i)[1]
             for i in ("read_uncommitted", "read_committed")
         )
         assert (high, stable) == (IN_TRANSACTION, 0)  # open: Kafka's LSO is at its start
 
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        time.sleep(3.0)  # every proxy reports the topic drained within a heartbeat or two
+        # the cutover loop, once every proxy reports the topic drained, finds the open
+        # transaction and says so: the round that would have cut over is past
+        wait_until(lambda: f"cutover of {topic} waits for open transactions" in caplog.text,
+                   30, "the cutover waiting for the transaction")  # fmt: skip
         assert tiering.state(stream).stream(stream) is None, "cut over inside a transaction"
 
         producer.commit_transaction(30)  # the marker goes to Kafka, at offset 5
         wait_until(lambda: tiering.state(stream).stream(stream) is not None, 30, "cut over")
         cutover = tiering.state(stream).cutover(stream)
         assert cutover == IN_TRANSACTION + 1  # after the commit marker
-        assert _watermarks(kafka_cluster.bootstrap, topic, "read_committed")[1] == cutover
+        assert watermarks(kafka_cluster.bootstrap, topic, isolation="read_committed")[1] == cutover
 
         after = Producer({"bootstrap.servers": proxy.bootstrap, "enable.idempotence": True})
         for n in range(AFTER):
@@ -113,4 +96,6 @@ def test_a_cutover_waits_for_an_open_transaction_to_end(kafka_cluster, tmp_path)
             (cutover + n, f"after-{n}".encode()) for n in range(AFTER)
         ]
         # Kafka's log still ends at the cutover: nothing of the stream's went there
-        assert _watermarks(kafka_cluster.bootstrap, topic, "read_uncommitted")[1] == cutover
+        assert (
+            watermarks(kafka_cluster.bootstrap, topic, isolation="read_uncommitted")[1] == cutover
+        )

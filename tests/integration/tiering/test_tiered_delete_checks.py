@@ -19,9 +19,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from tieredfleet import TieredFleet
+
+from tests.support.clients import delete_records, watermarks
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -39,22 +40,8 @@ def _produce(bootstrap: str, topic: str, counts: dict[int, int], prefix: str) ->
 
 def _delete(bootstrap: str, topic: str, partition: int, offset: int) -> int:
     """The low watermark answered, or minus the error code."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    [future] = admin.delete_records(
-        [TopicPartition(topic, partition, offset)], request_timeout=60
-    ).values()
-    try:
-        return future.result().low_watermark
-    except KafkaException as exc:
-        return -exc.args[0].code()
-
-
-def _watermarks(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex}"})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-    finally:
-        consumer.close()
+    answer = delete_records(bootstrap, {(topic, partition): offset})[topic, partition]
+    return answer if isinstance(answer, int) else -answer.code()
 
 
 def _read(bootstrap: str, topic: str, partition: int, offset: int, end: int) -> list[int]:
@@ -110,13 +97,13 @@ def test_deletes_through_either_proxy_check_then_delete_as_kafka(
             for proxy in (other[p], owner[p]):
                 assert _delete(proxy.bootstrap, topic, p, past) == -OFFSET_OUT_OF_RANGE
             for proxy in (other[p], owner[p]):
-                assert _watermarks(proxy.bootstrap, topic, p) == (0, ends[p])
+                assert watermarks(proxy.bootstrap, topic, p) == (0, ends[p])
                 assert _read(proxy.bootstrap, topic, p, 0, ends[p]) == list(range(ends[p]))
 
         # between the cutover and the high watermark, through the proxy not owning it
         assert _delete(other[0].bootstrap, topic, 0, 7) == 7
         for proxy in (other[0], owner[0]):
-            assert _watermarks(proxy.bootstrap, topic, 0) == (7, ends[0])
+            assert watermarks(proxy.bootstrap, topic, 0) == (7, ends[0])
             assert _read(proxy.bootstrap, topic, 0, 7, ends[0]) == [7, 8, 9]
     finally:
         fleet.close()

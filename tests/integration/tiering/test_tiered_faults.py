@@ -28,7 +28,6 @@ from tieredfleet import (
     parse_value,
     produce_aiokafka,
     produce_librdkafka,
-    wait_for,
     wait_for_log,
     wal_backlog,
 )
@@ -36,6 +35,7 @@ from tieredfleet import (
 from proxy.metadata.records import ObjectCommit, ShardClaim
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalConfig
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -26,7 +26,7 @@ from contextlib import suppress
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from cutover_load import tiered_topic_id, topics_command, wait_owned, wait_until
+from cutover_load import tiered_topic_id, topics_command, wait_owned
 from test_tiered_produce import _config as produce_config
 from tieredfleet import s3_settings
 
@@ -35,6 +35,7 @@ from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.store import ObjectStoreError
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -35,20 +35,18 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from cutover_load import (
     create_topic,
-    proxy_config,
+    one_proxy,
     tiered_topic_id,
     topics_command,
-    wait_owned,
-    wait_until,
 )
 
 from offload_jobs.cluster_reader import read_batches
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
-from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import offload_object_id, stream_id
-from proxy.objects.format import ObjectKind, ObjectWriter
+from proxy.objects.format import ObjectKind
+from proxy.objects.format_writer import ObjectWriter
 from proxy.peer.clients import PeerClients
+from tests.support.clients import delete_records
+from tests.support.waiting import wait_until
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
@@ -167,12 +165,6 @@ def _aiokafka(bootstrap: str, topic: str, targets: list[int]) -> dict[int, tuple
     return asyncio.run(run())
 
 
-def _delete(bootstrap: str, topic: str, offset: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    [future] = admin.delete_records([TopicPartition(topic, 0, offset)]).values()
-    assert future.result(60).low_watermark == offset
-
-
 def _first_read(bootstrap: str, topic: str, offset: int, leader_epoch: int | None = None) -> int:
     """The offset of the first record a consumer gets from `offset` (no reset allowed);
     with `leader_epoch`, librdkafka first validates the position with OffsetForLeaderEpoch
@@ -219,12 +211,7 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
     plain, tiered = f"lo-plain-{suffix}", f"lo-tiered-{suffix}"
     for topic in (plain, tiered):
         create_topic(kafka_cluster, topic, 1)
-    config = proxy_config(
-        kafka_cluster, tmp_path, f"lo-{suffix}", "zone-a", suffix, free_port_block(8),
-        upload_interval_s=3600.0,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp_path, f"lo-{suffix}", upload_interval_s=3600.0) as proxy:
         tiering = proxy.proxy.tiering
         _produce(proxy.bootstrap, [plain, tiered], KAFKA_PART)
         assert topics_command("tier", tiered, tiering.peer_port).returncode == 0
@@ -247,7 +234,9 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
 
         # inside a batch of Kafka's part: Kafka's log start there, the stream's follows
         for topic in (plain, tiered):
-            _delete(proxy.bootstrap, topic, MID_KAFKA)
+            assert delete_records(proxy.bootstrap, {(topic, 0): MID_KAFKA}) == {
+                (topic, 0): MID_KAFKA
+            }
         wait_until(
             lambda: tiering.state(stream).stream(stream).log_start_offset == MID_KAFKA, 30, "trim"
         )
@@ -255,7 +244,9 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
 
         # inside the zstd batch in the objects: answered from the objects alone
         for topic in (plain, tiered):
-            _delete(proxy.bootstrap, topic, MID_OBJECTS)
+            assert delete_records(proxy.bootstrap, {(topic, 0): MID_OBJECTS}) == {
+                (topic, 0): MID_OBJECTS
+            }
         wait_until(
             lambda: tiering.state(stream).stream(stream).log_start_offset == MID_OBJECTS, 30, "trim"
         )
@@ -273,12 +264,7 @@ def test_kafka_answers_past_the_cutover_are_clamped_and_noted(kafka_cluster, tmp
     suffix = uuid.uuid4().hex[:8]
     topic = f"lo-beyond-{suffix}"
     create_topic(kafka_cluster, topic, 1)
-    config = proxy_config(
-        kafka_cluster, tmp_path, f"lob-{suffix}", "zone-a", suffix, free_port_block(8),
-        upload_interval_s=3600.0,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp_path, f"lob-{suffix}", upload_interval_s=3600.0) as proxy:
         tiering = proxy.proxy.tiering
         _produce(proxy.bootstrap, [topic], [("gzip", (10, 30, 20, 50, 40))])  # offsets 0-4
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
@@ -329,10 +315,6 @@ def test_migrated_ranges_answer_from_the_objects_once_kafkas_copy_is_gone(kafka_
     suffix = uuid.uuid4().hex[:8]
     topic = f"lo-migrated-{suffix}"
     create_topic(kafka_cluster, topic, 1)
-    config = proxy_config(
-        kafka_cluster, tmp_path, f"lom-{suffix}", "zone-a", suffix, free_port_block(8),
-        upload_interval_s=3600.0,
-    )  # fmt: skip
     migrated = [
         ("gzip", (30, 10, 50, 20, 40)),
         ("snappy", (130, 110, 900, 120, 140)),  # the log's largest timestamp
@@ -340,8 +322,7 @@ def test_migrated_ranges_answer_from_the_objects_once_kafkas_copy_is_gone(kafka_
         ("zstd", (230, 210, 250, 220, 240)),
     ]
     cutover = sum(len(ts) for _, ts in migrated)
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp_path, f"lom-{suffix}", upload_interval_s=3600.0) as proxy:
         tiering = proxy.proxy.tiering
         _produce(proxy.bootstrap, [topic], migrated)
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0

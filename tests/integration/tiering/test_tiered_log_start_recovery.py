@@ -29,12 +29,13 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from test_tiered_retention import _earliest_latest, _read_from_earliest
-from tieredfleet import TieredFleet, TieredProxy, topic_id_of, wait_for
+from test_tiered_retention import _read_from_earliest
+from tieredfleet import TieredFleet, TieredProxy, topic_id_of
 
 from proxy.metadata.streams import shard_of, stream_id
+from tests.support.clients import delete_records, watermarks
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -68,12 +69,6 @@ def _one_batch(bootstrap: str, topic: str, prefix: str, count: int, ts: int | No
             await producer.stop()
 
     return asyncio.run(send())
-
-
-def _delete_records(bootstrap: str, topic: str, offset: int) -> int:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    [future] = admin.delete_records([TopicPartition(topic, 0, offset)], request_timeout=60).values()
-    return future.result().low_watermark
 
 
 def _wait_ready(proxy: TieredProxy, timeout: float = 60.0) -> None:
@@ -129,7 +124,10 @@ class Scenario:
         self.delete_inside(INSIDE)
 
     def delete_inside(self, offset: int) -> None:
-        assert _delete_records(self.fleet.bootstrap(), self.topic, offset) == offset
+        assert (
+            delete_records(self.fleet.bootstrap(), {(self.topic, 0): offset})[self.topic, 0]
+            == offset
+        )
         self.wait_log_start(offset)
 
     def owner(self) -> TieredProxy:
@@ -141,7 +139,7 @@ class Scenario:
         restarted owner recovered too, not uploaded yet: its log cache holds it)."""
         _wait_ready(proxy)
         end = self.acked[-1][0] + 1
-        assert _earliest_latest(proxy.bootstrap, self.topic) == (log_start, end)
+        assert watermarks(proxy.bootstrap, self.topic) == (log_start, end)
         self.produce(f"after-{uuid.uuid4().hex[:6]}", 10)
         kept = [(o, v) for o, v in self.acked if o >= log_start]
         assert _read_from_earliest(proxy.bootstrap, self.topic, len(kept)) == kept

@@ -9,15 +9,12 @@ from __future__ import annotations
 import asyncio
 import datetime
 import re
-import struct
 import time
 import uuid
 
-import crc32c
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
@@ -27,7 +24,10 @@ from kio.schema.produce.v9.response import ProduceResponse
 from kio.schema.types import TopicName
 from kio.static.primitive import i16, i32
 from raw_kafka import call
-from tieredfleet import TieredFleet, wait_for
+from tieredfleet import TieredFleet
+
+from tests.support.batches import build_batch, patched
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -39,19 +39,14 @@ CLIENT_ID = f"produce-rules,tierproxy_az={ZONE}"
 
 @pytest.fixture(scope="module")
 def fleet(kafka_cluster, s3_server, tmp_path_factory):
-    fleet = TieredFleet(
+    with TieredFleet(
         kafka_cluster.bootstrap,
         s3_server,
         tmp_path_factory.mktemp("produce-rules"),
         zones=("zone-a", "zone-b"),
         shard_count=2,
-    )
-    try:
-        fleet.start()
-        fleet.wait_until_owned()
+    ) as fleet:
         yield fleet
-    finally:
-        fleet.close()
 
 
 def topics(fleet: TieredFleet, kafka_cluster, config: dict[str, str] | None = None):
@@ -114,19 +109,8 @@ def produce_raw(fleet: TieredFleet, topic: str, records: bytes, zone: str = ZONE
 
 
 def batch(timestamps, *, codec: int = 0, keys=None, value: bytes = b"v" * 20) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 22)
-    for n, ts in enumerate(timestamps):
-        key = b"k%d" % n if keys is None else keys[n]
-        builder.append(n, timestamp=ts, key=key, value=value, headers=[])
-    return bytes(builder.build())
-
-
-def patched(data: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:
-    out = bytearray(data)
-    struct.pack_into(fmt, out, position, value)
-    if fix_crc:
-        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
+    keys = [b"k%d" % n for n in range(len(timestamps))] if keys is None else keys
+    return build_batch([value] * len(timestamps), keys=keys, timestamps=timestamps, codec=codec)
 
 
 def same_answers(fleet, names, records: bytes, what: str, *, message: bool = True, zones=(ZONE,)):

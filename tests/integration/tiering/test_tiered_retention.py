@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned, wait_until
+from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned
 
 from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
 from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
@@ -37,6 +37,8 @@ from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_object
 from proxy.objects.store import ObjectNotFound
+from tests.support.clients import watermarks
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -135,14 +137,6 @@ def _fetch_error_at(bootstrap: str, topic: str, offset: int) -> int:
     finally:
         consumer.close()
     raise AssertionError(f"no answer fetching offset {offset}")
-
-
-def _earliest_latest(bootstrap: str, topic: str) -> tuple[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex}"})
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)
-    finally:
-        consumer.close()
 
 
 def _offset_for_time(bootstrap: str, topic: str, timestamp: int) -> int:
@@ -280,7 +274,7 @@ def test_retention_ms_trims_whole_objects_and_deletes_them_after_the_grace(kafka
             code = _fetch_error_at(proxy.bootstrap, topic, offset)
             assert code == KafkaError._AUTO_OFFSET_RESET, (offset, code)
         end = log_start + PER_OBJECT
-        assert _earliest_latest(proxy.bootstrap, topic) == (log_start, end)
+        assert watermarks(proxy.bootstrap, topic) == (log_start, end)
         # a time before everything kept: the first record kept, not one of Kafka's
         assert _offset_for_time(proxy.bootstrap, topic, t.before[0][2]) == log_start
         expected = [(offset, value) for offset, value, _ in kept]
@@ -330,7 +324,7 @@ def test_retention_bytes_keeps_at_least_the_limit_dropping_oldest_objects_whole(
         assert t.run_retention().trimmed == {}  # the rest is exactly the limit: kept
 
         assert _fetch_error_at(proxy.bootstrap, topic, 0) == KafkaError._AUTO_OFFSET_RESET
-        assert _earliest_latest(proxy.bootstrap, topic) == (log_start, log_start + 2 * PER_OBJECT)
+        assert watermarks(proxy.bootstrap, topic) == (log_start, log_start + 2 * PER_OBJECT)
         expected = [(offset, value) for offset, value, _ in kept]
         assert _read_from_earliest(proxy.bootstrap, topic, 2 * PER_OBJECT) == expected
     print(f"retention.bytes test took {time.monotonic() - started:.1f} s")
@@ -341,7 +335,10 @@ def _migrate(t: TieredTopic, first: int | None = None) -> int:
     executors: the backfill gaps from the metadata, one object per Kafka batch below the
     cutover (PUT), each committed through the proxy's peer port (the owner's backfill
     commit); only the `first` ones by offset if given (a job not done yet). Returns how
-    many objects were committed."""
+    many objects were committed, once this proxy's view (`t.state`) holds them: a commit
+    is answered when the owner's own reader of the shard has read it back; the proxy's
+    reader of that shard, which `t.state` is (and Fetch and ListOffsets use), applies it
+    next, in its own time (a client meanwhile reads those offsets from Kafka's copy)."""
     tiering = t.proxy.config.tiering
     job = MigrateJob(
         t.topic,
@@ -365,6 +362,12 @@ def _migrate(t: TieredTopic, first: int | None = None) -> int:
     objects = sorted(objects, key=lambda o: o.start_offset)[:first]
     outcome = asyncio.run(commit_objects(job.peer, objects))
     assert outcome.refused == [] and outcome.committed == len(objects)
+
+    def seen() -> bool:
+        gaps = t.state.backfill_gaps(t.stream)
+        return not any(s < o.end_offset and o.start_offset < e for o in objects for s, e in gaps)
+
+    wait_until(seen, 30, f"{len(objects)} committed objects read by this proxy")
     return len(objects)
 
 
@@ -398,7 +401,7 @@ def test_retention_trims_migrated_ranges_below_the_cutover_as_one_log(kafka_clus
         assert [r.object_key for r in t.ranges()] == [r.object_key for r in ranges[1:]]
         assert t.run_retention().trimmed == {}  # the rest is exactly the limit: kept
         end = kept[-1][0] + 1
-        assert _earliest_latest(proxy.bootstrap, topic) == (log_start, end)
+        assert watermarks(proxy.bootstrap, topic) == (log_start, end)
         assert _fetch_error_at(proxy.bootstrap, topic, 0) == KafkaError._AUTO_OFFSET_RESET
         expected = [(o, v) for o, v, _ in t.before[log_start:] + kept]
         assert _read_from_earliest(proxy.bootstrap, topic, end - log_start) == expected
@@ -408,6 +411,6 @@ def test_retention_trims_migrated_ranges_below_the_cutover_as_one_log(kafka_clus
         assert t.run_retention().trimmed == {t.stream: BEFORE}
         wait_until(lambda: t.state.stream(t.stream).log_start_offset == BEFORE, 30, "cutover")
         assert [r.object_key for r in t.ranges()] == [r.object_key for r in ranges[-2:]]
-        assert _earliest_latest(proxy.bootstrap, topic) == (BEFORE, end)
+        assert watermarks(proxy.bootstrap, topic) == (BEFORE, end)
         expected = [(o, v) for o, v, _ in kept]
         assert _read_from_earliest(proxy.bootstrap, topic, len(kept)) == expected

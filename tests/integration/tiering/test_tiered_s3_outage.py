@@ -35,7 +35,6 @@ from cutover_load import (
     tiered_topic_id,
     topics_command,
     wait_owned,
-    wait_until,
 )
 
 from proxy.config import parse_config
@@ -43,7 +42,9 @@ from proxy.devstack import MinioServer
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -21,10 +21,12 @@ import shutil
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from tieredfleet import TieredFleet, produce_librdkafka, s3_settings, topic_id_of, wait_for
+from tieredfleet import TieredFleet, produce_librdkafka, s3_settings, topic_id_of
 
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 from proxy.wal.s3log_objects import log_prefix
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

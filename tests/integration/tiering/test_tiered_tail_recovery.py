@@ -26,9 +26,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from test_tiered_beyond_cutover import _aiokafka
 from test_tiered_retention import _read_from_earliest
-from tieredfleet import TieredFleet, TieredProxy, produce_librdkafka, topic_id_of, wait_for
+from tieredfleet import TieredFleet, TieredProxy, produce_librdkafka, topic_id_of
 
 from proxy.metadata.streams import shard_of, stream_id
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -25,7 +25,7 @@ import uuid
 import pytest
 import txn_clients
 from confluent_kafka import Consumer, TopicPartition
-from cutover_load import create_topic, proxy_config, wait_owned
+from cutover_load import create_topic, one_proxy
 from kio.schema.add_partitions_to_txn.v3.request import (
     AddPartitionsToTxnRequest,
     AddPartitionsToTxnTopic,
@@ -34,10 +34,9 @@ from kio.schema.add_partitions_to_txn.v3.response import AddPartitionsToTxnRespo
 from kio.schema.errors import ErrorCode
 from tiered_topic import TieredTopic
 
-from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.kafka.messages import decode_response, encode_request
+from tests.support.clients import watermarks
 
 pytestmark = pytest.mark.kafka
 
@@ -61,8 +60,8 @@ class Tiered:
     def check_kafka_and_proxy_logs(self) -> None:
         """Kafka's log of the tiered partition ends at the cutover (no marker past it), and
         the partition through the proxy is as it was."""
-        assert _watermarks(self.cluster.bootstrap, self.topic) == (0, self.cutover)
-        assert _watermarks(self.proxy.bootstrap, self.topic) == (0, self.end)
+        assert watermarks(self.cluster.bootstrap, self.topic) == (0, self.cutover)
+        assert watermarks(self.proxy.bootstrap, self.topic) == (0, self.end)
 
 
 @pytest.fixture(scope="module")
@@ -71,29 +70,13 @@ def tiered(kafka_cluster, tmp_path_factory):
     topic = f"txn-refused-{suffix}"
     create_topic(kafka_cluster, topic, 1)
     tmp = tmp_path_factory.mktemp("txn-refusal")
-    config = proxy_config(
-        kafka_cluster, tmp, f"txnref-{suffix}", "zone-a", suffix, free_port_block(8),
-        upload_interval_s=3600.0,
-    )  # fmt: skip
-    with ProxyThread(parse_config(config)) as proxy:
-        wait_owned([proxy], 2)
+    with one_proxy(kafka_cluster, tmp, f"txnref-{suffix}", upload_interval_s=3600.0) as proxy:
         yield Tiered(kafka_cluster, proxy, topic)
-
-
-def _watermarks(bootstrap: str, topic: str, isolation: str = "read_uncommitted"):
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"w-{uuid.uuid4().hex}",
-         "isolation.level": isolation}
-    )  # fmt: skip
-    try:
-        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30, cached=False)
-    finally:
-        consumer.close()
 
 
 def _committed_values(bootstrap: str, topic: str) -> list[bytes]:
     """Every record a read_committed consumer reads from partition 0, through the proxy."""
-    end = _watermarks(bootstrap, topic, "read_committed")[1]
+    end = watermarks(bootstrap, topic, isolation="read_committed")[1]
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
          "isolation.level": "read_committed", "enable.partition.eof": True}

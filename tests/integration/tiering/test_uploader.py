@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from uuid import UUID
@@ -26,7 +25,7 @@ from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_block, read_object
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
-from proxy.objects.store import ObjectInfo, ObjectStoreError, Payload
+from proxy.objects.store import ObjectStoreError, Payload
 from proxy.records.batches import iter_batches, with_base_offset
 from proxy.upload.uploader import (
     CommitRefused,
@@ -37,10 +36,13 @@ from proxy.upload.uploader import (
     UploadError,
 )
 from proxy.wal import WalConfig, WriteAheadLog
+from tests.support.batches import build_batch
+from tests.support.clock import ManualClock
+from tests.support.stores import PrefixedStore
+from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("3f2a9c1e-7b4d-4e8a-9c0f-1d2e3f405162")
 STREAMS = [stream_id(TOPIC, p) for p in range(50)]
@@ -51,11 +53,7 @@ QUIET = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)
 
 def kafka_batch(stream: int, n: int, records: int = 3) -> bytes:
     """A v2 batch as kafka-python's producer writes it, with values naming stream and n."""
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, batch_size=1 << 20)
-    for i in range(records):
-        value = f"{stream}:{n}:{i}:".encode() * 4
-        builder.append(i, timestamp=NOW_MS + i, key=None, value=value, headers=[])
-    return bytes(builder.build())
+    return build_batch([f"{stream}:{n}:{i}:".encode() * 4 for i in range(records)])
 
 
 class Producer:
@@ -104,14 +102,14 @@ class Shard:
             self.committed.append(o)
 
 
-class TestStore:
+class TestStore(PrefixedStore):
     """The store under test behind a key prefix of this test's own (the MinIO bucket is
     shared), counting PUTs and failing the next `fail_puts` of them."""
 
     __test__ = False
 
     def __init__(self, inner, prefix: str) -> None:
-        self.inner, self.prefix = inner, prefix
+        super().__init__(inner, prefix)
         self.puts: list[str] = []
         self.fail_puts = 0
 
@@ -127,25 +125,6 @@ class TestStore:
             raise ObjectStoreError(key, "put", "injected: S3 is down", retryable=True)
         await write(self.prefix + key, data)
         self.puts.append(key)
-
-    async def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
-        return await self.inner.get(self.prefix + key, start, end)
-
-    async def get_tail(self, key: str, length: int) -> bytes:
-        return await self.inner.get_tail(self.prefix + key, length)
-
-    async def size(self, key: str) -> int:
-        return await self.inner.size(self.prefix + key)
-
-    async def delete(self, keys) -> None:
-        await self.inner.delete([self.prefix + key for key in keys])
-
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        async for info in self.inner.list(self.prefix + prefix):
-            yield ObjectInfo(info.key[len(self.prefix) :], info.size)
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.minio)])
@@ -214,14 +193,6 @@ async def test_fifty_streams_go_up_in_one_object_per_upload(store, tmp_path):
     assert [o.key for o in shard.committed] == store.puts
 
 
-async def eventually(condition, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
-
-
 async def test_the_size_trigger_uploads_without_flush(local_store, tmp_path):
     shard = Shard()
     config = UploaderConfig(upload_bytes=32 * 1024, upload_interval_s=600)
@@ -242,20 +213,30 @@ async def test_the_size_trigger_uploads_without_flush(local_store, tmp_path):
 
 async def test_the_time_trigger_uploads_without_flush(local_store, tmp_path):
     shard = Shard()
+    clock = ManualClock()  # the uploader's: "not yet due" is a time the test sets
     config = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=0.3)
     async with await WriteAheadLog.open(wal_config(tmp_path)) as wal:
         producer = Producer(wal)
         async with Uploader(
-            wal, local_store, shard.commit, ObjectIdAllocator(1), config=config
+            wal, local_store, shard.commit, ObjectIdAllocator(1), config=config, clock=clock
         ) as up:
-            started = time.monotonic()
-            await producer.produce(rounds=1, streams=STREAMS[:3])
-            await asyncio.sleep(0.1)
-            assert up.stats.uploads == 0  # not yet due
-            await eventually(lambda: up.stats.backlog_bytes == 0)
-            assert up.stats.uploads == 1 and time.monotonic() - started >= 0.3
-            await producer.produce(rounds=1)
-            await eventually(lambda: up.stats.backlog_bytes == 0)
+
+            def seen() -> bool:
+                """Whether the uploader has seen the backlog (it then has an age)."""
+                clock.now += 0.001
+                return up.backlog_seconds > 0
+
+            for streams in (STREAMS[:3], STREAMS):
+                await producer.produce(rounds=1, streams=streams)
+                await eventually(seen, what="the uploader saw the backlog")
+                uploads = up.stats.uploads
+                clock.now += 0.29
+                looked = clock.calls
+                await eventually(lambda n=looked + 3: clock.calls >= n, what="three more looks")
+                assert up.stats.uploads == uploads  # not yet due
+                clock.now += 0.01
+                await eventually(lambda: up.stats.backlog_bytes == 0)
+                assert up.stats.uploads == uploads + 1
             stats = up.stats
     assert stats.uploads == stats.objects == 2 == len(local_store.puts)
     assert_all_committed_once(await committed_batches(local_store, shard), producer, shard)

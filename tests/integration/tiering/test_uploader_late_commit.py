@@ -19,16 +19,9 @@ from test_uploader import (
 from proxy.objects.local import LocalDirectoryStore
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
+from tests.support.clock import ManualClock
 
 LIMIT_S = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class SlowFirstPut(TestStore):
@@ -36,7 +29,9 @@ class SlowFirstPut(TestStore):
 
     __test__ = False
 
-    def __init__(self, inner, prefix: str, clock: Clock, seconds: float, slow: int = 1) -> None:
+    def __init__(
+        self, inner, prefix: str, clock: ManualClock, seconds: float, slow: int = 1
+    ) -> None:
         super().__init__(inner, prefix)
         self.clock, self.seconds, self.slow = clock, seconds, slow
 
@@ -56,7 +51,9 @@ async def inner(request, tmp_path, make_s3_store):
         yield await make_s3_store(request.getfixturevalue("s3_server"))
 
 
-async def upload_once(store: TestStore, clock: Clock, tmp_path) -> tuple[Shard, Producer, Uploader]:
+async def upload_once(
+    store: TestStore, clock: ManualClock, tmp_path
+) -> tuple[Shard, Producer, Uploader]:
     shard = Shard()
     config = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600, max_commit_age_s=LIMIT_S)
     wal = await WriteAheadLog.open(wal_config(tmp_path))
@@ -75,7 +72,7 @@ async def upload_once(store: TestStore, clock: Clock, tmp_path) -> tuple[Shard, 
 async def test_a_put_older_than_the_limit_is_uploaded_again_not_committed(
     inner, tmp_path, key_prefix
 ):
-    clock = Clock()
+    clock = ManualClock()
     store = SlowFirstPut(inner, key_prefix, clock, seconds=LIMIT_S + 1)
     shard, producer, uploader = await upload_once(store, clock, tmp_path)
     stale, fresh = store.puts
@@ -86,7 +83,7 @@ async def test_a_put_older_than_the_limit_is_uploaded_again_not_committed(
 
 
 async def test_a_put_within_the_limit_is_committed(inner, tmp_path, key_prefix):
-    clock = Clock()
+    clock = ManualClock()
     store = SlowFirstPut(inner, key_prefix, clock, seconds=LIMIT_S - 1)
     shard, producer, uploader = await upload_once(store, clock, tmp_path)
     assert uploader.stats.late_puts == 0 and [o.key for o in shard.committed] == store.puts

@@ -11,12 +11,13 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from cutover_load import tiered_topic_id, topics_command, wait_until
-from tieredfleet import topic_id_of, wait_for
+from cutover_load import tiered_topic_id, topics_command
+from tieredfleet import topic_id_of
 
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.store import ObjectNotFound
+from tests.support.waiting import wait_for, wait_until
 
 Acked = dict[int, list[tuple[int, bytes]]]  # partition -> (offset, value), in offset order
 

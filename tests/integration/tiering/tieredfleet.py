@@ -52,10 +52,12 @@ from proxy.metadata.reader import ShardReader
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.format import find_entries, read_block, read_object
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoint
+from tests.support.waiting import wait_for
 
 HEARTBEAT_S = 0.5
 MEMBER_TIMEOUT_S = 3.0
@@ -270,6 +272,20 @@ class TieredFleet:
 
     def resume(self, zone: str) -> None:
         self.proxies[zone].process.signal(signal.SIGCONT)
+
+    def __enter__(self) -> TieredFleet:
+        """Started, every metadata shard owned (a fixture's fleet); closed on the way out
+        even when the start fails halfway."""
+        try:
+            self.start()
+            self.wait_until_owned()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Stop the proxies, delete from the bucket the objects this fleet's metadata
@@ -697,17 +713,6 @@ class JavaProducer:
 
 
 # -- waiting -----------------------------------------------------------------------------
-
-
-def wait_for(get, done, what: str, timeout: float = 60.0, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = get()
-        if done(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout} s; last: {value!r}"[:3000])
-        time.sleep(interval)
 
 
 def wait_for_log(proxy: TieredProxy, text: str, timeout: float, after: int = 0) -> int:

@@ -18,13 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kio.schema.errors import ErrorCode
 from test_tiered_partition import CUTOVER, RECORDS, S0, Shard, config_for, nth, ok
 
 from proxy.objects.local import LocalDirectoryStore
 from proxy.partition.committed import committed_headers
 from proxy.partition.owner import PartitionConfig, TieredPartition
-from proxy.partition.producer_state import ErrorCode
-from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
@@ -54,7 +53,9 @@ async def test_retry_after_release_and_claim_is_answered_as_duplicate(tmp_path):
                 assert 1 <= taken <= 4, first
                 for n, result in enumerate(first[:taken]):  # answered once durable
                     ok(result, CUTOVER + RECORDS * n)
-                assert all(r.error_code == NOT_LEADER_OR_FOLLOWER for r in first[taken:]), first
+                assert all(
+                    r.error_code == ErrorCode.not_leader_or_follower for r in first[taken:]
+                ), first
                 await up.flush()  # what the release does before its ShardRelease
                 end = CUTOVER + RECORDS * taken
                 assert shard.state.stream_end(S0) == end
@@ -90,14 +91,14 @@ async def test_a_gap_after_a_batch_the_proxy_refused_is_answered_not_leader(tmp_
         # batch 3 reaches the closed partition (the shard is being handed over): refused
         # NOT_LEADER_OR_FOLLOWER, and recorded; batch 4, pipelined behind it, reaches the
         # new partition first
-        assert (await old.produce(nth(PID, 3), -1)).error_code == NOT_LEADER_OR_FOLLOWER
+        assert (await old.produce(nth(PID, 3), -1)).error_code == ErrorCode.not_leader_or_follower
         new = await TieredPartition.recover(S0, wal, shard.state)
         new.holes = holes
         async with new:
             appends = wal.stats.appends
             with caplog.at_level(logging.WARNING, logger="proxy.partition.owner"):
                 result = await new.produce(nth(PID, 4), -1)
-            assert result.error_code == NOT_LEADER_OR_FOLLOWER, result
+            assert result.error_code == ErrorCode.not_leader_or_follower, result
             assert "a batch before this one was not appended" in result.error_message
             assert "out of order sequence number for producer 7: 12" in result.error_message
             assert "OUT_OF_ORDER_SEQUENCE_NUMBER refused" in caplog.text
@@ -107,7 +108,7 @@ async def test_a_gap_after_a_batch_the_proxy_refused_is_answered_not_leader(tmp_
             ok(await new.produce(nth(PID, 4), -1), CUTOVER + 12)
             # a gap the proxy did not make (batch 5 never came): Kafka's answer, at once
             result = await new.produce(nth(PID, 6), -1)
-            assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, result
+            assert result.error_code == ErrorCode.out_of_order_sequence_number, result
             assert "not appended" not in result.error_message
             assert new.log_end_offset == CUTOVER + 15
 
@@ -123,4 +124,4 @@ async def test_a_gap_the_proxy_did_not_make_gets_kafkas_answer_even_after_a_take
         new.holes = holes
         async with new:
             result = await new.produce(nth(PID, 2), -1)
-            assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, result
+            assert result.error_code == ErrorCode.out_of_order_sequence_number, result

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import crc32c
 import pytest
 from aiobotocore.session import AioSession, get_session
 
@@ -33,24 +31,13 @@ from proxy.handoff.writer import (
 )
 from proxy.objects.keys import parse_object_key
 from proxy.objects.local import LocalDirectoryStore
-from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3 import S3Store
+from proxy.objects.s3config import S3Config
 from proxy.objects.store import ObjectStore, ObjectStoreError
 from proxy.records.batches import CorruptBatchError
+from tests.support.batches import batch_of_size, opaque_batch
 
 KiB = 1024
-HEADER = 61
-
-
-def make_batch(payload: bytes, *, records: int = 1, base_sequence: int = -1) -> bytes:
-    """A v2 record batch as a producer sends it (base offset 0); the records are opaque."""
-    ts = 1_700_000_000_000
-    body = struct.pack(">hiqqqhii", 0, records - 1, ts, ts, 7, 0, base_sequence, records)
-    body += payload
-    return struct.pack(">qiibI", 0, 9 + len(body), 0, 2, crc32c.crc32c(body)) + body
-
-
-def batch_of_size(size: int, fill: int = 0x5A) -> bytes:
-    return make_batch(bytes([fill]) * (size - HEADER))
 
 
 class FaultyStore:
@@ -144,7 +131,7 @@ def writer_id() -> str:
 async def test_concurrent_appends_share_few_puts_and_read_back_exactly(store, writer_id):
     rng = random.Random(7)
     batches = [
-        (i % 20, make_batch(rng.randbytes(rng.randrange(50, 4000)), records=1 + i % 5))
+        (i % 20, opaque_batch(rng.randbytes(rng.randrange(50, 4000)), records=1 + i % 5))
         for i in range(200)
     ]
 

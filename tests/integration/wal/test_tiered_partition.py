@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from uuid import UUID
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from proxy.metadata.codec import encode
 from proxy.metadata.records import ObjectCommit, ProducerSnapshot, ShardClaim, StreamCutover
@@ -23,24 +24,19 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
 from proxy.objects.format import read_block, read_object
 from proxy.objects.local import LocalDirectoryStore
-from proxy.partition.owner import (
-    PartitionConfig,
-    PartitionSet,
-    ProduceResult,
-    RecoveryError,
-    TieredPartition,
-)
-from proxy.partition.producer_state import ErrorCode
+from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError, TieredPartition
+from proxy.partition.partition_set import PartitionSet
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, with_base_offset
 from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
+from tests.support.batches import build_batch
+from tests.support.waiting import eventually
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("5b1e0c7a-2d4f-4a9b-8e3c-6f7a8b9c0d1e")
 STREAMS = [stream_id(TOPIC, p) for p in range(2)]
@@ -52,19 +48,11 @@ RECORDS = 3  # per batch
 
 def batch(pid: int, seq: int, *, epoch: int = 0, transactional: bool = False) -> bytes:
     """An idempotent producer's batch as kafka-python writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=transactional,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 20,
-    )
-    for i in range(RECORDS):
-        value = f"{pid}:{seq + i}:".encode() * 8
-        builder.append(i, timestamp=NOW_MS + i, key=b"k", value=value, headers=[])
-    return bytes(builder.build())
+    values = [f"{pid}:{seq + i}:".encode() * 8 for i in range(RECORDS)]
+    return build_batch(
+        values, keys=[b"k"] * RECORDS, producer_id=pid, producer_epoch=epoch,
+        base_sequence=seq, transactional=transactional,
+    )  # fmt: skip
 
 
 def nth(pid: int, n: int) -> bytes:
@@ -93,14 +81,6 @@ class Shard:
 
 def config_for(directory) -> WalConfig:
     return WalConfig(str(directory), segment_bytes=64 * 1024)
-
-
-async def until(predicate, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.002)):
-        if predicate():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("condition not met in time")
 
 
 def ok(result: ProduceResult | None, base_offset: int) -> None:
@@ -186,7 +166,7 @@ async def test_retries_get_their_original_offsets_and_write_nothing(tmp_path):
             assert (wal.stats.appends, partition.log_end_offset) == (appends, end)
             # older than the last 5: not recognised, so out of order
             result = await partition.produce(nth(7, 0), -1)
-            assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+            assert result.error_code == ErrorCode.out_of_order_sequence_number
 
 
 async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):
@@ -194,7 +174,7 @@ async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):
         async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
             ok(await partition.produce(batch(7, 0), -1), CUTOVER)
             result = await partition.produce(batch(7, 10), -1)  # expected 3
-            assert result.error_code == 45 == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+            assert result.error_code == 45 == ErrorCode.out_of_order_sequence_number
             assert result.base_offset == -1
             assert "10 (incoming seq. number), 2 (current end sequence number)" in (
                 result.error_message
@@ -207,7 +187,7 @@ async def test_a_transactional_batch_is_refused_with_42_and_a_clear_message(tmp_
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
         async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
             result = await partition.produce(batch(7, 0, transactional=True), -1)
-            assert result.error_code == 42 == ErrorCode.INVALID_REQUEST
+            assert result.error_code == 42 == ErrorCode.invalid_request
             assert "transactional produce to a tiered topic is not supported" in (
                 result.error_message
             )
@@ -227,7 +207,9 @@ async def test_a_full_queue_makes_callers_wait_in_order_and_drops_nothing():
                     asyncio.create_task(partition.produce(nth(7, n), 0 if n == 9 else -1))
                     for n in range(10)
                 ]
-                await until(lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS)
+                await eventually(
+                    lambda: partition.log_end_offset == CUTOVER + 2 * RECORDS, interval_s=0.002
+                )
                 await asyncio.sleep(0.05)
                 # 2 in flight, 2 queued, 6 waiting to be queued (the acks=0 one too)
                 assert partition.log_end_offset == CUTOVER + 6 and wal.durable_end == 0
@@ -254,7 +236,9 @@ async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledge
         in_flight = [
             asyncio.create_task(partitions.produce(S0, nth(7, n), -1)) for n in range(10, 15)
         ]
-        await until(lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS)
+        await eventually(
+            lambda: partition.log_end_offset == CUTOVER + 15 * RECORDS, interval_s=0.002
+        )
         fs.fail_next_fsync()  # the held fsync fails
     results = await asyncio.gather(*in_flight)
     assert [r.error_code for r in results] == [56] * 5
@@ -265,7 +249,7 @@ async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledge
     # later requests, retries included, get 56 too (retriable: the client moves on)
     for records in (nth(7, 15), nth(7, 9), nth(8, 0)):
         result = await partitions.produce(S0, records, -1)
-        assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result
+        assert result.error_code == ErrorCode.kafka_storage_error, result
     await partitions.close()
     await wal.close()
 
@@ -313,7 +297,7 @@ async def test_idempotence_survives_a_restart_through_the_wal_replay(tmp_path, e
         for pid in (7, 8):  # a retry of each producer's last batch is a duplicate
             ok(await partitions.produce(S0, nth(pid, 19), -1), last[pid])
         result = await partitions.produce(S0, nth(7, 21), -1)  # a gap is still a gap
-        assert result.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert result.error_code == ErrorCode.out_of_order_sequence_number
         assert wal.stats.appends == 0
         ok(await partitions.produce(S0, nth(7, 20), -1), CUTOVER + 120)
         await partitions.close()

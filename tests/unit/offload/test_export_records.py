@@ -9,7 +9,6 @@ import struct
 
 import crc32c
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.export_records import (
     ABORT,
@@ -24,8 +23,8 @@ from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
     read_batch_header,
-    with_base_offset,
 )
+from tests.support.batches import build_batch
 
 DAY_MS = 86_400_000
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC
@@ -36,11 +35,13 @@ def batch(
 ) -> SourceBatch:
     """A v2 batch as aiokafka's producer writes it; gzip unless told."""
     epoch = sequence = 0 if producer >= 0 else -1
-    builder = DefaultRecordBatchBuilder(2, codec, transactional, producer, epoch, sequence, 1 << 20)
-    for i, (timestamp, key, value, headers) in enumerate(rows):
-        builder.append(i, timestamp=timestamp, key=key, value=value, headers=headers)
-    data = with_base_offset(bytes(builder.build()), base)
-    return SourceBatch(base, base + len(rows) - 1, memoryview(bytes(data)))
+    data = build_batch(
+        [value for _, _, value, _ in rows], keys=[key for _, key, _, _ in rows],
+        timestamps=[timestamp for timestamp, _, _, _ in rows],
+        record_headers=[headers for _, _, _, headers in rows], codec=codec, producer_id=producer,
+        producer_epoch=epoch, base_sequence=sequence, transactional=transactional, base_offset=base,
+    )  # fmt: skip
+    return SourceBatch(base, base + len(rows) - 1, memoryview(data))
 
 
 def marker(offset: int, producer: int, kind: int) -> SourceBatch:

@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import response as metadata
 
 from proxy.apis.api03_metadata import read_partition_leaders
-from proxy.apis.fetch_split import read_fetch_response
+from proxy.apis.fetch_merge import read_fetch_response
 from proxy.kafka.codec import encode
 from proxy.kafka.frames import FrameError
 from tests.unit.protocol.test_fetch_split import VERSIONS, key, upstream_answer, upstream_partitions

@@ -6,23 +6,20 @@ reported at their offset, or raised."""
 from __future__ import annotations
 
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.object_source import ObjectReadError, object_batches
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import ObjectWriter
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.local import LocalDirectoryStore
-from proxy.records.batches import with_base_offset
+from tests.support.batches import NOW_MS, build_batch
 
 STREAM = 42
 
 
 def batch(base: int, records: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
-    for i in range(records):
-        builder.append(i, timestamp=1_700_000_000_000, key=None, value=b"r%d" % i, headers=[])
-    return bytes(with_base_offset(bytes(builder.build()), base))
+    values = [b"r%d" % i for i in range(records)]
+    return build_batch(values, timestamps=[NOW_MS] * records, base_offset=base)
 
 
 RUN = [batch(0, 2), batch(2, 3), batch(5, 1), batch(6, 4)]  # offsets 0..9

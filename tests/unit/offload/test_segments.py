@@ -12,30 +12,21 @@ from pathlib import Path
 import pytest
 
 from offload_jobs.segments import CorruptSegment, SegmentReader, index_position, list_segments
-from proxy.records.batches import set_base_offset
+from tests.support.batches import build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatch
 
 
 def batch(base_offset: int, count: int, *, compression: int = 0, producer: int = -1) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=False,
-        producer_id=producer,
-        producer_epoch=0 if producer >= 0 else -1,
-        base_sequence=base_offset if producer >= 0 else -1,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        value = f"v{base_offset + i}".encode() * 20
-        builder.append(i, timestamp=1_700_000_000_000 + i, key=f"k{i}".encode(), value=value,
-                       headers=[("h", b"x")])  # fmt: skip
-    out = bytearray(builder.build())
-    set_base_offset(out, 0, base_offset)
-    return bytes(out)
+    idempotent = producer >= 0
+    return build_batch(
+        [f"v{base_offset + i}".encode() * 20 for i in range(count)],
+        keys=[f"k{i}".encode() for i in range(count)], headers=[("h", b"x")],
+        codec=compression, producer_id=producer, producer_epoch=0 if idempotent else -1,
+        base_sequence=base_offset if idempotent else -1, base_offset=base_offset,
+    )  # fmt: skip
 
 
 def write_partition(

@@ -5,17 +5,14 @@ Fetch, batches already read are skipped, gaps, overlaps and bad CRCs are named."
 from __future__ import annotations
 
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.cluster_reader import ClusterReadError, take_batches
-from proxy.records.batches import CRC_POSITION, with_base_offset
+from proxy.records.batches import CRC_POSITION
+from tests.support.batches import build_batch
 
 
 def batch(base: int, records: int) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
-    for i in range(records):
-        builder.append(i, timestamp=1_700_000_000_000 + i, key=None, value=b"v%d" % i, headers=[])
-    return bytes(with_base_offset(bytes(builder.build()), base))
+    return build_batch([b"v%d" % i for i in range(records)], base_offset=base)
 
 
 RUN = [batch(10, 3), batch(13, 2), batch(15, 4)]  # offsets 10..18

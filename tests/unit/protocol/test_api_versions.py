@@ -7,7 +7,6 @@ from kio.schema.errors import ErrorCode
 
 from proxy.apis.api18_api_versions import (
     RESPONSES,
-    UNSUPPORTED_VERSION,
     ApiVersionsError,
     encode_api_versions_response,
     intersect,
@@ -58,10 +57,10 @@ def test_unsupported_version_response_falls_back_to_the_proxy_s_own_range():
 
 
 def test_upstream_unsupported_version_answer_comes_in_the_v0_shape():
-    body = encode_api_versions_response(0, {18: (0, 3)}, error_code=UNSUPPORTED_VERSION)
+    body = encode_api_versions_response(0, {18: (0, 3)}, error_code=ErrorCode.unsupported_version)
     with pytest.raises(ApiVersionsError) as raised:
         parse_api_versions_response(4, body)  # asked v4, answered in v0 shape
-    assert raised.value.error_code == UNSUPPORTED_VERSION
+    assert raised.value.error_code == ErrorCode.unsupported_version
     assert raised.value.ranges == {18: (0, 3)}
 
 

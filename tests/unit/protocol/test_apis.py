@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 from proxy.kafka import gen_api_table
+from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.versions import (
     APIS,
     api_name,
@@ -16,7 +17,7 @@ from proxy.kafka.versions import (
 def test_generated_table_matches_the_installed_kio():
     committed = Path(gen_api_table.TABLE_PATH).read_text()
     assert committed == gen_api_table.render(), (
-        "proxy/kafka/api_table.py is stale: run .venv/bin/python -m proxy.protocol.gen_api_table"
+        "proxy/kafka/api_table.py is stale: run .venv/bin/python -m proxy.kafka.gen_api_table"
     )
 
 
@@ -75,3 +76,12 @@ def test_supported_ranges_and_names():
     assert ranges.keys() == APIS.keys()
     assert api_name(1) == "Fetch"
     assert api_name(999) == "api key 999"
+
+
+def test_api_key_names_are_kafkas():
+    """Each ApiKey member is Kafka's name of its key in the generated table (CamelCase there)."""
+    for key in ApiKey:
+        if key is ApiKey.CONTROLLED_SHUTDOWN:  # absent from kio, so from the table
+            continue
+        camel = "".join(word.title() for word in key.name.split("_"))
+        assert APIS[key].name.lower() == camel.lower(), key

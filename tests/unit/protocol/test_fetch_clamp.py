@@ -23,7 +23,8 @@ from test_fetch_split import (
 )
 
 from proxy.apis.fetch_clamp import batches_below, clamp_partition_answer
-from proxy.apis.fetch_split import answer_layout, merge_responses, read_fetch_request
+from proxy.apis.fetch_merge import merge_responses
+from proxy.apis.fetch_split import answer_layout, read_fetch_request
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
 from proxy.tiered.beyond_cutover import BeyondCutover

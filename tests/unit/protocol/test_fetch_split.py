@@ -4,8 +4,6 @@ for every served version, on answers carrying real v2 record batches."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import importlib
 import struct
 import uuid
 import warnings
@@ -13,30 +11,29 @@ import warnings
 import pytest
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.fetch_merge import build_fetch_response, merge_responses
 from proxy.apis.fetch_split import (
     FINAL_EPOCH,
     NO_SESSION,
     TieredFetchPartition,
     TieredFetchResult,
-    build_fetch_response,
-    merge_responses,
     read_fetch_request,
     split,
 )
 from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS
+from tests.support.batches import build_batch
+from tests.support.kio_types import MS, mod, only_fields
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 REQUESTS = load_types(1, "request")
 RESPONSES = load_types(1, "response")
 VERSIONS = range(APIS[1].min_version, APIS[1].max_version + 1)
-MS = datetime.timedelta(milliseconds=1)
 
 
 def test_every_kio_fetch_version_is_served():
@@ -45,30 +42,13 @@ def test_every_kio_fetch_version_is_served():
 
 def batch(count: int, seed: int) -> bytes:
     """A v2 batch as a kafka-python producer writes it."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
-    )  # fmt: skip
-    for i in range(count):
-        value = bytes([(seed + i) % 256]) * (10 + seed)
-        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=value, headers=[])
-    return bytes(builder.build())
+    values = [bytes([(seed + i) % 256]) * (10 + seed) for i in range(count)]
+    return build_batch(values, keys=[b"k%d" % i for i in range(count)])
 
 
 def key(version: int, name: str) -> str | uuid.UUID:
     """A topic as the version names it: by id from v13."""
     return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name
-
-
-def mod(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
-def only_fields(cls, **fields):
-    """cls built from the fields it has: the version decides which of `fields` exist."""
-    return cls(
-        **{name: value for name, value in fields.items() if name in cls.__dataclass_fields__}
-    )
 
 
 # topic -> partitions, each (index, fetch_offset, current_leader_epoch, partition_max_bytes)

@@ -3,8 +3,6 @@ answers, for every served version; requests and answers written and read back wi
 
 from __future__ import annotations
 
-import datetime
-import importlib
 import struct
 
 import pytest
@@ -24,28 +22,17 @@ from proxy.apis.api02_list_offsets import (
 from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS
+from tests.support.kio_types import MS, mod, only_fields
 
 REQUESTS = load_types(2, "request")
 RESPONSES = load_types(2, "response")
 VERSIONS = range(APIS[2].min_version, APIS[2].max_version + 1)
 FLEXIBLE = [v for v in VERSIONS if v >= 6]
-MS = datetime.timedelta(milliseconds=1)
 T = 1_700_000_000_000  # a timestamp in ms
 
 
 def test_every_kio_list_offsets_version_is_served():
     assert sorted(REQUESTS) == sorted(RESPONSES) == list(VERSIONS) == list(range(1, 12))
-
-
-def mod(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
-def only_fields(cls, **fields):
-    """cls built from the fields it has: the version decides which of `fields` exist."""
-    return cls(
-        **{name: value for name, value in fields.items() if name in cls.__dataclass_fields__}
-    )
 
 
 # topic -> partitions, each (index, timestamp, current_leader_epoch)

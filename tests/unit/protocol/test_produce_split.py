@@ -24,12 +24,12 @@ from proxy.apis.api00_produce import (
 from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS
+from tests.support.batches import build_batch
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 REQUESTS = load_types(0, "request")
 RESPONSES = load_types(0, "response")
@@ -44,14 +44,8 @@ def test_every_kio_produce_version_is_served():
 
 def batch(count: int, seed: int) -> bytes:
     """A v2 batch as a kafka-python producer writes it."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=False, producer_id=-1,
-        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
-    )  # fmt: skip
-    for i in range(count):
-        value = bytes([(seed + i) % 256]) * (10 + seed)
-        builder.append(i, timestamp=1_700_000_000_000 + i, key=b"k%d" % i, value=value, headers=[])
-    return bytes(builder.build())
+    values = [bytes([(seed + i) % 256]) * (10 + seed) for i in range(count)]
+    return build_batch(values, keys=[b"k%d" % i for i in range(count)])
 
 
 def key(version: int, name: str) -> str | uuid.UUID:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import struct
 import warnings
 
-import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,12 +22,14 @@ from proxy.records.batches import (
     whole_batches,
     with_base_offset,
 )
+from tests.support.batches import NOW_MS, control_batch, patched
+from tests.support.batches import build_batch as support_batch
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatch
     from kafka.record.memory_records import MemoryRecords
 
 
@@ -44,47 +44,13 @@ def build_batch(
 ) -> bytes:
     """A batch as a kafka-python producer writes it (base offset 0, leader epoch 0)."""
     producer_id, producer_epoch, base_sequence = producer or (-1, -1, -1)
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        key = None if i % 3 == 2 else f"key-{i}".encode()
-        value = bytes([i % 256]) * value_size
-        builder.append(i, timestamp=1_700_000_000_000 + 7 * i, key=key, value=value,
-                       headers=headers or [])  # fmt: skip
-    return bytes(builder.build())
-
-
-def build_commit_marker(producer_id: int, producer_epoch: int) -> bytes:
-    """A transaction commit marker: a control batch, as the broker writes one."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=True,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    # key: control record version 0, type 1 (commit); value: marker version 0, coordinator epoch
-    builder.append(0, timestamp=1_700_000_000_000, key=struct.pack(">hh", 0, 1),
-                   value=struct.pack(">hi", 0, 5), headers=[])  # fmt: skip
-    return patch_header(bytes(builder.build()), 21, ">h", 0x30, fix_crc=True)
-
-
-def patch_header(batch: bytes, position: int, fmt: str, value: int, *, fix_crc: bool) -> bytes:
-    """`batch` with one header field changed, the CRC recomputed if asked."""
-    out = bytearray(batch)
-    struct.pack_into(fmt, out, position, value)
-    if fix_crc:
-        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
+    return support_batch(
+        [bytes([i % 256]) * value_size for i in range(count)],
+        keys=[None if i % 3 == 2 else f"key-{i}".encode() for i in range(count)],
+        timestamps=[NOW_MS + 7 * i for i in range(count)],
+        headers=headers, codec=compression, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence, transactional=transactional,
+    )  # fmt: skip
 
 
 BATCHES = {
@@ -94,9 +60,9 @@ BATCHES = {
     "gzip": build_batch(50, compression=1, value_size=100),
     "idempotent": build_batch(7, producer=(4242, 3, 17)),
     "transactional": build_batch(2, producer=(99, 1, 0), transactional=True),
-    "leader epoch set": patch_header(build_batch(2), 12, ">i", 31, fix_crc=False),
-    "log append time": patch_header(build_batch(2), 21, ">h", 0x08, fix_crc=True),
-    "control": build_commit_marker(99, 1),
+    "leader epoch set": patched(build_batch(2), 12, ">i", 31, fix_crc=False),
+    "log append time": patched(build_batch(2), 21, ">h", 0x08, fix_crc=True),
+    "control": control_batch(99, 1, 1, coordinator_epoch=5),
 }
 
 
@@ -229,15 +195,15 @@ def test_corruption_messages_say_what_is_wrong():
     with pytest.raises(CorruptBatchError, match=r"at byte 40: CRC-32C mismatch.*bytes 61\.\."):
         validate_batch(bytes(batch[:-1]) + bytes([batch[-1] ^ 1]), position=40)
     with pytest.raises(CorruptBatchError, match="magic is 1"):
-        validate_batch(patch_header(batch, 16, ">b", 1, fix_crc=False))
+        validate_batch(patched(batch, 16, ">b", 1, fix_crc=False))
     with pytest.raises(CorruptBatchError, match="unknown compression codec 5"):
-        validate_batch(patch_header(batch, 21, ">h", 5, fix_crc=True))
+        validate_batch(patched(batch, 21, ">h", 5, fix_crc=True))
     with pytest.raises(CorruptBatchError, match="negative last offset delta"):
-        validate_batch(patch_header(batch, 23, ">i", -1, fix_crc=True))
+        validate_batch(patched(batch, 23, ">i", -1, fix_crc=True))
     with pytest.raises(CorruptBatchError, match="negative record count"):
-        validate_batch(patch_header(batch, 57, ">i", -2, fix_crc=True))
+        validate_batch(patched(batch, 57, ">i", -2, fix_crc=True))
     with pytest.raises(CorruptBatchError, match="below the minimum 49"):
-        read_batch_header(patch_header(batch, 8, ">i", 48, fix_crc=False))
+        read_batch_header(patched(batch, 8, ">i", 48, fix_crc=False))
     with pytest.raises(CorruptBatchError, match="batch length says"):
         validate_batch(batch + b"\x00")
     assert issubclass(CorruptBatchError, ValueError)
@@ -267,7 +233,7 @@ def test_a_truncated_run_fails_at_the_cut_batch_and_whole_batches_stops_before_i
 
 
 def test_whole_batches_still_refuses_corruption():
-    run = BATCHES["plain"] + patch_header(BATCHES["plain"], 16, ">b", 0, fix_crc=False)
+    run = BATCHES["plain"] + patched(BATCHES["plain"], 16, ">b", 0, fix_crc=False)
     with pytest.raises(CorruptBatchError, match=f"at byte {len(BATCHES['plain'])}: magic is 0"):
         whole_batches(run)
 

@@ -14,10 +14,12 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.objects.format import IndexEntry, ObjectFormatError, ObjectWriter
+from proxy.objects.format import IndexEntry, ObjectFormatError
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectNotFound, ObjectStoreError
-from proxy.reads.blockcache import BlockCache, BlockLru, Readahead, plan_fetches
+from proxy.reads.blockcache import BlockCache
+from proxy.reads.blockplan import BlockLru, Readahead, plan_fetches
 
 STREAM = 7
 

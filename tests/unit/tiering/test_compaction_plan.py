@@ -22,7 +22,8 @@ from proxy.metadata.records import (
 from proxy.metadata.rules import Outcome
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange, shard_of, stream_id
-from proxy.objects.format import ObjectWriter, read_block, read_object
+from proxy.objects.format import read_block, read_object
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.upkeep.compaction_plan import (
     CompactionPlan,

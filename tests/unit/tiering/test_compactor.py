@@ -26,17 +26,18 @@ from proxy.metadata.records import (
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, stream_id
-from proxy.objects.format import FORMAT_VERSION, ObjectWriter, read_block, read_object
+from proxy.objects.format import FORMAT_VERSION, read_block, read_object
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectNotFound
 from proxy.records.batches import with_base_offset
 from proxy.upkeep.compaction_plan import CompactionSettings
 from proxy.upkeep.compactor import Compactor
+from tests.support.batches import NOW_MS, build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")
 SETTINGS = CompactionSettings(
@@ -46,11 +47,7 @@ GRACE = 10.0
 
 
 def kafka_batch(n: int, records: int = 3) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, 1 << 20)
-    for i in range(records):
-        builder.append(i, timestamp=1_700_000_000_000, key=None, value=b"%d-%d" % (n, i),
-                       headers=[])  # fmt: skip
-    return bytes(builder.build())
+    return build_batch([b"%d-%d" % (n, i) for i in range(records)], timestamps=[NOW_MS] * records)
 
 
 class Owner:

@@ -16,7 +16,7 @@ import pytest
 from test_compactor import GRACE, Fleet, kafka_batch
 
 from proxy.metadata.records import ObjectCommit, OffsetRange
-from proxy.objects.format import ObjectWriter
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.records.batches import with_base_offset
 

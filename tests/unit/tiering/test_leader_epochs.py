@@ -7,19 +7,12 @@ from __future__ import annotations
 import asyncio
 
 from proxy.tiered.leader_epochs import MAX_AGE_S, LeaderEpochs
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_concurrent_lookups_share_one_answer_kept_for_max_age():
     asked = []
-    clock = Clock()
+    clock = ManualClock(0.0)
 
     async def lookup(topic: str) -> dict[int, int]:
         asked.append(topic)
@@ -50,7 +43,7 @@ def test_a_failed_lookup_answers_no_epoch_and_is_not_kept():
         return {0: 2}
 
     async def run() -> None:
-        epochs = LeaderEpochs(lookup, Clock())
+        epochs = LeaderEpochs(lookup, ManualClock(0.0))
         assert await epochs.epoch("t", 0) == -1
         assert await epochs.epoch("t", 0) == 2
 

@@ -21,7 +21,6 @@ from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
     ObjectKind,
-    ObjectWriter,
     find_entries,
     index_in_tail,
     parse_footer,
@@ -29,29 +28,20 @@ from proxy.objects.format import (
     read_block,
     read_object,
 )
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import object_key, parse_object_key
 from proxy.records.batches import CorruptBatchError, iter_batches, with_base_offset
+from tests.support.batches import build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "object-format.md"
 
 
 def kafka_batch(count: int, value_size: int = 20) -> bytes:
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        builder.append(i, timestamp=1_000 + i, key=None, value=b"v" * value_size, headers=[])
-    return bytes(builder.build())
+    timestamps = [1_000 + i for i in range(count)]
+    return build_batch([b"v" * value_size] * count, timestamps=timestamps)
 
 
 def pack_footer(

@@ -23,6 +23,7 @@ from proxy.objects.store import ObjectStoreError
 from proxy.upkeep import orphan_sweep
 from proxy.upkeep.orphan_plan import SweepLimits
 from proxy.upkeep.orphan_sweep import OrphanSweep
+from tests.support.waiting import eventually
 
 TOPIC = UUID("5b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9")
 STREAM = stream_id(TOPIC, 0)
@@ -136,16 +137,19 @@ async def test_the_schedule_survives_a_failed_round_and_runs_only_on_the_sweeper
             yield  # an async generator, like the stores'
 
     async with Down(tmp_path) as store:
-        sweeper = {"now": False}
-        s = sweep(
-            store, shard_naming(COMMITTED), is_sweeper=lambda: sweeper["now"], interval_s=0.01
-        )
+        sweeper = {"now": False, "asked": 0}
+
+        def is_sweeper() -> bool:
+            sweeper["asked"] += 1
+            return sweeper["now"]
+
+        s = sweep(store, shard_naming(COMMITTED), is_sweeper=is_sweeper, interval_s=0.01)
         task = asyncio.create_task(s.run())
-        await asyncio.sleep(0.1)
+        await eventually(lambda: sweeper["asked"] >= 3, what="three rounds due")
         assert s.metrics.value("tierproxy_orphan_sweeps_total", outcome="failed") == 0
         sweeper["now"] = True
-        await asyncio.sleep(0.1)
-        assert s.metrics.value("tierproxy_orphan_sweeps_total", outcome="failed") >= 2
+        failed = lambda: s.metrics.value("tierproxy_orphan_sweeps_total", outcome="failed")  # noqa: E731
+        await eventually(lambda: failed() >= 2, what="two failed rounds")
         assert not task.done()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

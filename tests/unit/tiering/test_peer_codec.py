@@ -18,6 +18,15 @@ from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.codec import (
     HEADER_SIZE,
+    PeerFrameReader,
+    PeerProtocolError,
+    decode_frame,
+    encode,
+    encode_frame,
+    frame_size,
+    read_frame,
+)
+from proxy.peer.messages import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -25,17 +34,10 @@ from proxy.peer.codec import (
     BackfillRequest,
     FetchRequest,
     FetchResponse,
-    PeerFrameReader,
-    PeerProtocolError,
     PingRequest,
     PingResponse,
     TrimRequest,
     TrimResponse,
-    decode_frame,
-    encode,
-    encode_frame,
-    frame_size,
-    read_frame,
 )
 
 TOPIC_ID = uuid.UUID("5f0c6a57-1c1e-4b7a-9d0e-1f2a3b4c5d6e")

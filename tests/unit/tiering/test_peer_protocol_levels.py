@@ -12,14 +12,8 @@ from crc32c import crc32c
 
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
-from proxy.peer.codec import (
-    PROTOCOL,
-    SEQUENCES_PROTOCOL,
-    AppendRequest,
-    decode_frame,
-    encode_frame,
-    for_peer,
-)
+from proxy.peer.codec import PROTOCOL, SEQUENCES_PROTOCOL, decode_frame, encode_frame, for_peer
+from proxy.peer.messages import AppendRequest
 from proxy.routing.fleet import (
     HEARTBEAT_VERSION,
     OLD_PEER_PROTOCOL,

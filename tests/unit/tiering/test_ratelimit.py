@@ -11,6 +11,7 @@ import time
 import pytest
 
 from proxy.objects.ratelimit import BandwidthLimiter, Priority, TokenBucket
+from tests.support.clock import ManualClock
 
 PRODUCE, TAIL, COMPACTION, CATCHUP = (
     Priority.PRODUCE,
@@ -18,14 +19,6 @@ PRODUCE, TAIL, COMPACTION, CATCHUP = (
     Priority.COMPACTION,
     Priority.CATCHUP_READ,
 )
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

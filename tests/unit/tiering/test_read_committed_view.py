@@ -5,9 +5,7 @@ as producers and coordinators write them."""
 from __future__ import annotations
 
 import struct
-import warnings
 
-import crc32c
 import pytest
 
 from proxy.records.batches import iter_batches, with_base_offset
@@ -19,31 +17,22 @@ from proxy.records.transactions import (
     committed_view,
     marker_type,
 )
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
+from tests.support.batches import build_batch, control_batch
 
 T = 1_700_000_000_000
 
 
 def data(producer: int = -1, records: int = 2, transactional: bool = False) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, transactional, producer, 0 if producer >= 0 else -1,
-                                        0 if producer >= 0 else -1, 1 << 20)  # fmt: skip
-    for i in range(records):
-        builder.append(i, timestamp=T, key=None, value=b"v%d" % i, headers=[])
-    return bytes(builder.build())
+    idempotent = 0 if producer >= 0 else -1
+    return build_batch(
+        [b"v%d" % i for i in range(records)], timestamps=[T] * records, producer_id=producer,
+        producer_epoch=idempotent, base_sequence=idempotent, transactional=transactional,
+    )  # fmt: skip
 
 
 def marker(producer: int, kind: int, key: bytes | None = None) -> bytes:
     """A transaction marker as a coordinator writes it: control bit, one record."""
-    builder = DefaultRecordBatchBuilder(2, 0, True, producer, 0, -1, 1 << 20)
-    key = struct.pack(">hh", 0, kind) if key is None else key
-    builder.append(0, timestamp=T, key=key, value=struct.pack(">hi", 0, 1), headers=[])
-    out = bytearray(builder.build())
-    struct.pack_into(">h", out, 21, 0x30)  # transactional + control
-    struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
+    return control_batch(producer, 0, kind, coordinator_epoch=1, key=key, timestamp=T)
 
 
 def log(*batches: bytes) -> list[memoryview]:

@@ -6,15 +6,16 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from proxy.partition.producer_state import INT32_MAX
-from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, refusal, sequence
+from proxy.partition.rules import refusal, sequence
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles, seq_within
-from proxy.partition.sequencer import ErrorCode, PartitionSequencer, Rejected
+from proxy.partition.sequencer import PartitionSequencer, Rejected
+from tests.support.batches import build_batch
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
 
 S = 5  # a stream
 PID = 42
@@ -22,10 +23,10 @@ NOW = 1_700_000_000_000
 
 
 def records(seq: int, count: int = 3, *, epoch: int = 0, pid: int = PID) -> bytes:
-    builder = DefaultRecordBatchBuilder(2, 0, False, pid, epoch, seq, 1 << 16)
-    for i in range(count):
-        builder.append(i, timestamp=NOW, key=None, value=b"v", headers=[])
-    return bytes(builder.build())
+    return build_batch(
+        [b"v"] * count, timestamps=[NOW] * count, producer_id=pid, producer_epoch=epoch,
+        base_sequence=seq,
+    )  # fmt: skip
 
 
 def batch(seq: int, count: int = 3, epoch: int = 0) -> ProducerBatch:
@@ -125,7 +126,7 @@ def test_the_sequencer_says_which_sequences_are_missing():
     pending = sequencer.append(records(0), NOW)
     sequencer.commit(pending)
     gap = sequencer.append(records(6), NOW)
-    assert isinstance(gap, Rejected) and gap.error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert isinstance(gap, Rejected) and gap.error_code == ErrorCode.out_of_order_sequence_number
     assert gap.gap == SequenceGap(PID, 0, 3, 6)
     new_epoch = sequencer.append(records(3, epoch=1), NOW)
     assert isinstance(new_epoch, Rejected) and new_epoch.gap == SequenceGap(PID, 1, 0, 3)
@@ -133,15 +134,15 @@ def test_the_sequencer_says_which_sequences_are_missing():
 
 
 def test_refusal_answers_a_proxy_gap_not_leader_and_a_client_gap_45():
-    rejected = Rejected(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "gap", SequenceGap(PID, 0, 3, 9))
+    rejected = Rejected(ErrorCode.out_of_order_sequence_number, "gap", SequenceGap(PID, 0, 3, 9))
     holes = SequenceHoles()
     assert refusal(rejected, S, holes).error_code == 45
     assert refusal(rejected, S, None).error_code == 45
     holes.dropped(S, batch(3))
     answer = refusal(rejected, S, holes)
-    assert answer.error_code == NOT_LEADER_OR_FOLLOWER
+    assert answer.error_code == ErrorCode.not_leader_or_follower
     assert "a batch before this one was not appended (gap)" in answer.error_message
-    epoch = Rejected(ErrorCode.INVALID_PRODUCER_EPOCH, "zombie")
+    epoch = Rejected(ErrorCode.invalid_producer_epoch, "zombie")
     assert refusal(epoch, S, holes).error_code == 47
 
 
@@ -153,6 +154,6 @@ def test_a_producer_not_known_here_is_not_taken_past_its_dropped_batch():
     holes.dropped(S, batch(0))  # its first batch was dropped on the way
     refused = sequence(other, records(3), NOW, holes, S)
     assert isinstance(refused, Rejected) and refused.gap == SequenceGap(PID, 0, 0, 3)
-    assert refusal(refused, S, holes).error_code == NOT_LEADER_OR_FOLLOWER
+    assert refusal(refused, S, holes).error_code == ErrorCode.not_leader_or_follower
     assert other.log_end_offset == 0
     assert not isinstance(sequence(other, records(0), NOW, holes, S), Rejected)  # the retry

@@ -7,6 +7,7 @@ import warnings
 
 import crc32c
 import pytest
+from kio.schema.errors import ErrorCode
 
 from proxy.partition.producer_state import (
     INT32_MAX,
@@ -18,18 +19,18 @@ from proxy.partition.producer_state import (
 )
 from proxy.partition.sequencer import (
     Duplicate,
-    ErrorCode,
     PartitionSequencer,
     PendingAppend,
     Rejected,
 )
 from proxy.records.batches import iter_batches, read_batch_header, validate_batch
+from tests.support.batches import build_batch, patched
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+    from kafka.record.default_records import DefaultRecordBatch
 
 NOW = 1_700_000_000_000
 PID = 4242
@@ -45,37 +46,21 @@ def batch(
     compression: int = 0,
 ) -> bytes:
     """A batch as a kafka-python producer writes it (base offset 0)."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=compression,
-        is_transactional=transactional,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=seq,
-        batch_size=1 << 20,
-    )
-    for i in range(count):
-        builder.append(i, timestamp=NOW + i, key=b"k%d" % i, value=b"v" * 10, headers=[])
-    return bytes(builder.build())
+    return build_batch(
+        [b"v" * 10] * count, keys=[b"k%d" % i for i in range(count)], codec=compression,
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=transactional,
+    )  # fmt: skip
 
 
 def idem(seq: int, count: int = 3, *, epoch: int = 0, pid: int = PID) -> bytes:
     return batch(count, pid=pid, epoch=epoch, seq=seq)
 
 
-def patch(data: bytes, position: int, fmt: str, value: int, *, fix_crc: bool = True) -> bytes:
-    out = bytearray(data)
-    struct.pack_into(fmt, out, position, value)
-    if fix_crc:
-        struct.pack_into(">I", out, 17, crc32c.crc32c(out[21:]))
-    return bytes(out)
-
-
 def appended(sequencer: PartitionSequencer, records: bytes, now: int = NOW) -> PendingAppend:
     """Append and commit, as the owner task does once the WAL write is durable."""
     result = sequencer.append(records, now)
     assert isinstance(result, PendingAppend), result
-    assert sequencer.commit(result) is ErrorCode.NONE
+    assert sequencer.commit(result) is ErrorCode.none
     return result
 
 
@@ -113,7 +98,7 @@ def test_offsets_are_assigned_from_the_log_end_in_one_copy():
     theirs = DefaultRecordBatch(bytes(pending.records))
     assert theirs.base_offset == 1000 and theirs.validate_crc()
     assert [record.offset for record in theirs] == list(range(1000, 1005))
-    assert sequencer.commit(pending) is ErrorCode.NONE
+    assert sequencer.commit(pending) is ErrorCode.none
     assert sequencer.high_watermark == sequencer.log_end_offset == 1005
     assert appended(sequencer, batch(1)).base_offset == 1005
 
@@ -149,17 +134,17 @@ def test_log_append_time_stamps_each_batch_and_keeps_the_crc_valid():
     "damage",
     [
         lambda b: b[:-1] + bytes([b[-1] ^ 1]),  # CRC
-        lambda b: patch(b, 16, ">b", 1, fix_crc=False),  # magic
+        lambda b: patched(b, 16, ">b", 1, fix_crc=False),  # magic
         lambda b: b[:-3],  # truncated
-        lambda b: patch(b, 8, ">i", 20, fix_crc=False),  # length below a header
-        lambda b: patch(b, 21, ">h", 6),  # unknown codec
+        lambda b: patched(b, 8, ">i", 20, fix_crc=False),  # length below a header
+        lambda b: patched(b, 21, ">h", 6),  # unknown codec
     ],
     ids=["crc", "magic", "truncated", "length", "codec"],
 )
 def test_a_corrupt_batch_is_corrupt_message_and_changes_nothing(damage):
     sequencer = PartitionSequencer(7)
     appended(sequencer, idem(0))
-    message = rejected(sequencer, idem(3) + damage(idem(6)), ErrorCode.CORRUPT_MESSAGE).message
+    message = rejected(sequencer, idem(3) + damage(idem(6)), ErrorCode.corrupt_message).message
     assert f"record batch at byte {len(idem(3))}" in message
 
 
@@ -167,21 +152,21 @@ def test_a_corrupt_batch_is_corrupt_message_and_changes_nothing(damage):
     ("records", "words"),
     [
         (b"", "no record batch"),
-        (patch(batch(3), 57, ">i", 2), "record count 2"),  # count != last offset delta + 1
-        (patch(batch(1), 57, ">i", 0), "record count 0"),
-        (patch(batch(3), 21, ">h", 0x30), "control records"),
+        (patched(batch(3), 57, ">i", 2), "record count 2"),  # count != last offset delta + 1
+        (patched(batch(1), 57, ">i", 0), "record count 0"),
+        (patched(batch(3), 21, ">h", 0x30), "control records"),
         (idem(-1), "invalid sequence number -1"),
     ],
     ids=["empty", "count", "zero records", "control", "negative sequence"],
 )
 def test_batches_kafka_refuses_from_clients_are_invalid_record(records, words):
-    assert words in rejected(PartitionSequencer(0), records, ErrorCode.INVALID_RECORD).message
+    assert words in rejected(PartitionSequencer(0), records, ErrorCode.invalid_record).message
 
 
 def test_transactional_produce_is_refused_with_invalid_request():
     sequencer = PartitionSequencer(0)
     records = batch(2, pid=PID, epoch=0, seq=0, transactional=True)
-    message = rejected(sequencer, records, ErrorCode.INVALID_REQUEST).message
+    message = rejected(sequencer, records, ErrorCode.invalid_request).message
     assert "transactional produce to a tiered topic is not supported" in message
     # the same producer id, not transactional, is still at sequence 0
     assert appended(sequencer, idem(0)).base_offset == 0
@@ -194,9 +179,9 @@ def test_sequences_must_follow_on_and_a_gap_is_out_of_order():
     sequencer = PartitionSequencer(0)
     appended(sequencer, idem(0, 3))
     appended(sequencer, idem(3, 2))
-    message = rejected(sequencer, idem(6), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER).message
+    message = rejected(sequencer, idem(6), ErrorCode.out_of_order_sequence_number).message
     assert "6 (incoming seq. number), 4 (current end sequence number)" in message
-    rejected(sequencer, idem(4, 1, pid=PID) + idem(6), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    rejected(sequencer, idem(4, 1, pid=PID) + idem(6), ErrorCode.out_of_order_sequence_number)
     assert appended(sequencer, idem(5)).base_offset == 5
     entry = sequencer.producer_states[PID]
     assert (entry.producer_epoch, entry.last_seq, entry.last_timestamp) == (0, 7, NOW)
@@ -211,28 +196,28 @@ def test_a_retry_of_any_of_the_last_five_gets_its_original_offsets():
         assert retry == Duplicate(original.base_offset, original.last_offset, -1, None)
     assert state_of(sequencer) == before  # duplicates write nothing, change nothing
     # the sixth most recent is forgotten: it is neither a duplicate nor in sequence
-    rejected(sequencer, idem(0, 2), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    rejected(sequencer, idem(0, 2), ErrorCode.out_of_order_sequence_number)
     # a batch overlapping a retained one but not the same range is no duplicate
-    rejected(sequencer, idem(2, 3), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    rejected(sequencer, idem(2, 3), ErrorCode.out_of_order_sequence_number)
 
 
 def test_an_older_epoch_is_invalid_producer_epoch():
     sequencer = PartitionSequencer(0)
     appended(sequencer, idem(0, epoch=3))
-    message = rejected(sequencer, idem(3, epoch=2), ErrorCode.INVALID_PRODUCER_EPOCH).message
+    message = rejected(sequencer, idem(3, epoch=2), ErrorCode.invalid_producer_epoch).message
     assert "epoch 2 of producer 4242 is smaller than the last seen epoch 3" in message
-    rejected(sequencer, idem(0, epoch=2), ErrorCode.INVALID_PRODUCER_EPOCH)
+    rejected(sequencer, idem(0, epoch=2), ErrorCode.invalid_producer_epoch)
 
 
 def test_a_new_epoch_starts_at_sequence_zero_and_forgets_the_old_batches():
     sequencer = PartitionSequencer(0)
     appended(sequencer, idem(0, epoch=1))
     appended(sequencer, idem(3, epoch=1))
-    message = rejected(sequencer, idem(6, epoch=2), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER).message
+    message = rejected(sequencer, idem(6, epoch=2), ErrorCode.out_of_order_sequence_number).message
     assert "new epoch 2" in message
     appended(sequencer, idem(0, epoch=2))
     assert sequencer.producer_states[PID].batches == (BatchMetadata(2, 8, 2, NOW + 2),)
-    rejected(sequencer, idem(3, epoch=1), ErrorCode.INVALID_PRODUCER_EPOCH)  # old retry
+    rejected(sequencer, idem(3, epoch=1), ErrorCode.invalid_producer_epoch)  # old retry
     assert appended(sequencer, idem(3, epoch=2)).base_offset == 9
 
 
@@ -240,9 +225,9 @@ def test_an_unknown_producer_id_is_accepted_at_any_sequence_as_kafka_does_since_
     sequencer = PartitionSequencer(0, [ProducerStateEntry(PID + 1, 0, NOW, ())])
     assert appended(sequencer, idem(57, epoch=4)).base_offset == 0
     assert sequencer.producer_states[PID].last_seq == 59
-    rejected(sequencer, idem(61, epoch=4), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    rejected(sequencer, idem(61, epoch=4), ErrorCode.out_of_order_sequence_number)
     # a known producer with no retained batch must start at 0 in its epoch
-    rejected(sequencer, idem(5, pid=PID + 1), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    rejected(sequencer, idem(5, pid=PID + 1), ErrorCode.out_of_order_sequence_number)
     appended(sequencer, idem(0, pid=PID + 1))
 
 
@@ -255,7 +240,7 @@ def test_sequences_wrap_from_int32_max_to_zero():
     assert sequencer.producer_states[PID].batches[-1].first_seq == top
     assert sequencer.append(idem(top, 3), NOW) == Duplicate(3, 5, -1, None)
     assert appended(sequencer, idem(1, 1)).base_offset == across.next_offset
-    rejected(sequencer, idem(0, 1), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    rejected(sequencer, idem(0, 1), ErrorCode.out_of_order_sequence_number)
 
 
 def test_batches_of_one_request_are_checked_in_order_and_all_or_nothing():
@@ -267,11 +252,11 @@ def test_batches_of_one_request_are_checked_in_order_and_all_or_nothing():
     assert sequencer.producer_states[PID + 1].last_seq == 4
     assert sequencer.log_end_offset == 12
     # the second batch is out of order once the first is counted: nothing is written
-    rejected(sequencer, idem(6) + idem(10), ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
-    rejected(sequencer, idem(6) + idem(6), ErrorCode.INVALID_RECORD)  # the same batch twice
-    rejected(sequencer, idem(6) + idem(9, epoch=-5), ErrorCode.INVALID_PRODUCER_EPOCH)
+    rejected(sequencer, idem(6) + idem(10), ErrorCode.out_of_order_sequence_number)
+    rejected(sequencer, idem(6) + idem(6), ErrorCode.invalid_record)  # the same batch twice
+    rejected(sequencer, idem(6) + idem(9, epoch=-5), ErrorCode.invalid_producer_epoch)
     rejected(sequencer, idem(6) + batch(2, transactional=True, pid=1, epoch=0, seq=0),
-             ErrorCode.INVALID_REQUEST)  # fmt: skip
+             ErrorCode.invalid_request)  # fmt: skip
 
 
 def test_a_request_of_retries_only_is_a_duplicate_a_mix_is_refused():
@@ -280,9 +265,9 @@ def test_a_request_of_retries_only_is_a_duplicate_a_mix_is_refused():
     appended(sequencer, idem(6))
     assert sequencer.append(idem(3) + idem(6), NOW) == Duplicate(3, 8, -1, None)
     assert sequencer.append(idem(0) + idem(3) + idem(6), NOW) == Duplicate(0, 8, -1, None)
-    rejected(sequencer, idem(0) + idem(6), ErrorCode.INVALID_RECORD)  # not adjacent
-    rejected(sequencer, idem(6) + idem(9), ErrorCode.INVALID_RECORD)  # retry and new
-    rejected(sequencer, idem(6) + batch(1), ErrorCode.INVALID_RECORD)
+    rejected(sequencer, idem(0) + idem(6), ErrorCode.invalid_record)  # not adjacent
+    rejected(sequencer, idem(6) + idem(9), ErrorCode.invalid_record)  # retry and new
+    rejected(sequencer, idem(6) + batch(1), ErrorCode.invalid_record)
 
 
 def test_non_idempotent_batches_are_never_checked():
@@ -305,9 +290,9 @@ def test_an_append_is_checked_against_the_pending_ones_before_it():
     assert sequencer.producer_state(PID).last_seq == 5
     with pytest.raises(ValueError, match="oldest pending"):
         sequencer.commit(second)
-    assert sequencer.commit(first) is ErrorCode.NONE
+    assert sequencer.commit(first) is ErrorCode.none
     assert sequencer.high_watermark == 3 and sequencer.producer_states[PID].last_seq == 2
-    assert sequencer.commit(second) is ErrorCode.NONE
+    assert sequencer.commit(second) is ErrorCode.none
     assert sequencer.producer_states[PID].last_seq == 5 and sequencer.pending == ()
     with pytest.raises(ValueError, match="oldest pending"):
         sequencer.commit(second)
@@ -334,8 +319,8 @@ def test_abort_fences_the_sequencer_and_never_reuses_an_offset():
     assert sequencer.high_watermark == 3 and sequencer.log_end_offset == 9
     assert sequencer.producer_states[PID].last_seq == 2
     result = sequencer.append(batch(1), NOW)
-    assert isinstance(result, Rejected) and result.error_code is ErrorCode.KAFKA_STORAGE_ERROR
-    assert sequencer.commit(second) is ErrorCode.KAFKA_STORAGE_ERROR  # its write landed too late
+    assert isinstance(result, Rejected) and result.error_code is ErrorCode.kafka_storage_error
+    assert sequencer.commit(second) is ErrorCode.kafka_storage_error  # its write landed too late
     sequencer.abort(second)  # every failed write may be aborted
     assert sequencer.log_end_offset == 9
     with pytest.raises(RuntimeError, match="before it appends"):
@@ -427,7 +412,7 @@ def test_the_snapshot_format_is_as_documented():
     [
         (lambda d: d[:-1], "CRC-32C mismatch"),
         (lambda d: d[:5], "too short"),
-        (lambda d: patch(d, 0, ">h", 2, fix_crc=False), "version 2"),
+        (lambda d: patched(d, 0, ">h", 2, fix_crc=False), "version 2"),
         (lambda d: d[:6] + bytes([d[6] ^ 1]) + d[7:], "CRC-32C mismatch"),
     ],
 )
@@ -483,16 +468,16 @@ def test_restore_then_replay_the_tail_then_append():
 
 def test_replay_refuses_a_batch_straddling_the_state_end_and_ignores_older_epochs():
     sequencer = PartitionSequencer(5)
-    straddling = read_batch_header(patch(idem(0), 0, ">q", 3, fix_crc=False))
+    straddling = read_batch_header(patched(idem(0), 0, ">q", 3, fix_crc=False))
     with pytest.raises(ValueError, match="straddles"):
         sequencer.replay(straddling)
-    sequencer.replay(read_batch_header(patch(idem(0, epoch=2), 0, ">q", 5, fix_crc=False)))
-    sequencer.replay(read_batch_header(patch(idem(3, epoch=1), 0, ">q", 8, fix_crc=False)))
+    sequencer.replay(read_batch_header(patched(idem(0, epoch=2), 0, ">q", 5, fix_crc=False)))
+    sequencer.replay(read_batch_header(patched(idem(3, epoch=1), 0, ">q", 8, fix_crc=False)))
     entry = sequencer.producer_states[PID]
     assert (entry.producer_epoch, entry.last_seq, sequencer.log_end_offset) == (2, 2, 11)
     assert entry.last_timestamp == NOW + 2  # the batch's max timestamp when no clock is given
     # a control batch of a newer epoch (a transaction marker) bumps the epoch
-    marker = patch(patch(idem(-1, 1, epoch=3), 21, ">h", 0x30), 0, ">q", 11, fix_crc=False)
+    marker = patched(patched(idem(-1, 1, epoch=3), 21, ">h", 0x30), 0, ">q", 11, fix_crc=False)
     sequencer.replay(read_batch_header(marker), NOW)
     assert sequencer.producer_states[PID] == ProducerStateEntry(PID, 3, NOW, ())
 
@@ -505,10 +490,3 @@ def test_settings_are_checked():
         PartitionSequencer(-1)
     with pytest.raises(ValueError, match="producer_id_expiration_ms"):
         PartitionSequencer(0, producer_id_expiration_ms=0)
-
-
-def test_error_codes_are_kafkas():
-    from kio.schema.errors import ErrorCode as KioErrorCode
-
-    for code in ErrorCode:
-        assert KioErrorCode[code.name.lower()] == code

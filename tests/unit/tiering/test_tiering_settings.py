@@ -113,7 +113,8 @@ def test_an_s3_notification_carries_no_record_byte():
     """The owner hop of S3 mode: a location, not the records (the accounting counts the
     frames with peer_codec.frame_size, tested against the encoder in test_peer_codec)."""
     from proxy.handoff.objects import S3WalLocation
-    from proxy.peer.codec import AppendRequest, encode_frame, frame_size
+    from proxy.peer.codec import encode_frame, frame_size
+    from proxy.peer.messages import AppendRequest
 
     records = b"x" * 1000
     direct = AppendRequest(1, 5, -1, 1000, records, None)

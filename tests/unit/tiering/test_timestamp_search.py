@@ -10,7 +10,6 @@ import struct
 import cramjam
 import crc32c
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from proxy.apis.api02_list_offsets import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
 from proxy.objects.format import (
@@ -18,9 +17,9 @@ from proxy.objects.format import (
     INDEX_ENTRY_SIZE_V1,
     IndexEntry,
     ObjectKind,
-    ObjectWriter,
     read_object,
 )
+from proxy.objects.format_writer import ObjectWriter
 from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
@@ -29,7 +28,6 @@ from proxy.records.batches import (
     iter_batches,
     read_batch_header,
     set_log_append_time,
-    with_base_offset,
 )
 from proxy.records.timestamp_search import (
     Found,
@@ -40,6 +38,7 @@ from proxy.records.timestamp_search import (
     offset_of_max,
 )
 from proxy.tiered.offsets import StreamPart, combine, epoch_at
+from tests.support.batches import build_batch
 
 TIMESTAMPS = (100, 300, 200, 400, 300)  # out of order, and the max (400) not last
 
@@ -47,18 +46,10 @@ TIMESTAMPS = (100, 300, 200, 400, 300)  # out of order, and the max (400) not la
 def batch(timestamps=TIMESTAMPS, *, codec: int = 0, base_offset: int = 10, epoch: int = -1):
     """A producer's batch (aiokafka's builder, each codec as a client writes it: snappy
     in xerial's framing, as the Java client does), given `base_offset` and `epoch`."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=codec,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 20,
+    values = [b"value %d" % i * 20 for i in range(len(timestamps))]
+    data = bytearray(
+        build_batch(values, timestamps=timestamps, codec=codec, base_offset=base_offset)
     )
-    for i, ts in enumerate(timestamps):
-        builder.append(i, timestamp=ts, key=None, value=b"value %d" % i * 20, headers=[])
-    data = with_base_offset(bytes(builder.build()), base_offset)
     struct.pack_into(">i", data, 12, epoch)
     return data
 

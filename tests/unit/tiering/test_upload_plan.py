@@ -6,7 +6,6 @@ built and read back with the object format's own reader."""
 from __future__ import annotations
 
 import random
-import warnings
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,10 +23,7 @@ from proxy.upload.plan import (
     plan_upload,
 )
 from proxy.wal.types import WalEntry, WalPosition
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatchBuilder
+from tests.support.batches import build_batch
 
 ENTRY_HEADER = 25  # a WAL entry's framing (docs/wal.md)
 _BATCHES: dict[tuple[int, int], bytes] = {}
@@ -36,19 +32,7 @@ _BATCHES: dict[tuple[int, int], bytes] = {}
 def kafka_batch(records: int = 2, value_size: int = 20) -> bytes:
     """A v2 batch as kafka-python's producer writes it (base offset 0)."""
     if (records, value_size) not in _BATCHES:
-        builder = DefaultRecordBatchBuilder(
-            magic=2,
-            compression_type=0,
-            is_transactional=False,
-            producer_id=-1,
-            producer_epoch=-1,
-            base_sequence=-1,
-            batch_size=1 << 20,
-        )
-        for i in range(records):
-            builder.append(i, timestamp=1_700_000_000_000 + i, key=None, value=b"v" * value_size,
-                           headers=[])  # fmt: skip
-        _BATCHES[records, value_size] = bytes(builder.build())
+        _BATCHES[records, value_size] = build_batch([b"v" * value_size] * records)
     return _BATCHES[records, value_size]
 
 

@@ -9,9 +9,7 @@ the reader's decisions show exactly. The last test writes and reads a LocalDirec
 from __future__ import annotations
 
 import asyncio
-import struct
 
-import crc32c
 import pytest
 
 from proxy.handoff.objects import (
@@ -25,16 +23,11 @@ from proxy.handoff.reader import WalObjectCache
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectNotFound, ObjectStoreError
+from tests.support.batches import batch_of_size
+from tests.support.clock import ManualClock
+from tests.support.waiting import eventually
 
-HEADER = 61
 WRITER = "test-proxy-1700000000000-0badcafe"
-
-
-def batch_of_size(size: int, fill: int) -> bytes:
-    """A v2 record batch as a producer sends it, `size` bytes long, payload all `fill`."""
-    ts = 1_700_000_000_000
-    body = struct.pack(">hiqqqhii", 0, 0, ts, ts, 7, 0, -1, 1) + bytes([fill]) * (size - HEADER)
-    return struct.pack(">qiibI", 0, 9 + len(body), 0, 2, crc32c.crc32c(body)) + body
 
 
 class CountingStore:
@@ -58,14 +51,6 @@ class CountingStore:
         if key not in self.objects:
             raise ObjectNotFound(key)
         return self.objects[key][start:end]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def put_object(
@@ -113,7 +98,7 @@ async def test_concurrent_reads_of_one_object_share_one_whole_object_get():
 
 
 async def test_later_reads_hit_memory_until_the_object_expires():
-    store, clock = CountingStore(), Clock()
+    store, clock = CountingStore(), ManualClock()
     key, locations = put_object(store, 0, appends_of(4))
     reader = S3WalReader(store, cache_max_age_s=5.0, clock=clock)
     assert (
@@ -137,12 +122,12 @@ async def test_expired_objects_are_dropped_without_another_read():
     reader = S3WalReader(store, cache_max_age_s=0.05)
     await reader.read(locations[0])
     assert key in reader.cache
-    await asyncio.sleep(0.2)  # the loop runs the expiry's timer (due at 0.05 s) first
-    assert len(reader.cache) == 0 and reader.cache.bytes == 0
+    await eventually(lambda: len(reader.cache) == 0, what="the expiry's timer (0.05 s) ran")
+    assert reader.cache.bytes == 0
 
 
 async def test_the_cache_keeps_at_most_max_bytes_oldest_out_first():
-    store, clock = CountingStore(), Clock()
+    store, clock = CountingStore(), ManualClock()
     objects = [put_object(store, n, appends_of(3, size=1000)) for n in range(3)]
     size = len(store.objects[objects[0][0]])
     assert all(len(store.objects[key]) == size for key, _ in objects)

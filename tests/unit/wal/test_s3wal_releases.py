@@ -6,35 +6,18 @@ got its location counts as released. On a LocalDirectoryStore in tmp_path."""
 from __future__ import annotations
 
 import asyncio
-import struct
-
-import crc32c
 
 from proxy.handoff.gc import S3WalReleases
 from proxy.handoff.writer import S3WalWriter
 from proxy.objects.local import LocalDirectoryStore
+from tests.support.batches import batch_of_size
+from tests.support.waiting import eventually
 
-HEADER = 61
 WRITER = "test-proxy-1700000000000-00c0ffee"
-
-
-def batch(fill: int, size: int = 200) -> bytes:
-    """A v2 record batch as a producer sends it, its payload all `fill`."""
-    ts = 1_700_000_000_000
-    body = struct.pack(">hiqqqhii", 0, 0, ts, ts, 7, 0, -1, 1) + bytes([fill]) * (size - HEADER)
-    return struct.pack(">qiibI", 0, 9 + len(body), 0, 2, crc32c.crc32c(body)) + body
 
 
 async def keys(store: LocalDirectoryStore) -> set[str]:
     return {info.key async for info in store.list("wal/")}
-
-
-async def wait_for(condition, seconds: float = 5.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if await condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 async def test_an_object_goes_once_every_append_in_it_is_released(tmp_path):
@@ -47,11 +30,11 @@ async def test_an_object_goes_once_every_append_in_it_is_released(tmp_path):
             assert one != two and await keys(store) == {one, two}
             for location in first[:2] + second:
                 writer.release(location)
-            await wait_for(lambda: _gone(store, two))
+            await eventually(lambda: _gone(store, two))
             assert await keys(store) == {one}  # its third append is still held
             assert writer.releases.held == 1
             writer.release(first[2])
-            await wait_for(lambda: _gone(store, one))
+            await eventually(lambda: _gone(store, one))
             writer.release(first[2])  # once too often: ignored
         assert writer.metrics.value("tierproxy_s3wal_objects_deleted_total") == 2
 
@@ -83,7 +66,7 @@ async def test_an_append_cancelled_before_its_put_counts_as_released(tmp_path):
             location = await kept
             assert await keys(store) == {location.object_key}
             writer.release(location)
-            await wait_for(lambda: _gone(store, location.object_key))
+            await eventually(lambda: _gone(store, location.object_key))
 
 
 async def test_releases_batch_their_deletes(tmp_path):
@@ -102,3 +85,7 @@ async def test_releases_batch_their_deletes(tmp_path):
             releases.release(f"wal/k{n}")
         await releases.close()
     assert deletes == [["wal/k0", "wal/k1", "wal/k2"], ["wal/k3"]]
+
+
+def batch(fill: int, size: int = 200) -> bytes:
+    return batch_of_size(size, fill)

@@ -20,16 +20,10 @@ from proxy.wal.entry import entry_size
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.memfs import MemoryFilesystem
 from proxy.wal.segments import segment_name
+from tests.support.clock import ManualClock
+from tests.support.waiting import eventually
 
 DIR = "/wal"
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def batch(i: int, size: int = 100) -> bytes:
@@ -54,15 +48,6 @@ async def held_fsyncs(fs: MemoryFilesystem):
         yield
     finally:
         fs.release_fsyncs()
-
-
-async def until(predicate) -> None:
-    """Poll state a worker thread changes (no event to wait on there), for up to 2 s."""
-    for _ in range(2000):
-        if predicate():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("condition not met within 2 s")
 
 
 @pytest.fixture
@@ -99,7 +84,10 @@ async def test_every_append_waiting_when_an_fsync_starts_is_covered_by_the_next_
     async with await open_wal(fs) as wal:
         async with held_fsyncs(fs):
             first = asyncio.create_task(wal.append(0, 0, batch(0)))
-            await until(lambda: fs.fsync_calls == 0 and fs.file_bytes(f"{DIR}/{segment_name(0)}"))
+            await eventually(
+                lambda: fs.fsync_calls == 0 and fs.file_bytes(f"{DIR}/{segment_name(0)}"),
+                interval_s=0.001,
+            )
             # the first fsync is running (held): these gather behind it
             rest = [asyncio.create_task(wal.append(0, i, batch(i))) for i in range(1, 101)]
             await asyncio.sleep(0.01)  # the loop is not blocked by the held fsync
@@ -171,7 +159,7 @@ async def test_reopening_replays_what_was_not_trimmed(fs):
 
 
 async def test_a_full_wal_makes_appends_wait_until_a_trim(fs):
-    clock = ManualClock()
+    clock = ManualClock(100.0)
     size = entry_size(100)
     async with await open_wal(fs, clock, capacity_bytes=3 * size) as wal:
         positions = [await wal.append(1, i, batch(i)) for i in range(3)]
@@ -271,7 +259,7 @@ async def test_acknowledged_entries_survive_a_power_loss(fs):
     async with held_fsyncs(fs):
         unacked = asyncio.create_task(wal.append(1, 7, batch(7)))
         active = wal.segments[-1]
-        await until(lambda: len(fs.file_bytes(active.path)) > active.size)
+        await eventually(lambda: len(fs.file_bytes(active.path)) > active.size, interval_s=0.001)
         # power lost while that write waits for its fsync: 11 of its bytes made it
         after = fs.crash(keep_unsynced=11)
     await unacked

@@ -108,15 +108,15 @@ def summarize(phases: list, args: argparse.Namespace) -> dict[str, object]:
 # -- Markdown ----------------------------------------------------------------------------
 
 
-def _fmt(value: float) -> str:
+def fmt(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:.0f}"
     return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
-def _cell(values: list[float]) -> str:
-    mean = _fmt(fmean(values))
-    return mean if len(values) == 1 else f"{mean} ({_fmt(min(values))}–{_fmt(max(values))})"
+def cell(values: list[float]) -> str:
+    mean = fmt(fmean(values))
+    return mean if len(values) == 1 else f"{mean} ({fmt(min(values))}–{fmt(max(values))})"
 
 
 def render_markdown(run: dict, summary: dict, profiles: dict, args: argparse.Namespace) -> str:
@@ -155,7 +155,7 @@ def render_markdown(run: dict, summary: dict, profiles: dict, args: argparse.Nam
         added = f"{row['added']:+.2f} ms" if row["type"] == "latency" else ""
         ratio = ratio if row["type"] == "throughput" else ""
         out.append(
-            f"| {row['metric']} | {_cell(row['direct'])} | {_cell(row['proxy'])} "
+            f"| {row['metric']} | {cell(row['direct'])} | {cell(row['proxy'])} "
             f"| {ratio} | {added} |"
         )
 

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
-from bench_procs import run_tool
 from confluent_kafka import Consumer, KafkaError, Producer
+
+from benchmarks.common.procs import run_tool
 
 MIB = 1 << 20
 PERCENTILES = {"p50": 0.50, "p99": 0.99, "p99.9": 0.999}
@@ -212,7 +213,7 @@ class JavaTools:
 # -- librdkafka (confluent-kafka) ---------------------------------------------------------
 
 
-def _percentiles(latencies_ns: list[int]) -> dict[str, float]:
+def percentiles(latencies_ns: list[int]) -> dict[str, float]:
     ordered = sorted(latencies_ns)
     out = {
         key: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
@@ -281,7 +282,7 @@ def librdkafka_produce(
             f"(first: {errors[:1]}), {len(latencies)} reports of {records}"
         )
     mb_per_s = records * record_size / MIB / seconds
-    return ProduceResult(records, mb_per_s, _percentiles(latencies), seconds)
+    return ProduceResult(records, mb_per_s, percentiles(latencies), seconds)
 
 
 def librdkafka_consume(bootstrap: str, topic: str, records: int, group: str) -> ConsumeResult:

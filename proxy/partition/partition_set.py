@@ -1,0 +1,131 @@
+"""The tiered partitions one proxy owns, keyed by stream id, sharing one WAL.
+
+`PartitionSet` rebuilds them when the proxy takes their streams over (one WAL pass for
+all of them: `recovery.read_wal_batches`), routes `produce(stream_id, records, acks)` to
+each one's `TieredPartition` (`owner.py`), wires them to the log cache and the record of
+dropped batches, and gives them up. A partition whose WAL write failed is noted in
+`broken`: its shard is to be given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+
+from proxy.clock import now_ms
+from proxy.metadata.state import MetadataState
+from proxy.partition.owner import OnBroken, Records, TieredPartition
+from proxy.partition.recovered_tail import RecoveredTail, TailEntry
+from proxy.partition.recovery import ReadCommitted, read_wal_batches
+from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
+from proxy.partition.sequence_holes import SequenceHoles
+from proxy.reads.logcache import LogCache
+from proxy.wal.port import Log
+
+__all__ = ["PartitionSet"]
+
+
+class PartitionSet:
+    """The tiered partitions this proxy owns, by stream id, sharing one WAL."""
+
+    def __init__(
+        self,
+        wal: Log,
+        *,
+        config: PartitionConfig | None = None,
+        clock_ms: Callable[[], int] = now_ms,
+        on_broken: OnBroken | None = None,
+        log_cache: LogCache | None = None,
+        holes: SequenceHoles | None = None,
+    ) -> None:
+        self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
+        self.holes = holes  # shared with the Produce path (sequence_holes.py)
+        self._on_broken = on_broken
+        self.log_cache = log_cache
+        self._partitions: dict[int, TieredPartition] = {}
+        self.broken: dict[int, BaseException] = {}
+
+    async def recover(
+        self,
+        streams: Iterable[int],
+        metadata: MetadataState,
+        *,
+        read_committed: ReadCommitted | None = None,
+    ) -> None:
+        """Rebuild and start a partition per stream (`TieredPartition.recover`), reading
+        the WAL once for all of them. The entries past each stream's committed end go to
+        the log cache, as many as it has room for (`recovered_tail.py`)."""
+        streams = [s for s in streams if s not in self._partitions]
+        tail = None
+        if self.log_cache is not None:
+            ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
+            tail = RecoveredTail(ends, self.log_cache.room)
+        batches = await read_wal_batches(self._wal, set(streams), tail)
+        for stream in streams:
+            partition = await TieredPartition.recover(
+                stream,
+                self._wal,
+                metadata,
+                batches.get(stream, []),
+                read_committed=read_committed,
+                config=self.config,
+                clock_ms=self._clock_ms,
+                on_broken=self._broken_partition,
+            )
+            self.add(partition, () if tail is None else tail.entries(stream))
+
+    def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
+        """Start serving a partition; `tail`: its recovered entries not uploaded yet, for
+        the log cache (those without data are noted as in the WAL)."""
+        if partition.stream_id in self._partitions:
+            raise ValueError(f"stream {partition.stream_id} already has a partition here")
+        self._partitions[partition.stream_id] = partition
+        if partition.on_broken is None:
+            partition.on_broken = self._broken_partition
+        if self.log_cache is not None:
+            self.log_cache.drop(partition.stream_id)  # what it held is from an older owner
+            for entry in tail:
+                if entry.data is None:
+                    self.log_cache.in_wal(
+                        partition.stream_id, entry.base_offset, entry.last_offset, entry.position
+                    )
+                else:
+                    self.log_cache.append(
+                        partition.stream_id, entry.base_offset, entry.last_offset, entry.data
+                    )
+            partition.on_appended = self.log_cache.append
+        partition.holes = self.holes
+        partition.start()
+
+    def get(self, stream_id: int) -> TieredPartition | None:
+        return self._partitions.get(stream_id)
+
+    async def produce(
+        self, stream_id: int, records: Records, acks: int, log_append_time: bool | None = None
+    ) -> ProduceResult | None:
+        partition = self._partitions.get(stream_id)
+        if partition is None:
+            return None if acks == 0 else not_owner(stream_id)
+        return await partition.produce(records, acks, log_append_time)
+
+    async def remove(self, stream_id: int) -> None:
+        """Give a partition up: close it (in-flight appends are answered) and forget it."""
+        partition = self._partitions.pop(stream_id, None)
+        if partition is not None:
+            await partition.close()
+        if self.log_cache is not None:
+            self.log_cache.drop(stream_id)
+
+    async def close(self) -> None:
+        partitions, self._partitions = list(self._partitions.values()), {}
+        await asyncio.gather(*(p.close() for p in partitions))
+        if self.log_cache is not None:
+            for partition in partitions:
+                self.log_cache.drop(partition.stream_id)
+
+    def _broken_partition(self, stream_id: int, error: BaseException) -> None:
+        self.broken[stream_id] = error
+        if self.log_cache is not None:
+            self.log_cache.drop(stream_id)
+        if self._on_broken is not None:
+            self._on_broken(stream_id, error)

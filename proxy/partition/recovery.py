@@ -1,0 +1,78 @@
+"""Rebuilding a tiered partition's sequencer from durable sources, when a proxy takes a
+stream over (or restarts): the snapshot, the committed objects and the WAL.
+
+`read_wal_batches` reads the WAL's replay once for many streams; `rebuild` turns one
+stream's share of it into the `PartitionSequencer` its `TieredPartition` starts from.
+Which source wins where is `partition/rules.py`'s (`RecoveryPoint`, `rebuild_sequencer`);
+this module only fetches what those pure rules decide over. docs/sequencer.md, "The owner
+of a tiered partition", describes the recovery sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable, Collection, Sequence
+
+from proxy.metadata.state import MetadataState
+from proxy.partition.recovered_tail import RecoveredTail
+from proxy.partition.rules import (
+    PartitionConfig,
+    RecoveryPoint,
+    entry_batches,
+    missing_committed,
+    rebuild_sequencer,
+)
+from proxy.partition.sequencer import PartitionSequencer
+from proxy.records.batches import BatchHeader
+from proxy.wal.port import Log
+
+__all__ = ["ReadCommitted", "read_wal_batches", "rebuild"]
+
+# (stream, start, end) -> headers of the committed batches covering [start, end), in order
+ReadCommitted = Callable[[int, int, int], AsyncIterable[BatchHeader]]
+
+
+async def rebuild(
+    stream_id: int,
+    wal: Log,
+    metadata: MetadataState,
+    wal_batches: Sequence[BatchHeader] | None,
+    read_committed: ReadCommitted | None,
+    config: PartitionConfig,
+    clock_ms: Callable[[], int],
+) -> tuple[PartitionSequencer, int]:
+    """(the sequencer at the stream's log end, the stream's log start offset), from
+    durable sources only (which wins where: `partition/rules.py`'s docstring). Below the
+    snapshot's offset S: the snapshot. Below the committed end E (`metadata.stream_end`):
+    the objects are the log; the WAL's batches there replay the producer state from S,
+    and `read_committed(stream, start, end)` is asked only for what of [S, E) the WAL no
+    longer holds (RecoveryError without it). From E on: the WAL alone, continuing E with
+    no gap; the log end (= high watermark) is its last batch's end. A gap or a straddle
+    raises RecoveryError. `wal_batches`: this stream's WAL batch headers in order
+    (`read_wal_batches`: one pass for many streams); None reads the WAL here. `clock_ms`
+    is read once everything is read: the producer state expires from then."""
+    if wal_batches is None:
+        wal_batches = (await read_wal_batches(wal, {stream_id})).get(stream_id, [])
+    point = RecoveryPoint.from_metadata(metadata, stream_id)
+    gap = missing_committed(point, wal_batches)
+    committed = None
+    if gap is not None and read_committed is not None:
+        committed = [header async for header in read_committed(stream_id, *gap)]
+    sequencer = rebuild_sequencer(point, committed, wal_batches, clock_ms(), config)
+    return sequencer, point.log_start_offset
+
+
+async def read_wal_batches(
+    wal: Log, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
+) -> dict[int, list[BatchHeader]]:
+    """One pass over the WAL's replay: each stream's batch headers in order (only those of
+    `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
+    keeps (the entries past each stream's committed end, for the log cache)."""
+    found: dict[int, list[BatchHeader]] = {}
+    async for entry in wal.replay():
+        if streams is None or entry.stream_id in streams:
+            headers = entry_batches(entry.stream_id, entry.base_offset, entry.batch)
+            found.setdefault(entry.stream_id, []).extend(headers)
+            if tail is not None:
+                last = headers[-1].last_offset
+                tail.add(entry.stream_id, entry.base_offset, last, entry.position, entry.batch)
+    return found

@@ -1,0 +1,45 @@
+"""`Log`: the surface both write-ahead logs share, the local one (`log.WriteAheadLog`) and
+the owner's log in the bucket (`s3log.S3WriteAheadLog`, `wal.mode: s3`).
+
+The partitions and the uploader take a `Log`, so they cannot come to depend on what only
+one of the two has; mypy checks that both still fit it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from proxy.wal.fs import Buffer
+from proxy.wal.segments import Segment
+from proxy.wal.types import WalEntry, WalPosition, WalStats
+
+
+class Log(Protocol):
+    @property
+    def log_start(self) -> int: ...
+
+    @property
+    def trimmed_to(self) -> int: ...
+
+    @property
+    def durable_end(self) -> int: ...
+
+    @property
+    def segments(self) -> tuple[Segment, ...]: ...
+
+    @property
+    def broken(self) -> BaseException | None: ...
+
+    @property
+    def stats(self) -> WalStats: ...
+
+    async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition: ...
+
+    async def trim_to(self, offset: int) -> None: ...
+
+    async def read(self, from_offset: int, max_bytes: int = ...) -> list[WalEntry]: ...
+
+    def replay(self, max_bytes: int = ...) -> AsyncIterator[WalEntry]: ...
+
+    async def close(self) -> None: ...

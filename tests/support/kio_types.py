@@ -1,0 +1,22 @@
+"""Building kio's message dataclasses for any version of an API in a test: one test body
+serves every version, each dataclass taking only the fields its version has."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+from types import ModuleType
+
+MS = datetime.timedelta(milliseconds=1)  # kio's unit for *_ms fields
+
+
+def mod(types: dict, version: int) -> ModuleType:
+    """The kio module of `types[version]` (its nested dataclasses live there)."""
+    return importlib.import_module(types[version].__module__)
+
+
+def only_fields(cls, **fields):
+    """cls built from the fields it has: the version decides which of `fields` exist."""
+    return cls(
+        **{name: value for name, value in fields.items() if name in cls.__dataclass_fields__}
+    )
