@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
-from kio.schema.metadata.v12.request import MetadataRequest
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from proxy.admin import views as admin_views
@@ -33,19 +33,21 @@ from proxy.admin.http import (
     parse_head,
     response,
 )
-from proxy.apis.api03_metadata import read_topics
 
 log = logging.getLogger("tierproxy.admin")
 
 READ_TIMEOUT_S = 10.0  # a client that sends no whole request head in this long is cut
-_ALL_TOPICS = MetadataRequest(
-    topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
-)
+
+
+# Kafka's topics (name -> partition count), asked on the proxy's control connection
+# (`server.control.ControlConnection.topics`), authenticated as `upstream.sasl`.
+UpstreamTopics = Callable[[], Awaitable[dict[str, int]]]
 
 
 class AdminServer:
-    def __init__(self, proxy) -> None:  # proxy: proxy.server.app.Proxy
-        self.proxy = proxy
+    def __init__(self, proxy, upstream_topics: UpstreamTopics) -> None:
+        self.proxy = proxy  # proxy.server.app.Proxy: what the views show
+        self._upstream_topics = upstream_topics
         self.config = proxy.config.admin
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
@@ -124,13 +126,13 @@ class AdminServer:
         if path == "/v1/fleet":
             return json_response(200, admin_views.fleet(self.proxy), head_only=head_only)
         if path == "/v1/topics":
-            upstream = await upstream_topics(self.proxy)
+            upstream = await self._upstream_topics()
             return json_response(
                 200, {"topics": admin_views.topics(self.proxy, upstream)}, head_only=head_only
             )
         if path.startswith("/v1/topics/"):
             name = path.removeprefix("/v1/topics/")
-            upstream = await upstream_topics(self.proxy)
+            upstream = await self._upstream_topics()
             tiered = self.proxy.tiering is not None and self.proxy.tiering.topics.topic(name)
             if name not in upstream and not tiered:
                 return error_response(404, f"topic {name!r} is not known to Kafka or the proxy")
@@ -150,24 +152,3 @@ async def _read_head(reader: asyncio.StreamReader) -> bytes:
     if end < 0 or end > MAX_HEAD_BYTES:
         raise BadRequest(431, f"request head longer than {MAX_HEAD_BYTES} bytes")
     return buffer[:end]
-
-
-async def upstream_topics(proxy) -> dict[str, int]:
-    """Kafka's topics (name -> partition count), by one Metadata request for all of them
-    on a control connection of the proxy's own (authenticated as `upstream.sasl`)."""
-    from proxy.server.app import _call, _close_stream  # app imports this module
-
-    host, port = next(iter(proxy._bootstrap_candidates()))
-    timeout = proxy.config.upstream.connect_timeout_s
-    reader, writer = await proxy.open_upstream(host, port)
-    try:
-        if proxy.config.upstream.sasl is not None:
-            await asyncio.wait_for(proxy._authenticate(reader, writer), timeout)
-        body = await asyncio.wait_for(_call(reader, writer, _ALL_TOPICS), timeout)
-    finally:
-        await _close_stream(writer, timeout)
-    return {
-        name: partitions
-        for error_code, name, _topic_id, partitions in read_topics(_ALL_TOPICS.__version__, body)
-        if error_code == 0 and name
-    }

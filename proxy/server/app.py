@@ -18,34 +18,16 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
-
-from kio.schema.api_versions.v3.request import ApiVersionsRequest
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
-from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+from collections.abc import Callable
 
 from proxy.admin.api import AdminServer
-from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import (
-    ApiVersionsError,
     common_ranges,
     encode_api_versions_response,
     intersect,
-    parse_api_versions_response,
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
-from proxy.kafka.frames import FRAME_SIZE, FrameError
-from proxy.kafka.headers import response_header_size
-from proxy.kafka.messages import encode_request
-from proxy.kafka.sasl import (
-    SaslError,
-    ScramClient,
-    parse_authenticate_response,
-    parse_handshake_response,
-    plain_message,
-)
 from proxy.lifecycle import start_or_undo
 from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
@@ -54,6 +36,7 @@ from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
+from proxy.server.control import ControlConnection, SaslFailed, Streams
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tls import client_context, server_context
 from proxy.tiered.metrics import TieringMetrics
@@ -63,10 +46,6 @@ log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints
 # (fetch_stream.py); Produce answers are small, read whole and rewritten.
 _VERSION_CAPS: dict[int, int] = {}
-
-
-class SaslFailed(ConnectionError):
-    """The proxy's own credentials (`upstream.sasl`) were refused: a configuration error."""
 
 
 class Proxy:
@@ -93,6 +72,9 @@ class Proxy:
         self._serving = asyncio.Event()
         self._server_ssl = server_context(config.listeners.tls)
         self._upstream_ssl = client_context(config.upstream.tls)
+        self.control = ControlConnection(
+            config.upstream, config.limits.buffer_bytes, self.brokers, self._upstream_ssl
+        )
         listeners, fleet = config.listeners, config.fleet
         self.fleet = FleetView(
             Member(
@@ -112,7 +94,7 @@ class Proxy:
         self._metrics_server = None
         self.tiering: TieringService | None = None  # set when config.tiering.enabled
         self._tiering_metrics: TieringMetrics | None = None
-        self.admin: AdminServer | None = None  # admin_api.py, when admin.port is set
+        self.admin: AdminServer | None = None  # admin/api.py, when admin.port is set
         self.upstream_error: str | None = None  # why the last upstream refresh failed
         self._stopped = False
 
@@ -147,7 +129,7 @@ class Proxy:
                 self.metrics, self.config.metrics.bind_host, self.config.metrics.port
             )
         if self.config.admin.enabled:
-            self.admin = AdminServer(self)
+            self.admin = AdminServer(self, self.control.topics)
             await self.admin.start()
         self._refresh_task = asyncio.create_task(self._refresh_forever())
 
@@ -210,11 +192,7 @@ class Proxy:
             await server.wait_closed()  # uvloop's waits for every accepted connection
 
     async def __aenter__(self) -> Proxy:
-        try:
-            await self.start()
-        except BaseException:  # start undid itself; stopping again is a no-op
-            await self.stop()
-            raise
+        await self.start()  # a start that fails undoes itself before it raises
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -304,22 +282,10 @@ class Proxy:
         host, port = random.choice(self.config.upstream.bootstrap)
         return None, host, port
 
-    async def open_upstream(
-        self, host: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        limits = self.config.limits
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                host,
-                port,
-                ssl=self._upstream_ssl,
-                server_hostname=host if self._upstream_ssl else None,
-                limit=limits.buffer_bytes,
-            ),
-            self.config.upstream.connect_timeout_s,
-        )
-        writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
-        return reader, writer
+    async def open_upstream(self, host: str, port: int) -> Streams:
+        """A connection to a broker, for a client connection (tests wrap this to count
+        the connections clients cause)."""
+        return await self.control.open(host, port)
 
     def api_ranges(self) -> dict[int, tuple[int, int]]:
         return self._api_ranges
@@ -339,7 +305,7 @@ class Proxy:
         `upstream.sasl`; without it, Metadata is refused and brokers are learnt from
         client traffic instead. Refused credentials raise SaslFailed at once."""
         errors = []
-        for host, port in self._bootstrap_candidates():
+        for host, port in self.control.candidates():
             try:
                 await self._query_upstream(host, port)
                 self.upstream_error = None
@@ -353,128 +319,27 @@ class Proxy:
             raise ConnectionError("no upstream broker answered: " + "; ".join(errors))
         log.warning("upstream refresh failed: %s", "; ".join(errors))
 
-    def _bootstrap_candidates(self) -> Iterable[tuple[str, int]]:
-        seen = [(b.host, b.port) for b in self.brokers.brokers()]
-        return seen + [a for a in self.config.upstream.bootstrap if a not in seen]
-
     async def _query_upstream(self, host: str, port: int) -> None:
-        reader, writer = await self.open_upstream(host, port)
-        try:
-            ranges = [await self._api_versions(reader, writer)]
-            if self.config.upstream.sasl is not None:
-                await asyncio.wait_for(
-                    self._authenticate(reader, writer), self.config.upstream.connect_timeout_s
-                )
-            try:
-                metadata = await asyncio.wait_for(
-                    _call(reader, writer, _METADATA_REQUEST),
-                    self.config.upstream.connect_timeout_s,
-                )
-            except (asyncio.IncompleteReadError, ConnectionError):
-                log.info("upstream %s:%d refused Metadata (authentication needed?)", host, port)
-                metadata = None
-        finally:
-            await _close_stream(writer, self.config.upstream.connect_timeout_s)
-        if metadata is not None:
-            # Read by hand (kio's reader is kept off network bytes), racks included: a
-            # broker's rack is its zone, for the byte accounting and the bootstrap choice.
-            try:
-                brokers = read_brokers(_METADATA_REQUEST.__version__, metadata)
-            except FrameError as exc:
-                raise OSError(f"upstream Metadata: {exc}") from None
+        first, brokers = await self.control.survey(host, port)
+        if brokers is not None:
             for node_id, broker_host, broker_port, rack in brokers:
                 self.brokers.learn(node_id, broker_host, broker_port, rack)
             self.router.set_brokers({node_id for node_id, *_ in brokers})
         others = [b for b in self.brokers.brokers() if (b.host, b.port) != (host, port)]
         answers = await asyncio.gather(
-            *(self._api_versions_of(b.host, b.port) for b in others), return_exceptions=True
+            *(self.control.api_versions_of(b.host, b.port) for b in others),
+            return_exceptions=True,
         )
-        ranges += [answer for answer in answers if isinstance(answer, dict)]
+        ranges = [first] + [answer for answer in answers if isinstance(answer, dict)]
         self._set_upstream_ranges(common_ranges(ranges))
 
-    async def _api_versions_of(self, host: str, port: int) -> dict[int, tuple[int, int]]:
-        reader, writer = await self.open_upstream(host, port)
-        try:
-            return await self._api_versions(reader, writer)
-        finally:
-            await _close_stream(writer, self.config.upstream.connect_timeout_s)
-
-    async def _api_versions(self, reader, writer) -> dict[int, tuple[int, int]]:
-        body = await asyncio.wait_for(
-            _call(reader, writer, _API_VERSIONS_REQUEST), self.config.upstream.connect_timeout_s
-        )
-        try:
-            return parse_api_versions_response(_API_VERSIONS_REQUEST.__version__, body)
-        except (ApiVersionsError, FrameError) as exc:
-            raise OSError(f"upstream ApiVersions: {exc}") from None
-
-    async def _authenticate(self, reader, writer) -> None:
-        """SASL on the proxy's own control connection (`upstream.sasl`); SaslFailed names
-        the mechanism and the broker's message, never the password."""
-        sasl = self.config.upstream.sasl
-        assert sasl is not None
-        answer = await _call(reader, writer, SaslHandshakeRequest(mechanism=sasl.mechanism))
-        error_code, enabled = parse_handshake_response(answer)
-        if error_code != 0:
-            raise SaslFailed(
-                f"upstream does not enable {sasl.mechanism} (it offers {', '.join(enabled)})"
-            )
-
-        async def authenticate(token: bytes) -> bytes:
-            body = await _call(reader, writer, SaslAuthenticateRequest(auth_bytes=token))
-            code, message, auth_bytes = parse_authenticate_response(body)
-            if code != 0:
-                raise SaslFailed(f"{sasl.mechanism} as {sasl.username!r} refused: {message}")
-            return auth_bytes
-
-        if sasl.mechanism == "PLAIN":
-            await authenticate(plain_message(sasl.username, sasl.password))
-            return
-        scram = ScramClient(sasl.mechanism, sasl.username, sasl.password)
-        try:
-            server_first = await authenticate(scram.first_message())
-            scram.verify(await authenticate(scram.final_message(server_first)))
-        except SaslError as exc:
-            raise SaslFailed(f"{sasl.mechanism} as {sasl.username!r}: {exc}") from None
-
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """(topic id, partition count) of an upstream topic; LookupError if Kafka does
-        not know it."""
-        request = _metadata_request(name)
-        body = await self._control_call(request)
-        for error_code, topic, topic_id, partitions in read_topics(request.__version__, body):
-            if topic == name and error_code == 0 and topic_id is not None and partitions:
-                return topic_id, partitions
-            if topic == name:
-                raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
-        raise LookupError(f"topic {name} is not in Kafka's answer")
+        """(topic id, partition count) of an upstream topic (`ControlConnection`)."""
+        return await self.control.describe_topic(name)
 
     async def partition_leader_epochs(self, name: str) -> dict[int, int]:
-        """{partition: leader epoch} of an upstream topic, as Kafka's Metadata answers it
-        now (the epoch a leader answers in ListOffsets); LookupError if Kafka does not
-        know the topic."""
-        request = _metadata_request(name)
-        body = await self._control_call(request)
-        try:
-            error_code, leaders = read_partition_leaders(request.__version__, body, name)
-        except FrameError as exc:
-            raise OSError(f"upstream Metadata: {exc}") from None
-        if error_code != 0:
-            raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
-        return {partition: epoch for partition, (_, _, epoch) in leaders.items()}
-
-    async def _control_call(self, request) -> memoryview:
-        """One request on a connection of the proxy's own to a known broker."""
-        host, port = next(iter(self._bootstrap_candidates()))
-        reader, writer = await self.open_upstream(host, port)
-        try:
-            if self.config.upstream.sasl is not None:
-                await self._authenticate(reader, writer)
-            return await asyncio.wait_for(
-                _call(reader, writer, request), self.config.upstream.connect_timeout_s
-            )
-        finally:
-            await _close_stream(writer, self.config.upstream.connect_timeout_s)
+        """{partition: leader epoch} of an upstream topic (`ControlConnection`)."""
+        return await self.control.partition_leader_epochs(name)
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream
@@ -488,43 +353,3 @@ class Proxy:
                 await self.refresh_upstream()
             except ConnectionError as exc:
                 log.warning("%s", exc)
-
-
-_API_VERSIONS_REQUEST = ApiVersionsRequest(
-    client_software_name="tierproxy", client_software_version="0.1.0"
-)
-_METADATA_REQUEST = MetadataRequest(
-    topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
-)
-
-
-def _metadata_request(name: str) -> MetadataRequest:
-    return MetadataRequest(
-        topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=name),),
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-
-
-async def _call(reader, writer, request) -> memoryview:
-    """Send one request of the proxy's own; the body of its answer."""
-    writer.write(encode_request(request, correlation_id=0))
-    await writer.drain()
-    (size,) = FRAME_SIZE.unpack(await reader.readexactly(4))
-    frame = memoryview(await reader.readexactly(size))
-    return frame[response_header_size(request.__api_key__, request.__version__, frame) :]
-
-
-async def _close_stream(writer: asyncio.StreamWriter, grace_s: float) -> None:
-    """Close and wait for it: a TLS close is an exchange with the peer, and one still
-    under way when the proxy stops outlives the event loop. A peer that does not take
-    part within `grace_s`, an error or a cancellation cuts the connection at once."""
-    writer.close()
-    try:
-        async with asyncio.timeout(grace_s):
-            await writer.wait_closed()
-    except (OSError, TimeoutError):
-        writer.transport.abort()
-    except asyncio.CancelledError:
-        writer.transport.abort()
-        raise

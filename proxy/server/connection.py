@@ -29,30 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import deque
 
-from proxy.apis import NODE_ENDPOINTS_SINCE, RESPONSE_REWRITERS
+from proxy.apis import HANDLING, TIERED_API_KEYS, ApiHandling
 from proxy.apis.api01_fetch import request_rack_id
-from proxy.apis.api18_api_versions import (
-    check_api_versions_request,
-    unsupported_version_response,
-)
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.frames import FRAME_SIZE, FrameError
-from proxy.kafka.headers import (
-    RequestHeader,
-    header_rejection_reason,
-    parse_request_header,
-    produce_acks,
-    response_header,
-    response_header_size,
-)
+from proxy.kafka.headers import RequestHeader, response_header_size
 from proxy.kafka.proxy_header import detect
 from proxy.kafka.proxy_header import parse as parse_proxy_header
-from proxy.kafka.versions import is_known
-from proxy.server.slots import Plan, Slot
+from proxy.server.client_answers import ClientAnswers, ClientGone
+from proxy.server.connection_state import (
+    RejectedFrame,
+    Slot,
+    api_versions_answer,
+    check_forwardable,
+    check_request_size,
+    read_request_header,
+)
+from proxy.server.split_answers import SplitAnswers
 from proxy.server.streams import (
     UpstreamClosed,
     check_correlation_id,
@@ -60,28 +55,12 @@ from proxy.server.streams import (
     read_whole,
     stream_walked_answer,
 )
-from proxy.server.tiered_answers import TieredAnswers
 from proxy.server.zoning import ConnectionZone
-from proxy.tiered.deletes import plan_delete_records
-from proxy.tiered.epochs import plan_offset_for_leader_epoch
-from proxy.tiered.fetch import plan_fetch
-from proxy.tiered.offsets import plan_list_offsets
-from proxy.tiered.produce import count_in_flight, plan_produce
-from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
+from proxy.tiered.planners import PLANNERS, Plan, TieredRequest
+from proxy.tiered.produce import count_in_flight
 
 log = logging.getLogger("tierproxy.connection")
 
-# split (or answered in part) when tiering
-TIERED_APIS = frozenset(
-    (
-        ApiKey.PRODUCE,
-        ApiKey.FETCH,
-        ApiKey.LIST_OFFSETS,
-        ApiKey.DELETE_RECORDS,
-        ApiKey.OFFSET_FOR_LEADER_EPOCH,
-        ApiKey.ADD_PARTITIONS_TO_TXN,
-    )
-)
 # Responses can legitimately be far larger than requests (fetch.max.bytes is per request
 # and several partitions may each return their max); trust upstream up to this.
 MAX_RESPONSE_BYTES = 1 << 30
@@ -89,19 +68,10 @@ MAX_RESPONSE_BYTES = 1 << 30
 OWED_ANSWERS_TIMEOUT_S = 10.0
 
 
-class _ClientGone(Exception):
-    """Writing to the client failed: it went away while an answer was on its way."""
+class ClientConnection:
+    """One client connection; its requests that tiered partitions split are answered by
+    `SplitAnswers`, which uses it as its `SplitHost`."""
 
-
-class RejectedFrame(FrameError):
-    """Bad input from the client; `reason` is the label of `tierproxy_rejected_frames`."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class ClientConnection(TieredAnswers):
     def __init__(
         self,
         proxy,  # proxy.server.app.Proxy; not imported to keep the import graph acyclic
@@ -120,17 +90,12 @@ class ClientConnection(TieredAnswers):
         self.zone = ConnectionZone(proxy, self.peer, peer[0] if peer else None, listener)
         self.upstream_reader: asyncio.StreamReader | None = None
         self.upstream_writer: asyncio.StreamWriter | None = None
-        self._pending: deque[Slot] = deque()  # every answer owed, in request order
-        self._awaiting_upstream: deque[Slot] = deque()
-        self._room = asyncio.Event()  # set while fewer than max in-flight requests
-        self._room.set()
-        self._all_answered = asyncio.Event()  # set while no answer is owed
-        self._all_answered.set()
+        limits = proxy.config.limits
+        self._answers = ClientAnswers(proxy, client_writer, self.zone, limits.max_inflight_requests)
+        self._order = self._answers.order
+        self._split = SplitAnswers(self)
         self._upstream_task: asyncio.Task[None] | None = None
-        self._local_answer = asyncio.Event()  # set when a tiered Produce is answered here
-        self._background: set[asyncio.Future] = set()  # acks=0 tiered produce under way
         self._max_frame = proxy.config.limits.max_frame_bytes
-        self._max_inflight = proxy.config.limits.max_inflight_requests
         self._chunk_bytes = proxy.config.limits.buffer_bytes
 
     # -- lifecycle -------------------------------------------------------------------
@@ -172,14 +137,14 @@ class ClientConnection(TieredAnswers):
 
     async def _answer_owed(self) -> None:
         """Send the answers owed for requests read before the bad frame, then return."""
-        answered = asyncio.ensure_future(self._all_answered.wait())
+        answered = asyncio.ensure_future(self._answers.all_answered.wait())
         waits: set[asyncio.Future] = {answered}
         if self._upstream_task is not None:
             waits.add(self._upstream_task)  # ends early if upstream goes away
         try:
             async with asyncio.timeout(OWED_ANSWERS_TIMEOUT_S):
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if self._all_answered.is_set():
+                if self._answers.all_answered.is_set():
                     await self.client_writer.drain()
         except (TimeoutError, ConnectionError):
             pass
@@ -187,9 +152,9 @@ class ClientConnection(TieredAnswers):
             answered.cancel()
 
     async def _close(self) -> None:
-        for slot in self._pending:  # read, never answered: the request's outcome
+        for slot in self._order.pending:  # read, never answered: the request's outcome
             self.proxy.metrics.unanswered.labels(str(slot.api_key)).inc()
-        for slot in self._awaiting_upstream:  # never answered: no longer in flight
+        for slot in self._order.awaiting_upstream:  # never answered: no longer in flight
             if slot.plan is not None:
                 count_in_flight(self.proxy.tiering.in_flight, slot.plan.passthrough_topics, -1)
                 slot.plan = None
@@ -223,59 +188,38 @@ class ClientConnection(TieredAnswers):
             else:
                 size_bytes, read_ahead = read_ahead, None
             (size,) = FRAME_SIZE.unpack(size_bytes)
-            if size < 0:
-                raise RejectedFrame("negative_frame_size", f"negative frame size {size}")
-            if size > self._max_frame:  # before reading any of the body
-                raise RejectedFrame(
-                    "oversized_frame", f"frame size {size} exceeds limit {self._max_frame}"
-                )
+            check_request_size(size, self._max_frame)  # before reading any of the body
             frame = memoryview(await self._read_client(size, between_frames=False))
-            try:
-                header = parse_request_header(frame)
-            except FrameError as exc:
-                raise RejectedFrame(header_rejection_reason(frame), str(exc)) from None
+            header = read_request_header(frame)
             metrics.request(header.api_key)
             metrics.bytes_in.inc(size + 4)
             self.zone.on_client_id(header.client_id)
-            if not self._room.is_set():
-                await self._room.wait()
+            if not self._answers.room.is_set():
+                await self._answers.room.wait()
             if header.api_key == ApiKey.API_VERSIONS:
                 answer = self._answer_api_versions(header, frame[header.size :])
                 self.zone.count_local(size + 4, answer)
                 await self.client_writer.drain()  # a client not reading stops being read
                 continue
-            if not is_known(header.api_key, header.api_version):  # never forward the unknown
-                raise RejectedFrame(
-                    "unsupported_version",
-                    f"unsupported version {header.api_version} of api key {header.api_key}",
-                )
-            expects_answer = True
+            expects_answer = check_forwardable(header, frame)
             plan = None
-            if header.api_key == ApiKey.PRODUCE:
-                try:
-                    acks = produce_acks(header.api_version, frame[header.size :])
-                except FrameError as exc:
-                    raise RejectedFrame("malformed_request", str(exc)) from None
-                expects_answer = acks != 0
-            elif header.api_key == ApiKey.FETCH and self.zone.wants_fetch_rack:
+            if header.api_key == ApiKey.FETCH and self.zone.wants_fetch_rack:
                 try:
                     rack = request_rack_id(header.api_version, frame[header.size :])
                 except FrameError:
                     rack = None  # forwarded as it is: the broker judges the request
                 self.zone.on_fetch_rack(rack)
-            if self.proxy.tiering is not None and header.api_key in TIERED_APIS:
+            if self.proxy.tiering is not None and header.api_key in TIERED_API_KEYS:
                 plan = await self._plan(header, frame)
                 if plan is not None and plan.local is not None:
-                    await self._tiered_request(header, plan, expects_answer, size + 4)
+                    await self._split.request(header, plan, expects_answer, size + 4)
                     continue
             if self.upstream_writer is None:
-                await self._connect_upstream()
+                await self.connect_upstream()
             if expects_answer:
                 slot = Slot(header.correlation_id, header.api_key, header.api_version, plan=plan)
-                self._enqueue(slot)
-                self._awaiting_upstream.append(slot)
-                if plan is not None:
-                    count_in_flight(self.proxy.tiering.in_flight, plan.passthrough_topics, 1)
+                self.enqueue(slot)
+                self.forwarded(slot)
             assert self.upstream_writer is not None
             self.upstream_writer.writelines((size_bytes, frame))  # one send, not two
             self.zone.count_to_broker(size + 4)
@@ -284,24 +228,14 @@ class ClientConnection(TieredAnswers):
                 self._upstream_task.result()  # re-raise why upstream stopped
 
     async def _plan(self, header: RequestHeader, frame: memoryview) -> Plan | None:
-        """How a Produce, Fetch, ListOffsets, DeleteRecords or OffsetForLeaderEpoch splits
-        between the tiered partitions, answered here, and the rest (None or a plan with no
-        local part: all of it goes upstream); an AddPartitionsToTxn naming a tiered topic
-        is refused here whole."""
-        tiering, version = self.proxy.tiering, header.api_version
-        head, body = frame[: header.size], frame[header.size :]
+        """How a request of an API `HANDLING` marks tiered splits between the tiered
+        partitions, answered here, and the rest (None or a plan with no local part: all
+        of it goes upstream); `proxy.tiered.planners`."""
+        request = TieredRequest(
+            frame[: header.size], frame[header.size :], header.api_version, id(self), self.peer
+        )
         try:
-            if header.api_key == ApiKey.PRODUCE:
-                return plan_produce(tiering, head, body, version)
-            if header.api_key == ApiKey.FETCH:
-                return await plan_fetch(tiering, head, body, version, reader=id(self))
-            if header.api_key == ApiKey.DELETE_RECORDS:
-                return await plan_delete_records(tiering, head, body, version)
-            if header.api_key == ApiKey.OFFSET_FOR_LEADER_EPOCH:
-                return plan_offset_for_leader_epoch(tiering, head, body, version)
-            if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
-                return plan_add_partitions_to_txn(tiering, body, version, self.peer)
-            return plan_list_offsets(tiering, head, body, version)
+            return await PLANNERS[header.api_key](self.proxy.tiering, request)
         except FrameError as exc:
             raise RejectedFrame("malformed_request", str(exc)) from None
 
@@ -343,33 +277,28 @@ class ClientConnection(TieredAnswers):
 
     def _answer_api_versions(self, header: RequestHeader, body: memoryview) -> int:
         """Answer here (queued behind earlier answers); the answer's size."""
-        if is_known(ApiKey.API_VERSIONS, header.api_version):
-            try:
-                check_api_versions_request(header.api_version, body)
-            except FrameError as exc:  # Kafka closes on a body it cannot read
-                raise RejectedFrame(
-                    "malformed_request", f"ApiVersions v{header.api_version} request: {exc}"
-                ) from None
-            payload = response_header(
-                header.correlation_id, ApiKey.API_VERSIONS, header.api_version
-            )
-            payload += self.proxy.api_versions_body(header.api_version)
-        else:  # as Kafka does: a v0 answer saying UNSUPPORTED_VERSION, so the client downgrades
-            payload = unsupported_version_response(header.correlation_id, self.proxy.api_ranges())
+        proxy = self.proxy
+        payload = api_versions_answer(header, body, proxy.api_versions_body, proxy.api_ranges)
         slot = Slot(header.correlation_id, ApiKey.API_VERSIONS, header.api_version, local=True)
         slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)
-        self._enqueue(slot)
-        self._flush()
+        self.enqueue(slot)
+        self._answers.flush()
         return len(payload) + 4
 
-    def _enqueue(self, slot: Slot) -> None:
-        slot.read_at = time.perf_counter()
-        self._pending.append(slot)
-        self._all_answered.clear()
-        if len(self._pending) >= self._max_inflight:
-            self._room.clear()
+    # -- SplitHost: what the split answers use -------------------------------------------
 
-    async def _connect_upstream(self) -> None:
+    def enqueue(self, slot: Slot) -> None:
+        self._answers.enqueue(slot)
+
+    def forwarded(self, slot: Slot) -> None:
+        self._order.forwarded(slot)
+        if slot.plan is not None:  # passthrough topics in flight (cutover drains them)
+            count_in_flight(self.proxy.tiering.in_flight, slot.plan.passthrough_topics, 1)
+
+    def answered_here(self) -> None:
+        self._answers.answered_here()
+
+    async def connect_upstream(self) -> None:
         node_id, host, port = self.proxy.upstream_address_for(self.target_node)
         self.zone.on_upstream(node_id)
         self.upstream_reader, self.upstream_writer = await self.proxy.open_upstream(host, port)
@@ -389,29 +318,32 @@ class ClientConnection(TieredAnswers):
                 (size,) = FRAME_SIZE.unpack(size_bytes)
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
                     raise UpstreamClosed(f"response frame size {size} out of range")
-                if not self._awaiting_upstream:
+                slot = self._order.next_from_upstream()  # taken once answered in full
+                if slot is None:
                     raise UpstreamClosed("an answer to no request")
-                slot = self._awaiting_upstream[0]  # popped once answered in full
+                api = HANDLING.get(slot.api_key)
+                rewrites = api is not None and api.rewrites(slot.api_version)
                 if slot.plan is not None and slot.plan.local is not None:
                     frame = await read_whole(reader, size, self._chunk_bytes)
                     check_correlation_id(slot.correlation_id, frame)
-                    slot.data = await self._merged(slot, frame)
+                    slot.data = await self._split.merged(slot, frame)
                     self._answered_upstream(slot)
-                    self._flush()
-                    await self._drain_client()
-                elif _rewrites(slot) and not _walks(slot, size, self._chunk_bytes):
+                    self._answers.flush()
+                    await self._answers.drain()
+                elif api is not None and rewrites and not _walks(api, size, self._chunk_bytes):
                     frame = await read_whole(reader, size, self._chunk_bytes)
                     check_correlation_id(slot.correlation_id, frame)
-                    slot.data = self._rewritten(slot, size_bytes, frame)
+                    slot.data = self._rewritten(api, slot, size_bytes, frame)
                     self._answered_upstream(slot)
-                    self._flush()
-                    await self._drain_client()
-                else:
+                    self._answers.flush()
+                    await self._answers.drain()
+                else:  # as it comes; an answer to rewrite here is one to walk (Fetch v16+)
                     correlation_id = await read_exactly(reader, 4)
                     check_correlation_id(slot.correlation_id, correlation_id)
-                    await self._pass_through(slot, size_bytes + correlation_id, size - 4)
+                    head = size_bytes + correlation_id
+                    await self._pass_through(slot, head, size - 4, walk=rewrites)
                     self._answered_upstream(slot)
-        except _ClientGone:
+        except ClientGone:
             # Not upstream's fault: the client loop sees the connection end and closes.
             raise ConnectionResetError("the client went away") from None
         except (UpstreamClosed, FrameError, ConnectionError, asyncio.IncompleteReadError) as exc:
@@ -423,35 +355,32 @@ class ClientConnection(TieredAnswers):
             raise UpstreamClosed(reason) from None
 
     def _rewritten(
-        self, slot: Slot, size_bytes: bytes, frame: bytearray
+        self, api: ApiHandling, slot: Slot, size_bytes: bytes, frame: bytearray
     ) -> tuple[bytes | bytearray | memoryview, ...]:
         """The framed answer with the brokers it names replaced by the proxy's listeners,
         in pieces: an answer that names none (most Fetch answers) is not copied."""
         view = memoryview(frame)
         head = response_header_size(slot.api_key, slot.api_version, view)
         body = view[head:]
-        rewritten = RESPONSE_REWRITERS[slot.api_key](slot.api_version, body, self.zone.advertise)
+        assert api.rewrite is not None  # `rewrites`
+        rewritten = api.rewrite(slot.api_version, body, self.zone.advertise)
         if rewritten is body:
             return size_bytes, frame
         return FRAME_SIZE.pack(head + len(rewritten)), view[:head], rewritten
 
-    async def _pass_through(self, slot: Slot, head: bytes, remaining: int) -> None:
+    async def _pass_through(self, slot: Slot, head: bytes, remaining: int, walk: bool) -> None:
         """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens
         of MiB, and the proxy holds no more of it than its buffers, however large."""
-        # Every upstream answer owed before this one is ready (upstream answers in order);
-        # a tiered Produce answered here may not be yet.
-        self._flush()
-        while self._pending[0] is not slot:
-            await self._local_answer.wait()
-            self._flush()
+        answers = self._answers
+        await answers.wait_turn(slot)
         reader = self.upstream_reader
         assert reader is not None
         unsent_head: bytes | None = head  # sent with the first chunk, in one system call
-        if slot.api_key == ApiKey.FETCH and _rewrites(slot):  # large, v16+ (`_walks`)
+        if walk:  # a large Fetch v16+ answer (`_walks`)
             version = slot.api_version
             await stream_walked_answer(
                 reader, head, remaining, walk_fetch_answer(version), self._chunk_bytes,
-                self._write, self._drain_client,
+                answers.write, answers.drain,
                 lambda tail: rewrite_tail(version, tail, self.zone.advertise),
             )  # fmt: skip
             unsent_head, remaining = None, 0
@@ -460,37 +389,35 @@ class ClientConnection(TieredAnswers):
             if not chunk:
                 raise UpstreamClosed(f"connection closed by the broker, {remaining} bytes short")
             if unsent_head is None:
-                self._write(chunk)
+                answers.write(chunk)
             else:
-                self._write(unsent_head, chunk)
+                answers.write(unsent_head, chunk)
                 unsent_head = None
             remaining -= len(chunk)
-            await self._drain_client()
+            await answers.drain()
         if unsent_head is not None:  # an answer of nothing but its correlation id
-            self._write(unsent_head)
-        self.proxy.metrics.answered(slot.api_key, time.perf_counter() - slot.read_at)
-        self._pending.popleft()
-        self._flush()  # the local answers queued behind this one
+            answers.write(unsent_head)
+        answers.streamed(slot)
 
-    async def _drain_client(self) -> None:
-        try:
-            await self.client_writer.drain()
-        except ConnectionError:
-            raise _ClientGone from None
+    def _answered_upstream(self, slot: Slot) -> None:
+        self._order.answered_upstream()
+        if slot.plan is not None:
+            count_in_flight(self.proxy.tiering.in_flight, slot.plan.passthrough_topics, -1)
+            slot.plan = None
 
     def _upstream_lost(self, reason: str) -> None:
         self.proxy.metrics.upstream_errors.labels("closed").inc()
-        if not self._awaiting_upstream:  # e.g. the broker closed an idle connection
+        oldest = self._order.next_from_upstream()
+        if oldest is None:  # e.g. the broker closed an idle connection
             log.info("client %s: upstream closed: %s", self.peer, reason)
             return
         # Often a request the broker could not parse: the proxy forwards bodies unread.
-        oldest = self._awaiting_upstream[0]
         log.warning(
             "closing client %s on %s: upstream closed with %d request(s) unanswered, "
             "the oldest api key %d v%d correlation id %d: %s",
             self.peer,
             self.listener,
-            len(self._awaiting_upstream),
+            len(self._order.awaiting_upstream),
             oldest.api_key,
             oldest.api_version,
             oldest.correlation_id,
@@ -498,51 +425,10 @@ class ClientConnection(TieredAnswers):
             extra={"client": self.peer, "reason": "upstream_closed"},
         )
 
-    def _flush(self) -> None:
-        """Send every answer that is ready, in request order."""
-        pending = self._pending
-        while pending and pending[0].data is not None:
-            slot = pending.popleft()
-            assert slot.data is not None
-            self._write(*slot.data, local=slot.local)
-            self.proxy.metrics.answered(slot.api_key, time.perf_counter() - slot.read_at)
-        if len(pending) < self._max_inflight:
-            self._room.set()
-        if not pending:
-            self._all_answered.set()
 
-    def _write(self, *pieces: bytes | bytearray | memoryview, local: bool = False) -> None:
-        """Queue pieces of an answer for the client: one send for all of them (uvloop
-        tries to send on every `write`, so two writes would be two system calls)."""
-        if len(pieces) == 1:
-            self.client_writer.write(pieces[0])
-        else:
-            self.client_writer.writelines(pieces)
-        size = sum(len(piece) for piece in pieces)
-        self.proxy.metrics.bytes_out.inc(size)
-        if not local:  # a broker's answer: it crossed the proxy-to-broker hop too
-            self.zone.count_to_client(size)
-        tap = self.proxy.tap
-        if tap is not None:
-            for piece in pieces:
-                tap(piece)
-
-
-def _walks(slot: Slot, size: int, buffer_bytes: int) -> bool:
-    """Whether a Fetch answer to rewrite is walked as it streams (fetch_stream.py) rather
-    than read whole: one larger than the connection's buffer. A smaller one, such as
-    the answers that name a moved leader (its partitions carry no records), is read whole
-    and rewritten at its own length."""
-    return slot.api_key == ApiKey.FETCH and size > buffer_bytes
-
-
-def _rewrites(slot: Slot) -> bool:
-    """Whether this answer is rewritten (read whole) or passed through as it comes.
-
-    Produce and Fetch answers name brokers only from the version that added KIP-951
-    node endpoints; below it their rewriters return the body untouched.
-    """
-    if slot.api_key not in RESPONSE_REWRITERS:
-        return False
-    since = NODE_ENDPOINTS_SINCE.get(slot.api_key)
-    return since is None or slot.api_version >= since
+def _walks(api: ApiHandling | None, size: int, buffer_bytes: int) -> bool:
+    """Whether an answer to rewrite is walked as it streams (fetch_stream.py) rather than
+    read whole: a Fetch answer larger than the connection's buffer. A smaller one, such
+    as the answers that name a moved leader (its partitions carry no records), is read
+    whole and rewritten at its own length."""
+    return api is not None and api.walks_large_answers and size > buffer_bytes

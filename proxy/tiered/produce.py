@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.produce_split import (
+from proxy.apis.api00_produce import (
     PartitionResult,
     ProduceRequestView,
     TieredPartition,

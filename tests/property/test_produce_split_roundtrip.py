@@ -13,7 +13,7 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.apis.produce_split import (
+from proxy.apis.api00_produce import (
     PartitionResult,
     merge_responses,
     read_produce_request,

@@ -100,7 +100,7 @@ def test_refused_proxy_credentials_stop_the_start_with_a_clear_error(secured_clu
     from proxy.config import parse_config
     from proxy.devstack.paths import free_port, free_port_block
     from proxy.devstack.proxy_thread import ProxyThread
-    from proxy.server.app import SaslFailed
+    from proxy.server.control import SaslFailed
 
     config = parse_config(
         {

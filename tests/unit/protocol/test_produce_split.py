@@ -12,7 +12,7 @@ import warnings
 import pytest
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.produce_split import (
+from proxy.apis.api00_produce import (
     NO_LEADER,
     PartitionResult,
     TieredPartition,

@@ -1,0 +1,100 @@
+"""The tiered planners, one per API that `proxy.apis.HANDLING` marks `tiered`.
+
+A client connection of a proxy that tiers topics asks `PLANNERS[api_key]` for each such
+request: the plan says which part goes upstream (`upstream_frame`, framed) and which is
+under way here (`local`), and how to merge the two answers. None means the request goes
+upstream as it came. The per-API planners keep their own signatures; this module gives them one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from proxy.apis import TIERED_API_KEYS, api00_produce, api01_fetch, api02_list_offsets
+from proxy.apis import api21_delete_records as api21
+from proxy.apis import api23_offset_for_leader_epoch as api23
+from proxy.apis import api24_add_partitions_to_txn as api24
+from proxy.apis.api00_produce import TopicKey
+from proxy.tiered.deletes import plan_delete_records
+from proxy.tiered.epochs import plan_offset_for_leader_epoch
+from proxy.tiered.fetch import plan_fetch
+from proxy.tiered.offsets import plan_list_offsets
+from proxy.tiered.produce import plan_produce
+from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
+
+
+class Plan(Protocol):
+    """A request split by a proxy that tiers topics (`ProducePlan`, `FetchPlan`, ...)."""
+
+    # The part for upstream, framed (header included); None: nothing goes upstream.
+    @property
+    def upstream_frame(self) -> tuple[bytes | memoryview, ...] | None: ...
+
+    # The tiered partitions' results, under way; None: nothing tiered (a Produce).
+    @property
+    def local(self) -> asyncio.Future[Any] | None: ...
+
+    # The passthrough topics counted in flight until upstream answers (cutover drains).
+    @property
+    def passthrough_topics(self) -> tuple[TopicKey, ...]: ...
+
+    def merge(self, api_version: int, upstream: memoryview | None, local: Any) -> bytes: ...
+
+    def failed(self, error: BaseException) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TieredRequest:
+    """A request as a client connection hands it to a planner."""
+
+    head: memoryview  # the request header
+    body: memoryview
+    api_version: int
+    reader: object  # who reads (a Fetch session's owner): one per client connection
+    client: str  # the client's address, for the logs
+
+
+async def _produce(tiering, r: TieredRequest) -> Plan | None:
+    return plan_produce(tiering, r.head, r.body, r.api_version)
+
+
+async def _fetch(tiering, r: TieredRequest) -> Plan | None:
+    return await plan_fetch(tiering, r.head, r.body, r.api_version, reader=r.reader)
+
+
+async def _list_offsets(tiering, r: TieredRequest) -> Plan | None:
+    return plan_list_offsets(tiering, r.head, r.body, r.api_version)
+
+
+async def _delete_records(tiering, r: TieredRequest) -> Plan | None:
+    return await plan_delete_records(tiering, r.head, r.body, r.api_version)
+
+
+async def _offset_for_leader_epoch(tiering, r: TieredRequest) -> Plan | None:
+    return plan_offset_for_leader_epoch(tiering, r.head, r.body, r.api_version)
+
+
+async def _add_partitions_to_txn(tiering, r: TieredRequest) -> Plan | None:
+    return plan_add_partitions_to_txn(tiering, r.body, r.api_version, r.client)
+
+
+# (tiering service, request) -> the plan, or None to forward the request as it came;
+# FrameError if the request cannot be read
+Planner = Callable[[Any, TieredRequest], Awaitable[Plan | None]]
+
+PLANNERS: dict[int, Planner] = {
+    api00_produce.API_KEY: _produce,
+    api01_fetch.API_KEY: _fetch,
+    api02_list_offsets.API_KEY: _list_offsets,
+    api21.API_KEY: _delete_records,
+    api23.API_KEY: _offset_for_leader_epoch,
+    api24.API_KEY: _add_partitions_to_txn,
+}
+if PLANNERS.keys() != TIERED_API_KEYS:  # the registry and the planners say the same
+    raise AssertionError(f"tiered planners {sorted(PLANNERS)} != {sorted(TIERED_API_KEYS)}")
+
+
+__all__ = ["PLANNERS", "Plan", "Planner", "TieredRequest"]
