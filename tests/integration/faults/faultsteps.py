@@ -149,9 +149,14 @@ class Injector:
         if not self.consumer.caught_up(ends):
             behind = {p: (self.consumer.position[p], end) for p, end in ends.items()}
             log = self.consumer.client_log[-5:]
+            # whether produce still flows: a partition stalled again since it recovered
+            # (its shard handed over once more) holds its consumer back too
+            now = time.monotonic()
+            acked = {p: round(now - at, 1) for p, at in sorted(self.progress.last_ack_at.items())}
             return (
-                f"consumer behind: (position, acknowledged end) {behind}; its errors "
-                f"{dict(self.consumer.errors)}, last log lines {log}"
+                f"consumer behind: (position, acknowledged end) {behind}; last "
+                f"acknowledgement (s ago) {acked}; shard owners {self.fleet.owners()}; its "
+                f"errors {dict(self.consumer.errors)}, last log lines {log}"
             )
         return None
 
@@ -183,17 +188,20 @@ class Injector:
         before: dict | None = None,
     ) -> float:
         deadline = ended + bound
+        at_deadline = None  # why it had not recovered by the bound (the consumer only)
         while (why := self._not_yet(ended, victim, before or {})) is not None:
             consumer_only = why.startswith("consumer behind")  # the rest has recovered
             if time.monotonic() > deadline + (CONSUMER_EXTRA_S if consumer_only else 0.0):
                 raise AssertionError(
                     f"{kind}: not recovered {bound} s after it ended: {why}\n{self._warnings()}"
                 )
+            if at_deadline is None and time.monotonic() > deadline:
+                at_deadline = f"{why}\n{self._warnings(6)}"
             time.sleep(0.2)
         done = time.monotonic()
         if done > deadline:  # the consumer took its extra time
             slow = self.figures.notes.setdefault("slow_consumer_recoveries", [])
-            slow.append([kind, round(done - ended, 2)])
+            slow.append([kind, round(done - ended, 2), at_deadline])
         self.figures.fault(kind, injected, ended, done)
         return done - ended
 
