@@ -45,7 +45,7 @@ from offload_jobs.migrate import MigrateJob, StoreSpec, migrate  # noqa: E402
 from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
 from proxy.devstack.paths import free_port  # noqa: E402
 from proxy.devstack.spark import spark_session  # noqa: E402
-from proxy.tiering.s3store import S3Config, S3Store  # noqa: E402
+from proxy.objects.s3 import S3Config, S3Store  # noqa: E402
 
 GB = 10**9
 PARALLELISM = (1, 2)

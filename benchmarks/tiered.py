@@ -64,13 +64,13 @@ from confluent_kafka import libversion  # noqa: E402
 from passthrough import _command_line, _git_state, _interrupt  # noqa: E402
 from zones import Cluster  # noqa: E402
 
+from proxy.config.tiering import TieringConfig  # noqa: E402
 from proxy.devstack import KafkaCluster, MinioServer, versions  # noqa: E402
 from proxy.devstack.paths import free_port, kafka_libs  # noqa: E402
-from proxy.tiering.metastore import ShardReader  # noqa: E402
-from proxy.tiering.objectkeys import ObjectKind  # noqa: E402
-from proxy.tiering.peer_codec import frame_size  # noqa: E402
-from proxy.tiering.peer_messages import AppendResponse  # noqa: E402
-from proxy.tiering.settings import TieringConfig  # noqa: E402
+from proxy.metadata.store import ShardReader  # noqa: E402
+from proxy.objects.keys import ObjectKind  # noqa: E402
+from proxy.peer.codec import frame_size  # noqa: E402
+from proxy.peer.messages import AppendResponse  # noqa: E402
 
 ZONES = ("zone-a", "zone-b", "zone-c")
 MODES = ("direct", "passthrough", "local", "s3", "direct-notify")

@@ -56,8 +56,8 @@ from tiered import (  # noqa: E402
 )
 from zones import Cluster  # noqa: E402
 
+from proxy.config.tiering import TieringConfig  # noqa: E402
 from proxy.devstack import KafkaCluster, ManagedProcess, MinioServer, versions  # noqa: E402
-from proxy.tiering.settings import TieringConfig  # noqa: E402
 
 CATCHUP = ("direct", "cold", "warm")
 CATCHUP_NAMES = {"direct": "direct (RF 3)", "cold": "tiered, cold (b)", "warm": "tiered, warm (b)"}

@@ -64,7 +64,7 @@ from passthrough import _command_line, _git_state, _interrupt  # noqa: E402
 
 from proxy.devstack import KafkaCluster, ManagedProcess, versions  # noqa: E402
 from proxy.devstack.paths import free_port_block  # noqa: E402
-from proxy.protocol.messages import encode_request  # noqa: E402
+from proxy.kafka.messages import encode_request  # noqa: E402
 
 ZONES = ("zone-a", "zone-b", "zone-c")
 RECORD_SIZE = 1024

@@ -26,7 +26,7 @@ from offload_jobs.kafka_client import (
     ReaderSettings,
 )
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import CorruptBatchError, validate_batch, whole_batches
+from proxy.records.batches import CorruptBatchError, validate_batch, whole_batches
 
 __all__ = ["ClusterReadError", "ReaderSettings", "Taken", "read_batches", "take_batches"]
 

@@ -31,8 +31,8 @@ from offload_jobs.migrate import StoreSpec
 from offload_jobs.object_source import ObjectReadError, object_batches
 from offload_jobs.progress import TaskProgress
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastreams import StreamRange, shard_of, stream_id
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamRange, shard_of, stream_id
 
 SOURCES = ("kafka", "objects")
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 from aiokafka.record.default_records import DefaultRecordBatch
 
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import read_batch_header
+from proxy.records.batches import read_batch_header
 
 ABORT, COMMIT = 0, 1  # a control record's type, after its version, in its key
 _CONTROL_KEY = struct.Struct(">hh")

@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.server.peer_clients import PeerClients
-from proxy.tiering.metareader import ShardReader
-from proxy.tiering.metarecords import TopicMode
-from proxy.tiering.metastreams import shard_of
+from proxy.metadata.reader import ShardReader
+from proxy.metadata.records import TopicMode
+from proxy.metadata.streams import shard_of
+from proxy.peer.clients import PeerClients
 
 
 class NotTiered(LookupError):

@@ -26,12 +26,12 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
+from proxy.apis.api02_list_offsets import read_list_offsets_response
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.fetch_split import FetchPartitionAnswer, read_fetch_response
-from proxy.apis.offsets_split import read_list_offsets_response
-from proxy.protocol.frames import FrameDecoder, FrameError
-from proxy.protocol.headers import response_header_size
-from proxy.protocol.messages import encode_request
+from proxy.kafka.frames import FrameDecoder, FrameError
+from proxy.kafka.headers import response_header_size
+from proxy.kafka.messages import encode_request
 
 FETCH_VERSION = 12  # the last to name topics (v13 names them by id); Kafka 4 serves it
 METADATA_VERSION = 12

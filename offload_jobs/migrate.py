@@ -38,8 +38,8 @@ from offload_jobs.writer import (
     cut_objects,
     plan_tasks,
 )
-from proxy.tiering.objectformat import FORMAT_VERSION
-from proxy.tiering.objectstore import ObjectStoreError
+from proxy.objects.format import FORMAT_VERSION
+from proxy.objects.store import ObjectStoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +58,10 @@ class StoreSpec:
 
     async def open(self):
         if self.kind == "s3":
-            from proxy.tiering.s3store import S3Config, S3Store
+            from proxy.objects.s3 import S3Config, S3Store
 
             return await S3Store.open(S3Config(**(self.s3 or {})))
-        from proxy.tiering.localstore import LocalDirectoryStore
+        from proxy.objects.local import LocalDirectoryStore
 
         return LocalDirectoryStore(self.directory)
 

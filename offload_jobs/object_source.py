@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import CorruptBatchError, iter_batches, validate_batch
-from proxy.tiering.metastreams import StreamRange
-from proxy.tiering.objectformat import ObjectFormatError, find_entries, read_block, read_object
-from proxy.tiering.objectstore import ObjectStoreError
+from proxy.metadata.streams import StreamRange
+from proxy.objects.format import ObjectFormatError, find_entries, read_block, read_object
+from proxy.objects.store import ObjectStoreError
+from proxy.records.batches import CorruptBatchError, iter_batches, validate_batch
 
 
 class ObjectReadError(Exception):

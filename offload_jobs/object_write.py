@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 
-from proxy.tiering.objectformat import BuiltObject, IndexEntry, read_block, read_object
-from proxy.tiering.objectstore import ObjectExists, ObjectStore
+from proxy.objects.format import BuiltObject, IndexEntry, read_block, read_object
+from proxy.objects.store import ObjectExists, ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 
 from offload_jobs.kafka_client import UnknownTopic, describe_topic
-from proxy.tiering.peer_messages import PingResponse
+from proxy.peer.messages import PingResponse
 
 
 class PreflightError(Exception):
@@ -37,7 +37,7 @@ async def peer(address: tuple[str, int], timeout_s: float = 10.0) -> PingRespons
     """The proxy's peer listener answers a ping; its answer (the proxy's name in its fleet
     and its version). Anything else (no listener, another protocol, silence, a proxy
     too old to know pings) fails here, naming what was found."""
-    from proxy.server.peer_clients import PeerClients, PeerUnavailable
+    from proxy.peer.clients import PeerClients, PeerUnavailable
 
     where = f"{address[0]}:{address[1]}"
     clients = PeerClients(connect_timeout_s=timeout_s, admin_timeout_s=timeout_s)
@@ -65,7 +65,7 @@ async def peer(address: tuple[str, int], timeout_s: float = 10.0) -> PingRespons
 async def store(spec, timeout_s: float = 30.0) -> None:
     """The object store opens and answers a read (a key no job writes: not found is the
     expected answer; a missing bucket or refused credentials fail here)."""
-    from proxy.tiering.objectstore import ObjectNotFound
+    from proxy.objects.store import ObjectNotFound
 
     try:
         async with asyncio.timeout(timeout_s):

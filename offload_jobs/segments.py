@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import (
+from proxy.records.batches import (
     LOG_OVERHEAD,
     MAGIC_POSITION,
     MIN_BATCH_LENGTH,

@@ -33,8 +33,8 @@ from offload_jobs.verify_compare import (
     compare,
     summarize,
 )
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastreams import StreamRange, shard_of, stream_id
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamRange, shard_of, stream_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ async def read_states(
     bootstrap: str, metadata_topic: str, shard_count: int
 ) -> dict[int, MetadataState]:
     """Every shard's metadata as committed now (read to its end)."""
-    from proxy.tiering.metareader import ShardReader
+    from proxy.metadata.reader import ShardReader
 
     kafka = {"bootstrap_servers": bootstrap}
     readers = [ShardReader(kafka, metadata_topic, k, shard_count) for k in range(shard_count)]

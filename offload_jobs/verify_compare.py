@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from proxy.tiering.batches import read_batch_header
+from proxy.records.batches import read_batch_header
 
 MAX_LISTED = 20  # mismatches named per partition; all of them are counted
 

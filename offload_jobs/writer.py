@@ -16,15 +16,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import CorruptBatchError, read_batch_header, validate_batch
-from proxy.tiering.metastreams import offload_object_id
-from proxy.tiering.objectformat import (
+from proxy.metadata.streams import offload_object_id
+from proxy.objects.format import (
     DEFAULT_MAX_BLOCK_BYTES,
     FORMAT_VERSION,
     BuiltObject,
     ObjectWriter,
 )
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.objects.keys import ObjectKind
+from proxy.records.batches import CorruptBatchError, read_batch_header, validate_batch
 
 TARGET_OBJECT_BYTES = 64 * 1024 * 1024
 

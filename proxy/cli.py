@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _add_topic_views(topic_commands) -> None:
     """`topics list` and `topics status <topic>`: read from a proxy's admin API."""
-    from proxy.admin_client import ADMIN_ENV, TOKEN_ENV
+    from proxy.admin.client import ADMIN_ENV, TOKEN_ENV
 
     for op, text, description in (
         ("list", "every topic and its mode (passthrough or tiered)",
@@ -167,8 +167,8 @@ def _fleet_status(args: argparse.Namespace) -> int:
             return 1
         print(json.dumps(report, indent=2) if args.json else admin_client.render_fleet(report))
         return 0
+    from proxy.admin.fleet_status import fleet_status
     from proxy.config import ConfigError, FleetConfig, load_config
-    from proxy.fleet_status import fleet_status
 
     fleet = FleetConfig()
     kafka = {"bootstrap_servers": args.bootstrap}
@@ -202,7 +202,7 @@ def _topics(args: argparse.Namespace) -> int:
     import asyncio
     import uuid
 
-    from proxy.server.peer_clients import PeerClients
+    from proxy.peer.clients import PeerClients
 
     host, _, port = args.peer.rpartition(":")
     if not host or not port.isdigit():

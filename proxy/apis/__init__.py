@@ -17,7 +17,7 @@ from proxy.apis import (
     api10_find_coordinator,
     api60_describe_cluster,
 )
-from proxy.protocol.rewrite import Advertise, Rewriter
+from proxy.kafka.rewrite import Advertise, Rewriter
 
 RESPONSE_REWRITERS: dict[int, Rewriter] = {
     api00_produce.API_KEY: api00_produce.rewrite_response,

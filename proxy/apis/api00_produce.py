@@ -7,8 +7,8 @@ is rewritten in place; an answer without it (the usual case) is returned as it c
 
 from __future__ import annotations
 
-from proxy.protocol.codec import load_response_types
-from proxy.protocol.rewrite import node_endpoints_rewriter
+from proxy.kafka.codec import load_response_types
+from proxy.kafka.rewrite import node_endpoints_rewriter
 
 API_KEY = 0
 FIRST_NODE_ENDPOINTS_VERSION = 10

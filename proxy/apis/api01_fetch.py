@@ -9,10 +9,10 @@ per-record work and no copy. An answer without node endpoints is returned as it 
 
 from __future__ import annotations
 
-from proxy.protocol.codec import load_response_types, load_types, response_type
-from proxy.protocol.rewrite import node_endpoints_rewriter
-from proxy.protocol.schema_walk import field_offset
-from proxy.protocol.wire import read_string
+from proxy.kafka.codec import load_response_types, load_types, response_type
+from proxy.kafka.rewrite import node_endpoints_rewriter
+from proxy.kafka.schema_walk import field_offset
+from proxy.kafka.wire import read_string
 
 API_KEY = 1
 FIRST_NODE_ENDPOINTS_VERSION = 16

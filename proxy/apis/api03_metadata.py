@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import get_args
 from uuid import UUID
 
-from proxy.protocol.codec import load_response_types, response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.rewrite import Advertise, rewrite_address_array
-from proxy.protocol.schema_walk import field_offset, skip_entity
-from proxy.protocol.wire import read_array_length, read_int16, read_int32, read_string
+from proxy.kafka.codec import load_response_types, response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.rewrite import Advertise, rewrite_address_array
+from proxy.kafka.schema_walk import field_offset, skip_entity
+from proxy.kafka.wire import read_array_length, read_int16, read_int32, read_string
 
 API_KEY = 3
 RESPONSES = load_response_types(API_KEY)

@@ -9,8 +9,8 @@ error code; it names no broker and is passed through unchanged.
 
 from __future__ import annotations
 
-from proxy.protocol.codec import load_response_types, response_type
-from proxy.protocol.rewrite import Advertise, rewrite_address, rewrite_address_array
+from proxy.kafka.codec import load_response_types, response_type
+from proxy.kafka.rewrite import Advertise, rewrite_address, rewrite_address_array
 
 API_KEY = 10
 FIRST_BATCHED_VERSION = 4

@@ -20,12 +20,12 @@ from typing import get_args
 
 from kio.schema.errors import ErrorCode
 
-from proxy.protocol.apis import API_VERSIONS, APIS, supported_ranges
-from proxy.protocol.codec import encode, load_response_types, response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import response_header
-from proxy.protocol.schema_walk import field_offset, skip_entity
-from proxy.protocol.wire import read_array_length, read_int16, read_string, skip_tagged_fields
+from proxy.kafka.codec import encode, load_response_types, response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import response_header
+from proxy.kafka.schema_walk import field_offset, skip_entity
+from proxy.kafka.versions import API_VERSIONS, APIS, supported_ranges
+from proxy.kafka.wire import read_array_length, read_int16, read_string, skip_tagged_fields
 
 API_KEY = API_VERSIONS
 NONE = 0

@@ -27,9 +27,9 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
-from proxy.protocol.codec import encode, load_response_types, load_types, response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import (
+from proxy.kafka.codec import encode, load_response_types, load_types, response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import (
     INT32,
     expect_end,
     read_count,

@@ -8,11 +8,11 @@ the list is emptied rather than leak their addresses or map them to broker liste
 
 from __future__ import annotations
 
-from proxy.protocol.codec import load_response_types, response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.rewrite import Advertise, empty_array, rewrite_address_array
-from proxy.protocol.schema_walk import field_offset
-from proxy.protocol.wire import INT8
+from proxy.kafka.codec import load_response_types, response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.rewrite import Advertise, empty_array, rewrite_address_array
+from proxy.kafka.schema_walk import field_offset
+from proxy.kafka.wire import INT8
 
 API_KEY = 60
 ENDPOINT_TYPE_BROKER = 1

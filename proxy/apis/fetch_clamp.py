@@ -24,8 +24,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import (
     read_array_length,
     read_nullable_bytes,
     skip,

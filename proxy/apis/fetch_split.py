@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from functools import cache
 
 from proxy.apis.api01_fetch import API_KEY, REQUESTS, RESPONSES
-from proxy.protocol.codec import response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import (
+from proxy.kafka.codec import response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import (
     INT32,
     expect_end,
     read_array_length,

@@ -30,9 +30,9 @@ from collections.abc import Generator
 
 from proxy.apis.api01_fetch import API_KEY, RESPONSES
 from proxy.apis.fetch_split import answer_layout
-from proxy.protocol.codec import response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.rewrite import Advertise, encode_tagged_fields, rewrite_tagged_fields
+from proxy.kafka.codec import response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.rewrite import Advertise, encode_tagged_fields, rewrite_tagged_fields
 
 PADDING_TAG = 10_000  # a tagged field of zeros that only keeps a section's length
 _SESSION_HEAD = 4 + 2 + 4  # throttle_time_ms, error_code, session_id

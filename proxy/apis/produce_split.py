@@ -27,9 +27,9 @@ from functools import cache
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.api00_produce import API_KEY, RESPONSES
-from proxy.protocol.codec import encode, response_type
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import (
+from proxy.kafka.codec import encode, response_type
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import (
     expect_end,
     read_count,
     read_int16,

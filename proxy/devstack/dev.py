@@ -175,7 +175,7 @@ async def tiering_ready(proxy, timeout_s: float = 120.0) -> str | None:
     """Until the proxy can tier a topic (its readiness checks pass and every metadata
     shard has a live owner), so the banner's first command works; None then, else what
     still is not after `timeout_s`."""
-    from proxy.server.admin_views import readiness
+    from proxy.admin.views import readiness
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

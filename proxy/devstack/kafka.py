@@ -24,7 +24,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from proxy.devstack.paths import DevstackError, free_port, kafka_libs
 from proxy.devstack.process import ManagedProcess
-from proxy.protocol.messages import decode_response, encode_request
+from proxy.kafka.messages import decode_response, encode_request
 
 _LOG4J2 = """\
 status = error

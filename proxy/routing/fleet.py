@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 HEARTBEAT_VERSION = 1
 # The peer protocol of a member whose heartbeat does not say (a release before the
-# `peer_protocol` field): `proxy/tiering/peer_codec.py`, PROTOCOL.
+# `peer_protocol` field): `proxy/peer/codec.py`, PROTOCOL.
 OLD_PEER_PROTOCOL = 1
 
 # (client zone, proxy zone, upstream broker zone, direction) -> bytes

@@ -26,6 +26,7 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 
+from proxy.admin.api import AdminServer
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import (
     ApiVersionsError,
@@ -36,29 +37,28 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
-from proxy.metrics import ProxyMetrics, serve_metrics
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import response_header_size
-from proxy.protocol.messages import encode_request
-from proxy.protocol.sasl import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import response_header_size
+from proxy.kafka.messages import encode_request
+from proxy.kafka.sasl import (
     SaslError,
     ScramClient,
     parse_authenticate_response,
     parse_handshake_response,
     plain_message,
 )
+from proxy.metrics import ProxyMetrics, serve_metrics
+from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
 from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
-from proxy.server.admin_api import AdminServer
 from proxy.server.connection import ClientConnection
 from proxy.server.lifecycle import start_or_undo
 from proxy.server.membership import Membership, kafka_settings
-from proxy.server.tiering import TieringService
-from proxy.server.tiering_metrics import TieringMetrics
 from proxy.server.tls import client_context, server_context
-from proxy.tiering.peer_codec import PROTOCOL as PEER_PROTOCOL
+from proxy.tiered.metrics import TieringMetrics
+from proxy.tiered.service import TieringService
 
 log = logging.getLogger("tierproxy.proxy")
 # No cap: Fetch v16+ answers stream through, walked for their trailing node endpoints

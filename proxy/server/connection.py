@@ -40,9 +40,8 @@ from proxy.apis.api18_api_versions import (
     unsupported_version_response,
 )
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
-from proxy.protocol.apis import is_known
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import (
     RequestHeader,
     header_rejection_reason,
     parse_request_header,
@@ -50,8 +49,9 @@ from proxy.protocol.headers import (
     response_header,
     response_header_size,
 )
-from proxy.protocol.proxy_header import detect
-from proxy.protocol.proxy_header import parse as parse_proxy_header
+from proxy.kafka.proxy_header import detect
+from proxy.kafka.proxy_header import parse as parse_proxy_header
+from proxy.kafka.versions import is_known
 from proxy.server.slots import Plan, Slot
 from proxy.server.streams import (
     UpstreamClosed,
@@ -60,14 +60,14 @@ from proxy.server.streams import (
     read_whole,
     stream_walked_answer,
 )
-from proxy.server.tiered_answers import TieredAnswers
-from proxy.server.tiered_deletes import plan_delete_records
-from proxy.server.tiered_epochs import plan_offset_for_leader_epoch
-from proxy.server.tiered_fetch import plan_fetch
-from proxy.server.tiered_offsets import plan_list_offsets
-from proxy.server.tiered_produce import count_in_flight, plan_produce
-from proxy.server.tiered_txn_refusal import plan_add_partitions_to_txn
 from proxy.server.zoning import ConnectionZone
+from proxy.tiered.answers import TieredAnswers
+from proxy.tiered.deletes import plan_delete_records
+from proxy.tiered.epochs import plan_offset_for_leader_epoch
+from proxy.tiered.fetch import plan_fetch
+from proxy.tiered.offsets import plan_list_offsets
+from proxy.tiered.produce import count_in_flight, plan_produce
+from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
 
 log = logging.getLogger("tierproxy.connection")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.server.tiered_deletes import DeletePlan
-from proxy.server.tiered_epochs import EpochsPlan
-from proxy.server.tiered_fetch import FetchPlan
-from proxy.server.tiered_offsets import OffsetsPlan
-from proxy.server.tiered_produce import ProducePlan
-from proxy.server.tiered_txn_refusal import AddPartitionsPlan
+from proxy.tiered.deletes import DeletePlan
+from proxy.tiered.epochs import EpochsPlan
+from proxy.tiered.fetch import FetchPlan
+from proxy.tiered.offsets import OffsetsPlan
+from proxy.tiered.produce import ProducePlan
+from proxy.tiered.txn_refusal import AddPartitionsPlan
 
 # each has upstream_frame, local, merge, failed
 Plan = ProducePlan | FetchPlan | OffsetsPlan | DeletePlan | EpochsPlan | AddPartitionsPlan

@@ -6,7 +6,7 @@ import asyncio
 import struct
 from collections.abc import Awaitable, Callable
 
-from proxy.protocol.frames import FrameError
+from proxy.kafka.frames import FrameError
 
 _SIZE = struct.Struct(">i")
 

@@ -35,10 +35,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
-from proxy.tiering.objectstore import ObjectExists, ObjectStore, ObjectStoreError
+from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.wal.entry import encode_header, entry_size
 from proxy.wal.fs import Buffer
-from proxy.wal.s3logobject import decode_object, object_key, plan_recovery
+from proxy.wal.s3log_objects import decode_object, object_key, plan_recovery
 from proxy.wal.segments import Segment
 from proxy.wal.types import (
     WalBrokenError,

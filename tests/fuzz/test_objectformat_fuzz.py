@@ -15,7 +15,7 @@ import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     FOOTER_SIZE,
     Footer,
     IndexEntry,
@@ -27,7 +27,7 @@ from proxy.tiering.objectformat import (
     read_block,
     read_object,
 )
-from proxy.tiering.objectkeys import object_key
+from proxy.objects.keys import object_key
 
 FUZZ = settings(
     max_examples=1000,

@@ -15,7 +15,8 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.peer_codec import (
+from proxy.handoff.objects import S3WalLocation
+from proxy.peer.codec import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -25,7 +26,6 @@ from proxy.tiering.peer_codec import (
     encode_frame,
     read_frame,
 )
-from proxy.wal.s3walobject import S3WalLocation
 
 FUZZ = settings(
     max_examples=1000,

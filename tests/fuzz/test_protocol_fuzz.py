@@ -20,10 +20,10 @@ from proxy.apis.api18_api_versions import (
     ApiVersionsError,
     parse_api_versions_response,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import encode, load_response_types
-from proxy.protocol.frames import FrameDecoder, FrameError
-from proxy.protocol.headers import parse_request_header, produce_acks, response_header_size
+from proxy.kafka.codec import encode, load_response_types
+from proxy.kafka.frames import FrameDecoder, FrameError
+from proxy.kafka.headers import parse_request_header, produce_acks, response_header_size
+from proxy.kafka.versions import APIS
 
 st.register_type_strategy(Records, st.binary(max_size=40).map(Records))
 

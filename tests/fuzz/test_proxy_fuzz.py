@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.protocol.apis import APIS, request_header_version
+from proxy.kafka.versions import APIS, request_header_version
 
 MAX_FRAME = 1 << 20  # limits.max_frame_bytes of the proxy under test
 API_VERSIONS, PRODUCE = 18, 0

@@ -22,8 +22,8 @@ from proxy.apis.fetch_split import (
     read_fetch_request,
     split,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.versions import APIS
 
 REQUESTS = load_types(1, "request")
 RESPONSES = load_types(1, "response")

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.protocol.frames import FrameDecoder, frame
+from proxy.kafka.frames import FrameDecoder, frame
 
 
 @settings(max_examples=300, deadline=None)

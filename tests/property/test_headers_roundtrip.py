@@ -9,8 +9,8 @@ from kio.schema.request_header.v2.header import RequestHeader as KioHeaderV2
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32
 
-from proxy.protocol.apis import APIS, request_header_version
-from proxy.protocol.headers import RequestHeader, parse_request_header
+from proxy.kafka.headers import RequestHeader, parse_request_header
+from proxy.kafka.versions import APIS, request_header_version
 
 EVERY_VERSION = [
     (api_key, version)

@@ -20,9 +20,8 @@ from uuid import UUID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.metacodec import decode, encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
+from proxy.metadata.codec import decode, encode
+from proxy.metadata.records import (
     I64_MAX,
     U32_MAX,
     CheckpointEnd,
@@ -41,9 +40,10 @@ from proxy.tiering.metarecords import (
     TopicMode,
     TopicModeSet,
 )
-from proxy.tiering.metarules import Outcome
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectkeys import U64_MAX, ObjectKind
+from proxy.metadata.rules import Outcome
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
+from proxy.objects.keys import U64_MAX, ObjectKind
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     FOOTER_SIZE,
     BuiltObject,
     ObjectFormatError,
@@ -25,7 +25,7 @@ from proxy.tiering.objectformat import (
     read_block,
     read_object,
 )
-from proxy.tiering.objectkeys import object_key, parse_object_key
+from proxy.objects.keys import object_key, parse_object_key
 
 U64 = st.integers(0, (1 << 64) - 1)
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,14 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.offsets_split import (
+from proxy.apis.api02_list_offsets import (
     OffsetsResult,
     merge_responses,
     read_list_offsets_request,
     split,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.versions import APIS
 
 REQUESTS = load_types(2, "request")
 RESPONSES = load_types(2, "response")

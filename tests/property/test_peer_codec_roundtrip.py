@@ -10,7 +10,8 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.peer_codec import (
+from proxy.handoff.objects import S3WalLocation
+from proxy.peer.codec import (
     AdminRequest,
     AdminResponse,
     AppendRequest,
@@ -24,8 +25,7 @@ from proxy.tiering.peer_codec import (
     frame_size,
     read_frame,
 )
-from proxy.tiering.peer_messages import PingRequest, PingResponse, TrimRequest, TrimResponse
-from proxy.wal.s3walobject import S3WalLocation
+from proxy.peer.messages import PingRequest, PingResponse, TrimRequest, TrimResponse
 
 U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)

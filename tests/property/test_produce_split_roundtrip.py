@@ -19,8 +19,8 @@ from proxy.apis.produce_split import (
     read_produce_request,
     split,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.versions import APIS
 
 REQUESTS = load_types(0, "request")
 RESPONSES = load_types(0, "response")

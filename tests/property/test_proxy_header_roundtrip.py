@@ -4,7 +4,7 @@ incomplete; no input makes the parser raise anything but ProxyHeaderError."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.protocol.proxy_header import (
+from proxy.kafka.proxy_header import (
     PROXY_V1_PREFIX,
     PROXY_V2_SIGNATURE,
     ProxyHeader,

@@ -18,8 +18,8 @@ from proxy.apis import (
     api10_find_coordinator,
     api60_describe_cluster,
 )
-from proxy.protocol.codec import decode, encode
-from proxy.protocol.schema_walk import skip_entity
+from proxy.kafka.codec import decode, encode
+from proxy.kafka.schema_walk import skip_entity
 
 st.register_type_strategy(Records, st.binary(max_size=40).map(Records))
 

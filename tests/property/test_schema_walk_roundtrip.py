@@ -4,9 +4,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import Records
 
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import encode, load_types
-from proxy.protocol.schema_walk import skip_entity, validate
+from proxy.kafka.codec import encode, load_types
+from proxy.kafka.schema_walk import skip_entity, validate
+from proxy.kafka.versions import APIS
 
 st.register_type_strategy(Records, st.binary(max_size=40).map(Records))
 

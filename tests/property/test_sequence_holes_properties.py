@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.partition_rules import ProduceResult, refusal, sequence
-from proxy.tiering.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
-from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from proxy.partition.rules import ProduceResult, refusal, sequence
+from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
+from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

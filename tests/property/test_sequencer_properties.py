@@ -18,8 +18,7 @@ import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.producer_state import (
+from proxy.partition.producer_state import (
     INT32_MAX,
     BatchMetadata,
     CorruptSnapshotError,
@@ -27,13 +26,14 @@ from proxy.tiering.producer_state import (
     decode_snapshot,
     encode_snapshot,
 )
-from proxy.tiering.sequencer import (
+from proxy.partition.sequencer import (
     Duplicate,
     ErrorCode,
     PartitionSequencer,
     PendingAppend,
     Rejected,
 )
+from proxy.records.batches import iter_batches
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -48,7 +48,7 @@ from kio.static.primitive import i8, i16, i32, i64
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.protocol.messages import decode_response, encode_request
+from proxy.kafka.messages import decode_response, encode_request
 
 LOOPBACK = "127.0.0.1"
 BROKERS = 3

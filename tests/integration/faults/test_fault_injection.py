@@ -43,7 +43,7 @@ from tieredfleet import TieredFleet, parse_value, wait_for, wal_backlog
 
 from proxy.devstack import KafkaCluster, MinioServer
 from proxy.devstack.process import ManagedProcess
-from proxy.tiering.s3store import S3Config, S3Store
+from proxy.objects.s3 import S3Config, S3Store
 from proxy.wal.entry import entry_size
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]

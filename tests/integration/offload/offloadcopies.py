@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from offload_jobs.cluster_reader import read_batches
 from offload_jobs.kafka_client import describe_topic
 from offload_jobs.migrate import StoreSpec
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import offload_object_id, stream_id
-from proxy.tiering.objectformat import BuiltObject, ObjectWriter
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.s3store import S3Config, S3Store
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import offload_object_id, stream_id
+from proxy.objects.format import BuiltObject, ObjectWriter
+from proxy.objects.keys import ObjectKind
+from proxy.objects.s3 import S3Config, S3Store
 
 NOW_MS = 1_700_000_000_000
 BLOCK_BYTES = 4096  # small blocks: a damaged block is a few batches, not the object

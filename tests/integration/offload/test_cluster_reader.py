@@ -22,8 +22,8 @@ from kio.schema.alter_partition_reassignments.v0.response import (
 from offloaddata import segment_bytes
 
 from offload_jobs.cluster_reader import ClusterReadError, read_batches
-from proxy.protocol.messages import decode_response, encode_request
-from proxy.tiering.batches import Compression, iter_batches, read_batch_header
+from proxy.kafka.messages import decode_response, encode_request
+from proxy.records.batches import Compression, iter_batches, read_batch_header
 
 pytestmark = [pytest.mark.kafka]
 

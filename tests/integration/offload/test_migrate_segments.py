@@ -35,11 +35,11 @@ from offload_jobs import migrate_cli
 from offload_jobs.report_cli import add_parsers
 from offload_jobs.segments import SegmentReader
 from proxy import __version__
-from proxy.server.peer_clients import PeerClients
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id, shard_of, stream_id
-from proxy.tiering.objectformat import find_entries, read_block, read_object
-from proxy.tiering.objectkeys import parse_object_key
+from proxy.metadata.streams import OFFLOAD_ID_BIT, offload_object_id, shard_of, stream_id
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.keys import parse_object_key
+from proxy.peer.clients import PeerClients
+from proxy.records.batches import iter_batches
 from tests.integration.tiering.tieredfleet import TieredFleet, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]

@@ -40,7 +40,7 @@ from proxy.config import parse_config
 from proxy.devstack.minio import SECRET_KEY
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.protocol.messages import encode_request
+from proxy.kafka.messages import encode_request
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

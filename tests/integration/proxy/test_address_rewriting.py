@@ -20,7 +20,7 @@ from kio.schema.metadata.v4.request import MetadataRequest as MetadataV4
 from kio.schema.metadata.v12.request import MetadataRequest as MetadataV12
 from kio.static.primitive import i8
 
-from proxy.protocol.messages import encode_request
+from proxy.kafka.messages import encode_request
 
 pytestmark = pytest.mark.kafka
 

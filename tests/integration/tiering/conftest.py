@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiobotocore.session import AioSession, get_session
 
-from proxy.tiering.s3store import S3Config, S3Store
+from proxy.objects.s3 import S3Config, S3Store
 
 
 def s3_config_for(server: Any, **overrides: Any) -> S3Config:

@@ -22,12 +22,12 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.devstack.paths import free_port
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metastore import ShardReader
-from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectformat import find_entries, read_block, read_object
-from proxy.tiering.objectstore import ObjectStore
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardReader
+from proxy.metadata.streams import shard_of, stream_id
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.store import ObjectStore
+from proxy.records.batches import iter_batches
 
 
 def proxy_config(

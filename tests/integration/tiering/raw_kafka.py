@@ -17,7 +17,7 @@ from kio.schema.offset_for_leader_epoch.v4.response import OffsetForLeaderEpochR
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i32
 
-from proxy.protocol.messages import decode_response, encode_request
+from proxy.kafka.messages import decode_response, encode_request
 
 
 def call(address: tuple[str, int], message, response_type):

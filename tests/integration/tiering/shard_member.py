@@ -30,12 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from proxy.tiering.metacodec import encode  # noqa: E402
-from proxy.tiering.metagroup import ShardAssignment  # noqa: E402
-from proxy.tiering.metarecords import StreamCutover  # noqa: E402
-from proxy.tiering.metastore import ShardFenced, ShardOwner, ShardReader  # noqa: E402
-from proxy.tiering.metastreams import shard_of, stream_id  # noqa: E402
-from proxy.tiering.shard_assignor import dirty_shards  # noqa: E402
+from proxy.metadata.assignor import dirty_shards  # noqa: E402
+from proxy.metadata.codec import encode  # noqa: E402
+from proxy.metadata.group import ShardAssignment  # noqa: E402
+from proxy.metadata.records import StreamCutover  # noqa: E402
+from proxy.metadata.store import ShardFenced, ShardOwner, ShardReader  # noqa: E402
+from proxy.metadata.streams import shard_of, stream_id  # noqa: E402
 
 
 def say(line: str) -> None:

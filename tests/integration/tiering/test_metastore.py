@@ -24,13 +24,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metagroup import MetadataTopicError, ShardAssignment, ensure_metadata_topic
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, StreamCutover
-from proxy.tiering.metarules import Outcome
-from proxy.tiering.metastore import ShardFenced, ShardOwner, ShardReader
-from proxy.tiering.metastreams import shard_of, stream_id, transactional_id
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.metadata.codec import encode
+from proxy.metadata.group import MetadataTopicError, ShardAssignment, ensure_metadata_topic
+from proxy.metadata.records import ObjectCommit, OffsetRange, StreamCutover
+from proxy.metadata.rules import Outcome
+from proxy.metadata.store import ShardFenced, ShardOwner, ShardReader
+from proxy.metadata.streams import shard_of, stream_id, transactional_id
+from proxy.objects.keys import ObjectKind
 
 pytestmark = pytest.mark.kafka
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import (
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import (
     ObjectExists,
     ObjectInfo,
     ObjectNotFound,
@@ -40,7 +40,7 @@ def prefix(key_prefix):
 
 
 def test_both_stores_are_object_stores(tmp_path):
-    from proxy.tiering.s3store import S3Config, S3Store
+    from proxy.objects.s3 import S3Config, S3Store
 
     assert isinstance(LocalDirectoryStore(tmp_path), ObjectStore)
     assert isinstance(S3Store(S3Config(bucket="b")), ObjectStore)

@@ -1,5 +1,5 @@
 """The orphan sweep and S3-WAL deletion on the real Kafka and MinIO (proxy/server/
-orphan_sweep.py, proxy/wal/s3walgc.py; docs/reliability.md, "Orphans").
+orphan_sweep.py, proxy/handoff/gc.py; docs/reliability.md, "Orphans").
 
 Each test's fleet writes to a bucket of its own: the sweep judges every key of the object
 layout in its bucket, and other tests' objects in the shared bucket are none of its
@@ -30,11 +30,11 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metarecords import OffsetRange
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.uploader import CommitRefused, UploadedObject
-from proxy.wal.s3walobject import wal_object_key
+from proxy.handoff.objects import wal_object_key
+from proxy.metadata.records import OffsetRange
+from proxy.metadata.streams import OFFLOAD_ID_BIT
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.upload.uploader import CommitRefused, UploadedObject
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

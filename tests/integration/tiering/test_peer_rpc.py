@@ -23,19 +23,19 @@ from crc32c import crc32c
 
 from proxy import __version__
 from proxy.apis.fetch_split import TieredFetchResult
-from proxy.server.peer_clients import PeerClients, PeerUnavailable
-from proxy.server.peer_server import PeerServer
-from proxy.tiering.logcache import LogCache
-from proxy.tiering.partition_rules import ProduceResult
-from proxy.tiering.peer_codec import (
+from proxy.handoff.objects import S3WalLocation
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
+from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.codec import (
     AdminRequest,
     AppendRequest,
     FetchRequest,
     FetchResponse,
     encode_frame,
 )
-from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
+from proxy.peer.server import PeerServer
+from proxy.reads.logcache import LogCache
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -25,10 +25,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.devstack import MinioServer
 from proxy.devstack.external import external_s3
-from proxy.tiering.objectstore import ObjectNotFound, ObjectStoreError
-from proxy.tiering.s3retry import DeleteErrors, backoff_delay, classify
-from proxy.tiering.s3store import S3Config, S3Store
-from proxy.tiering.storemetrics import ObjectStoreMetrics
+from proxy.objects.metrics import ObjectStoreMetrics
+from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.s3retry import DeleteErrors, backoff_delay, classify
+from proxy.objects.store import ObjectNotFound, ObjectStoreError
 
 MiB = 1024 * 1024
 PART = 5 * MiB  # S3's smallest part: multipart tests stay quick

@@ -27,7 +27,8 @@ from tieredfleet import s3_settings
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
-from proxy.server import app, membership, tiering
+from proxy.server import app, membership
+from proxy.tiered import service as tiering
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -18,17 +18,17 @@ from uuid import UUID
 
 import pytest
 
-from proxy.tiering.batches import with_base_offset
-from proxy.tiering.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectformat import BuiltObject, ObjectFormatError, ObjectWriter
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectInfo, ObjectNotFound, Payload
-from proxy.tiering.stream_reader import ReadResult, StreamReader
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
+from proxy.objects.format import BuiltObject, ObjectFormatError, ObjectWriter
+from proxy.objects.keys import ObjectKind
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectInfo, ObjectNotFound, Payload
+from proxy.reads.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
+from proxy.reads.stream_reader import ReadResult, StreamReader
+from proxy.records.batches import with_base_offset
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

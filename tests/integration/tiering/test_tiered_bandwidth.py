@@ -1,4 +1,4 @@
-"""Bandwidth by priority on a proxy (proxy/server/bandwidth.py, proxy/tiering/ratelimit.py).
+"""Bandwidth by priority on a proxy (proxy/objects/bandwidth.py, proxy/objects/ratelimit.py).
 
 A proxy limited to RATE bytes a second owns a tiered topic of which ~1.5 MB is committed
 to objects. A consumer replays it from offset 0 (catch-up reads) while a producer writes
@@ -24,7 +24,7 @@ from tiered_topic import TieredTopic
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.ratelimit import Priority
+from proxy.objects.ratelimit import Priority
 
 pytestmark = pytest.mark.kafka
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from cutover_load import wait_until
 from test_tiered_retention import (
     BEFORE,
     TieredTopic,
@@ -59,6 +60,8 @@ def test_a_fetch_below_a_log_start_below_the_cutover_is_out_of_range(kafka_clust
         t.retention_sees(**{"retention.bytes": t.block_bytes(ranges[1])})
         log_start = ranges[0].end_offset
         assert t.run_retention().trimmed == {t.stream: log_start}
+        # the owner wrote the trim; this proxy's reader of the shard applies it next
+        wait_until(lambda: t.state.stream(t.stream).log_start_offset == log_start, 30, "read")
         assert _kafka_watermarks(kafka_cluster, topic) == (0, BEFORE)  # Kafka's copy lives
         _check_log_starts_at(t, log_start)
 

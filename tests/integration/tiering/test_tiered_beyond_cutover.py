@@ -28,7 +28,7 @@ from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_own
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
+from proxy.metadata.streams import stream_id
 
 pytestmark = pytest.mark.kafka
 

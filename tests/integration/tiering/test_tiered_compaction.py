@@ -1,4 +1,4 @@
-"""Compaction of a tiered topic on MinIO, run by its owner (proxy/server/compactor.py).
+"""Compaction of a tiered topic on MinIO, run by its owner (proxy/upkeep/compactor.py).
 
 One proxy owns both metadata shards. A three-partition topic gets a few records per
 partition through Kafka, is tiered, then gets ROUNDS rounds of records, each uploaded as
@@ -24,7 +24,7 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.objects.keys import ObjectKind
 
 pytestmark = pytest.mark.kafka
 

@@ -43,8 +43,8 @@ from cutover_load import (
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metastreams import shard_of, stream_id, topic_shard
+from proxy.metadata.streams import shard_of, stream_id, topic_shard
+from proxy.objects.local import LocalDirectoryStore
 
 pytestmark = pytest.mark.kafka
 

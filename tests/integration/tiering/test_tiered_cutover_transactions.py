@@ -1,4 +1,4 @@
-"""A cutover waits for the transactions open in the topic (proxy/server/cutover.py).
+"""A cutover waits for the transactions open in the topic (proxy/upkeep/cutover.py).
 
 A transactional producer writes to a passthrough topic through the proxy and leaves its
 transaction open; the topic is then tiered. Kafka's high watermark is past its last
@@ -28,7 +28,7 @@ from cutover_load import (
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
+from proxy.metadata.streams import stream_id
 
 pytestmark = pytest.mark.kafka
 

@@ -1,5 +1,5 @@
 """DeleteRecords on a tiered topic through either proxy of a fleet answers and deletes as
-Kafka does (proxy/server/tiered_deletes.py, trims.py; docs/tiering.md "DeleteRecords").
+Kafka does (proxy/tiered/deletes.py, trims.py; docs/tiering.md "DeleteRecords").
 
 Two proxies (zone-a, zone-b); a topic whose partitions' streams have different owners,
 so each partition is asked through the proxy that owns its stream and the one that does

@@ -1,4 +1,4 @@
-"""DeleteRecords through the proxy on a tiered topic (proxy/server/tiered_deletes.py).
+"""DeleteRecords through the proxy on a tiered topic (proxy/tiered/deletes.py).
 
 One proxy owns both metadata shards. A two-partition topic has PER_ROUND records per
 partition through Kafka, is tiered, then gets two rounds committed to objects and a tail

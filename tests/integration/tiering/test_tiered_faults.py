@@ -33,7 +33,7 @@ from tieredfleet import (
     wal_backlog,
 )
 
-from proxy.tiering.metarecords import ObjectCommit, ShardClaim
+from proxy.metadata.records import ObjectCommit, ShardClaim
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalConfig
 

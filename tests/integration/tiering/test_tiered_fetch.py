@@ -28,7 +28,7 @@ from cutover_load import create_topic, proxy_config, tiered_topic_id, topics_com
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block, kafka_libs
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
+from proxy.metadata.streams import stream_id
 
 pytestmark = pytest.mark.kafka
 

@@ -33,8 +33,8 @@ from tieredfleet import s3_settings
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectstore import ObjectStoreError
+from proxy.metadata.streams import shard_of, stream_id
+from proxy.objects.store import ObjectStoreError
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
@@ -104,7 +104,7 @@ def test_a_failed_s3_wal_put_between_two_good_ones_is_no_45_and_no_duplicate(
         _config(kafka_cluster, s3_server, tmp_path, f"g{n}-{suffix}", zone, suffix, base + 8 * n)
         for n, zone in enumerate(("zone-a", "zone-b"))
     ]
-    caplog.set_level(logging.WARNING, logger="proxy.tiering.partition")
+    caplog.set_level(logging.WARNING, logger="proxy.partition.owner")
     with (
         ProxyThread(parse_config(configs[0])) as a,
         ProxyThread(parse_config(configs[1])) as b,

@@ -1,4 +1,4 @@
-"""OffsetForLeaderEpoch on a tiered partition (proxy/server/tiered_epochs.py).
+"""OffsetForLeaderEpoch on a tiered partition (proxy/tiered/epochs.py).
 
 A tiered partition's latest epoch goes on past Kafka's log end, the cutover. Asked where
 that epoch ends, Kafka says the cutover; the proxy says the stream's high watermark (the

@@ -1,5 +1,5 @@
 """ListOffsets on a tiered partition answers exactly what Kafka answers for the same log
-(proxy/server/tiered_offsets.py), Kafka itself being the oracle.
+(proxy/tiered/offsets.py), Kafka itself being the oracle.
 
 The same batches go to a passthrough topic and to a tiered one, through one proxy: two
 gzip batches before the cutover (Kafka's part), then, tiered, a zstd, an lz4 and a snappy
@@ -46,9 +46,9 @@ from offload_jobs.cluster_reader import read_batches
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.server.peer_clients import PeerClients
-from proxy.tiering.metastreams import offload_object_id, stream_id
-from proxy.tiering.objectformat import ObjectKind, ObjectWriter
+from proxy.metadata.streams import offload_object_id, stream_id
+from proxy.objects.format import ObjectKind, ObjectWriter
+from proxy.peer.clients import PeerClients
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from test_tiered_retention import _earliest_latest, _read_from_earliest
 from tieredfleet import TieredFleet, TieredProxy, topic_id_of, wait_for
 
-from proxy.tiering.metastreams import shard_of, stream_id
+from proxy.metadata.streams import shard_of, stream_id
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -20,11 +20,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metastore import ShardReader
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectformat import find_entries, read_block, read_object
+from proxy.metadata.store import ShardReader
+from proxy.metadata.streams import stream_id
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.local import LocalDirectoryStore
+from proxy.records.batches import iter_batches
 
 pytestmark = pytest.mark.kafka
 RECORDS = 3000

@@ -1,4 +1,4 @@
-"""Retention of a tiered topic, run by its owner (proxy/server/retention.py).
+"""Retention of a tiered topic, run by its owner (proxy/upkeep/retention.py).
 
 One proxy owns every metadata shard. A one-partition topic gets a few records through
 Kafka, is tiered, then gets three batches of records, each uploaded as an object of its
@@ -34,9 +34,9 @@ from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectformat import read_object
-from proxy.tiering.objectstore import ObjectNotFound
+from proxy.metadata.streams import stream_id
+from proxy.objects.format import read_object
+from proxy.objects.store import ObjectNotFound
 
 pytestmark = pytest.mark.kafka
 
@@ -341,7 +341,10 @@ def _migrate(t: TieredTopic, first: int | None = None) -> int:
     executors: the backfill gaps from the metadata, one object per Kafka batch below the
     cutover (PUT), each committed through the proxy's peer port (the owner's backfill
     commit); only the `first` ones by offset if given (a job not done yet). Returns how
-    many objects were committed."""
+    many objects were committed, once this proxy's view (`t.state`) holds them: a commit
+    is answered when the owner's own reader of the shard has read it back; the proxy's
+    reader of that shard, which `t.state` is (and Fetch and ListOffsets use), applies it
+    next, in its own time (a client meanwhile reads those offsets from Kafka's copy)."""
     tiering = t.proxy.config.tiering
     job = MigrateJob(
         t.topic,
@@ -365,6 +368,12 @@ def _migrate(t: TieredTopic, first: int | None = None) -> int:
     objects = sorted(objects, key=lambda o: o.start_offset)[:first]
     outcome = asyncio.run(commit_objects(job.peer, objects))
     assert outcome.refused == [] and outcome.committed == len(objects)
+
+    def seen() -> bool:
+        gaps = t.state.backfill_gaps(t.stream)
+        return not any(s < o.end_offset and o.start_offset < e for o in objects for s, e in gaps)
+
+    wait_until(seen, 30, f"{len(objects)} committed objects read by this proxy")
     return len(objects)
 
 

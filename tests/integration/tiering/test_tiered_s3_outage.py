@@ -42,8 +42,8 @@ from proxy.config import parse_config
 from proxy.devstack import MinioServer
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.s3store import S3Config, S3Store
+from proxy.metadata.streams import stream_id
+from proxy.objects.s3 import S3Config, S3Store
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -23,8 +23,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from tieredfleet import TieredFleet, produce_librdkafka, s3_settings, topic_id_of, wait_for
 
-from proxy.tiering.s3store import S3Config, S3Store
-from proxy.wal.s3logobject import log_prefix
+from proxy.objects.s3 import S3Config, S3Store
+from proxy.wal.s3log_objects import log_prefix
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -24,7 +24,7 @@ from proxy.config import parse_config
 from proxy.devstack.kafka import describe_brokers
 from proxy.devstack.paths import free_port_block
 from proxy.server import app
-from proxy.server.tiering import TieringService
+from proxy.tiered.service import TieringService
 
 pytestmark = [pytest.mark.kafka]
 

@@ -28,7 +28,7 @@ from test_tiered_beyond_cutover import _aiokafka
 from test_tiered_retention import _read_from_earliest
 from tieredfleet import TieredFleet, TieredProxy, produce_librdkafka, topic_id_of, wait_for
 
-from proxy.tiering.metastreams import shard_of, stream_id
+from proxy.metadata.streams import shard_of, stream_id
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 

@@ -1,4 +1,4 @@
-"""Transactional producers meeting a tiered topic (proxy/server/tiered_txn_refusal.py).
+"""Transactional producers meeting a tiered topic (proxy/tiered/txn_refusal.py).
 
 A one-partition topic has records through Kafka, is tiered (cutover at PER_ROUND), and
 gets more records through the proxy. Then a transactional producer of each client sends
@@ -37,7 +37,7 @@ from tiered_topic import TieredTopic
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.protocol.messages import decode_response, encode_request
+from proxy.kafka.messages import decode_response, encode_request
 
 pytestmark = pytest.mark.kafka
 

@@ -19,16 +19,16 @@ from uuid import UUID
 
 import pytest
 
-from proxy.tiering.batches import iter_batches, with_base_offset
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectformat import read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.objectstore import ObjectInfo, ObjectStoreError, Payload
-from proxy.tiering.uploader import (
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
+from proxy.objects.format import read_block, read_object
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectInfo, ObjectStoreError, Payload
+from proxy.records.batches import iter_batches, with_base_offset
+from proxy.upload.uploader import (
     CommitRefused,
     ObjectIdAllocator,
     UploadedObject,

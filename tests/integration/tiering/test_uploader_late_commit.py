@@ -1,5 +1,5 @@
 """The uploader never commits an object whose PUT is older than `max_commit_age_s` (half
-the orphan sweep's grace, proxy/tiering/orphan_plan.py): it deletes it and uploads the
+the orphan sweep's grace, proxy/upkeep/orphan_plan.py): it deletes it and uploads the
 data again, so the sweep can never delete an object a slow commit is about to name. On a
 real WAL and a real store (the local directory store and MinIO), the uploader's clock
 driven by the test: the first PUT "takes" longer than the limit."""
@@ -16,8 +16,8 @@ from test_uploader import (
     wal_config,
 )
 
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.objects.local import LocalDirectoryStore
+from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 
 LIMIT_S = 30.0

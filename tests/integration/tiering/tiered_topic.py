@@ -15,8 +15,8 @@ from cutover_load import tiered_topic_id, topics_command, wait_until
 from tieredfleet import topic_id_of, wait_for
 
 from proxy.devstack.proxy_thread import ProxyThread
-from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectstore import ObjectNotFound
+from proxy.metadata.streams import shard_of, stream_id
+from proxy.objects.store import ObjectNotFound
 
 Acked = dict[int, list[tuple[int, bytes]]]  # partition -> (offset, value), in offset order
 

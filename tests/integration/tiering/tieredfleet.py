@@ -47,13 +47,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.devstack.paths import free_port_block, kafka_libs, repo_root
 from proxy.devstack.process import ManagedProcess
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.metacodec import decode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metareader import ShardReader
-from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectformat import find_entries, read_block, read_object
-from proxy.tiering.s3store import S3Config, S3Store
+from proxy.metadata.codec import decode
+from proxy.metadata.reader import ShardReader
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import shard_of, stream_id
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.s3 import S3Config, S3Store
+from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoint
 

@@ -20,13 +20,13 @@ import logging
 
 from test_tiered_partition import CUTOVER, RECORDS, S0, Shard, config_for, nth, ok
 
-from proxy.tiering.committed import committed_headers
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.partition import PartitionConfig, TieredPartition
-from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER
-from proxy.tiering.producer_state import ErrorCode
-from proxy.tiering.sequence_holes import SequenceHoles
-from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.objects.local import LocalDirectoryStore
+from proxy.partition.committed import committed_headers
+from proxy.partition.owner import PartitionConfig, TieredPartition
+from proxy.partition.producer_state import ErrorCode
+from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER
+from proxy.partition.sequence_holes import SequenceHoles
+from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 
 QUIET = UploaderConfig(upload_bytes=1 << 30, upload_interval_s=600)  # flush() only
@@ -95,7 +95,7 @@ async def test_a_gap_after_a_batch_the_proxy_refused_is_answered_not_leader(tmp_
         new.holes = holes
         async with new:
             appends = wal.stats.appends
-            with caplog.at_level(logging.WARNING, logger="proxy.tiering.partition"):
+            with caplog.at_level(logging.WARNING, logger="proxy.partition.owner"):
                 result = await new.produce(nth(PID, 4), -1)
             assert result.error_code == NOT_LEADER_OR_FOLLOWER, result
             assert "a batch before this one was not appended" in result.error_message

@@ -17,11 +17,11 @@ import pytest
 from aiobotocore.session import get_session
 from test_s3wal import s3_config
 
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectExists, ObjectStore
-from proxy.tiering.s3store import S3Store
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.s3 import S3Store
+from proxy.objects.store import ObjectExists, ObjectStore
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
-from proxy.wal.s3logobject import log_prefix
+from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalBrokenError
 
 

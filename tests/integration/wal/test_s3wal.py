@@ -18,24 +18,24 @@ import crc32c
 import pytest
 from aiobotocore.session import AioSession, get_session
 
-from proxy.tiering.batches import CorruptBatchError
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectkeys import parse_object_key
-from proxy.tiering.objectstore import ObjectStore, ObjectStoreError
-from proxy.tiering.s3store import S3Config, S3Store
-from proxy.wal.s3wal import (
+from proxy.handoff.objects import (
+    parse_wal_object,
+    parse_wal_object_key,
+    wal_object_key,
+    writer_id_for,
+)
+from proxy.handoff.writer import (
     S3WalClosedError,
     S3WalCorruptError,
     S3WalPutError,
     S3WalReader,
     S3WalWriter,
 )
-from proxy.wal.s3walobject import (
-    parse_wal_object,
-    parse_wal_object_key,
-    wal_object_key,
-    writer_id_for,
-)
+from proxy.objects.keys import parse_object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.s3 import S3Config, S3Store
+from proxy.objects.store import ObjectStore, ObjectStoreError
+from proxy.records.batches import CorruptBatchError
 
 KiB = 1024
 HEADER = 61

@@ -17,24 +17,24 @@ from uuid import UUID
 
 import pytest
 
-from proxy.server.tiered_reads import TieredReads
-from proxy.tiering.batches import iter_batches, with_base_offset
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.logcache import LogCache
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, ProducerSnapshot, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectformat import read_block, read_object
-from proxy.tiering.partition import (
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, ProducerSnapshot, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
+from proxy.objects.format import read_block, read_object
+from proxy.objects.local import LocalDirectoryStore
+from proxy.partition.owner import (
     PartitionConfig,
     PartitionSet,
     ProduceResult,
     RecoveryError,
     TieredPartition,
 )
-from proxy.tiering.producer_state import ErrorCode
-from proxy.tiering.uploader import ObjectIdAllocator, Uploader, UploaderConfig
+from proxy.partition.producer_state import ErrorCode
+from proxy.reads.logcache import LogCache
+from proxy.records.batches import iter_batches, with_base_offset
+from proxy.tiered.reads import TieredReads
+from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
 

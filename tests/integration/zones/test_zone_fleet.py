@@ -25,8 +25,8 @@ from kio.schema.fetch.v12.request import FetchRequest
 from kio.static.primitive import i8, i32, i32Timedelta
 from zonefleet import ZONES, metadata_brokers, zone_host
 
-from proxy.protocol.messages import encode_request
-from proxy.protocol.proxy_header import encode_v1, encode_v2
+from proxy.kafka.messages import encode_request
+from proxy.kafka.proxy_header import encode_v1, encode_v2
 
 with warnings.catch_warnings():  # kafka-python 3.0 uses a deprecated importlib API
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -26,7 +26,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from proxy.devstack.paths import free_port_block
 from proxy.devstack.process import ManagedProcess
-from proxy.protocol.messages import decode_response, encode_request
+from proxy.kafka.messages import decode_response, encode_request
 
 ZONES = ("zone-a", "zone-b", "zone-c")
 CIDR_ZONES = {"10.1.0.0/16": "zone-a", "10.2.0.0/16": "zone-b", "10.3.0.0/16": "zone-c"}

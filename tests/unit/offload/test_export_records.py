@@ -20,7 +20,7 @@ from offload_jobs.export_records import (
     utc_date,
 )
 from offload_jobs.sources import SourceBatch
-from proxy.tiering.batches import (
+from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
     read_batch_header,

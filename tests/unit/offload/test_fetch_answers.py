@@ -13,8 +13,8 @@ from kio.schema.metadata.v12 import response as metadata
 
 from proxy.apis.api03_metadata import read_partition_leaders
 from proxy.apis.fetch_split import read_fetch_response
-from proxy.protocol.codec import encode
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import encode
+from proxy.kafka.frames import FrameError
 from tests.unit.protocol.test_fetch_split import VERSIONS, key, upstream_answer, upstream_partitions
 
 

@@ -11,8 +11,8 @@ from test_migrate_task import LAYOUT, STREAM, job, write_partition
 from offload_jobs import migrate_cli
 from offload_jobs.migrate import run_task
 from offload_jobs.writer import OffloadTask
-from proxy.tiering.objectformat import read_object
-from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.objects.format import read_object
+from proxy.objects.keys import ObjectKind, object_key
 
 
 def test_the_offload_job_takes_the_version_from_the_proxys_config(tmp_path: Path):

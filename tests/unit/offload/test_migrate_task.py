@@ -15,10 +15,10 @@ from offload_jobs import migrate_cli
 from offload_jobs.fleet import PartitionGaps, TopicGaps
 from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
 from offload_jobs.writer import OffloadTask
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.metastreams import offload_object_id
-from proxy.tiering.objectformat import find_entries, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.metadata.streams import offload_object_id
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.records.batches import iter_batches
 
 STREAM = 777
 

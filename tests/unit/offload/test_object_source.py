@@ -9,11 +9,11 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.object_source import ObjectReadError, object_batches
-from proxy.tiering.batches import with_base_offset
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metastreams import StreamRange
-from proxy.tiering.objectformat import ObjectWriter
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.metadata.streams import StreamRange
+from proxy.objects.format import ObjectWriter
+from proxy.objects.keys import ObjectKind
+from proxy.objects.local import LocalDirectoryStore
+from proxy.records.batches import with_base_offset
 
 STREAM = 42
 

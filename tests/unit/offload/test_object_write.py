@@ -13,8 +13,8 @@ from test_segments import LAYOUT, write_partition
 
 from offload_jobs.migrate import run_task
 from offload_jobs.writer import OffloadTask
-from proxy.tiering.objectformat import ObjectWriter, read_object
-from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.objects.format import ObjectWriter, read_object
+from proxy.objects.keys import ObjectKind, object_key
 
 TASK = OffloadTask(0, STREAM, 0, 10)
 

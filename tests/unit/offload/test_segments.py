@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offload_jobs.segments import CorruptSegment, SegmentReader, index_position, list_segments
-from proxy.tiering.batches import set_base_offset
+from proxy.records.batches import set_base_offset
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

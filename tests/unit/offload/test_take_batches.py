@@ -8,7 +8,7 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from offload_jobs.cluster_reader import ClusterReadError, take_batches
-from proxy.tiering.batches import CRC_POSITION, with_base_offset
+from proxy.records.batches import CRC_POSITION, with_base_offset
 
 
 def batch(base: int, records: int) -> bytes:

@@ -15,10 +15,10 @@ from offload_jobs.writer import (
     cut_objects,
     plan_tasks,
 )
-from proxy.tiering.batches import iter_batches
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, offload_object_id
-from proxy.tiering.objectformat import find_entries, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind, parse_object_key
+from proxy.metadata.streams import OFFLOAD_ID_BIT, offload_object_id
+from proxy.objects.format import find_entries, read_block, read_object
+from proxy.objects.keys import ObjectKind, parse_object_key
+from proxy.records.batches import iter_batches
 
 STREAM = 12345
 

@@ -1,8 +1,8 @@
-"""The CLI's tables of admin API answers (proxy/admin_client.py), pure."""
+"""The CLI's tables of admin API answers (proxy/admin/client.py), pure."""
 
 from __future__ import annotations
 
-from proxy.admin_client import render_fleet, render_topic, render_topics, table
+from proxy.admin.client import render_fleet, render_topic, render_topics, table
 
 PARTITION = {
     "partition": 0, "stream_id": 99, "shard": 1, "owner": "proxy-a1", "cutover_offset": 40,

@@ -1,4 +1,4 @@
-"""The admin API's HTTP reading and writing (proxy/server/admin_http.py), pure."""
+"""The admin API's HTTP reading and writing (proxy/admin/http.py), pure."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.server.admin_http import (
+from proxy.admin.http import (
     BadRequest,
     authorized,
     error_response,

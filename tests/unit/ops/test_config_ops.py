@@ -1,4 +1,4 @@
-"""The `admin` and `logging` config sections (proxy/config_ops.py)."""
+"""The `admin` and `logging` config sections (proxy/config/ops.py)."""
 
 from __future__ import annotations
 

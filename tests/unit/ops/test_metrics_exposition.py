@@ -8,11 +8,11 @@ from types import SimpleNamespace
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.metrics import ProxyMetrics
-from proxy.server.tiering_metrics import TieringMetrics
-from proxy.tiering.beyond_cutover import BeyondCutover
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.logcache import LogCache
-from proxy.tiering.uploader import Uploader
+from proxy.objects.local import LocalDirectoryStore
+from proxy.reads.logcache import LogCache
+from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.metrics import TieringMetrics
+from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.types import WalConfig
 

@@ -16,9 +16,9 @@ from proxy.apis.api24_add_partitions_to_txn import (
     refused_answer,
     refused_partitions,
 )
-from proxy.protocol.codec import decode, encode, load_types
-from proxy.protocol.frames import FrameError
-from proxy.server.tiered_txn_refusal import (
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.frames import FrameError
+from proxy.tiered.txn_refusal import (
     REFUSAL_ERROR,
     TxnRefusals,
     plan_add_partitions_to_txn,

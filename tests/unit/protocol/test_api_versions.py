@@ -15,10 +15,10 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
     unsupported_version_response,
 )
-from proxy.protocol.codec import decode, encode
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import response_header_size
-from proxy.protocol.schema_walk import validate
+from proxy.kafka.codec import decode, encode
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import response_header_size
+from proxy.kafka.schema_walk import validate
 
 RANGES = {0: (3, 12), 3: (0, 13), 18: (0, 4)}
 

@@ -2,8 +2,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proxy.protocol import gen_api_table
-from proxy.protocol.apis import (
+from proxy.kafka import gen_api_table
+from proxy.kafka.versions import (
     APIS,
     api_name,
     is_known,
@@ -16,7 +16,7 @@ from proxy.protocol.apis import (
 def test_generated_table_matches_the_installed_kio():
     committed = Path(gen_api_table.TABLE_PATH).read_text()
     assert committed == gen_api_table.render(), (
-        "proxy/protocol/api_table.py is stale: run .venv/bin/python -m proxy.protocol.gen_api_table"
+        "proxy/kafka/api_table.py is stale: run .venv/bin/python -m proxy.protocol.gen_api_table"
     )
 
 

@@ -17,8 +17,8 @@ from proxy.apis.api21_delete_records import (
     read_delete_records_response,
     split,
 )
-from proxy.protocol.codec import decode, encode, load_types
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.frames import FrameError
 
 REQUESTS = load_types(21, "request")
 RESPONSES = load_types(21, "response")

@@ -24,10 +24,10 @@ from test_fetch_split import (
 
 from proxy.apis.fetch_clamp import batches_below, clamp_partition_answer
 from proxy.apis.fetch_split import answer_layout, merge_responses, read_fetch_request
-from proxy.protocol.codec import decode, encode
-from proxy.protocol.frames import FrameError
-from proxy.server.tiered_fetch import FetchPlan
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.kafka.codec import decode, encode
+from proxy.kafka.frames import FrameError
+from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.fetch import FetchPlan
 
 CUTOVER = 40
 

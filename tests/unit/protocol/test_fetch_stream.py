@@ -16,9 +16,9 @@ from test_fetch_split import RESPONSES, answer, endpoints, mod, partition_data, 
 
 from proxy.apis.api01_fetch import rewrite_response
 from proxy.apis.fetch_stream import PADDING_TAG, rewrite_tail, walk_fetch_answer
-from proxy.protocol.codec import decode, encode
-from proxy.protocol.frames import FrameError
-from proxy.protocol.wire import read_tagged_fields, write_uvarint
+from proxy.kafka.codec import decode, encode
+from proxy.kafka.frames import FrameError
+from proxy.kafka.wire import read_tagged_fields, write_uvarint
 from proxy.server.streams import stream_walked_answer
 
 FLEXIBLE = range(12, 19)

@@ -2,7 +2,7 @@ import struct
 
 import pytest
 
-from proxy.protocol.frames import FrameDecoder, FrameError, frame
+from proxy.kafka.frames import FrameDecoder, FrameError, frame
 
 
 def frames_of(decoder: FrameDecoder) -> list[bytes]:

@@ -9,9 +9,8 @@ from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_writer
 from kio.static.primitive import i16, i32, i32Timedelta
 
-from proxy.protocol.apis import APIS
-from proxy.protocol.frames import FrameError
-from proxy.protocol.headers import (
+from proxy.kafka.frames import FrameError
+from proxy.kafka.headers import (
     RequestHeader,
     parse_request_header,
     produce_acks,
@@ -19,6 +18,7 @@ from proxy.protocol.headers import (
     response_header,
     response_header_size,
 )
+from proxy.kafka.versions import APIS
 
 
 def kio_header(api_key: int, api_version: int, correlation_id: int, client_id: str | None):

@@ -10,8 +10,8 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.api23_offset_for_leader_epoch import read_requested, rewrite_end_offsets
-from proxy.protocol.codec import decode, encode, load_types
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.frames import FrameError
 
 REQUESTS = load_types(23, "request")
 RESPONSES = load_types(23, "response")

@@ -10,9 +10,9 @@ import pytest
 from test_offset_for_leader_epoch import RESPONSES, VERSIONS, response
 
 from proxy.apis.api23_offset_for_leader_epoch import EpochError, rewrite_end_offsets
-from proxy.protocol.codec import decode, encode
-from proxy.server.tiered_epochs import EpochsPlan
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.kafka.codec import decode, encode
+from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.epochs import EpochsPlan
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -10,7 +10,7 @@ import struct
 import pytest
 from kio.schema.errors import ErrorCode
 
-from proxy.apis.offsets_split import (
+from proxy.apis.api02_list_offsets import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     UNANSWERED,
@@ -21,9 +21,9 @@ from proxy.apis.offsets_split import (
     read_list_offsets_response,
     split,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import decode, encode, load_types
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.frames import FrameError
+from proxy.kafka.versions import APIS
 
 REQUESTS = load_types(2, "request")
 RESPONSES = load_types(2, "response")

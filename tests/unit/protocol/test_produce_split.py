@@ -21,9 +21,9 @@ from proxy.apis.produce_split import (
     read_produce_request,
     split,
 )
-from proxy.protocol.apis import APIS
-from proxy.protocol.codec import decode, encode, load_types
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.frames import FrameError
+from proxy.kafka.versions import APIS
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.

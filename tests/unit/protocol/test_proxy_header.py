@@ -3,10 +3,10 @@ import struct
 import pytest
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 
-from proxy.protocol.codec import encode
-from proxy.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FrameError, frame
-from proxy.protocol.headers import request_header
-from proxy.protocol.proxy_header import (
+from proxy.kafka.codec import encode
+from proxy.kafka.frames import DEFAULT_MAX_FRAME_BYTES, FrameError, frame
+from proxy.kafka.headers import request_header
+from proxy.kafka.proxy_header import (
     PROXY_V1_PREFIX,
     PROXY_V2_SIGNATURE,
     ProxyHeader,

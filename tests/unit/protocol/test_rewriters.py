@@ -18,9 +18,9 @@ from kio.schema.produce.v10 import response as p10
 from kio.static.primitive import Records
 
 from proxy.apis import CAPPED_VERSIONS, RESPONSE_REWRITERS, max_version_without_node_endpoints
-from proxy.protocol.codec import decode, encode
-from proxy.protocol.frames import FrameError
-from proxy.protocol.schema_walk import tagged_fields_offset
+from proxy.kafka.codec import decode, encode
+from proxy.kafka.frames import FrameError
+from proxy.kafka.schema_walk import tagged_fields_offset
 
 NO_TIME = datetime.timedelta(0)
 

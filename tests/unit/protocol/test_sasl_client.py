@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.protocol.sasl import SaslError, ScramClient, plain_message
+from proxy.kafka.sasl import SaslError, ScramClient, plain_message
 
 # RFC 7677, section 3
 NONCE = "rOprNGfwEbeRWgbNEkqO"

@@ -15,8 +15,8 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 from proxy.apis.api01_fetch import request_rack_id
 from proxy.apis.api03_metadata import read_brokers
-from proxy.protocol.codec import encode
-from proxy.protocol.frames import FrameError
+from proxy.kafka.codec import encode
+from proxy.kafka.frames import FrameError
 
 
 def fetch(rack: str, request_type=FetchRequest, **extra) -> bytes:

@@ -1,6 +1,6 @@
 """An offload job's object is committed only while its PUT (the store's modification
 time) is younger than half of `tiering.offload_orphan_grace_s`; missing, it is refused
-(proxy/server/backfill.py `_too_old`). On a LocalDirectoryStore, the file's mtime set back."""
+(proxy/upkeep/backfill.py `_too_old`). On a LocalDirectoryStore, the file's mtime set back."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from proxy.server.backfill import POLICY_VIOLATION, _too_old
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metastreams import offload_object_id
-from proxy.tiering.objectkeys import ObjectKind, object_key
+from proxy.metadata.streams import offload_object_id
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.upkeep.backfill import POLICY_VIOLATION, _too_old
 
 GRACE_S = 1000.0
 KEY = object_key(offload_object_id(7, 0, 100), ObjectKind.STREAM)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.batches import (
+from proxy.records.batches import (
     HEADER_SIZE,
     BatchHeader,
     Compression,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.tiering.beyond_cutover import BeyondCutover
+from proxy.tiered.beyond_cutover import BeyondCutover
 
 
 def test_counts_every_clamped_answer_and_warns_once_per_partition(caplog):

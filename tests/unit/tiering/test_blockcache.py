@@ -14,10 +14,10 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.tiering.blockcache import BlockCache, BlockLru, Readahead, plan_fetches
-from proxy.tiering.objectformat import IndexEntry, ObjectFormatError, ObjectWriter
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.objectstore import ObjectNotFound, ObjectStoreError
+from proxy.objects.format import IndexEntry, ObjectFormatError, ObjectWriter
+from proxy.objects.keys import ObjectKind
+from proxy.objects.store import ObjectNotFound, ObjectStoreError
+from proxy.reads.blockcache import BlockCache, BlockLru, Readahead, plan_fetches
 
 STREAM = 7
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from proxy.tiering.client_start import start_client
+from proxy.metadata.client_start import start_client
 
 
 class ScriptedClient:

@@ -1,4 +1,4 @@
-"""Compaction planning (proxy/tiering/compaction.py) on real metadata states: which small
+"""Compaction planning (proxy/upkeep/compaction_plan.py) on real metadata states: which small
 stream set objects a pass takes, which stream objects their ranges become, and that the
 commits a plan makes are exactly what the metadata rules accept (each new object's
 `replaces` names the objects whose ranges it takes over; afterwards every replaced object
@@ -11,7 +11,20 @@ from uuid import UUID
 import pytest
 
 from proxy.config import ConfigError, parse_config
-from proxy.tiering.compaction import (
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
+    ObjectCommit,
+    OffsetRange,
+    ShardClaim,
+    StreamCutover,
+    StreamTrim,
+)
+from proxy.metadata.rules import Outcome
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamRange, shard_of, stream_id
+from proxy.objects.format import ObjectWriter, read_block, read_object
+from proxy.objects.keys import ObjectKind
+from proxy.upkeep.compaction_plan import (
     CompactionPlan,
     CompactionSettings,
     add_blocks,
@@ -20,19 +33,6 @@ from proxy.tiering.compaction import (
     pick_sources,
     plan_compaction,
 )
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
-    ObjectCommit,
-    OffsetRange,
-    ShardClaim,
-    StreamCutover,
-    StreamTrim,
-)
-from proxy.tiering.metarules import Outcome
-from proxy.tiering.metastreams import StreamRange, shard_of, stream_id
-from proxy.tiering.objectformat import ObjectWriter, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind
 
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")
 KiB = 1024

@@ -1,4 +1,4 @@
-"""The compactor's passes and deletes (proxy/server/compactor.py, object_gc.py) against a
+"""The compactor's passes and deletes (proxy/upkeep/compactor.py, object_gc.py) against a
 local directory store, real objects of real Kafka batches and real metadata states; the
 shard's owner is a stand-in that judges and applies records as ShardOwner.write does.
 
@@ -15,24 +15,24 @@ from uuid import UUID
 import pytest
 from prometheus_client import CollectorRegistry
 
-from proxy.server.compactor import Compactor
-from proxy.tiering.batches import with_base_offset
-from proxy.tiering.compaction import CompactionSettings
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
     ObjectCommit,
     OffsetRange,
     ShardClaim,
     StreamCutover,
     StreamTrim,
 )
-from proxy.tiering.metastore import ShardFenced
-from proxy.tiering.metastreams import shard_of, stream_id
-from proxy.tiering.objectformat import FORMAT_VERSION, ObjectWriter, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.objectstore import ObjectNotFound
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardFenced
+from proxy.metadata.streams import shard_of, stream_id
+from proxy.objects.format import FORMAT_VERSION, ObjectWriter, read_block, read_object
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectNotFound
+from proxy.records.batches import with_base_offset
+from proxy.upkeep.compaction_plan import CompactionSettings
+from proxy.upkeep.compactor import Compactor
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

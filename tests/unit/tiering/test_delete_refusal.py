@@ -1,10 +1,10 @@
 """DeleteRecords on a tiered partition is checked before anything is deleted, as Kafka
-checks it (proxy/server/tiered_deletes.py): an offset past the high watermark, or
+checks it (proxy/tiered/deletes.py): an offset past the high watermark, or
 negative and not -1, deletes neither Kafka's part nor the stream's."""
 
 from __future__ import annotations
 
-from proxy.server.tiered_deletes import needs_high_watermark, refusal
+from proxy.tiered.deletes import needs_high_watermark, refusal
 
 OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER = 1, 6
 CUTOVER = 3

@@ -1,4 +1,4 @@
-"""Garbage collection of an object whose commit was cut short (proxy/server/object_gc.py).
+"""Garbage collection of an object whose commit was cut short (proxy/upkeep/object_gc.py).
 
 The uploader commits an object shard by shard. Killed between two shards' commits (the
 fault-injection suite does it), the object is committed in some shards only, and the
@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 from test_compactor import GRACE, Fleet, kafka_batch
 
-from proxy.tiering.batches import with_base_offset
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange
-from proxy.tiering.objectformat import ObjectWriter
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.metadata.records import ObjectCommit, OffsetRange
+from proxy.objects.format import ObjectWriter
+from proxy.objects.keys import ObjectKind
+from proxy.records.batches import with_base_offset
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The current leader epochs the proxy answers in ListOffsets (proxy/server/leader_epochs.py):
+"""The current leader epochs the proxy answers in ListOffsets (proxy/tiered/leader_epochs.py):
 one Metadata lookup shared by concurrent callers, kept a second, and -1 when Kafka
 cannot be asked."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from proxy.server.leader_epochs import MAX_AGE_S, LeaderEpochs
+from proxy.tiered.leader_epochs import MAX_AGE_S, LeaderEpochs
 
 
 class Clock:

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from proxy.tiering import localstore
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectInfo, ObjectNotFound, ObjectStoreError
+from proxy.objects import local as localstore
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectInfo, ObjectNotFound, ObjectStoreError
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from proxy.tiering.logcache import LogCache
+from proxy.reads.logcache import LogCache
 
 A, B, C = 1, 2, 3
 LONG_MS = 10_000  # a wait the test ends long before

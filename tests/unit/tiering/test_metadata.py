@@ -14,19 +14,8 @@ from uuid import UUID
 
 import pytest
 
-from proxy.tiering.metacodec import decode, decode_key, encode
-from proxy.tiering.metadata import (
-    MetadataState,
-    Refusal,
-    check_commit,
-    check_cutover,
-    check_delete,
-    check_release,
-    check_trim,
-    check_untier,
-    topic_untier_refusal,
-)
-from proxy.tiering.metarecords import (
+from proxy.metadata.codec import decode, decode_key, encode
+from proxy.metadata.records import (
     CheckpointEnd,
     MetadataRecordError,
     ObjectCommit,
@@ -44,15 +33,26 @@ from proxy.tiering.metarecords import (
     TopicMode,
     TopicModeSet,
 )
-from proxy.tiering.metarules import Outcome, Verdict
-from proxy.tiering.metastreams import (
+from proxy.metadata.rules import Outcome, Verdict
+from proxy.metadata.state import (
+    MetadataState,
+    Refusal,
+    check_commit,
+    check_cutover,
+    check_delete,
+    check_release,
+    check_trim,
+    check_untier,
+    topic_untier_refusal,
+)
+from proxy.metadata.streams import (
     offload_object_id,
     shard_of,
     stream_id,
     topic_shard,
     transactional_id,
 )
-from proxy.tiering.objectkeys import ObjectKind
+from proxy.objects.keys import ObjectKind
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metadata.md"
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")

@@ -12,17 +12,17 @@ from test_compactor import SETTINGS, Fleet
 from test_upload_plan import Wal, kafka_batch
 
 from proxy.config import ConfigError, parse_config
-from proxy.server.compactor import Compactor
-from proxy.server.tiering import uploader_config
-from proxy.tiering.compaction import CompactionSettings
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     FORMAT_VERSION,
     INDEX_ENTRY_SIZE_V1,
     read_block,
     read_object,
 )
-from proxy.tiering.timestamp_search import candidate_blocks, in_batches
-from proxy.tiering.upload_plan import PlanLimits, build_object, plan_upload
+from proxy.records.timestamp_search import candidate_blocks, in_batches
+from proxy.tiered.service import uploader_config
+from proxy.upkeep.compaction_plan import CompactionSettings
+from proxy.upkeep.compactor import Compactor
+from proxy.upload.plan import PlanLimits, build_object, plan_upload
 
 BASE = {"upstream": {"bootstrap": "127.0.0.1:9092"}}
 

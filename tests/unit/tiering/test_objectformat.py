@@ -14,8 +14,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from proxy.tiering.batches import CorruptBatchError, iter_batches, with_base_offset
-from proxy.tiering.objectformat import (
+from proxy.objects.format import (
     FOOTER_SIZE,
     INDEX_ENTRY_SIZE_V1,
     Footer,
@@ -30,7 +29,8 @@ from proxy.tiering.objectformat import (
     read_block,
     read_object,
 )
-from proxy.tiering.objectkeys import object_key, parse_object_key
+from proxy.objects.keys import object_key, parse_object_key
+from proxy.records.batches import CorruptBatchError, iter_batches, with_base_offset
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

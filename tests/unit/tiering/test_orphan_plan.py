@@ -1,21 +1,21 @@
-"""The orphan sweep's decisions (proxy/tiering/orphan_plan.py) and its config keys."""
+"""The orphan sweep's decisions (proxy/upkeep/orphan_plan.py) and its config keys."""
 
 from __future__ import annotations
 
 import pytest
 
 from proxy.config import ConfigError, parse_config
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.objectstore import ObjectInfo
-from proxy.tiering.orphan_plan import (
+from proxy.handoff.objects import wal_object_key
+from proxy.metadata.streams import OFFLOAD_ID_BIT
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.store import ObjectInfo
+from proxy.upkeep.orphan_plan import (
     SweepLimits,
     commit_age_limit,
     plan_sweep,
     still_old,
     too_old_to_commit,
 )
-from proxy.wal.s3walobject import wal_object_key
 
 NOW = 1_800_000_000.0
 LIMITS = SweepLimits(orphan_grace_s=100.0, offload_grace_s=1000.0, s3wal_retention_s=50.0)

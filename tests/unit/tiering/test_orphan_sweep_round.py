@@ -1,4 +1,4 @@
-"""One round of the orphan sweep (proxy/server/orphan_sweep.py) on a LocalDirectoryStore
+"""One round of the orphan sweep (proxy/upkeep/orphan_sweep.py) on a LocalDirectoryStore
 (file mtimes set back to age objects) against a real `MetadataState`: it deletes what
 no shard names past the grace, keeps what a shard names, skips the round when the
 metadata cannot be read to its end, and keeps an offload object PUT again since it was
@@ -13,16 +13,16 @@ from uuid import UUID
 
 import pytest
 
-from proxy.server import orphan_sweep
-from proxy.server.orphan_sweep import OrphanSweep
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
-from proxy.tiering.metastreams import OFFLOAD_ID_BIT, stream_id
-from proxy.tiering.objectkeys import ObjectKind, object_key
-from proxy.tiering.objectstore import ObjectStoreError
-from proxy.tiering.orphan_plan import SweepLimits
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import OFFLOAD_ID_BIT, stream_id
+from proxy.objects.keys import ObjectKind, object_key
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectStoreError
+from proxy.upkeep import orphan_sweep
+from proxy.upkeep.orphan_plan import SweepLimits
+from proxy.upkeep.orphan_sweep import OrphanSweep
 
 TOPIC = UUID("5b1c2d3e-4f50-4617-8293-a4b5c6d7e8f9")
 STREAM = stream_id(TOPIC, 0)

@@ -13,8 +13,10 @@ import uuid
 import pytest
 from crc32c import crc32c
 
-from proxy.tiering.partition_rules import ProduceResult
-from proxy.tiering.peer_codec import (
+from proxy.handoff.objects import S3WalLocation
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
+from proxy.peer.codec import (
     HEADER_SIZE,
     AdminRequest,
     AdminResponse,
@@ -35,8 +37,6 @@ from proxy.tiering.peer_codec import (
     frame_size,
     read_frame,
 )
-from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
 
 TOPIC_ID = uuid.UUID("5f0c6a57-1c1e-4b7a-9d0e-1f2a3b4c5d6e")
 LOCATION = S3WalLocation("wal/00ab/proxy-a/0000000000000007", 100, 4196, 42, 0xDEADBEEF)

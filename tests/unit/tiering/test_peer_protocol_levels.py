@@ -10,6 +10,16 @@ import struct
 import pytest
 from crc32c import crc32c
 
+from proxy.handoff.objects import S3WalLocation
+from proxy.partition.sequence_holes import ProducerBatch
+from proxy.peer.codec import (
+    PROTOCOL,
+    SEQUENCES_PROTOCOL,
+    AppendRequest,
+    decode_frame,
+    encode_frame,
+    for_peer,
+)
 from proxy.routing.fleet import (
     HEARTBEAT_VERSION,
     OLD_PEER_PROTOCOL,
@@ -19,16 +29,6 @@ from proxy.routing.fleet import (
     decode_heartbeat,
     encode_heartbeat,
 )
-from proxy.tiering.peer_codec import (
-    PROTOCOL,
-    SEQUENCES_PROTOCOL,
-    AppendRequest,
-    decode_frame,
-    encode_frame,
-    for_peer,
-)
-from proxy.tiering.sequence_holes import ProducerBatch
-from proxy.wal.s3walobject import S3WalLocation
 
 BATCH = ProducerBatch(7, 3, 100, 104)
 LOCATION = S3WalLocation("wal/k", 0, 10, 5, 9)

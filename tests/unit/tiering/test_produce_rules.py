@@ -10,8 +10,7 @@ import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from proxy.tiering.batches import read_batch_header, set_log_append_time
-from proxy.tiering.produce_rules import (
+from proxy.partition.produce_rules import (
     CORRUPT_MESSAGE,
     INVALID_RECORD,
     INVALID_TIMESTAMP,
@@ -23,6 +22,7 @@ from proxy.tiering.produce_rules import (
     check_records,
     produce_rules,
 )
+from proxy.records.batches import read_batch_header, set_log_append_time
 
 NOW = 1_700_000_000_000
 HOUR = 3_600_000

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from proxy.tiering.ratelimit import BandwidthLimiter, Priority, TokenBucket
+from proxy.objects.ratelimit import BandwidthLimiter, Priority, TokenBucket
 
 PRODUCE, TAIL, COMPACTION, CATCHUP = (
     Priority.PRODUCE,

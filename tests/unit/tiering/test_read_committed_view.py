@@ -1,4 +1,4 @@
-"""read_committed answers of stored batches (proxy/tiering/transactions.py): the aborted
+"""read_committed answers of stored batches (proxy/records/transactions.py): the aborted
 transactions they name and where they stop, on batches built by kafka-python's writer
 as producers and coordinators write them."""
 
@@ -10,8 +10,8 @@ import warnings
 import crc32c
 import pytest
 
-from proxy.tiering.batches import iter_batches, with_base_offset
-from proxy.tiering.transactions import (
+from proxy.records.batches import iter_batches, with_base_offset
+from proxy.records.transactions import (
     ABORT,
     COMMIT,
     CommittedView,

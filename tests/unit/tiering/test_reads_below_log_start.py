@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
 
-from proxy.apis.offsets_split import OffsetsResult
-from proxy.server.tiered_offsets import StreamPart, combine
-from proxy.server.tiered_reads import TieredReads
-from proxy.tiering.metarecords import StreamTrim
-from proxy.tiering.topic_index import TieredTopic
+from proxy.apis.api02_list_offsets import OffsetsResult
+from proxy.metadata.records import StreamTrim
+from proxy.metadata.topic_index import TieredTopic
+from proxy.tiered.offsets import StreamPart, combine
+from proxy.tiered.reads import TieredReads
 
 
 def migrated() -> Shard:

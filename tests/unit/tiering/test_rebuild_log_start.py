@@ -15,10 +15,8 @@ from uuid import UUID
 import pytest
 from test_sequencer import PID, idem
 
-from proxy.tiering.batches import BatchHeader, iter_batches
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import (
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
     ObjectCommit,
     OffsetRange,
     ProducerSnapshot,
@@ -26,16 +24,18 @@ from proxy.tiering.metarecords import (
     StreamCutover,
     StreamTrim,
 )
-from proxy.tiering.metastreams import stream_id
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.partition_rules import (
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id
+from proxy.objects.keys import ObjectKind
+from proxy.partition.rules import (
     PartitionConfig,
     RecoveryError,
     RecoveryPoint,
     missing_committed,
     rebuild_sequencer,
 )
-from proxy.tiering.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from proxy.records.batches import BatchHeader, iter_batches
 
 TOPIC = UUID("0f3c5a0e-7b8d-4c1e-9a2b-3c4d5e6f7a8b")
 STREAM = stream_id(TOPIC, 0)

@@ -4,7 +4,7 @@ budget, the older ones by WAL position only; a suffix of each stream is held."""
 
 from __future__ import annotations
 
-from proxy.tiering.recovered_tail import RecoveredTail
+from proxy.partition.recovered_tail import RecoveredTail
 from proxy.wal.types import WalPosition
 
 A, B = 1, 2

@@ -1,4 +1,4 @@
-"""Retention decisions (proxy/tiering/retention_plan.py): Kafka's rule per whole range,
+"""Retention decisions (proxy/upkeep/retention_plan.py): Kafka's rule per whole range,
 oldest first, for retention.ms and retention.bytes; the topic config as DescribeConfigs
 gives it; the config keys."""
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.config import ConfigError, parse_config
-from proxy.tiering.retention_plan import (
+from proxy.upkeep.retention_plan import (
     RangeFacts,
     RetentionConfig,
     TrimPlan,

@@ -7,10 +7,10 @@ import warnings
 
 import pytest
 
-from proxy.tiering.partition_rules import NOT_LEADER_OR_FOLLOWER, refusal, sequence
-from proxy.tiering.producer_state import INT32_MAX
-from proxy.tiering.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles, seq_within
-from proxy.tiering.sequencer import ErrorCode, PartitionSequencer, Rejected
+from proxy.partition.producer_state import INT32_MAX
+from proxy.partition.rules import NOT_LEADER_OR_FOLLOWER, refusal, sequence
+from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles, seq_within
+from proxy.partition.sequencer import ErrorCode, PartitionSequencer, Rejected
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)

@@ -8,8 +8,7 @@ import warnings
 import crc32c
 import pytest
 
-from proxy.tiering.batches import iter_batches, read_batch_header, validate_batch
-from proxy.tiering.producer_state import (
+from proxy.partition.producer_state import (
     INT32_MAX,
     BatchMetadata,
     CorruptSnapshotError,
@@ -17,13 +16,14 @@ from proxy.tiering.producer_state import (
     decode_snapshot,
     encode_snapshot,
 )
-from proxy.tiering.sequencer import (
+from proxy.partition.sequencer import (
     Duplicate,
     ErrorCode,
     PartitionSequencer,
     PendingAppend,
     Rejected,
 )
+from proxy.records.batches import iter_batches, read_batch_header, validate_batch
 
 # kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
 # deprecates, and the suite turns warnings into errors.

@@ -10,10 +10,7 @@ from itertools import permutations
 import pytest
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import ShardClaim, ShardRelease
-from proxy.tiering.shard_assignor import (
+from proxy.metadata.assignor import (
     ASSIGNOR_NAME,
     MemberClaims,
     ShardAssignor,
@@ -22,6 +19,9 @@ from proxy.tiering.shard_assignor import (
     dirty_shards,
     encode_user_data,
 )
+from proxy.metadata.codec import encode
+from proxy.metadata.records import ShardClaim, ShardRelease
+from proxy.metadata.state import MetadataState
 
 TOPIC = "__tierproxy_metadata"
 

@@ -7,6 +7,11 @@ import uuid
 import pytest
 
 from proxy.config import ConfigError, parse_config
+from proxy.metadata.codec import encode
+from proxy.metadata.records import TopicMode, TopicModeSet
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import stream_id, topic_shard
+from proxy.metadata.topic_index import TieredTopic, TopicIndex, cutover_ready, drained_topics
 from proxy.routing.fleet import (
     Heartbeat,
     HeartbeatError,
@@ -14,11 +19,6 @@ from proxy.routing.fleet import (
     decode_heartbeat,
     encode_heartbeat,
 )
-from proxy.tiering.metacodec import encode
-from proxy.tiering.metadata import MetadataState
-from proxy.tiering.metarecords import TopicMode, TopicModeSet
-from proxy.tiering.metastreams import stream_id, topic_shard
-from proxy.tiering.topic_index import TieredTopic, TopicIndex, cutover_ready, drained_topics
 
 BASE = {"upstream": {"bootstrap": "127.0.0.1:9092"}}
 
@@ -112,8 +112,8 @@ def test_heartbeat_carries_the_peer_port_and_drained_topics():
 def test_an_s3_notification_carries_no_record_byte():
     """The owner hop of S3 mode: a location, not the records (the accounting counts the
     frames with peer_codec.frame_size, tested against the encoder in test_peer_codec)."""
-    from proxy.tiering.peer_codec import AppendRequest, encode_frame, frame_size
-    from proxy.wal.s3walobject import S3WalLocation
+    from proxy.handoff.objects import S3WalLocation
+    from proxy.peer.codec import AppendRequest, encode_frame, frame_size
 
     records = b"x" * 1000
     direct = AppendRequest(1, 5, -1, 1000, records, None)

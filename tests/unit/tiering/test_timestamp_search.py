@@ -12,9 +12,16 @@ import crc32c
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-from proxy.apis.offsets_split import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
-from proxy.server.tiered_offsets import StreamPart, combine, epoch_at
-from proxy.tiering.batches import (
+from proxy.apis.api02_list_offsets import EARLIEST_LOCAL_TIMESTAMP, MAX_TIMESTAMP, OffsetsResult
+from proxy.objects.format import (
+    INDEX_ENTRY_SIZE,
+    INDEX_ENTRY_SIZE_V1,
+    IndexEntry,
+    ObjectKind,
+    ObjectWriter,
+    read_object,
+)
+from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     CRC_POSITION,
     HEADER_SIZE,
@@ -24,15 +31,7 @@ from proxy.tiering.batches import (
     set_log_append_time,
     with_base_offset,
 )
-from proxy.tiering.objectformat import (
-    INDEX_ENTRY_SIZE,
-    INDEX_ENTRY_SIZE_V1,
-    IndexEntry,
-    ObjectKind,
-    ObjectWriter,
-    read_object,
-)
-from proxy.tiering.timestamp_search import (
+from proxy.records.timestamp_search import (
     Found,
     candidate_blocks,
     in_batch,
@@ -40,6 +39,7 @@ from proxy.tiering.timestamp_search import (
     max_timestamp_in,
     offset_of_max,
 )
+from proxy.tiered.offsets import StreamPart, combine, epoch_at
 
 TIMESTAMPS = (100, 300, 200, 400, 300)  # out of order, and the max (400) not last
 

@@ -1,4 +1,4 @@
-"""Upload planning (proxy/tiering/upload_plan.py): WAL entries of interleaved streams become
+"""Upload planning (proxy/upload/plan.py): WAL entries of interleaved streams become
 few objects; big streams get stream objects; objects stay under the size limit; blocks are
 cut at batch boundaries; what a crash left committed is skipped. Every planned object is
 built and read back with the object format's own reader."""
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.tiering.batches import iter_batches, with_base_offset
-from proxy.tiering.metarecords import OffsetRange
-from proxy.tiering.objectformat import FOOTER_SIZE, INDEX_ENTRY_SIZE, read_block, read_object
-from proxy.tiering.objectkeys import ObjectKind
-from proxy.tiering.upload_plan import (
+from proxy.metadata.records import OffsetRange
+from proxy.objects.format import FOOTER_SIZE, INDEX_ENTRY_SIZE, read_block, read_object
+from proxy.objects.keys import ObjectKind
+from proxy.records.batches import iter_batches, with_base_offset
+from proxy.upload.plan import (
     ObjectIdAllocator,
     PlanLimits,
     UploadPlan,

@@ -9,14 +9,14 @@ import asyncio
 
 import pytest
 
-from proxy.config_section import ConfigError, Section
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectInfo, ObjectStoreError
-from proxy.tiering.orphan_plan import SweepLimits, plan_sweep
-from proxy.tiering.settings import parse_tiering
+from proxy.config.section import ConfigError, Section
+from proxy.config.tiering import parse_tiering
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectInfo, ObjectStoreError
+from proxy.upkeep.orphan_plan import SweepLimits, plan_sweep
 from proxy.wal.entry import encode_entry
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
-from proxy.wal.s3logobject import (
+from proxy.wal.s3log_objects import (
     decode_object,
     log_prefix,
     object_key,

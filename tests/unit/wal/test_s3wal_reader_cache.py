@@ -14,17 +14,17 @@ import struct
 import crc32c
 import pytest
 
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.tiering.objectstore import ObjectNotFound, ObjectStoreError
-from proxy.wal.s3wal import S3WalReader, S3WalWriter
-from proxy.wal.s3walobject import (
+from proxy.handoff.objects import (
     S3WalCorruptError,
     S3WalLocation,
     WalObjectBuilder,
     check_range,
     summarize_append,
 )
-from proxy.wal.s3walreader import WalObjectCache
+from proxy.handoff.reader import WalObjectCache
+from proxy.handoff.writer import S3WalReader, S3WalWriter
+from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectNotFound, ObjectStoreError
 
 HEADER = 61
 WRITER = "test-proxy-1700000000000-0badcafe"

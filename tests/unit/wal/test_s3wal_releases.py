@@ -1,4 +1,4 @@
-"""Prompt deletion of S3-WAL objects by their writer (proxy/wal/s3walgc.py): an object goes
+"""Prompt deletion of S3-WAL objects by their writer (proxy/handoff/gc.py): an object goes
 once every append in it was released (its owner answered, or the append failed), in one
 batched delete; an object with an append still held stays; an append cancelled before it
 got its location counts as released. On a LocalDirectoryStore in tmp_path."""
@@ -10,9 +10,9 @@ import struct
 
 import crc32c
 
-from proxy.tiering.localstore import LocalDirectoryStore
-from proxy.wal.s3wal import S3WalWriter
-from proxy.wal.s3walgc import S3WalReleases
+from proxy.handoff.gc import S3WalReleases
+from proxy.handoff.writer import S3WalWriter
+from proxy.objects.local import LocalDirectoryStore
 
 HEADER = 61
 WRITER = "test-proxy-1700000000000-00c0ffee"

@@ -1,0 +1,306 @@
+"""The pure half of a tiered partition's owner (`partition.py`): its answers, its
+settings, and how its sequencer is rebuilt (docs/sequencer.md). No I/O, no asyncio.
+
+**Rebuilding: which source wins where.** A new owner, or the same owner after a restart,
+has three sources for a stream:
+
+- the metadata: the committed end E (`MetadataState.stream_end`: every offset below it is
+  in objects) and the producer snapshot, whose state covers every batch below its offset
+  S (none: S is where the proxy's offsets start, max(cutover, log start));
+- the objects, which hold the batches below E;
+- this proxy's WAL, which holds its entries not yet trimmed: a suffix of the stream's
+  batches, some below E (committed, not trimmed yet), the rest from E on (acknowledged,
+  not committed: nothing else has them).
+
+1. Below S the snapshot is the producer state; no batch there is read.
+2. Below E the metadata is the log. The WAL's batches there are the bytes the objects were
+   built from, so they stand in for the objects when replaying [S, E); objects are read
+   only for the part the WAL no longer holds (`missing_committed`). They never move the
+   log end.
+3. From E on the WAL alone is the log: its batches must continue E without a gap; the log
+   end (and high watermark) is the end of the last one. A batch straddling E, or any gap
+   from S on, is a RecoveryError: offsets would be handed out twice or acknowledged data
+   skipped.
+
+**A log start inside a batch.** DeleteRecords may move the log start L to any offset up
+to the high watermark, in the middle of a batch too (Kafka Streams purges its
+repartition topics after every commit). Kafka keeps such a batch whole in its segment,
+and with it its producer's last sequence. So with no snapshot and S = L above the
+cutover, the first batch from S on may begin below S: it is replayed whole and the
+rebuild goes on from its end. A snapshot's offset and the cutover are batch boundaries,
+so a batch straddling them is still a RecoveryError.
+
+Assumption: the WAL's entries of the stream were written under the ownership the
+metadata continues (a restart of the same owner, or a new owner whose WAL holds none).
+A proxy that gives a shard up uploads and trims its streams' entries first: batches carry
+no owner epoch to tell a stale entry from a live one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from proxy.metadata.state import MetadataState
+from proxy.partition.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    CorruptSnapshotError,
+    ErrorCode,
+)
+from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
+from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
+from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
+
+__all__ = [
+    "NOT_LEADER_OR_FOLLOWER",
+    "PartitionConfig",
+    "ProduceResult",
+    "RecoveryError",
+    "RecoveryPoint",
+    "entry_batches",
+    "missing_committed",
+    "not_owner",
+    "rebuild_sequencer",
+    "refusal",
+    "sequence",
+    "storage_error",
+]
+
+
+NOT_LEADER_OR_FOLLOWER = 6  # not (or no longer) the owner: the client refreshes metadata
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    """One partition's part of a Produce response (Kafka's PartitionProduceResponse)."""
+
+    error_code: int
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+
+def storage_error(message: str) -> ProduceResult:
+    """The answer while the WAL write failed or the partition is fenced (retriable)."""
+    return ProduceResult(int(ErrorCode.KAFKA_STORAGE_ERROR), error_message=message)
+
+
+def not_owner(stream_id: int) -> ProduceResult:
+    return ProduceResult(
+        NOT_LEADER_OR_FOLLOWER, error_message=f"stream {stream_id} is not owned here"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionConfig:
+    """Queue bounds and the sequencer's topic settings. Errors name the key."""
+
+    queue_size: int = 128  # requests waiting to be sequenced; more wait in produce()
+    max_in_flight: int = 128  # WAL appends not yet durable
+    expire_interval_ms: int = 60_000  # how often idle producer ids are looked for
+    log_append_time: bool = False  # the topic's message.timestamp.type
+    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
+
+    def __post_init__(self) -> None:
+        for key in ("queue_size", "max_in_flight", "expire_interval_ms"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"partition config error at {key}: {value!r} is not positive")
+
+
+def refusal(rejected: Rejected, stream_id: int, holes: SequenceHoles | None) -> ProduceResult:
+    """The answer to a batch the sequencer refused: Kafka's code, except for a sequence gap
+    (OUT_OF_ORDER_SEQUENCE_NUMBER) that a batch this proxy dropped explains
+    (`SequenceHoles.explains`): NOT_LEADER_OR_FOLLOWER. The gap is then the proxy's (a
+    failed S3-WAL PUT, an unreachable owner, a partition not started yet or closing), not
+    the client's: 45 would make librdkafka bump its epoch and renumber batches it only knows
+    as "possibly persisted", which would be written twice; NOT_LEADER_OR_FOLLOWER makes it
+    resend in order with the same sequences (docs/sequencer.md, "Gaps the proxy made")."""
+    code = rejected.error_code
+    if code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and holes is not None:
+        if holes.explains(stream_id, rejected.gap):
+            return ProduceResult(
+                NOT_LEADER_OR_FOLLOWER,
+                error_message=f"stream {stream_id}: a batch before this one was not appended "
+                f"({rejected.message}): resend from the oldest batch not answered",
+            )
+    return ProduceResult(int(code), error_message=rejected.message)
+
+
+def sequence(
+    sequencer: PartitionSequencer,
+    records: bytes | bytearray | memoryview,
+    now_ms: int,
+    holes: SequenceHoles | None,
+    stream_id: int,
+) -> AppendResult:
+    """`sequencer.append`, except for a producer the partition has no state for whose
+    earlier batch this proxy dropped: Kafka accepts an unknown producer at any sequence
+    (KIP-360), which would take this batch past the dropped one and answer its retry 45.
+    It is refused as a gap from the dropped batch instead, which `refusal` answers
+    NOT_LEADER_OR_FOLLOWER."""
+    if holes is not None and len(holes):
+        batch = ProducerBatch.of(records)
+        if batch is not None and sequencer.producer_state(batch.producer_id) is None:
+            hole = holes.hole_before(stream_id, batch)
+            if hole >= 0:
+                gap = SequenceGap(
+                    batch.producer_id, batch.producer_epoch, hole, batch.first_sequence
+                )
+                return Rejected(
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    f"producer {batch.producer_id} is not known here and its batch at "
+                    f"{hole} was not appended: {batch.first_sequence} would leave a gap",
+                    gap,
+                )
+    return sequencer.append(records, now_ms)
+
+
+class RecoveryError(Exception):
+    """The sources disagree or do not cover what the rebuild needs: do not serve the
+    partition (offsets could be handed out twice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPoint:
+    """What the metadata says of a stream, for the rebuild."""
+
+    stream_id: int
+    log_start_offset: int
+    committed_end: int  # E: every offset below is in objects
+    state_offset: int  # S: the producer state (snapshot) covers every batch below
+    snapshot: bytes | None  # PartitionSequencer.snapshot() bytes, or None: empty at S
+    cutover_offset: int = 0
+
+    @property
+    def starts_at_log_start(self) -> bool:
+        """S is a log start above the cutover, with no snapshot: DeleteRecords may have
+        put it inside a batch, which the rebuild then replays whole (module docstring)."""
+        return self.snapshot is None and self.state_offset == self.log_start_offset > (
+            self.cutover_offset
+        )
+
+    @classmethod
+    def from_metadata(cls, state: MetadataState, stream: int) -> RecoveryPoint:
+        info = state.stream(stream)
+        if info is None:
+            raise RecoveryError(f"stream {stream} is not tiered in shard {state.shard}")
+        snapshot = state.producer_snapshot(stream)
+        if snapshot is not None:
+            offset, data = snapshot.offset, bytes(snapshot.state)
+        else:
+            offset, data = max(info.cutover_offset, info.log_start_offset), None
+        if offset > info.end_offset:
+            raise RecoveryError(
+                f"stream {stream}: producer state at {offset} is past the committed end "
+                f"{info.end_offset}"
+            )
+        return cls(
+            stream, info.log_start_offset, info.end_offset, offset, data, info.cutover_offset
+        )
+
+
+def entry_batches(stream: int, base_offset: int, batch: bytes | memoryview) -> list[BatchHeader]:
+    """The batch headers of one WAL entry, checked against the entry's base offset."""
+    try:
+        headers = [header for header, _ in iter_batches(batch)]
+    except CorruptBatchError as exc:
+        raise RecoveryError(f"stream {stream}: WAL entry at offset {base_offset}: {exc}") from exc
+    if not headers or headers[0].base_offset != base_offset:
+        first = headers[0].base_offset if headers else None
+        raise RecoveryError(
+            f"stream {stream}: WAL entry says base offset {base_offset}, its batch {first}"
+        )
+    return headers
+
+
+def missing_committed(
+    point: RecoveryPoint, wal_batches: Sequence[BatchHeader]
+) -> tuple[int, int] | None:
+    """The committed offsets [start, end) that the producer state needs and the WAL no
+    longer holds: read their batch headers from the objects. None if the WAL suffices."""
+    first = next((h.base_offset for h in wal_batches if h.next_offset > point.state_offset), None)
+    end = point.committed_end if first is None else min(first, point.committed_end)
+    return (point.state_offset, end) if point.state_offset < end else None
+
+
+def rebuild_sequencer(
+    point: RecoveryPoint,
+    committed: Iterable[BatchHeader] | None,
+    wal_batches: Sequence[BatchHeader],
+    now_ms: int,
+    config: PartitionConfig,
+) -> PartitionSequencer:
+    """The sequencer at the stream's log end: the snapshot (or empty state at S), then
+    every batch from S on, from `committed` (read from the objects for
+    `missing_committed`; None: not read) and then `wal_batches` (this stream's WAL
+    batches in order), each offset taken once. A batch straddling a log start S is
+    replayed whole (module docstring).
+    Producers count as used at `now_ms`, so each gets a full expiration period."""
+    stream, end = point.stream_id, point.committed_end
+    options = {
+        "log_append_time": config.log_append_time,
+        "producer_id_expiration_ms": config.producer_id_expiration_ms,
+    }
+    committed = None if committed is None else list(committed)
+    expected = point.state_offset
+    if point.starts_at_log_start:
+        first = _first_batch_from(expected, end, committed or (), wal_batches)
+        if first is not None and first.base_offset < expected:
+            expected = first.base_offset  # the batch holding the log start: kept whole
+    if point.snapshot is None:
+        sequencer = PartitionSequencer(expected, **options)
+    else:
+        try:
+            sequencer = PartitionSequencer.restore(point.snapshot, point.state_offset, **options)
+        except (CorruptSnapshotError, ValueError) as exc:
+            raise RecoveryError(f"stream {stream}: producer snapshot: {exc}") from exc
+        if sequencer.producer_state_end != point.state_offset:
+            raise RecoveryError(
+                f"stream {stream}: the snapshot record says offset {point.state_offset}, its "
+                f"state covers offsets below {sequencer.producer_state_end}"
+            )
+    gap = missing_committed(point, wal_batches) if committed is None else None
+    if gap is not None:
+        raise RecoveryError(
+            f"stream {stream}: the producer state needs committed offsets [{gap[0]}, {gap[1]}) "
+            f"that the WAL no longer holds: read them from the objects (read_committed)"
+        )
+    for source, headers in (("objects", committed or ()), ("WAL", wal_batches)):
+        for header in headers:
+            if source == "objects" and header.base_offset >= end:
+                break  # nothing is committed there: the WAL is the source
+            if header.next_offset <= expected:
+                continue  # below the snapshot, or replayed from the objects already
+            if header.base_offset < end < header.next_offset:
+                raise RecoveryError(
+                    f"stream {stream}: {source} batch at offsets {header.base_offset}.."
+                    f"{header.last_offset} straddles the committed end {end}"
+                )
+            if header.base_offset != expected:
+                raise RecoveryError(
+                    f"stream {stream}: offsets [{expected}, {header.base_offset}) are missing "
+                    f"before the {source} batch at {header.base_offset} (committed end {end})"
+                )
+            sequencer.replay(header, now_ms)
+            expected = header.next_offset
+    if expected < end:
+        raise RecoveryError(
+            f"stream {stream}: committed offsets [{expected}, {end}) are neither in the WAL "
+            f"nor in what was read from the objects"
+        )
+    return sequencer
+
+
+def _first_batch_from(
+    offset: int, end: int, committed: Iterable[BatchHeader], wal_batches: Iterable[BatchHeader]
+) -> BatchHeader | None:
+    """The first batch the rebuild would replay from `offset`: the objects' (below the
+    committed end `end`), else the WAL's."""
+    for header in committed:
+        if header.base_offset >= end:
+            break
+        if header.next_offset > offset:
+            return header
+    return next((h for h in wal_batches if h.next_offset > offset), None)

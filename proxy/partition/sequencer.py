@@ -1,0 +1,403 @@
+"""The sequencer of one tiered partition: checks produced batches, assigns their offsets.
+
+What Kafka's broker does when it appends a client's records to a leader partition
+(UnifiedLog.append, LogValidator, ProducerStateManager), for the proxy that owns the
+partition. Pure: no I/O, no asyncio; one owner task calls it, so it takes no locks.
+Rules, error codes and the snapshot format: docs/sequencer.md.
+
+`append(records, now_ms)` takes one partition's `records` of a Produce request (one or
+more v2 batches) and returns a `PendingAppend` (one copy of the run with offsets
+assigned, the answer's offsets, the producer-state changes), a `Duplicate` (every batch
+is a retry of one of its producer's last 5: answer with the original offsets, write
+nothing) or `Rejected` (an error code; nothing changed: all or nothing per partition).
+
+**Why appends are pending until committed.** Offsets are assigned before the WAL write
+and acknowledged after it. The owner task may append request N+1 while N's write is in
+flight, so one group commit covers both: N+1 is checked against the state N leaves and
+takes the offsets after N's. `commit(pending)` applies an append once its write is
+durable, oldest first (the WAL makes writes durable in queue order); `high_watermark`
+is the end of what was committed, `log_end_offset` the next offset to assign.
+
+`abort(pending)` is for a write that failed or whose fate is unknown (a failed fsync, an
+append cancelled once queued): its bytes may be on disk with its offsets. Handing those
+offsets to the next batch could give two batches one offset; keeping the offsets but
+forgetting the batch lets the producer's retry be written twice; recording it as written
+would answer a retry with offsets that may not exist. No choice is safe while the log's
+content is unknown, so abort **fences** the sequencer, as Kafka takes a log directory
+offline after an I/O error: pending appends are dropped, later appends and commits get
+KAFKA_STORAGE_ERROR (retriable: clients refresh metadata and find the new owner), and a
+new owner rebuilds from durable data (`restore` + `replay`), which settles whether the
+batch exists. A retry of a batch still pending is a `Duplicate` whose `awaiting` is that
+append: answer once it commits (Kafka holds such an answer in purgatory until the high
+watermark passes it), with its error if it is aborted.
+
+`snapshot()` / `restore(data, log_end_offset)` and `replay(header)` rebuild the state on
+a new owner; `expire(now_ms)` drops producer ids unused for `producer_id_expiration_ms`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+from types import MappingProxyType
+
+from proxy.partition.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    NO_TIMESTAMP,
+    BatchMetadata,
+    ErrorCode,
+    ProducerStateEntry,
+    check_append,
+    decode_snapshot,
+    empty_entry,
+    encode_snapshot,
+    increment_sequence,
+)
+from proxy.partition.sequence_holes import SequenceGap
+from proxy.records.batches import (
+    BatchHeader,
+    CorruptBatchError,
+    assign_offsets,
+    iter_batches,
+    set_log_append_time,
+    validate_batch,
+)
+
+__all__ = [
+    "AppendResult",
+    "Duplicate",
+    "ErrorCode",
+    "PartitionSequencer",
+    "PendingAppend",
+    "Rejected",
+]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PendingAppend:
+    """Batches with offsets assigned, to be written to the WAL, then committed or aborted."""
+
+    records: bytearray
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
+    producer_states: Mapping[int, ProducerStateEntry]  # applied by commit
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A retry of batches already appended: answer with their offsets, write nothing.
+    If `awaiting` is set, the original is not durable yet: answer once it is committed."""
+
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    awaiting: PendingAppend | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The partition's answer is `error_code`; `message` says why (Produce v8+ error_message)."""
+
+    error_code: ErrorCode
+    message: str
+    # OUT_OF_ORDER_SEQUENCE_NUMBER: which sequences are missing, to tell a gap the proxy
+    # made (a batch it dropped) from one the client made (sequence_holes.py)
+    gap: SequenceGap | None = None
+
+
+AppendResult = PendingAppend | Duplicate | Rejected
+
+
+def _refuse_batch(header: BatchHeader) -> Rejected | None:
+    """Kafka's LogValidator checks of a client's batch, and what tiered topics refuse."""
+    if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
+        return Rejected(
+            ErrorCode.INVALID_RECORD,
+            f"record count {header.record_count} does not match the last offset delta "
+            f"{header.last_offset_delta}",
+        )
+    if header.is_control:
+        return Rejected(
+            ErrorCode.INVALID_RECORD, "clients are not allowed to write control records"
+        )
+    if header.is_transactional:
+        return Rejected(
+            ErrorCode.INVALID_REQUEST,
+            "transactional produce to a tiered topic is not supported until transactions are",
+        )
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        return Rejected(
+            ErrorCode.INVALID_RECORD,
+            f"invalid sequence number {header.base_sequence} in a batch of producer "
+            f"{header.producer_id}",
+        )
+    return None
+
+
+class PartitionSequencer:
+    """Offsets and idempotent-producer state of one partition; see the module docstring."""
+
+    def __init__(
+        self,
+        log_end_offset: int,
+        producer_states: Iterable[ProducerStateEntry] = (),
+        *,
+        log_append_time: bool = False,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    ) -> None:
+        if log_end_offset < 0:
+            raise ValueError(f"log_end_offset must be >= 0, not {log_end_offset}")
+        if producer_id_expiration_ms <= 0:
+            raise ValueError(
+                f"producer_id_expiration_ms must be > 0, not {producer_id_expiration_ms}"
+            )
+        self.log_append_time = log_append_time  # the topic's message.timestamp.type
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        self._producers = {entry.producer_id: entry for entry in producer_states}
+        self._high_watermark = log_end_offset  # end of the committed appends
+        self._state_end = log_end_offset  # the committed producer state covers offsets below
+        self._log_end = log_end_offset  # the next offset to assign
+        self._pending: deque[PendingAppend] = deque()
+        self._pending_states: dict[int, ProducerStateEntry] = {}  # newest per producer
+        self._fenced = False
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end
+
+    @property
+    def producer_state_end(self) -> int:
+        """The committed producer state covers every batch below this offset."""
+        return self._state_end
+
+    @property
+    def producer_states(self) -> Mapping[int, ProducerStateEntry]:
+        """The committed state, by producer id (read-only)."""
+        return MappingProxyType(self._producers)
+
+    @property
+    def pending(self) -> tuple[PendingAppend, ...]:
+        return tuple(self._pending)
+
+    @property
+    def fenced(self) -> bool:
+        return self._fenced
+
+    def producer_state(self, producer_id: int) -> ProducerStateEntry | None:
+        """What the next append is checked against: pending changes included."""
+        entry = self._pending_states.get(producer_id)
+        return entry if entry is not None else self._producers.get(producer_id)
+
+    def append(self, records: bytes | bytearray | memoryview, now_ms: int) -> AppendResult:
+        """Check and sequence one partition's `records`; see the module docstring."""
+        if self._fenced:
+            return Rejected(
+                ErrorCode.KAFKA_STORAGE_ERROR,
+                "the partition's sequencer was fenced after a failed write",
+            )
+        if self._state_end != self._high_watermark:
+            raise RuntimeError(
+                f"the producer state covers offsets below {self._state_end} but the log ends "
+                f"at {self._high_watermark}: replay the batches in between before appending"
+            )
+        headers = self._validate(records)
+        if isinstance(headers, Rejected):
+            return headers
+        changes: dict[int, ProducerStateEntry] = {}
+        duplicates: list[BatchMetadata] = []
+        next_offset = self._log_end
+        for header in headers:
+            if header.producer_id >= 0:
+                pid, epoch = header.producer_id, header.producer_epoch
+                first_seq = header.base_sequence
+                entry = changes.get(pid) or self.producer_state(pid) or empty_entry(pid)
+                last_seq = increment_sequence(first_seq, header.last_offset_delta)
+                duplicate = entry.find_duplicate(epoch, first_seq, last_seq)
+                if duplicate is not None:
+                    duplicates.append(duplicate)
+                    continue
+                refusal = check_append(entry, epoch, first_seq)
+                if refusal is not None:
+                    return Rejected(*refusal, _gap(entry, epoch, first_seq, refusal[0]))
+                delta = header.last_offset_delta
+                timestamp = now_ms if self.log_append_time else header.max_timestamp
+                batch = BatchMetadata(last_seq, next_offset + delta, delta, timestamp)
+                changes[pid] = entry.with_batch(epoch, batch, now_ms)
+            next_offset += header.last_offset_delta + 1
+        if duplicates:
+            return self._duplicate(duplicates, len(headers))
+        out = bytearray(records)  # the one copy of the run
+        assign_offsets(out, self._log_end)
+        append_time = NO_TIMESTAMP
+        if self.log_append_time:
+            _set_log_append_time(out, headers, now_ms)
+            append_time = now_ms
+        pending = PendingAppend(out, self._log_end, next_offset - 1, append_time, changes)
+        self._pending.append(pending)
+        self._pending_states.update(changes)
+        self._log_end = next_offset
+        return pending
+
+    def commit(self, pending: PendingAppend) -> ErrorCode:
+        """`pending` is durable: apply it. Returns the code to answer its producer with:
+        NONE, or KAFKA_STORAGE_ERROR if the sequencer was fenced meanwhile."""
+        if self._fenced:
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        if not self._pending or self._pending[0] is not pending:
+            raise ValueError("commit takes the oldest pending append of this sequencer")
+        self._pending.popleft()
+        for pid, entry in pending.producer_states.items():
+            self._producers[pid] = entry
+            if self._pending_states.get(pid) is entry:
+                del self._pending_states[pid]
+        self._high_watermark = self._state_end = pending.next_offset
+        return ErrorCode.NONE
+
+    def abort(self, pending: PendingAppend) -> None:
+        """`pending`'s write failed or its fate is unknown: fence (module docstring).
+        Aborting once fenced does nothing, so every failed write may be aborted."""
+        if self._fenced:
+            return
+        if not any(p is pending for p in self._pending):
+            raise ValueError("abort takes a pending append of this sequencer")
+        self._fenced = True
+        self._pending.clear()
+        self._pending_states.clear()
+
+    def replay(self, header: BatchHeader, now_ms: int | None = None) -> bool:
+        """Rebuild the producer state from a batch read back (its offsets as written), with
+        no CRC or sequence checks. Batches wholly below `producer_state_end` are skipped
+        (False). The log end moves past the batch. `now_ms` is the producer's last use
+        for expiration; None takes the batch's max timestamp, as Kafka does when it
+        reloads a log: pass the clock to give every producer a full period after a takeover."""
+        if self._fenced or self._pending:
+            raise RuntimeError("replay rebuilds a sequencer before it appends")
+        if header.next_offset <= self._state_end:
+            return False
+        if header.base_offset < self._state_end:
+            raise ValueError(
+                f"batch at offsets {header.base_offset}..{header.last_offset} straddles the "
+                f"producer state end {self._state_end}"
+            )
+        if header.producer_id >= 0:
+            pid, epoch = header.producer_id, header.producer_epoch
+            used = header.max_timestamp if now_ms is None else now_ms
+            entry = self._producers.get(pid) or empty_entry(pid)
+            if epoch >= entry.producer_epoch:  # an older epoch's batch cannot change the state
+                if header.is_control:
+                    self._producers[pid] = entry.with_epoch(epoch, used)
+                else:
+                    delta = header.last_offset_delta
+                    last_seq = increment_sequence(header.base_sequence, delta)
+                    batch = BatchMetadata(last_seq, header.last_offset, delta, header.max_timestamp)
+                    self._producers[pid] = entry.with_batch(epoch, batch, used)
+        self._state_end = header.next_offset
+        self._high_watermark = self._log_end = max(self._high_watermark, header.next_offset)
+        return True
+
+    def expire(self, now_ms: int) -> list[int]:
+        """Drop the producer ids unused for `producer_id_expiration_ms` and no append
+        pending; returns them. A dropped producer id is accepted again at any sequence."""
+        limit = self.producer_id_expiration_ms
+        expired = [
+            pid
+            for pid, entry in self._producers.items()
+            if pid not in self._pending_states and now_ms - entry.last_timestamp >= limit
+        ]
+        for pid in expired:
+            del self._producers[pid]
+        return expired
+
+    def snapshot(self) -> bytes:
+        """The committed producer state and the offset it covers (docs/sequencer.md)."""
+        return encode_snapshot(self._state_end, self._producers.values())
+
+    @classmethod
+    def restore(
+        cls,
+        data: bytes | bytearray | memoryview,
+        log_end_offset: int,
+        *,
+        log_append_time: bool = False,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    ) -> PartitionSequencer:
+        """A sequencer for a log ending at `log_end_offset`, from a `snapshot()`. Replay the
+        batches from the snapshot's offset (`producer_state_end`) on before appending.
+        Raises CorruptSnapshotError for bad bytes, ValueError for a snapshot past the log."""
+        offset, entries = decode_snapshot(data)
+        if offset > log_end_offset:
+            raise ValueError(
+                f"the snapshot covers offsets below {offset}, past the log end {log_end_offset}"
+            )
+        sequencer = cls(
+            log_end_offset,
+            entries,
+            log_append_time=log_append_time,
+            producer_id_expiration_ms=producer_id_expiration_ms,
+        )
+        sequencer._state_end = offset
+        return sequencer
+
+    def _validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader] | Rejected:
+        headers: list[BatchHeader] = []
+        position = 0
+        try:
+            for _, batch in iter_batches(records):
+                headers.append(validate_batch(batch, position))
+                position += len(batch)
+        except CorruptBatchError as exc:
+            return Rejected(ErrorCode.CORRUPT_MESSAGE, str(exc))
+        if not headers:
+            return Rejected(ErrorCode.INVALID_RECORD, "a partition's records hold no record batch")
+        for header in headers:
+            refusal = _refuse_batch(header)
+            if refusal is not None:
+                return refusal
+        return headers
+
+    def _duplicate(self, duplicates: list[BatchMetadata], batch_count: int) -> AppendResult:
+        # One answer (a base offset) must describe the whole request: a mix of retried and
+        # new batches cannot be answered, nor retries whose originals are not adjacent.
+        # (Kafka refuses any produce v3+ with more than one batch per partition.)
+        if len(duplicates) != batch_count or any(
+            later.first_offset != earlier.last_offset + 1 for earlier, later in pairwise(duplicates)
+        ):
+            return Rejected(
+                ErrorCode.INVALID_RECORD,
+                "a partition's records mix retried batches with new or non-adjacent ones",
+            )
+        first, last = duplicates[0], duplicates[-1]
+        awaiting = None
+        if last.last_offset >= self._high_watermark:
+            awaiting = next(
+                p for p in self._pending if p.base_offset <= last.last_offset <= p.last_offset
+            )
+        append_time = first.timestamp if self.log_append_time else NO_TIMESTAMP
+        return Duplicate(first.first_offset, last.last_offset, append_time, awaiting)
+
+
+def _gap(
+    entry: ProducerStateEntry, epoch: int, first_seq: int, code: ErrorCode
+) -> SequenceGap | None:
+    if code != ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
+        return None
+    expected = increment_sequence(entry.last_seq, 1) if epoch == entry.producer_epoch else 0
+    return SequenceGap(entry.producer_id, epoch, expected, first_seq)
+
+
+def _set_log_append_time(out: bytearray, headers: list[BatchHeader], now_ms: int) -> None:
+    position = 0
+    for header in headers:
+        set_log_append_time(out, position, header, now_ms)
+        position += header.size

@@ -1,0 +1,379 @@
+"""Calls to other proxies over the peer protocol, on asyncio sockets; the messages and
+frames are `peer/codec.py`, the listener that answers them `peer_server.py`.
+
+`PeerClients` keeps one pipelined connection per peer address, opened on first use and
+opened again after it breaks; answers are matched to their calls by correlation id.
+
+Errors: a Kafka error code travels in the answer; bytes that are not a frame fail every
+call waiting on that connection with `PeerUnavailable`; arguments that cannot make a
+message raise ValueError before any I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+
+from proxy.handoff.objects import S3WalLocation
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
+from proxy.peer.codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL,
+    AdminRequest,
+    AdminResponse,
+    AppendRequest,
+    AppendResponse,
+    BackfillRequest,
+    FetchRequest,
+    FetchResponse,
+    PeerFrameReader,
+    PeerMessage,
+    PeerProtocolError,
+    PingRequest,
+    PingResponse,
+    TrimRequest,
+    TrimResponse,
+    encode,
+    for_peer,
+    frame_size,
+)
+from proxy.peer.server import READ_BYTES, Answer, Request, peer_name
+
+__all__ = ["Address", "PeerClients", "PeerUnavailable"]
+
+# The same logger as peer_server.py: both ends of the peer protocol log as one.
+log = logging.getLogger("tierproxy.peers")
+
+Address = tuple[str, int]
+
+_FETCH_ANSWER_HEAD = frame_size(FetchResponse(0, 0))  # a fetch answer's frame, less records
+
+
+class PeerUnavailable(ConnectionError):
+    """The connection to a peer could not be opened, or broke while the call waited. The
+    next call opens a new one."""
+
+
+class _PeerConnection:
+    """One pipelined connection: requests are written as they come, answers are matched to
+    their callers by correlation id. Once failed it stays failed; the pool opens another."""
+
+    def __init__(self, address: Address, connect_timeout_s: float, max_frame_bytes: int) -> None:
+        self.address = address
+        self.name = peer_name(address)
+        self._connect_timeout_s = connect_timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._pending: dict[int, tuple[asyncio.Future[PeerMessage], type]] = {}
+        # calls not answered yet that must hear at once if this connection fails
+        self._on_lost: dict[object, Callable[[], None]] = {}
+        self._next_cid = 0
+        self._failure: str | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        # Shared by every caller waiting for it: one connect per address, whoever asked.
+        self._opening = asyncio.get_running_loop().create_task(self._open())
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    async def _open(self) -> None:
+        host, port = self.address
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_connection(host, port)
+        except TimeoutError:
+            self._fail(f"cannot connect within {self._connect_timeout_s} s")
+            return
+        except OSError as exc:
+            self._fail(f"cannot connect: {exc}")
+            return
+        self._writer = writer
+        if self._failure is not None:  # closed while connecting
+            writer.close()
+            return
+        self._reading = asyncio.get_running_loop().create_task(self._read(reader))
+
+    async def call(
+        self,
+        request: Request,
+        expect: type | None,
+        timeout_s: float,
+        on_lost: Callable[[], None] | None = None,
+    ) -> PeerMessage | None:
+        """Send `request` under a correlation id of this connection; wait for its answer of
+        type `expect`, or only until it is written when `expect` is None. `on_lost` is
+        called, synchronously, if the connection fails before the answer: before any later
+        call can pick another connection (a hand-off's drop is recorded before the next
+        one is sent: sequence_holes.py)."""
+        cid = None
+        token = object()
+        if on_lost is not None:
+            self._on_lost[token] = on_lost
+        try:
+            async with asyncio.timeout(timeout_s):
+                # Shared, so a timeout here leaves the connect to the others; and it always
+                # yields once, even when open, so calls that waited for the connect resume
+                # first: requests are written in the order of the calls.
+                await asyncio.wait((self._opening,))
+                if self._failure is not None or self._writer is None:
+                    raise self._unavailable()
+                cid = self._new_cid()
+                pieces = encode(
+                    dataclasses.replace(request, correlation_id=cid),
+                    max_frame_bytes=self._max_frame_bytes,
+                )
+                waiter = None
+                if expect is not None:
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._pending[cid] = (waiter, expect)
+                try:
+                    await self._send(pieces)
+                    return None if waiter is None else await waiter
+                finally:
+                    self._pending.pop(cid, None)  # a late answer to it is dropped
+                    if waiter is not None and waiter.done() and not waiter.cancelled():
+                        waiter.exception()  # retrieved: _fail sets it when the write fails
+        except TimeoutError:
+            what = type(request).__name__ + ("" if cid is None else f" {cid}")
+            raise TimeoutError(
+                f"peer {self.name}: {what} not answered within {timeout_s} s"
+            ) from None
+        finally:
+            self._on_lost.pop(token, None)
+
+    async def _send(self, pieces: list) -> None:
+        assert self._writer is not None
+        try:
+            self._writer.writelines(pieces)
+            await self._writer.drain()  # backpressure: a peer that stops reading stops us
+        except ConnectionError as exc:
+            self._fail(f"connection lost: {exc}")
+            raise self._unavailable() from None
+
+    def _new_cid(self) -> int:
+        cid = self._next_cid
+        while cid in self._pending:  # only after 2**32 calls, with one still waiting
+            cid = (cid + 1) & 0xFFFF_FFFF
+        self._next_cid = (cid + 1) & 0xFFFF_FFFF
+        return cid
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        frames = PeerFrameReader(self._max_frame_bytes)
+        try:
+            while data := await reader.read(READ_BYTES):
+                frames.feed(data)
+                while (message := frames.next_message()) is not None:
+                    self._answer(message)
+            self._fail("the peer closed the connection")
+        except PeerProtocolError as exc:
+            log.warning("peer %s: closing the connection: %s", self.name, exc)
+            self._fail(f"bad frame: {exc}")
+        except OSError as exc:
+            self._fail(f"connection lost: {exc}")
+
+    def _answer(self, message: PeerMessage) -> None:
+        if not isinstance(message, Answer):
+            raise PeerProtocolError(f"a {type(message).__name__} is not an answer")
+        entry = self._pending.get(message.correlation_id)
+        if entry is None:
+            return  # the call timed out or was cancelled
+        waiter, expect = entry
+        if not isinstance(message, expect):
+            raise PeerProtocolError(
+                f"a {type(message).__name__} answers correlation id {message.correlation_id}, "
+                f"which expects a {expect.__name__}"
+            )
+        del self._pending[message.correlation_id]
+        if not waiter.done():
+            waiter.set_result(message)
+
+    def _unavailable(self) -> PeerUnavailable:
+        return PeerUnavailable(f"peer {self.name}: {self._failure}")
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is not None:
+            return
+        self._failure = reason
+        lost, self._on_lost = list(self._on_lost.values()), {}
+        for hook in lost:
+            hook()
+        for waiter, _ in self._pending.values():
+            if not waiter.done():
+                waiter.set_exception(self._unavailable())
+        self._pending.clear()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def close(self) -> None:
+        self._fail("the client is closed")
+        tasks = [task for task in (self._opening, self._reading) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._writer is not None:
+            with suppress(OSError, TimeoutError):
+                async with asyncio.timeout(self._connect_timeout_s):
+                    await self._writer.wait_closed()
+
+
+class PeerClients:
+    """Calls to other proxies: one pipelined connection per (host, port), opened on demand.
+
+    A connection that fails fails every call waiting on it with PeerUnavailable; the next
+    call opens a new one. A call that times out raises TimeoutError and leaves the
+    connection to the others."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        timeout_margin_s: float = 5.0,
+        admin_timeout_s: float = 30.0,
+    ) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame_bytes = max_frame_bytes
+        self.timeout_margin_s = timeout_margin_s
+        self.admin_timeout_s = admin_timeout_s
+        self._connections: dict[Address, _PeerConnection] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def append(
+        self,
+        address: Address,
+        stream_id: int,
+        acks: int,
+        timeout_ms: int,
+        *,
+        records: bytes | bytearray | memoryview | None = None,
+        location: S3WalLocation | None = None,
+        timeout_s: float | None = None,
+        batch: ProducerBatch | None = None,
+        hole: Callable[[], int] | None = None,
+        on_lost: Callable[[], None] | None = None,
+        peer_protocol: int = PROTOCOL,
+    ) -> ProduceResult | None:
+        """The owner's answer to appending `records` (direct) or the batches at `location`
+        (s3) to `stream_id`; None for acks=0, once the request is written. The default
+        timeout is the request's own `timeout_ms` plus `timeout_margin_s`. `batch` and
+        `hole()` (asked now, as the connection is picked) tell the owner whose batches
+        these are and the sender's last drop before them, unless the owner's `peer_protocol`
+        (its heartbeat's) predates them: `peer_codec.for_peer`; `on_lost`:
+        `_PeerConnection.call`."""
+        hole_seq = -1 if hole is None or batch is None else hole()
+        request = for_peer(
+            AppendRequest(
+                0, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole_seq
+            ),
+            peer_protocol,
+        )
+        if timeout_s is None:
+            timeout_s = max(timeout_ms, 0) / 1000 + self.timeout_margin_s
+        expect = None if acks == 0 else AppendResponse
+        connection = self._connection(address)
+        response = await connection.call(request, expect, timeout_s, on_lost)
+        assert response is None or isinstance(response, AppendResponse)
+        return None if response is None else response.result()
+
+    async def admin(
+        self,
+        address: Address,
+        op: str,
+        topic: str,
+        topic_id: uuid.UUID,
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, str]:
+        """(error code, message) from the owner of the topic's metadata shard."""
+        request = AdminRequest(0, op, topic, topic_id)
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    async def ping(self, address: Address, *, timeout_s: float | None = None) -> PingResponse:
+        """The proxy's answer to a ping: its name in the fleet and its version. A listener
+        that predates pings closes the connection (PeerUnavailable)."""
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(PingRequest(0), PingResponse, timeout)
+        assert isinstance(response, PingResponse)
+        return response
+
+    async def backfill(
+        self,
+        address: Address,
+        object_id: int,
+        size: int,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> tuple[int, str]:
+        """(error code, message) from the owner of the stream's metadata shard, asked to
+        commit an offload job's stream object holding [start_offset, end_offset)."""
+        request = BackfillRequest(0, object_id, size, stream_id, start_offset, end_offset)
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    async def trim(
+        self, address: Address, stream_id: int, offset: int, timeout_ms: int
+    ) -> tuple[int, int, str]:
+        """(error code, log start, message) from the owner of the stream's metadata shard,
+        asked to move the stream's log start up to `offset` (-1: its high watermark)."""
+        request = TrimRequest(0, stream_id, offset, timeout_ms)
+        timeout = self.admin_timeout_s + timeout_ms / 1000
+        response = await self._connection(address).call(request, TrimResponse, timeout)
+        assert isinstance(response, TrimResponse)
+        return response.error_code, response.log_start_offset, response.message
+
+    async def fetch(
+        self,
+        address: Address,
+        stream_id: int,
+        offset: int,
+        max_bytes: int,
+        max_wait_ms: int,
+        *,
+        timeout_s: float | None = None,
+    ) -> FetchResponse:
+        """The owner's answer to reading `stream_id` from `offset` on, waiting up to
+        `max_wait_ms` for data past it; its records are a view of the received bytes.
+        `max_bytes` is cut to what a frame holds. The default timeout is `max_wait_ms` plus
+        `timeout_margin_s`."""
+        max_bytes = min(max_bytes, max(self.max_frame_bytes - _FETCH_ANSWER_HEAD, 0))
+        request = FetchRequest(0, stream_id, offset, max_bytes, max_wait_ms)
+        if timeout_s is None:
+            timeout_s = max_wait_ms / 1000 + self.timeout_margin_s
+        response = await self._connection(address).call(request, FetchResponse, timeout_s)
+        assert isinstance(response, FetchResponse)
+        return response
+
+    def _connection(self, address: Address) -> _PeerConnection:
+        if self._closed:
+            raise RuntimeError("the peer clients are closed")
+        connection = self._connections.get(address)
+        if connection is None or connection.failed:
+            if connection is not None:
+                task = asyncio.get_running_loop().create_task(connection.close())
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+            connection = _PeerConnection(address, self.connect_timeout_s, self.max_frame_bytes)
+            self._connections[address] = connection
+        return connection
+
+    async def close(self) -> None:
+        """Close every connection; calls still waiting fail with PeerUnavailable."""
+        self._closed = True
+        connections = list(self._connections.values())
+        self._connections.clear()
+        await asyncio.gather(*(c.close() for c in connections), *self._retiring)

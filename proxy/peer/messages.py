@@ -1,0 +1,333 @@
+"""The proxy-to-proxy ("peer") protocol's messages and the values each may hold. Pure.
+
+Their frames, byte by byte, are `peer_codec.py` (the message classes import from there too).
+A message that cannot be built (both or neither append payloads, a value out of range)
+raises a plain `ValueError`: the caller's bug. Every field's range fits its wire type, so
+any message that can be built can be framed (within the frame size limit).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from proxy.handoff.objects import S3WalLocation
+from proxy.partition.rules import ProduceResult
+from proxy.partition.sequence_holes import ProducerBatch
+
+ACKS = (-1, 0, 1)
+ADMIN_OPS = ("tier", "untier", "seal", "unseal")
+# Records travel in one frame, whose u32 length counts them and the frame's 14-byte head
+# (peer_codec.HEADER_SIZE).
+MAX_RECORDS_BYTES = 0xFFFF_FFFF - 14
+
+U32_MAX = 0xFFFF_FFFF
+I32_MAX = (1 << 31) - 1
+I64_MAX = (1 << 63) - 1
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """Append these batches to `stream_id` on its owner: `records` inline (direct mode) or
+    the `location` of an S3-WAL range (s3 mode), exactly one. Decoded records are a view
+    of the received frame, not a copy."""
+
+    correlation_id: int
+    stream_id: int
+    acks: int
+    timeout_ms: int
+    records: bytes | bytearray | memoryview | None = None
+    location: S3WalLocation | None = None
+    # whose batches and which sequences (the owner records them as dropped if it cannot
+    # append them, even unread), and the newest sequence of that producer the sender
+    # dropped before them, -1 if none: docs/sequencer.md, "Gaps the proxy made"
+    batch: ProducerBatch | None = None
+    hole: int = -1
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        if self.batch is not None:
+            b = self.batch
+            check_range("batch.producer_id", b.producer_id, 0, I64_MAX)
+            check_range("batch.producer_epoch", b.producer_epoch, -(1 << 15), (1 << 15) - 1)
+            check_range("batch.first_sequence", b.first_sequence, 0, I32_MAX)
+            check_range("batch.last_sequence", b.last_sequence, 0, I32_MAX)
+        check_range("hole", self.hole, -1, I32_MAX)
+        if self.batch is None and self.hole != -1:
+            raise ValueError("an append names a hole only with its batch")
+        if self.acks not in ACKS:
+            raise ValueError(f"acks {self.acks}: must be -1, 0 or 1")
+        check_range("timeout_ms", self.timeout_ms, -(1 << 31), I32_MAX)
+        if (self.records is None) == (self.location is None):
+            raise ValueError("an append carries exactly one of records (direct) or location (s3)")
+        if self.records is not None and buffer_size(self.records) > MAX_RECORDS_BYTES:
+            raise ValueError(f"{buffer_size(self.records)} bytes of records do not fit in a frame")
+        if self.location is not None:
+            loc = self.location
+            if loc.stream_id != self.stream_id:
+                raise ValueError(
+                    f"location of stream {loc.stream_id} in an append to {self.stream_id}"
+                )
+            check_range("location.start", loc.start, 0, (1 << 64) - 1)
+            check_range("location.end", loc.end, loc.start, (1 << 64) - 1)
+            check_range("location.crc", loc.crc, 0, U32_MAX)
+            check_string("location.object_key", loc.object_key, 0xFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResponse:
+    """The owner's answer to an append: one partition's Produce answer."""
+
+    correlation_id: int
+    error_code: int
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    error_message: str | None = None
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        for name in ("base_offset", "log_append_time_ms", "log_start_offset"):
+            check_range(name, getattr(self, name), -(1 << 63), I64_MAX)
+        if self.error_message is not None:
+            check_string("error_message", self.error_message, 0x7FFF)
+
+    @classmethod
+    def from_result(cls, correlation_id: int, r: ProduceResult) -> AppendResponse:
+        fields = (r.base_offset, r.log_append_time_ms, r.log_start_offset, r.error_message)
+        return cls(correlation_id, r.error_code, *fields)
+
+    def result(self) -> ProduceResult:
+        fields = (self.base_offset, self.log_append_time_ms, self.log_start_offset)
+        return ProduceResult(self.error_code, *fields, self.error_message)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminRequest:
+    """Tier or untier `topic` (by name and id), on the owner of its metadata shard; or,
+    from that owner to the owners of the topic's streams before an untier, seal (close
+    the topic's partitions owned there, refused if any holds writes past its cutover) or
+    unseal them."""
+
+    correlation_id: int
+    op: str
+    topic: str
+    topic_id: uuid.UUID
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        if self.op not in ADMIN_OPS:
+            raise ValueError(f"admin op {self.op!r}: must be one of {', '.join(ADMIN_OPS)}")
+        check_string("topic", self.topic, 0xFFFF)
+        if not isinstance(self.topic_id, uuid.UUID):
+            raise ValueError(f"topic_id {self.topic_id!r} is not a UUID")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminResponse:
+    correlation_id: int
+    error_code: int
+    message: str
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        check_string("message", self.message, 0xFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """Read `stream_id` from `offset` on, on its owner: the tail its log cache holds and
+    the objects do not yet. `max_bytes` bounds the answer as Fetch's partition_max_bytes
+    does (the batch holding `offset` comes whole); `max_wait_ms` is the long poll, how long
+    the owner may wait for data past `offset`."""
+
+    correlation_id: int
+    stream_id: int
+    offset: int
+    max_bytes: int
+    max_wait_ms: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("offset", self.offset, 0, I64_MAX)
+        check_range("max_bytes", self.max_bytes, 0, I32_MAX)
+        check_range("max_wait_ms", self.max_wait_ms, 0, I32_MAX)
+
+
+class FetchResult(Protocol):
+    """What an owner's fetch handler returns: a `FetchResponse`, or any answer with these
+    fields (such as `apis.fetch_split.TieredFetchResult`)."""
+
+    @property
+    def error_code(self) -> int: ...
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def records(self) -> Sequence[Buffer]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    """The owner's answer to a fetch: whole batches from the requested offset on, written
+    one after another, and the partition's offsets (-1: unknown). `records` are kept as
+    the pieces given (a tuple, empty pieces left out) and framed without a copy; a decoded
+    answer holds at most one piece, a view of the received frame."""
+
+    correlation_id: int
+    error_code: int
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: Sequence[Buffer] = ()
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        check_range("high_watermark", self.high_watermark, -(1 << 63), I64_MAX)
+        check_range("log_start_offset", self.log_start_offset, -(1 << 63), I64_MAX)
+        if isinstance(self.records, Buffer) or not isinstance(self.records, Sequence):
+            raise ValueError(f"records {type(self.records).__name__}: must be a sequence of pieces")
+        for piece in self.records:
+            if not isinstance(piece, Buffer):
+                raise ValueError(f"a records piece of type {type(piece).__name__}: not a buffer")
+        pieces = tuple(piece for piece in self.records if buffer_size(piece))
+        object.__setattr__(self, "records", pieces)  # frozen: set once, here
+        if self.records_size > MAX_RECORDS_BYTES:
+            raise ValueError(f"{self.records_size} bytes of records do not fit in a frame")
+
+    @property
+    def records_size(self) -> int:
+        return sum(map(buffer_size, self.records))
+
+    @classmethod
+    def from_result(cls, correlation_id: int, r: FetchResult) -> FetchResponse:
+        return cls(correlation_id, r.error_code, r.high_watermark, r.log_start_offset, r.records)
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillRequest:
+    """Commit an offload job's stream object (docs/offload.md): it holds offsets
+    [start_offset, end_offset) of `stream_id`, below the stream's cutover. Sent to any
+    proxy, which hands it to the owner of the stream's metadata shard; that owner checks it
+    with the metadata rules and writes it. Answered by an `AdminResponse`."""
+
+    correlation_id: int
+    object_id: int
+    size: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("object_id", self.object_id, 0, (1 << 64) - 1)
+        check_range("size", self.size, 1, I64_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("start_offset", self.start_offset, 0, I64_MAX - 1)
+        check_range("end_offset", self.end_offset, self.start_offset + 1, I64_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class TrimRequest:
+    """DeleteRecords on a tiered partition: move `stream_id`'s log start up to `offset`
+    (-1: its high watermark). Sent to any proxy, which hands it to the owner of the
+    stream's metadata shard; that owner uploads what the trim needs committed first (for
+    at most `timeout_ms`) and writes the StreamTrim."""
+
+    correlation_id: int
+    stream_id: int
+    offset: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("offset", self.offset, -1, I64_MAX)
+        check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResponse:
+    """The answer to a TrimRequest: Kafka's error code, the stream's log start after it
+    (-1 with an error), and a message saying why."""
+
+    correlation_id: int
+    error_code: int
+    log_start_offset: int
+    message: str
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        check_range("log_start_offset", self.log_start_offset, -1, I64_MAX)
+        check_string("message", self.message, 0xFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    """Is a proxy's peer listener there, and which proxy is it? Carries nothing; answered
+    by a `PingResponse`. Offload jobs send it before any work (offload_jobs/preflight.py)."""
+
+    correlation_id: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class PingResponse:
+    """The answer to a ping: the proxy's name in its fleet (fleet.name) and its version
+    (`proxy.__version__`)."""
+
+    correlation_id: int
+    name: str
+    version: str
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_string("name", self.name, 0xFFFF)
+        check_string("version", self.version, 0xFFFF)
+
+
+PeerMessage = (
+    AppendRequest
+    | AppendResponse
+    | AdminRequest
+    | AdminResponse
+    | FetchRequest
+    | FetchResponse
+    | BackfillRequest
+    | TrimRequest
+    | TrimResponse
+    | PingRequest
+    | PingResponse
+)
+
+
+def buffer_size(piece: Buffer) -> int:
+    """Its size in bytes (a memoryview's len counts items, not bytes)."""
+    return piece.nbytes if isinstance(piece, memoryview) else len(piece)
+
+
+def check_range(name: str, value: int, low: int, high: int) -> None:
+    if not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{name} {value!r}: must be an integer in [{low}, {high}]")
+
+
+def check_string(name: str, value: str, max_bytes: int) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} {value!r} is not a string")
+    if len(value) > max_bytes // 4 and len(value.encode()) > max_bytes:
+        raise ValueError(f"{name}: {len(value.encode())} UTF-8 bytes, at most {max_bytes}")

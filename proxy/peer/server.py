@@ -1,0 +1,287 @@
+"""The peer protocol's listener on asyncio sockets; the messages and frames are
+`peer/codec.py`, the calls to other proxies `peer_clients.py`.
+
+`PeerServer` answers other proxies: appends to the tiered partitions this proxy owns,
+fetches of their tail not uploaded yet, and admin requests for the metadata shards it owns.
+Each request runs in its own task and its answer is written as soon as it is ready, so one
+slow partition does not hold up the others on the connection (answers carry the correlation
+id).
+
+Errors: a Kafka error code travels in the answer, also when a handler raises; bytes that
+are not a frame close that connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+
+from proxy import __version__
+from proxy.partition.producer_state import ErrorCode
+from proxy.partition.rules import ProduceResult
+from proxy.peer.codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    AdminRequest,
+    AdminResponse,
+    AppendRequest,
+    AppendResponse,
+    BackfillRequest,
+    FetchRequest,
+    FetchResponse,
+    PeerFrameReader,
+    PeerProtocolError,
+    PingRequest,
+    PingResponse,
+    TrimRequest,
+    TrimResponse,
+    encode,
+    frame_size,
+)
+from proxy.peer.messages import FetchResult
+
+__all__ = ["PeerServer"]
+
+# The same logger as peer_clients.py: both ends of the peer protocol log as one.
+log = logging.getLogger("tierproxy.peers")
+
+OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
+OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
+OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
+OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
+OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
+
+KAFKA_STORAGE_ERROR = int(ErrorCode.KAFKA_STORAGE_ERROR)  # retriable: the producer retries
+UNKNOWN_SERVER_ERROR = -1
+# A fetch to a server given no on_fetch: no data answer uses this code, so the asker knows
+# the owner serves no tail at all (and reads only what is committed) instead of retrying.
+UNSUPPORTED_VERSION = 35
+_MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:_MAX_MESSAGE_CHARS]
+
+
+# -- shared with peer_clients.py -----------------------------------------------------------
+
+Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest | TrimRequest | PingRequest
+Answer = AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse
+READ_BYTES = 256 * 1024
+
+
+def peer_name(address: object) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
+
+
+# -- server --------------------------------------------------------------------------------
+
+
+class PeerServer:
+    """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
+    fetches to other proxies, given `on_backfill`, offload jobs' commits, given
+    `on_trim`, DeleteRecords on tiered partitions; without a handler such a request is
+    answered UNSUPPORTED_VERSION. A ping is answered with `name` (the proxy's fleet.name)
+    and this code's version, without any handler.
+
+    Handlers start in the order their requests arrive (each one's first step runs before the
+    next one's), so an owner can queue one stream's batches in the order they were sent.
+    At most `max_inflight` requests per connection are handled at once; past that the
+    connection is not read, so a peer that sends faster than the owner appends (or stops
+    reading answers) is slowed by TCP; a fetch holds its slot while it long-polls. A
+    connection that ends or sends a bad frame gets the answers already owed for up to
+    `linger_s` before it is closed."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        on_append: OnAppend,
+        on_admin: OnAdmin,
+        on_fetch: OnFetch | None = None,
+        *,
+        on_backfill: OnBackfill | None = None,
+        on_trim: OnTrim | None = None,
+        name: str = "",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_inflight: int = 1024,
+        linger_s: float = 10.0,
+    ) -> None:
+        self.host = host
+        self._requested_port = port
+        self._on_append = on_append
+        self._on_admin = on_admin
+        self._on_fetch = on_fetch
+        self._on_backfill = on_backfill
+        self._on_trim = on_trim
+        self.name = name
+        self.max_frame_bytes = max_frame_bytes
+        self.max_inflight = max_inflight
+        self.linger_s = linger_s
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self._requested_port, reuse_address=True
+        )
+        log.info("peer protocol listening on %s:%d", self.host, self.port)
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one the OS chose when started with port 0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the peer server is not started")
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        """Stop listening and end every connection now; requests in flight are cancelled."""
+        if self._server is None:
+            return
+        self._server.close()
+        tasks = list(self._connections)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain callback, so the connection is registered the moment it is accepted and
+        # close() cancels it even before its task first runs (then no `finally` runs: the
+        # abort below closes the socket).
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._connections.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._connections.discard(task)
+            if not writer.transport.is_closing():
+                writer.transport.abort()
+
+        task.add_done_callback(done)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = peer_name(writer.get_extra_info("peername"))
+        frames = PeerFrameReader(self.max_frame_bytes)
+        inflight: set[asyncio.Task[None]] = set()
+        slots = asyncio.Semaphore(self.max_inflight)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            inflight.discard(task)
+            slots.release()
+            if not task.cancelled() and task.exception() is not None:
+                log.error("peer %s: answering failed", peer, exc_info=task.exception())
+
+        try:
+            while data := await reader.read(READ_BYTES):
+                frames.feed(data)
+                while (request := frames.next_message()) is not None:
+                    if not isinstance(request, Request):
+                        raise PeerProtocolError(f"a {type(request).__name__} is not a request")
+                    await slots.acquire()
+                    task = asyncio.create_task(self._handle(request, writer, peer))
+                    inflight.add(task)
+                    task.add_done_callback(finished)
+        except PeerProtocolError as exc:
+            log.warning("peer %s: closing its connection: %s", peer, exc)
+        except OSError as exc:
+            log.info("peer %s: connection lost: %s", peer, exc)
+        except asyncio.CancelledError:
+            for task in inflight:
+                task.cancel()
+            raise
+        finally:
+            await self._finish(inflight, writer)
+
+    async def _finish(
+        self, inflight: set[asyncio.Task[None]], writer: asyncio.StreamWriter
+    ) -> None:
+        if inflight:
+            _, late = await asyncio.wait(set(inflight), timeout=self.linger_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        writer.close()
+        with suppress(OSError, TimeoutError):
+            async with asyncio.timeout(self.linger_s):
+                await writer.wait_closed()
+
+    async def _handle(self, request: Request, writer: asyncio.StreamWriter, peer: str) -> None:
+        response: Answer
+        if isinstance(request, PingRequest):
+            response = PingResponse(request.correlation_id, self.name, __version__)
+        elif isinstance(request, AppendRequest):
+            response = await self._append(request, peer)
+            if request.acks == 0:
+                return
+        elif isinstance(request, FetchRequest):
+            response = await self._fetch(request, peer)
+        elif isinstance(request, BackfillRequest):
+            response = await self._backfill(request, peer)
+        elif isinstance(request, TrimRequest):
+            response = await self._trim(request, peer)
+        else:
+            response = await self._admin(request, peer)
+        if writer.is_closing():
+            return
+        writer.writelines(encode(response, max_frame_bytes=self.max_frame_bytes))
+        with suppress(ConnectionError):  # the read loop sees the connection go
+            await writer.drain()
+
+    async def _append(self, request: AppendRequest, peer: str) -> AppendResponse:
+        cid = request.correlation_id
+        try:
+            result = await self._on_append(request)
+            return AppendResponse.from_result(cid, result)
+        except Exception as exc:
+            log.exception("append to stream %d from peer %s failed", request.stream_id, peer)
+            return AppendResponse(cid, KAFKA_STORAGE_ERROR, error_message=_describe(exc))
+
+    async def _fetch(self, request: FetchRequest, peer: str) -> FetchResponse:
+        cid = request.correlation_id
+        if self._on_fetch is None:
+            return FetchResponse(cid, UNSUPPORTED_VERSION)
+        try:
+            response = FetchResponse.from_result(cid, await self._on_fetch(request))
+            if (size := frame_size(response)) > self.max_frame_bytes:
+                raise ValueError(f"an answer of {size} bytes is over the frame limit")
+            return response
+        except Exception:
+            stream, offset = request.stream_id, request.offset
+            log.exception("fetch of stream %d at %d from peer %s failed", stream, offset, peer)
+            return FetchResponse(cid, KAFKA_STORAGE_ERROR)
+
+    async def _admin(self, request: AdminRequest, peer: str) -> AdminResponse:
+        cid = request.correlation_id
+        try:
+            code, message = await self._on_admin(request)
+            return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            log.exception("admin %s of %s from peer %s failed", request.op, request.topic, peer)
+            return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+
+    async def _backfill(self, request: BackfillRequest, peer: str) -> AdminResponse:
+        cid = request.correlation_id
+        if self._on_backfill is None:
+            return AdminResponse(cid, UNSUPPORTED_VERSION, "this proxy takes no backfill commits")
+        try:
+            code, message = await self._on_backfill(request)
+            return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            stream, object_id = request.stream_id, request.object_id
+            log.exception("backfill of stream %d object %d from %s failed", stream, object_id, peer)
+            return AdminResponse(cid, UNKNOWN_SERVER_ERROR, _describe(exc))
+
+    async def _trim(self, request: TrimRequest, peer: str) -> TrimResponse:
+        cid = request.correlation_id
+        if self._on_trim is None:
+            return TrimResponse(cid, UNSUPPORTED_VERSION, -1, "this proxy takes no trims")
+        try:
+            code, log_start, message = await self._on_trim(request)
+            return TrimResponse(cid, code, log_start, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            log.exception("trim of stream %d from %s failed", request.stream_id, peer)
+            return TrimResponse(cid, UNKNOWN_SERVER_ERROR, -1, _describe(exc))

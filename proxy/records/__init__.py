@@ -1,0 +1,3 @@
+"""Kafka v2 record batches, read and rewritten per batch (never per record): headers, the
+read_committed view of transactions, timestamp searches.
+"""

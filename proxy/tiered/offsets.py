@@ -1,0 +1,302 @@
+"""ListOffsets for tiered partitions (docs/tiering.md, "Reading a tiered topic"): every
+answer is Kafka's for the same log.
+
+A tiered partition's log is Kafka's part below the cutover C, then the stream. Each
+tiered partition of a request is routed (`route`):
+
+- HERE, answered from the stream alone, when the objects hold all of [log start, C)
+  (the offload job moved it, or retention or DeleteRecords moved the log start to C or
+  past it; Kafka's copy may be gone): EARLIEST and EARLIEST_LOCAL (-4; no remote log on
+  Kafka's side, so the same) answer the log start; a timestamp and MAX_TIMESTAMP (-3)
+  are searched in the objects from the log start on, migrated ranges included. LATEST is
+  always answered here: the high watermark (the owner's; NOT_LEADER_OR_FOLLOWER when the
+  owner is away, the committed end may be below its acks);
+- BOTH, otherwise, for EARLIEST, -4 and a timestamp, and always for MAX_TIMESTAMP (Kafka
+  counts the segment holding its log start whole, so its part may hold the log's largest
+  timestamp below the log start, even once the log start is past the cutover; Kafka's
+  answer then is that record, and the passthrough's would be too): the entry also goes to
+  Kafka as it came (so Kafka's answer keeps its timestamp and leader epoch), the stream's
+  part is searched meanwhile, and `combine` completes Kafka's answer with it. Kafka's
+  answer is clamped at C: its log may hold data past C that is not the partition's (a
+  transaction marker its coordinator wrote, records written to a broker directly), so an
+  offset at or past C from Kafka is noted (`beyond_cutover`) and the stream's answer
+  taken instead;
+- the other special timestamps (-5 LATEST_TIERED, -6 EARLIEST_PENDING_UPLOAD) go to Kafka
+  alone: Kafka keeps no remote log of the topic, and answers them as for any topic.
+
+Timestamps follow Kafka's rules exactly (`proxy/records/timestamp_search.py`): the first
+record, in offset order, at or after the target and at or above the log start, inside
+compressed batches too; MAX_TIMESTAMP is the largest over the whole log, Kafka's part
+first on a tie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import struct
+from dataclasses import dataclass
+
+from proxy.apis.api02_list_offsets import (
+    EARLIEST_LOCAL_TIMESTAMP,
+    MAX_TIMESTAMP,
+    ListOffsetsRequestView,
+    OffsetsResult,
+    Route,
+    TieredOffsetsPartition,
+    merge_responses,
+    read_list_offsets_request,
+    read_list_offsets_response,
+    split,
+)
+from proxy.metadata.topic_index import stream_of
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.store import ObjectStoreError
+from proxy.records.batches import CorruptBatchError
+from proxy.records.timestamp_search import Found
+from proxy.tiered.timestamps import OwnerAway, StreamSearch
+
+log = logging.getLogger("tierproxy.reads")
+
+LATEST, EARLIEST = -1, -2
+NONE = 0
+NOT_LEADER_OR_FOLLOWER = 6
+KAFKA_STORAGE_ERROR = 56
+_SIZE = struct.Struct(">i")
+_FIRST_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8}  # older: Kafka refuses it
+_EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
+_ANY_TIMESTAMP = -(1 << 63)  # every record's timestamp is at least this
+
+
+def route(tiering, topic: str, partition: int, timestamp: int, api_version: int) -> Route:
+    """Where this partition's entry is answered (see the module docstring)."""
+    found = tiering.topics.topic(topic)
+    if found is None:
+        return Route.UPSTREAM
+    if timestamp < 0 and timestamp not in (
+        LATEST,
+        EARLIEST,
+        MAX_TIMESTAMP,
+        EARLIEST_LOCAL_TIMESTAMP,
+    ):
+        return Route.UPSTREAM
+    if api_version < _FIRST_VERSION.get(timestamp, 0):
+        return Route.UPSTREAM  # Kafka answers UNSUPPORTED_VERSION
+    stream = stream_of(found, partition)
+    state = tiering.state(stream)
+    if state.stream(stream) is None:
+        return Route.UPSTREAM  # not cut over yet: Kafka's log is the whole log
+    if timestamp == MAX_TIMESTAMP:
+        return Route.BOTH  # Kafka's segment holding its log start counts whole
+    if timestamp == LATEST or not state.backfill_gaps(stream):
+        return Route.HERE
+    return Route.BOTH
+
+
+def epoch_at(offset: int, cutover: int, current_epoch: int, stamped: int) -> int:
+    """The leader epoch Kafka answers with `offset` of a tiered partition: its epoch
+    cache's entry for the offset. Every epoch since the cutover starts at the cutover
+    (Kafka's log end), so at or past it that is the current leader epoch; below it, the
+    epoch Kafka stamped on the batch (a migrated batch keeps it in the objects)."""
+    return current_epoch if offset >= cutover else stamped
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """The stream's part of an answer, for `combine` (or alone, routed HERE)."""
+
+    error_code: int
+    cutover: int = -1
+    log_start: int = -1
+    found: Found | None = None  # the stream's record for a timestamp or MAX_TIMESTAMP
+    start_held: bool = False  # an object holds the log start (EARLIEST only)
+    current_epoch: int = -1  # the partition's leader epoch now (leader_epochs.py)
+    start_epoch: int = -1  # EARLIEST below the cutover: the epoch of the log start's batch
+
+    def alone(self, timestamp: int) -> OffsetsResult:
+        """The answer when the stream holds the whole log."""
+        if self.error_code != NONE:
+            return OffsetsResult(self.error_code)
+        if timestamp in _EARLIEST:
+            return self.earliest(self.log_start)
+        if self.found is None:
+            return OffsetsResult(NONE)  # no record at or after it: Kafka answers -1 too
+        found = self.found
+        epoch = epoch_at(found.offset, self.cutover, self.current_epoch, found.leader_epoch)
+        return OffsetsResult(NONE, found.timestamp, found.offset, epoch)
+
+    def earliest(self, log_start: int, stamped: int | None = None) -> OffsetsResult:
+        """EARLIEST at `log_start`; below the cutover with the epoch of the batch there
+        (`stamped`, else the one read from the objects)."""
+        stamped = self.start_epoch if stamped is None else stamped
+        epoch = epoch_at(log_start, self.cutover, self.current_epoch, stamped)
+        return OffsetsResult(NONE, -1, log_start, epoch)
+
+
+def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note) -> OffsetsResult:
+    """Kafka's answer for its part of the log (below the cutover), completed with the
+    stream's. `note(seen)` is told of a Kafka answer at or past the cutover."""
+    if kafka is None or kafka.error_code != NONE:
+        return kafka if kafka is not None else OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+    if part.error_code != NONE and timestamp not in _EARLIEST:
+        return OffsetsResult(part.error_code)
+    cutover = part.cutover
+    if timestamp in _EARLIEST:
+        if kafka.offset > cutover:  # Kafka's log start past its part: the stream's
+            note(kafka.offset)
+            return part.earliest(max(cutover, part.log_start))
+        if part.log_start > kafka.offset or (part.start_held and part.log_start < kafka.offset):
+            # trimmed below the cutover while Kafka's copy lives on, or migrated and gone
+            # from Kafka: what a Fetch from that offset is served (TieredReads.fetch_here)
+            if part.start_held:
+                return part.earliest(part.log_start)
+            # Kafka's batch: the epoch of its entry for its own log start, most likely
+            # the same one (Kafka is not asked for this offset's)
+            return part.earliest(part.log_start, kafka.leader_epoch)
+        return kafka
+    below = 0 <= kafka.offset < cutover
+    if kafka.offset >= cutover:
+        note(kafka.offset)
+    if timestamp == MAX_TIMESTAMP:
+        stream = part.found
+        if below and (stream is None or stream.timestamp <= kafka.timestamp):
+            return kafka  # Kafka's part first on a tie, as Kafka's maxBy keeps the first
+        return part.alone(timestamp)
+    return kafka if below else part.alone(timestamp)
+
+
+async def stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
+    """The stream's part of one partition's answer, with the partition's leader epoch."""
+    part, epoch = await asyncio.gather(
+        _stream_part(tiering, item), tiering.leader_epochs.epoch(item.topic, item.partition)
+    )
+    return dataclasses.replace(part, current_epoch=epoch)
+
+
+async def _stream_part(tiering, item: TieredOffsetsPartition) -> StreamPart:
+    found = tiering.topics.topic(item.topic)
+    stream = None if found is None else stream_of(found, item.partition)
+    state = None if stream is None else tiering.state(stream)
+    info = None if state is None else state.stream(stream)
+    if info is None:  # untiered since the split
+        return StreamPart(NOT_LEADER_OR_FOLLOWER)
+    timestamp = item.timestamp
+    held = timestamp in _EARLIEST and bool(
+        state.objects_for(stream, info.log_start_offset, limit=1)
+    )
+    part = StreamPart(NONE, info.cutover_offset, info.log_start_offset, start_held=held)
+    search = StreamSearch(tiering, stream)
+    if timestamp in _EARLIEST and (not held or part.log_start >= part.cutover):
+        return part
+
+    # Kafka alone holds offsets below the cutover that no object holds; else the
+    # objects hold all of the log from its start
+    start = (
+        max(info.cutover_offset, info.log_start_offset)
+        if state.backfill_gaps(stream)
+        else info.log_start_offset
+    )
+    where = f"{found.name}-{item.partition}: ListOffsets timestamp {timestamp}"
+    try:
+        if timestamp in _EARLIEST:  # migrated ranges below the cutover: their batch's epoch
+            hit = await search.first_at_or_after(_ANY_TIMESTAMP, info.log_start_offset)
+            epoch = -1 if hit is None else hit.leader_epoch
+            return dataclasses.replace(part, start_epoch=epoch)
+        if timestamp == MAX_TIMESTAMP:
+            hit = await search.max_timestamp(start)
+        else:
+            hit = await search.first_at_or_after(timestamp, start)
+    except OwnerAway:
+        return StreamPart(NOT_LEADER_OR_FOLLOWER)
+    except (ObjectFormatError, ObjectStoreError, CorruptBatchError) as exc:
+        log.error("%s: %s", where, exc)
+        return StreamPart(KAFKA_STORAGE_ERROR)
+    return StreamPart(NONE, info.cutover_offset, info.log_start_offset, hit)
+
+
+async def _latest(tiering, item: TieredOffsetsPartition) -> OffsetsResult:
+    """The high watermark, with the current leader epoch (Kafka's Partition answers its
+    leader epoch with LATEST)."""
+    found = tiering.topics.topic(item.topic)
+    stream = None if found is None else stream_of(found, item.partition)
+    if stream is None or tiering.state(stream).stream(stream) is None:
+        return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+    end, epoch = await asyncio.gather(
+        tiering.reads.owner_high_watermark(stream),
+        tiering.leader_epochs.epoch(item.topic, item.partition),
+    )
+    if end is None:  # the owner is away: the committed end may be below its acks
+        return OffsetsResult(NOT_LEADER_OR_FOLLOWER)
+    return OffsetsResult(NONE, -1, end, epoch)
+
+
+@dataclass(slots=True, eq=False)
+class OffsetsPlan:
+    view: ListOffsetsRequestView
+    upstream_frame: tuple[bytes | memoryview, ...] | None  # framed, header included
+    local: asyncio.Future[dict]  # (topic, partition) -> OffsetsResult, or StreamPart if BOTH
+    tiered: tuple[TieredOffsetsPartition, ...] = ()
+    passthrough_topics: tuple[str, ...] = ()  # not counted in flight
+    tiering: object = None  # the service: beyond_cutover is noted on it
+
+    def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
+        """The answer: HERE partitions as `local` has them, BOTH ones Kafka's answer
+        completed with the stream's part, the rest upstream's."""
+        kafka = {}
+        if upstream is not None and any(p.also_upstream for p in self.tiered):
+            kafka = read_list_offsets_response(api_version, upstream)
+        results = {}
+        for item in self.tiered:
+            key = (item.topic, item.partition)
+            answer = local.get(key)
+            if isinstance(answer, StreamPart):
+                answer = combine(item.timestamp, kafka.get(key), answer, self._noter(item, answer))
+            if answer is not None:
+                results[key] = answer
+        return merge_responses(api_version, self.view, upstream, results)
+
+    def _noter(self, item: TieredOffsetsPartition, part: StreamPart):
+        def note(seen: int) -> None:
+            if self.tiering is not None:
+                self.tiering.beyond_cutover.note(
+                    "list_offsets", item.topic, item.partition, part.cutover, seen
+                )
+
+        return note
+
+    def failed(self, error: BaseException) -> dict:
+        return {(p.topic, p.partition): OffsetsResult(KAFKA_STORAGE_ERROR) for p in self.tiered}
+
+
+def plan_list_offsets(
+    tiering, header_bytes: memoryview, body: memoryview, api_version: int
+) -> OffsetsPlan | None:
+    """The plan for one ListOffsets; None to forward it as it came. FrameError if it
+    cannot be read."""
+    if not tiering.topics.any():
+        return None
+    view = read_list_offsets_request(api_version, body)
+    upstream_body, tiered = split(
+        view, lambda topic, p: route(tiering, topic, p.partition, p.timestamp, api_version)
+    )
+    if not tiered:
+        return None
+    local = asyncio.ensure_future(_answer_all(tiering, tiered))
+    frame = None
+    if upstream_body is not None:
+        size = len(header_bytes) + len(upstream_body)
+        frame = (_SIZE.pack(size), header_bytes, upstream_body)
+    return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
+
+
+async def _answer_all(tiering, tiered) -> dict:
+    answers = await asyncio.gather(*(_answer(tiering, p) for p in tiered))
+    return {(p.topic, p.partition): a for p, a in zip(tiered, answers, strict=True)}
+
+
+async def _answer(tiering, item: TieredOffsetsPartition) -> OffsetsResult | StreamPart:
+    if item.timestamp == LATEST:
+        return await _latest(tiering, item)
+    part = await stream_part(tiering, item)
+    return part if item.also_upstream else part.alone(item.timestamp)

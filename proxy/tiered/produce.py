@@ -1,0 +1,158 @@
+"""A Produce request on a connection of a proxy that tiers some topics.
+
+`plan_produce` reads the request (per partition, never per record) and splits it: the
+passthrough partitions go upstream as a smaller request, the tiered ones to
+`TieringService.produce`, started at once and in request order, so a connection's
+requests reach each partition's sequencer in the order they came. The connection then
+answers with `merge_responses`: upstream's answer (if any part went there) and the local
+results, in the request's order.
+
+It also counts the passthrough Produce requests in flight per topic: a topic being cut
+over is reported drained only when none is left (docs/tiering.md, "Cutover").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from dataclasses import dataclass
+
+from proxy.apis.produce_split import (
+    PartitionResult,
+    ProduceRequestView,
+    TieredPartition,
+    TopicKey,
+    merge_responses,
+    read_produce_request,
+    split,
+)
+from proxy.objects.ratelimit import Priority
+from proxy.partition.produce_rules import ProduceRules, check_records
+from proxy.partition.rules import ProduceResult
+
+INVALID_REQUEST = 42
+MESSAGE_TOO_LARGE = 10
+KAFKA_STORAGE_ERROR = 56
+_SIZE = struct.Struct(">i")
+
+
+@dataclass(slots=True, eq=False)
+class ProducePlan:
+    view: ProduceRequestView
+    upstream_frame: tuple[bytes | memoryview, ...] | None  # framed, header included
+    local: asyncio.Future[list[PartitionResult]] | None  # None: nothing tiered
+    passthrough_topics: tuple[TopicKey, ...]  # counted in flight until answered
+    tiered: tuple[tuple[TopicKey, int], ...] = ()  # (topic, partition) handled here
+
+    def merge(self, api_version: int, upstream: memoryview | None, local: list) -> bytes:
+        return merge_responses(api_version, upstream, local, request=self.view)
+
+    def failed(self, error: BaseException) -> list[PartitionResult]:
+        """Every tiered partition of the request answered KAFKA_STORAGE_ERROR (retriable)."""
+        return [PartitionResult(t, p, 56, error_message=repr(error)) for t, p in self.tiered]
+
+
+def plan_produce(tiering, header_bytes: memoryview, body: memoryview, api_version: int):
+    """The plan for one Produce request; FrameError if it cannot be read."""
+    view = read_produce_request(api_version, body)
+    if not tiering.topics.any():
+        topics = tuple(topic.topic for topic in view.topics)
+        return ProducePlan(view, None, None, topics)
+    upstream_body, tiered = split(view, tiering.is_tiered)
+    if not tiered:
+        topics = tuple(topic.topic for topic in view.topics)
+        return ProducePlan(view, None, None, topics)
+    frame = None
+    kept: tuple[TopicKey, ...] = ()
+    tiered_keys = tuple((p.topic, p.partition) for p in tiered)
+    if upstream_body is not None:
+        size = len(header_bytes) + len(upstream_body)
+        frame = (_SIZE.pack(size), header_bytes, upstream_body)
+        kept = tuple(
+            t.topic
+            for t in view.topics
+            if any((t.topic, p.index) not in tiered_keys for p in t.partitions)
+        )
+    local = asyncio.ensure_future(_produce_local(tiering, view, tiered))
+    return ProducePlan(view, frame, local, kept, tiered_keys)
+
+
+async def _produce_local(
+    tiering, view: ProduceRequestView, tiered: list[TieredPartition]
+) -> list[PartitionResult]:
+    # Each partition's produce is started now, in request order (a task's first step runs
+    # in creation order), and awaited together: partitions do not wait for one another.
+    calls = [asyncio.ensure_future(_one(tiering, view, part)) for part in tiered]
+    return list(await asyncio.gather(*calls))
+
+
+async def _one(tiering, view: ProduceRequestView, part: TieredPartition) -> PartitionResult:
+    if view.transactional_id is not None:
+        result = ProduceResult(
+            INVALID_REQUEST,
+            error_message="transactional produce to a tiered topic is not supported yet",
+        )
+    elif part.records is not None and len(part.records) > tiering.max_batch_bytes:
+        result = ProduceResult(
+            MESSAGE_TOO_LARGE,
+            error_message=f"{len(part.records)} bytes exceed {tiering.max_batch_bytes}",
+        )
+    else:
+        rules = await tiering.produce_rules(part.topic)  # cached: waits only the first time
+        refused = _refusal(tiering, view, part, rules)
+        if refused is not None:
+            return refused
+        if part.records is not None and tiering.bandwidth is not None:  # never waits
+            await tiering.bandwidth.limiter.acquire(Priority.PRODUCE, len(part.records))
+        answer = await tiering.produce(
+            part.topic, part.partition, part.records, view.acks, view.timeout_ms, rules
+        )
+        result = answer if answer is not None else ProduceResult(0)
+    return PartitionResult(
+        part.topic,
+        part.partition,
+        result.error_code,
+        result.base_offset,
+        result.log_append_time_ms,
+        result.log_start_offset,
+        result.error_message,
+    )
+
+
+def _refusal(
+    tiering, view: ProduceRequestView, part: TieredPartition, rules: ProduceRules | None
+) -> PartitionResult | None:
+    """Kafka's refusal of the partition's records by the topic's configs (produce_rules.py),
+    decided here, before the batch is written or handed to its owner."""
+    if part.records is None:
+        return None  # answered by TieringService.produce
+    topic = tiering.topics.topic(part.topic)
+    if topic is None:
+        return None  # untiered meanwhile: answered by TieringService.produce
+    if rules is None:
+        message = f"the configs of topic {topic.name} could not be read from Kafka"
+        return PartitionResult(
+            part.topic, part.partition, KAFKA_STORAGE_ERROR, error_message=message
+        )
+    now_ms = time.time_ns() // 1_000_000
+    name = f"{topic.name}-{part.partition}"
+    refusal = check_records(part.records, rules, now_ms, view.api_version, name)
+    if refusal is None:
+        return None
+    return PartitionResult(
+        part.topic,
+        part.partition,
+        refusal.error_code,
+        error_message=refusal.error_message,
+        record_errors=refusal.record_errors,
+    )
+
+
+def count_in_flight(in_flight: dict, topics: tuple[TopicKey, ...], delta: int) -> None:
+    for topic in topics:
+        left = in_flight.get(topic, 0) + delta
+        if left > 0:
+            in_flight[topic] = left
+        else:
+            in_flight.pop(topic, None)

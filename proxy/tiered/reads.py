@@ -1,0 +1,329 @@
+"""Reads of tiered partitions (docs/tiering.md, "Reading a tiered topic").
+
+Any proxy answers a tiered partition's offsets committed to objects, through its block
+cache, so a consumer reads in its own zone. The tail not uploaded yet is in the owner's
+log cache: the owner answers it, and a proxy that does not own the partition asks the
+owner for it over the peer protocol (those bytes cross zones; only the tail does). If the
+owner does not answer, the committed end is the high watermark. A rebuilt owner loads the
+tail it recovered into the log cache; what did not fit is read from its WAL (`_tail`),
+so every offset below the high watermark is served at once, as Kafka serves it. Offsets
+below the cutover that no object holds yet (and not below the log start) are not read
+here: `fetch_here` sends those partitions to Kafka.
+
+A corrupt object fails that partition with CORRUPT_MESSAGE, a missing or unreadable one
+with KAFKA_STORAGE_ERROR (retriable); the other partitions are answered, and the log
+names the object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Hashable, Sequence
+
+from proxy.apis.fetch_split import FetchPartitionView, TieredFetchPartition, TieredFetchResult
+from proxy.metadata.topic_index import stream_of
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.ratelimit import Priority
+from proxy.objects.store import ObjectStoreError
+from proxy.peer.codec import frame_size
+from proxy.peer.messages import FetchRequest, FetchResponse
+from proxy.reads.blockcache import BlockCache
+from proxy.reads.logcache import LogCache
+from proxy.reads.stream_reader import StreamReader
+from proxy.records.transactions import ControlRecordError, committed_view
+from proxy.wal.types import WalError
+
+log = logging.getLogger("tierproxy.reads")
+
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+NOT_LEADER_OR_FOLLOWER = 6
+KAFKA_STORAGE_ERROR = 56
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+# a read_committed answer reads this far for the marker of a transaction it starts with
+MAX_TRANSACTION_READ_BYTES = 64 << 20
+
+Key = tuple[object, int]  # (topic name or id, partition)
+FETCH_REQUEST_BYTES = frame_size(FetchRequest(0, 0, 0, 0, 0))
+FETCH_ANSWER_BYTES = frame_size(FetchResponse(0, 0))  # and the records
+
+
+class TieredReads:
+    def __init__(self, service, cache: BlockCache, log_cache: LogCache) -> None:
+        self.service = service  # server.tiering.TieringService
+        self.cache = cache
+        self.reader = StreamReader(cache)
+        self.log_cache = log_cache
+
+    def fetch_here(self, topic: object, p: FetchPartitionView) -> bool:
+        """Whether the proxy answers this partition of a Fetch: a partition cut over, at
+        an offset past its cutover or one an object holds, or at any offset once
+        retention moved its log start past the cutover (below it: OFFSET_OUT_OF_RANGE,
+        as Kafka, where Kafka would still serve records the stream trimmed), or below the
+        log start wherever it is (retention or DeleteRecords trimmed migrated ranges below
+        the cutover: Kafka's copy may still hold them)."""
+        found = self.service.topics.topic(topic)
+        if found is None:
+            return False
+        stream = stream_of(found, p.partition)
+        state = self.service.state(stream)
+        info = state.stream(stream)
+        if info is None:
+            return False
+        if p.fetch_offset >= info.cutover_offset or info.log_start_offset > info.cutover_offset:
+            return True
+        if p.fetch_offset < info.log_start_offset:  # trimmed, Kafka's copy maybe not yet
+            return True
+        return bool(state.objects_for(stream, p.fetch_offset, limit=1))
+
+    async def owner_high_watermark(self, stream: int) -> int | None:
+        """The owner's high watermark, here or asked of the owner; None when no owner
+        answers (away, or restarting and not serving the stream yet): the committed end
+        may then be below offsets it acknowledged and consumers have read."""
+        partition = self.service.partitions.get(stream)
+        if partition is not None:
+            return partition.high_watermark
+        end = self._committed_end(stream)
+        tail = await self._owner_tail(stream, end, 0, 0)
+        return max(end, tail.high_watermark) if tail is not None else None
+
+    async def tail_records(
+        self, stream: int, offset: int, max_bytes: int
+    ) -> tuple[Sequence[memoryview], int] | None:
+        """(the stream's batches past its committed objects from `offset` on, its high
+        watermark): the log cache on the owner, else asked of the owner over the peer
+        protocol; None when no owner answers. For ListOffsets' timestamp search."""
+        partition = self.service.partitions.get(stream)
+        if partition is not None:
+            return await self._tail(stream, offset, max_bytes), partition.high_watermark
+        answer = await self._owner_tail(stream, offset, max_bytes, 0)
+        if answer is None:
+            return None
+        return tuple(memoryview(piece) for piece in answer.records), answer.high_watermark
+
+    def _committed_end(self, stream: int) -> int:
+        state = self.service.state(stream)
+        end = state.stream_end(stream)
+        return end if end is not None else (state.cutover(stream) or 0)
+
+    async def serve_tail(self, request) -> TieredFetchResult:
+        """A peer's fetch (peer_messages.FetchRequest) of a stream owned here: the log
+        cache from `offset` on, after waiting up to max_wait_ms for data past it."""
+        stream, offset = request.stream_id, request.offset
+        partition = self.service.partitions.get(stream)
+        if partition is not None and request.max_wait_ms > 0 and partition.high_watermark <= offset:
+            await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
+            partition = self.service.partitions.get(stream)
+        if partition is None:
+            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+        end, start = partition.high_watermark, partition.log_start_offset
+        if offset > end or offset < start:
+            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, start)
+        records: Sequence[memoryview] = ()
+        if request.max_bytes > 0:
+            records = await self._tail(stream, offset, request.max_bytes)
+        return TieredFetchResult(NONE, end, end, start, None, -1, tuple(records))
+
+    async def _tail(self, stream: int, offset: int, max_bytes: int) -> Sequence[memoryview]:
+        """The owner's batches from `offset` past the committed objects: the log cache,
+        else the WAL for an entry a rebuild recovered and the cache had no room for
+        (`LogCache.in_wal`), by Kafka's rule (the first entry whole). Empty when the WAL
+        was trimmed meanwhile: the objects hold it now."""
+        records, _ = self.log_cache.read(stream, offset, max_bytes)
+        where = None if records else self.log_cache.wal_position(stream, offset)
+        wal = self.service.wal
+        if where is None or wal is None:
+            return records
+        try:
+            entries = await wal.read(where.start, max(max_bytes, 1))
+        except WalError as exc:
+            log.debug("stream %d at offset %d from the WAL: %r", stream, offset, exc)
+            return ()
+        found: list[memoryview] = []
+        size = 0
+        for entry in entries:
+            if entry.stream_id != stream:
+                continue
+            if found and size + len(entry.batch) > max_bytes:
+                break
+            found.append(entry.batch)
+            size += len(entry.batch)
+        return found
+
+    async def _owner_wakes(self, stream: int, offset: int, left_s: float) -> None:
+        """Until the owner has data past `offset` (a long poll on it), at most `left_s`;
+        the whole time if it does not answer (no busy loop while it is away)."""
+        started = time.monotonic()
+        if await self._owner_tail(stream, offset, 0, int(left_s * 1000)) is None:
+            await asyncio.sleep(max(left_s - (time.monotonic() - started), 0))
+
+    async def _owner_tail(self, stream: int, offset: int, max_bytes: int, max_wait_ms: int):
+        """The owner's answer (peer_messages.FetchResponse) for the tail from `offset`;
+        None when it has no live owner elsewhere or does not answer."""
+        service = self.service
+        address = service._owner_address(stream)  # noqa: SLF001
+        if address is None:
+            return None
+        try:
+            answer = await service.peers.fetch(address, stream, offset, max_bytes, max_wait_ms)
+        except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:  # Runtime: closed
+            log.debug("tail of stream %d from %s: %r", stream, address, exc)
+            return None
+        size = sum(len(memoryview(piece)) for piece in answer.records)
+        service.count_peer_bytes(address, "tail_request", FETCH_REQUEST_BYTES)
+        service.count_peer_bytes(address, "tail_answer", FETCH_ANSWER_BYTES + size)
+        return answer if answer.error_code in (NONE, OFFSET_OUT_OF_RANGE) else None
+
+    async def fetch(
+        self,
+        parts: Sequence[TieredFetchPartition],
+        *,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+        reader: Hashable,
+        isolation_level: int = READ_UNCOMMITTED,
+    ) -> dict[Key, TieredFetchResult]:
+        """Every partition's answer, in request order within `max_bytes` (the first
+        batch whole); waits up to `max_wait_ms` for `min_bytes` (0: answer now)."""
+        deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
+        while True:
+            results = await self._read_all(parts, max_bytes, reader, isolation_level)
+            got = sum(sum(len(piece) for piece in r.records) for r in results.values())
+            left = deadline - time.monotonic()
+            if min_bytes <= 0 or got >= min_bytes or left <= 0:
+                return results
+            if any(r.error_code != NONE for r in results.values()):
+                return results
+            await self._wait_for_data(parts, left)
+
+    async def _read_all(
+        self,
+        parts: Sequence[TieredFetchPartition],
+        max_bytes: int,
+        reader: Hashable,
+        isolation_level: int,
+    ) -> dict[Key, TieredFetchResult]:
+        results: dict[Key, TieredFetchResult] = {}
+        room = max_bytes
+        for part in parts:
+            limit = min(part.partition_max_bytes, room) if results else part.partition_max_bytes
+            result = await self._read_one(part, max(limit, 0), reader, isolation_level)
+            results[part.topic, part.partition] = result
+            room -= sum(len(piece) for piece in result.records)
+        return results
+
+    async def _read_one(
+        self, part: TieredFetchPartition, max_bytes: int, reader: Hashable, isolation_level: int
+    ) -> TieredFetchResult:
+        service = self.service
+        found = service.topics.topic(part.topic)
+        stream = None if found is None else stream_of(found, part.partition)
+        info = None if stream is None else service.state(stream).stream(stream)
+        if stream is None or info is None:  # untiered since the split: the client retries
+            return TieredFetchResult(NOT_LEADER_OR_FOLLOWER)
+        state = service.state(stream)
+        partition = service.partitions.get(stream)
+        end = partition.high_watermark if partition is not None else state.stream_end(stream)
+        end = info.cutover_offset if end is None else end
+        log_start = info.log_start_offset
+        offset = part.fetch_offset
+        if offset < log_start or (partition is not None and offset > end):
+            return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+        records: Sequence[memoryview] = ()
+        aborted: tuple[tuple[int, int], ...] | None = None
+        priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
+        if max_bytes > 0 and offset < end:
+            try:
+                found_batches = await self.reader.read(
+                    state, stream, offset, max_bytes, reader_id=(reader, stream)
+                )
+                records = found_batches.batches
+                if records and isolation_level == READ_COMMITTED:
+                    records, aborted = await self._decided(
+                        state, stream, offset, max_bytes, records, (reader, stream)
+                    )
+            except (ObjectFormatError, ControlRecordError) as exc:
+                log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
+                return TieredFetchResult(CORRUPT_MESSAGE, end, end, log_start)
+            except ObjectStoreError as exc:
+                log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
+                return TieredFetchResult(KAFKA_STORAGE_ERROR, end, end, log_start)
+            if not records and partition is not None:
+                records = await self._tail(stream, offset, max_bytes)
+                priority = Priority.TAIL_READ
+        if not records and partition is None and max_bytes > 0:  # the tail, on its owner
+            tail = await self._owner_tail(stream, offset, max_bytes, 0)
+            if tail is not None:
+                end = max(end, tail.high_watermark)
+                if tail.error_code == OFFSET_OUT_OF_RANGE:
+                    return TieredFetchResult(OFFSET_OUT_OF_RANGE, end, end, log_start)
+                records = tail.records
+                priority = Priority.TAIL_READ
+        if records and self.service.bandwidth is not None:
+            size = sum(len(memoryview(piece)) for piece in records)
+            await self.service.bandwidth.limiter.acquire(priority, size)
+        if aborted is None and isolation_level == READ_COMMITTED:
+            aborted = ()
+        return TieredFetchResult(NONE, end, end, log_start, aborted, -1, tuple(records))
+
+    async def _decided(
+        self,
+        state,
+        stream: int,
+        offset: int,
+        max_bytes: int,
+        records: Sequence[memoryview],
+        reader_id: Hashable,
+    ) -> tuple[Sequence[memoryview], tuple[tuple[int, int], ...]]:
+        """A read_committed answer of stored batches (an offload job's copy of Kafka's
+        log holds transactions): up to the first transaction whose marker it lacks, with
+        the aborted ones named (transactions.py). When the first batch's transaction is
+        undecided, more is read, up to MAX_TRANSACTION_READ_BYTES; a transaction still
+        undecided then (its marker is not in the objects) is answered as it is."""
+        view = committed_view(records)
+        limit = max_bytes
+        while view.count == 0 and limit < MAX_TRANSACTION_READ_BYTES:
+            limit = min(max(2 * limit, 1 << 20), MAX_TRANSACTION_READ_BYTES)
+            more = await self.reader.read(state, stream, offset, limit, reader_id=reader_id)
+            records = more.batches
+            view = committed_view(records)
+        if view.count == 0:
+            log.warning(
+                "stream %d: the transaction from offset %s has no marker in the next %d bytes "
+                "of objects: answered to read_committed as it is",
+                stream,
+                view.undecided_at,
+                limit,
+            )
+            return records, view.aborted
+        return records[: view.count], view.aborted
+
+    async def _wait_for_data(self, parts: Sequence[TieredFetchPartition], left_s: float) -> None:
+        """Until a partition here may have more (an append on an owned one, a metadata
+        record for the others), at most `left_s`."""
+        service = self.service
+        waits = [asyncio.ensure_future(service.changed(left_s))]
+        for part in parts:
+            found = service.topics.topic(part.topic)
+            if found is None:
+                continue
+            stream = stream_of(found, part.partition)
+            if service.partitions.get(stream) is not None:
+                end = self.log_cache.end_offset(stream)
+                at = max(part.fetch_offset, end if end is not None else part.fetch_offset)
+                wait = self.log_cache.wait_for_data(stream, at, left_s * 1000)
+            else:  # the owner answers once it has data past the committed end
+                committed = service.state(stream).stream_end(stream) or 0
+                at = max(part.fetch_offset, committed)
+                wait = self._owner_wakes(stream, at, left_s)
+            waits.append(asyncio.ensure_future(wait))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)

@@ -1,0 +1,147 @@
+"""Tiered topics' configs, read from Kafka: one reader for retention and produce.
+
+Kafka stays the control plane: a tiered topic's `retention.ms`, `message.timestamp.type`,
+`max.message.bytes`... are the upstream topic's, as DescribeConfigs resolves them (the
+topic's override, else the broker's default). Each proxy reads them with one admin
+client and keeps them `max_age_s`:
+
+- retention (`retention.py`) asks for its topics on every pass (`get`), refreshing the
+  stale ones first;
+- the produce path (`produce_rules`) must not wait for Kafka on every request: it takes
+  the cached rules at once and refreshes stale ones in the background; only a topic's
+  first produce on this proxy waits for one DescribeConfigs (shared by the requests that
+  arrive meanwhile). A topic Kafka does not describe (an error) has no rules: its
+  produce is answered with a retriable error rather than guessed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from proxy.partition.produce_rules import CONFIG_KEYS as PRODUCE_KEYS
+from proxy.partition.produce_rules import ProduceRules, produce_rules
+from proxy.upkeep.retention_plan import CONFIG_KEYS as RETENTION_KEYS
+from proxy.upkeep.retention_plan import RetentionConfig, retention_config
+
+log = logging.getLogger("tierproxy.topic_configs")
+
+CONFIG_MAX_AGE_S = 60.0  # topic configs are read again after this long
+CONFIG_KEYS = tuple(dict.fromkeys(RETENTION_KEYS + PRODUCE_KEYS))
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    read_at: float  # time.monotonic()
+    retention: RetentionConfig
+    produce: ProduceRules
+
+
+class TopicConfigs:
+    """Topics' configs read from Kafka with an admin client, kept `max_age_s`."""
+
+    def __init__(self, kafka_settings: dict, max_age_s: float = CONFIG_MAX_AGE_S) -> None:
+        self._kafka = kafka_settings
+        self.max_age_s = max_age_s
+        self._admin: AIOKafkaAdminClient | None = None
+        self._admin_lock = asyncio.Lock()
+        self._cache: dict[str, _Entry] = {}
+        self._reading: dict[str, asyncio.Task[None]] = {}  # topic -> its DescribeConfigs
+        self._queue: dict[str, asyncio.Future[None]] = {}  # topic -> its last waiting caller
+
+    async def get(
+        self, topics: Collection[str], *, refresh: bool = False
+    ) -> dict[str, RetentionConfig]:
+        """Each topic's retention config; a topic Kafka does not describe is left out."""
+        now = time.monotonic()
+        stale = [t for t in topics if refresh or self._stale(t, now)]
+        if stale:
+            await self._describe(stale)
+        return {t: self._cache[t].retention for t in topics if t in self._cache}
+
+    async def produce_rules(self, topic: str) -> ProduceRules | None:
+        """The topic's produce rules: cached ones at once (a stale entry is refreshed in
+        the background), else read now. None: Kafka did not describe the topic.
+
+        Callers go on in the order they called, also while a first read is waited for:
+        a partition's requests must reach its sequencer in the order they came, and a
+        caller that found the rules cached must not overtake one still waiting."""
+        entry = self._cache.get(topic)
+        previous = self._queue.get(topic)
+        if entry is not None and previous is None:
+            if self._stale(topic, time.monotonic()):
+                self._read_soon(topic)
+            return entry.produce
+        mine = asyncio.get_running_loop().create_future()
+        self._queue[topic] = mine
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+            if topic not in self._cache:
+                try:
+                    await asyncio.shield(self._read_soon(topic))
+                except (KafkaError, OSError, TimeoutError):
+                    pass  # logged by _read_done; no rules: the caller answers retriable
+        finally:
+            mine.set_result(None)
+            if self._queue.get(topic) is mine:
+                del self._queue[topic]
+        entry = self._cache.get(topic)
+        return None if entry is None else entry.produce
+
+    def _stale(self, topic: str, now: float) -> bool:
+        entry = self._cache.get(topic)
+        return entry is None or now - entry.read_at > self.max_age_s
+
+    def _read_soon(self, topic: str) -> asyncio.Task[None]:
+        task = self._reading.get(topic)
+        if task is None:
+            task = asyncio.create_task(self._describe([topic]), name=f"configs of {topic}")
+            self._reading[topic] = task
+            task.add_done_callback(lambda done: self._read_done(topic, done))
+        return task
+
+    def _read_done(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._reading.get(topic) is task:
+            del self._reading[topic]
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("the configs of %s could not be read: %r", topic, task.exception())
+
+    async def _describe(self, topics: list[str]) -> None:
+        now = time.monotonic()
+        async with self._admin_lock:
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(**self._kafka)
+                try:
+                    await admin.start()
+                except BaseException:  # failed or cancelled (the proxy stopping): no leak
+                    await admin.close()
+                    raise
+                self._admin = admin
+            admin = self._admin
+        wanted = dict.fromkeys(CONFIG_KEYS)
+        resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
+        for response in await admin.describe_configs(resources):
+            for error_code, message, _, name, entries in response.resources:
+                if error_code != 0:
+                    log.warning("configs of %s: DescribeConfigs: %s %s", name, error_code, message)
+                    self._cache.pop(name, None)
+                    continue
+                values = {entry[0]: entry[1] for entry in entries}
+                self._cache[name] = _Entry(now, retention_config(values), produce_rules(values))
+
+    async def close(self) -> None:
+        reading, self._reading = list(self._reading.values()), {}
+        for task in reading:
+            task.cancel()
+        await asyncio.gather(*reading, return_exceptions=True)
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()

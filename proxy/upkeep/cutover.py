@@ -1,0 +1,294 @@
+"""Cutover: a topic moves from passthrough to tiered, partition by partition
+(docs/tiering.md, "Cutover").
+
+1. `tierproxy topics tier T` reaches any proxy's admin API; the owner of T's topic shard
+   writes `TopicModeSet(TIERED)`.
+2. Every proxy reads it. From then on it forwards no new Produce for T to Kafka: those
+   partitions wait in `TieringService.produce` for their cutover. Once its passthrough
+   Produce requests for T in flight are answered, its heartbeat lists T as drained.
+3. The owner of each stream's shard (this loop), once every live proxy reports T drained,
+   reads the partition's upstream log end until it is stable (the high watermark reaches
+   the log end once nothing is in flight) and no transaction is open in it (the last
+   stable offset is the high watermark: else the coordinator would write the
+   transaction's marker to Kafka past the cutover), writes `StreamCutover` at that
+   offset, and starts the stream's partition there: offsets continue with no gap and no
+   duplicate.
+
+`untier` is refused while a partition holds offsets past its cutover: committed ones from
+the metadata, and those only in an owner's WAL too (upkeep/seals.py closes every partition
+of the topic where it is owned first, and starts them again if it refuses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from proxy.metadata.client_start import start_client
+from proxy.metadata.records import StreamCutover, StreamUntier, TopicMode, TopicModeSet
+from proxy.metadata.state import topic_untier_refusal
+from proxy.metadata.store import ShardFenced
+from proxy.metadata.streams import shard_of, topic_shard
+from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
+from proxy.peer.codec import ADMIN_OPS
+from proxy.upkeep.seals import Sealed
+
+log = logging.getLogger("tierproxy.cutover")
+
+NOT_COORDINATOR = 16
+UNKNOWN_TOPIC = 3
+POLICY_VIOLATION = 44
+INVALID_REQUEST = 42
+STABLE_READS = 2  # equal log-end reads in a row before cutting over
+READ_INTERVAL_S = 0.1
+IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
+WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
+
+
+class CutoverLoop:
+    def __init__(self, service) -> None:  # service: server.tiering.TieringService
+        self.service = service
+        self._consumer: AIOKafkaConsumer | None = None
+        self._committed: AIOKafkaConsumer | None = None  # ListOffsets read_committed: LSO
+        self._partitions: dict[str, int] = {}
+
+    async def run(self) -> None:
+        service = self.service
+        self._consumer = AIOKafkaConsumer(**service._kafka, group_id=None, enable_auto_commit=False)
+        self._committed = AIOKafkaConsumer(
+            **service._kafka,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        try:  # a cancel during a start still stops both (the proxy stopping early)
+            await start_client(self._consumer)
+            await start_client(self._committed)
+            while True:
+                waiting = False
+                try:
+                    waiting = await self._cut_over_ready_streams()
+                    await self._untier_streams()
+                    await service.seals.expire()
+                except (KafkaError, ShardFenced, OSError) as exc:
+                    log.warning("cutover: %r; trying again", exc)
+                    await asyncio.sleep(1.0)
+                await asyncio.sleep(0.05)  # at most 20 rounds a second, however busy
+                # a drained report comes in a heartbeat, which wakes nothing here: while
+                # produce waits for a cutover, look again soon
+                await service.changed(WAITING_POLL_S if waiting else IDLE_POLL_S)
+        finally:
+            try:
+                await self._consumer.stop()
+            finally:
+                await self._committed.stop()
+
+    def _reports(self) -> list[frozenset[str]]:
+        """Every live proxy's drained topics: this one's now, the others' last heartbeat."""
+        proxy = self.service.proxy
+        reports = [self.service.drained()]
+        for member in proxy.fleet.live():
+            if member.name == self.service.name:
+                continue
+            heartbeat = proxy.fleet.heartbeat(member.name)
+            reports.append(heartbeat.drained if heartbeat is not None else frozenset())
+        return reports
+
+    async def _cut_over_ready_streams(self) -> bool:
+        """Cut over the streams of this proxy's shards whose topic every live proxy reports
+        drained; whether some still wait for those reports."""
+        service = self.service
+        waiting_for_reports = False
+        assignment = service.assignment
+        for topic in service.topics.topics():
+            partitions = await self._partition_count(topic.name)
+            waiting = [
+                (p, stream_of(topic, p))
+                for p in range(partitions)
+                if service.state(stream_of(topic, p)).stream(stream_of(topic, p)) is None
+            ]
+            mine = [
+                (p, s)
+                for p, s in waiting
+                if assignment.owner(shard_of(s, service.config.shard_count)) is not None
+            ]
+            if not mine:
+                continue
+            if not cutover_ready(topic, self._reports()):
+                waiting_for_reports = True
+                continue
+            ends = await self._stable_ends(topic.name, [p for p, _ in mine])
+            if ends is None:  # a transaction is open: its marker is still to come
+                waiting_for_reports = True
+                continue
+            starts = await self._consumer.beginning_offsets(
+                [TopicPartition(topic.name, p) for p, _ in mine]
+            )
+            by_shard: dict[int, list[tuple[int, int, int, int]]] = {}
+            for partition, stream in mine:
+                tp = TopicPartition(topic.name, partition)
+                shard = shard_of(stream, service.config.shard_count)
+                by_shard.setdefault(shard, []).append((partition, stream, starts[tp], ends[tp]))
+            for shard, cuts in sorted(by_shard.items()):
+                await self._cut_over(topic, shard, cuts)
+        return waiting_for_reports
+
+    async def _cut_over(
+        self, topic: TieredTopic, shard: int, cuts: list[tuple[int, int, int, int]]
+    ) -> None:
+        """Write the StreamCutover of every (partition, stream, log start, end) of one
+        shard in one transaction: produce to them waits until then, so one write instead
+        of one per partition keeps the hold short."""
+        service = self.service
+        owner = service.assignment.owner(shard)
+        if owner is None:
+            return
+        state = owner.state
+        now = int(time.time() * 1000)
+        records = [
+            StreamCutover(
+                state.generation,
+                stream,
+                state.next_incarnation(stream),
+                owner.epoch,
+                topic.topic_id,
+                partition,
+                min(log_start, end),
+                end,
+                end,
+                now,
+            )
+            for partition, stream, log_start, end in cuts
+        ]
+        verdicts = await owner.write(records)
+        for (partition, stream, _, end), verdict in zip(cuts, verdicts, strict=True):
+            if verdict.accepted:
+                log.info(
+                    "%s-%d is tiered from offset %d (stream %d)", topic.name, partition, end, stream
+                )
+                await service.start_stream(shard, stream)
+            else:
+                log.warning("cutover of %s-%d refused: %s", topic.name, partition, verdict.reason)
+
+    async def _untier_streams(self) -> None:
+        """Streams of this proxy's shards whose topic went back to passthrough: stop them
+        and write StreamUntier, if they hold nothing past the cutover (the rules refuse it
+        otherwise, and the stream stays tiered)."""
+        service = self.service
+        for shard in service.assignment.owned():
+            owner = service.assignment.owner(shard)
+            if owner is None:
+                continue
+            state = owner.state
+            for stream in state.stream_ids():
+                info = state.stream(stream)
+                if info is None or service.topics.topic(info.topic_id) is not None:
+                    continue
+                partition = service.partitions.get(stream)
+                if partition is not None and partition.log_end_offset > info.cutover_offset:
+                    log.error("stream %d holds offsets past its cutover: it stays tiered", stream)
+                    continue
+                await service.partitions.remove(stream)
+                now = int(time.time() * 1000)
+                untier = StreamUntier(state.generation, stream, info.incarnation, owner.epoch, now)
+                [verdict] = await owner.write([untier])
+                service.seals.untiered(stream)
+                log.info("stream %d untiered: %s", stream, verdict.outcome.value)
+
+    async def _partition_count(self, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            assert self._consumer is not None
+            await self._consumer._client.force_metadata_update()  # noqa: SLF001
+            found = self._consumer.partitions_for_topic(topic)
+            count = len(found) if found else 0
+            if count:
+                self._partitions[topic] = count
+        return count
+
+    async def _stable_ends(
+        self, topic: str, partitions: list[int]
+    ) -> dict[TopicPartition, int] | None:
+        """The log ends of the partitions, read until two reads in a row agree: with no
+        produce in flight the high watermark (what ListOffsets gives) reaches the log end.
+        None while a transaction is open in one of them (its last stable offset is below
+        its high watermark): the coordinator writes its marker to Kafka when it ends, and
+        that offset must be Kafka's, below the cutover. Produce to the topic is held
+        meanwhile (`cutover_hold_ms`), so the producer's commit or abort, or the
+        transaction's timeout, ends it."""
+        assert self._consumer is not None and self._committed is not None
+        tps = [TopicPartition(topic, p) for p in partitions]
+        last, same = None, 0
+        while same < STABLE_READS:
+            ends = await self._consumer.end_offsets(tps)
+            same = same + 1 if ends == last else 1
+            last = ends
+            if same < STABLE_READS:
+                await asyncio.sleep(READ_INTERVAL_S)
+        assert last is not None
+        stable = await self._committed.end_offsets(tps)
+        if stable != last:
+            open_at = {tp.partition: stable[tp] for tp in tps if stable[tp] != last[tp]}
+            log.info("cutover of %s waits for open transactions at %s", topic, open_at)
+            return None
+        return last
+
+    # -- the admin API ---------------------------------------------------------------------
+
+    async def admin(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
+        """tier / untier a topic: written by the owner of its topic shard, wherever it is."""
+        service = self.service
+        if op not in ADMIN_OPS:
+            return INVALID_REQUEST, f"unknown admin operation {op!r}"
+        if topic_id.int == 0:  # the command names the topic: ask Kafka for its id
+            try:
+                topic_id, _ = await service.proxy.describe_topic(topic)
+            except LookupError as exc:
+                return UNKNOWN_TOPIC, str(exc)
+            except OSError as exc:
+                return NOT_COORDINATOR, f"cannot reach Kafka: {exc}"
+        if op in ("seal", "unseal"):  # from the owner of the topic's shard, untiering it
+            return await self._seal(op, topic, topic_id)
+        shard = topic_shard(topic_id, service.config.shard_count)
+        owner = service.assignment.owner(shard)
+        if owner is None:
+            address = service.peer_address(service.readers[shard].state.owner)
+            if address is None:
+                return NOT_COORDINATOR, f"metadata shard {shard} has no live owner right now"
+            return await service.peers.admin(address, op, topic, topic_id)
+        sealed = Sealed(topic, topic_id)
+        if op == "untier":
+            partitions = await self._partition_count(topic)
+            states = [reader.state for reader in service.readers]
+            refusal = topic_untier_refusal(states, topic_id, partitions)
+            if not refusal:
+                sealed, refusal = await service.seals.seal_topic(topic, topic_id, partitions)
+            if refusal:
+                return POLICY_VIOLATION, f"cannot untier {topic}: {refusal}"
+        mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
+        record = TopicModeSet(topic_id, topic, mode, int(time.time() * 1000))
+        try:
+            [verdict] = await owner.write([record])
+        except ShardFenced as exc:
+            await service.seals.unseal_topic(sealed)
+            return NOT_COORDINATOR, str(exc)
+        if verdict.outcome.value == "refuse":
+            await service.seals.unseal_topic(sealed)
+            return POLICY_VIOLATION, verdict.reason
+        return 0, f"{topic} is {mode.name.lower()}"
+
+    async def _seal(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
+        seals = self.service.seals
+        if op == "unseal":
+            streams = seals.streams_of(topic_id)
+            await seals.unseal_here(streams)
+            return 0, f"{len(streams)} partitions of {topic} started again"
+        streams, refusal = await seals.seal_here(topic_id, await self._partition_count(topic))
+        if refusal:
+            return POLICY_VIOLATION, refusal
+        return 0, f"{len(streams)} partitions of {topic} sealed on {self.service.name}"

@@ -1,0 +1,202 @@
+"""Retention of tiered streams, run by each shard's owner (docs/tiering.md, "Retention").
+
+Every `tiering.retention_check_interval_s`, for each stream of each shard this proxy owns:
+
+1. the topic's `retention.ms`, `retention.bytes` and `cleanup.policy` as Kafka resolves
+   them (DescribeConfigs gives the effective value: the topic's override, else the broker
+   default), read by the service's `TopicConfigs` (topic_configs.py) and kept for
+   `CONFIG_MAX_AGE_S`;
+2. the facts of each committed range of the stream, the offload job's below the cutover
+   as well as the uploads' from it on (the log is one log): its size (the stream's blocks
+   in the object's index) and its largest timestamp (the batch headers of its last block:
+   one ranged read through the block cache), kept for as long as the range lives;
+3. `plan_trim` (retention_plan.py) says which of the oldest ranges go; the owner writes
+   a StreamTrim to the end of the last one and moves its partition's log start there.
+   Only committed ranges are looked at, so the log start never passes the committed end.
+
+The objects a trim leaves with no range are deleted like every other object no range
+uses any more, by the compactor's garbage collector (object_gc.py) after
+`tiering.object_delete_grace_s`, so that readers which began before the trim finish.
+Kafka trims its own copy below the cutover itself (offsets no object holds, and the
+migrated ones until its copy is dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiokafka.errors import KafkaError
+
+from proxy.metadata.state import MetadataState
+from proxy.metadata.store import ShardFenced, ShardOwner
+from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
+from proxy.objects.format import ObjectFormatError, find_entries
+from proxy.objects.store import ObjectStoreError
+from proxy.records.batches import CorruptBatchError, iter_batches
+from proxy.upkeep.retention_plan import (
+    RangeFacts,
+    TrimPlan,
+    plan_trim,
+)
+from proxy.upkeep.trims import write_trim
+
+log = logging.getLogger("tierproxy.retention")
+
+RangeKey = tuple[int, int, int, int]  # object id, stream, start, end
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    """What one pass did: stream -> new log start."""
+
+    trimmed: dict[int, int] = field(default_factory=dict)
+
+
+class Retention:
+    """The retention task of one proxy (`run`), or one pass of it (`run_once`)."""
+
+    def __init__(self, service, *, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.service = service  # server.tiering.TieringService
+        self.interval_s = service.config.retention_check_interval_s
+        self.configs = service.topic_configs  # closed by the service
+        self._clock_ms = clock_ms
+        self._facts: dict[RangeKey, RangeFacts] = {}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.run_once()
+            except (KafkaError, ShardFenced, ObjectStoreError, OSError) as exc:
+                log.warning("retention: %r; trying again in %s s", exc, self.interval_s)
+
+    async def run_once(
+        self, now_ms: int | None = None, *, refresh_configs: bool = False
+    ) -> RetentionReport:
+        """One pass of trims over the shards owned here. `now_ms` is the time retention.ms
+        is measured from (default: the clock)."""
+        now = self._clock_ms() if now_ms is None else now_ms
+        report = RetentionReport()
+        assignment = self.service.assignment
+        if assignment is None:
+            return report
+        owners = {k: o for k in assignment.owned() if (o := assignment.owner(k)) is not None}
+        live: set[RangeKey] = set()
+        for owner in owners.values():
+            await self._trim_shard(owner, now, refresh_configs, report, live)
+        for key in set(self._facts) - live:
+            del self._facts[key]
+        return report
+
+    # -- trims ---------------------------------------------------------------------------
+
+    async def _trim_shard(
+        self,
+        owner: ShardOwner,
+        now_ms: int,
+        refresh: bool,
+        report: RetentionReport,
+        live: set[RangeKey],
+    ) -> None:
+        state = owner.state
+        streams = [info for s in state.stream_ids() if (info := state.stream(s)) is not None]
+        names = {info.stream_id: self._topic_name(info) for info in streams}
+        configs = await self.configs.get({n for n in names.values() if n}, refresh=refresh)
+        for info in streams:
+            ranges = list(state.committed_ranges(info.stream_id))
+            live.update(_range_key(r) for r in ranges)
+            config = configs.get(names[info.stream_id] or "")
+            if config is None or config.unlimited or not ranges:
+                continue
+            try:
+                facts = [await self._range_facts(state, r) for r in ranges]
+            except (ObjectFormatError, ObjectStoreError) as exc:
+                log.error("retention of stream %d: %s", info.stream_id, exc)
+                continue
+            plan = plan_trim(facts, now_ms, config)
+            if plan.log_start_offset is not None:
+                await self._trim(owner, info, plan, now_ms, report)
+
+    def _topic_name(self, info: StreamInfo) -> str | None:
+        """The stream's topic name, from its mode record (whatever the mode is now)."""
+        readers = self.service.readers
+        mode = readers[topic_shard(info.topic_id, len(readers))].state.topic(info.topic_id)
+        return None if mode is None else mode.topic
+
+    async def _range_facts(self, state: MetadataState, r: StreamRange) -> RangeFacts:
+        """Size and largest timestamp of a committed range: its blocks in the object's
+        index, the batch headers of its last block."""
+        key = _range_key(r)
+        known = self._facts.get(key)
+        if known is not None:
+            return known
+        cache = self.service.block_cache
+        name = r.object_key
+        index = await cache.index(name, r.object_size)
+        blocks = [
+            e
+            for e in find_entries(index, r.stream_id, r.start_offset)
+            if e.start_offset < r.end_offset
+        ]
+        if not blocks or blocks[-1].end_offset < r.end_offset:
+            raise ObjectFormatError(
+                name,
+                f"committed to hold offsets [{r.start_offset}, {r.end_offset}) of stream "
+                f"{r.stream_id}; its blocks do not",
+            )
+        [block] = await cache.blocks(name, blocks[-1:], 1, reader_id=("retention", r.stream_id))
+        try:
+            stamps = [
+                h.max_timestamp for h, _ in iter_batches(block) if h.base_offset < r.end_offset
+            ]
+        except CorruptBatchError as exc:
+            cache.forget(name)
+            raise ObjectFormatError(name, f"last block of stream {r.stream_id}: {exc}") from exc
+        largest = max(stamps, default=-1)
+        if largest < 0:  # no timestamp: as Kafka, which then takes the segment's mtime
+            commit = state.object_commit(r.object_id)
+            largest = commit.committed_at_ms if commit is not None else self._clock_ms()
+        facts = RangeFacts(r.start_offset, r.end_offset, sum(e.size for e in blocks), largest)
+        self._facts[key] = facts
+        return facts
+
+    async def _trim(
+        self,
+        owner: ShardOwner,
+        info: StreamInfo,
+        plan: TrimPlan,
+        now_ms: int,
+        report: RetentionReport,
+    ) -> None:
+        assert plan.log_start_offset is not None
+        stream = info.stream_id
+        end = owner.state.stream_end(stream)
+        log_start = plan.log_start_offset if end is None else min(plan.log_start_offset, end)
+        if log_start <= info.log_start_offset:
+            return
+        verdict = await write_trim(self.service, owner, info, log_start, now_ms)
+        if not verdict.accepted:
+            log.warning("retention of stream %d: trim to %d: %s", stream, log_start, verdict.reason)
+            return
+        report.trimmed[stream] = log_start
+        log.info(
+            "retention of stream %d: log start %d -> %d (%d ranges by retention.ms, %d by "
+            "retention.bytes)",
+            stream,
+            info.log_start_offset,
+            log_start,
+            plan.by_time,
+            plan.by_size,
+        )
+
+
+def _range_key(r: StreamRange) -> RangeKey:
+    return (r.object_id, r.stream_id, r.start_offset, r.end_offset)

@@ -1,0 +1,92 @@
+"""Moving a tiered stream's log start up: by retention (retention.py) and by DeleteRecords
+(tiered_deletes.py). Only the owner of the stream's metadata shard writes the StreamTrim;
+another proxy hands a DeleteRecords trim to it over the peer protocol (TrimRequest).
+
+A StreamTrim may not pass the stream's committed end (docs/metadata.md), while Kafka lets
+DeleteRecords reach the high watermark. So the owner first uploads what the WAL holds,
+within the request's timeout, then trims: the log start never covers records that only
+the WAL has, and a restart cannot bring deleted records back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from proxy.metadata.records import StreamTrim
+from proxy.metadata.rules import Outcome, Verdict
+from proxy.metadata.store import ShardFenced, ShardOwner
+from proxy.metadata.streams import StreamInfo, shard_of
+from proxy.peer.messages import TrimRequest
+from proxy.upload.uploader import UploadError
+
+log = logging.getLogger("tierproxy.trims")
+
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+NOT_LEADER_OR_FOLLOWER = 6
+REQUEST_TIMED_OUT = 7
+HIGH_WATERMARK = -1
+
+
+async def write_trim(
+    service, owner: ShardOwner, info: StreamInfo, log_start: int, now_ms: int
+) -> Verdict:
+    """Write the StreamTrim and, once accepted, move the owned partition's log start."""
+    trim = StreamTrim(
+        owner.state.generation, info.stream_id, info.incarnation, log_start, owner.epoch, now_ms
+    )
+    [verdict] = await owner.write([trim])
+    if verdict.accepted:
+        partition = service.partitions.get(info.stream_id) if service.partitions else None
+        if partition is not None:
+            partition.log_start_offset = max(partition.log_start_offset, log_start)
+    return verdict
+
+
+async def trim_stream(service, request: TrimRequest) -> tuple[int, int, str]:
+    """DeleteRecords' part for one tiered stream: (Kafka error code, the log start after
+    it, a message), on the shard's owner, here or through the peer protocol."""
+    stream, offset = request.stream_id, request.offset
+    shard = shard_of(stream, service.config.shard_count)
+    owner = service.assignment.owner(shard) if service.assignment is not None else None
+    if owner is None:
+        address = service.peer_address(service.readers[shard].state.owner)
+        if address is None:
+            return NOT_LEADER_OR_FOLLOWER, -1, f"metadata shard {shard} has no live owner now"
+        return await service.peers.trim(address, stream, offset, request.timeout_ms)
+    info = owner.state.stream(stream)
+    partition = service.partitions.get(stream) if service.partitions else None
+    if info is None or partition is None:  # untiered, or still starting: the client retries
+        return NOT_LEADER_OR_FOLLOWER, -1, f"stream {stream} is not served here now"
+    high_watermark = partition.high_watermark
+    target = high_watermark if offset == HIGH_WATERMARK else offset
+    if not 0 <= target <= high_watermark:
+        return (
+            OFFSET_OUT_OF_RANGE,
+            -1,
+            f"stream {stream}: offset {target} is past the high watermark {high_watermark}",
+        )
+    start = max(info.log_start_offset, partition.log_start_offset)
+    if target <= start:
+        return NONE, start, f"stream {stream} starts at {start} already"
+    try:
+        async with asyncio.timeout(request.timeout_ms / 1000):
+            if (owner.state.stream_end(stream) or 0) < target:
+                await service.uploader.flush()
+    except TimeoutError:
+        return REQUEST_TIMED_OUT, -1, f"stream {stream}: offset {target} not uploaded in time"
+    except UploadError as exc:
+        return REQUEST_TIMED_OUT, -1, f"stream {stream}: upload failed: {exc}"
+    info = owner.state.stream(stream)
+    if info is None:
+        return NOT_LEADER_OR_FOLLOWER, -1, f"stream {stream} is not served here now"
+    try:
+        verdict = await write_trim(service, owner, info, target, int(time.time() * 1000))
+    except ShardFenced as exc:
+        return NOT_LEADER_OR_FOLLOWER, -1, str(exc)
+    if verdict.outcome is Outcome.REFUSE:
+        return NOT_LEADER_OR_FOLLOWER, -1, verdict.reason
+    log.info("DeleteRecords: stream %d log start %d -> %d", stream, start, target)
+    return NONE, target, f"stream {stream}: log start {target}"
