@@ -180,6 +180,8 @@ class FleetConsumer:
         self.position: dict[int, int] = dict(starts)  # the next offset expected
         self.errors: Counter[str] = Counter()
         self.client_log: list[str] = []
+        self.consumed_at = 0.0  # time.monotonic() of the last consume() call returning
+        self._stats: tuple[float, str] | None = None  # (when, librdkafka's statistics JSON)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet consumer", daemon=True)
 
@@ -197,6 +199,24 @@ class FleetConsumer:
         """Read past offset `ends[p]` - 1 in every partition."""
         return all(self.position[p] >= end for p, end in ends.items())
 
+    def state(self) -> str:
+        """What librdkafka says of each partition in its last statistics (every 5 s):
+        fetch state, next offset to fetch, the high watermark the proxy answered, messages
+        queued for the application, the leader; and how long ago its thread last came back
+        from consume(): what a consumer that stopped reading waits for."""
+        now = time.monotonic()
+        waited = f"consume() returned {now - self.consumed_at:.1f} s ago"
+        if self._stats is None:
+            return f"{waited}; no statistics yet"
+        at, text = self._stats
+        try:
+            topic = json.loads(text)["topics"][self.topic]["partitions"]
+        except (ValueError, KeyError) as exc:
+            return f"{waited}; statistics without the topic ({exc!r})"
+        keys = ("fetch_state", "next_offset", "hi_offset", "fetchq_cnt", "leader")
+        parts = {p: [topic[p].get(k) for k in keys] for p in sorted(topic) if p != "-1"}
+        return f"{waited}; librdkafka {now - at:.1f} s ago, per partition {keys}: {parts}"
+
     def _run(self) -> None:
         settings = {
             "bootstrap.servers": self.bootstrap,
@@ -206,6 +226,8 @@ class FleetConsumer:
             "auto.offset.reset": "error",  # a reset would hide a lost or repeated range
             "fetch.error.backoff.ms": 100,
             "reconnect.backoff.max.ms": 1000,
+            "statistics.interval.ms": 5000,  # state(): kept, read only when behind
+            "stats_cb": self._keep_stats,
         }
         if self.debug:
             settings["debug"] = self.debug
@@ -215,7 +237,9 @@ class FleetConsumer:
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.starts.items()])
         try:
             while not self._stop.is_set():
-                for msg in consumer.consume(1000, 0.2):
+                messages = consumer.consume(1000, 0.2)
+                self.consumed_at = time.monotonic()
+                for msg in messages:
                     if msg.error() is not None:
                         self.errors[msg.error().name()] += 1
                         continue
@@ -224,6 +248,9 @@ class FleetConsumer:
                     self.position[partition] = offset + 1
         finally:
             consumer.close()
+
+    def _keep_stats(self, text: str) -> None:
+        self._stats = (time.monotonic(), text)
 
 
 @dataclass

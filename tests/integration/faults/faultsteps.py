@@ -155,8 +155,9 @@ class Injector:
             acked = {p: round(now - at, 1) for p, at in sorted(self.progress.last_ack_at.items())}
             return (
                 f"consumer behind: (position, acknowledged end) {behind}; last "
-                f"acknowledgement (s ago) {acked}; shard owners {self.fleet.owners()}; its "
-                f"errors {dict(self.consumer.errors)}, last log lines {log}"
+                f"acknowledgement (s ago) {acked}; shard owners {self.fleet.owners()}; "
+                f"{self.consumer.state()}; its errors {dict(self.consumer.errors)}, last "
+                f"log lines {log}"
             )
         return None
 
