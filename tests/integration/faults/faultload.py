@@ -24,19 +24,33 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from cutover_load import Ack, LoadProducer
 
 
-def _quiet_logger(name: str, lines: list[str]) -> logging.Logger:
+def _quiet_logger(name: str, lines: list[str], path: Path | None = None) -> logging.Logger:
     """librdkafka's log lines kept in `lines`, not printed: proxies that are down are
-    what this suite is about, and each would be a line on stderr."""
+    what this suite is about, and each would be a line on stderr. With `path`, every
+    line (debug ones too, which `lines` leaves out) also goes there with its wall time,
+    to be read beside the proxies' logs."""
     logger = logging.getLogger(f"faultload.{name}.{uuid.uuid4().hex[:6]}")
     logger.propagate = False
     logger.setLevel(logging.DEBUG)
+    out = None if path is None else path.open("a", buffering=1)  # noqa: SIM115
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
+            message = record.getMessage()
+            if record.levelno > logging.DEBUG:
+                lines.append(message)
+            if out is not None:
+                stamp = time.strftime("%H:%M:%S", time.gmtime(record.created))
+                out.write(f"{stamp}.{int(record.created % 1 * 1000):03d} {message}\n")
 
     logger.addHandler(Keep())
     return logger
+
+
+# librdkafka's batch.size (its default is 1,000,000) for the producers of the suite: one
+# WAL entry is at most this plus its framing, so a WAL that takes no more appends is
+# within that of its bound (faultsteps.WalFill.room)
+BATCH_BYTES = 128 * 1024
 
 
 class BurstProducer:
@@ -80,6 +94,7 @@ class BurstProducer:
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
+                "batch.size": BATCH_BYTES,
                 "message.timeout.ms": 300_000,
                 "queue.buffering.max.messages": 20_000,
             },
@@ -148,12 +163,25 @@ class FleetConsumer:
     """A librdkafka consumer reading every partition through the fleet from the cutover
     on, in a thread; `records[p]` is (offset, value) in the order they came."""
 
-    def __init__(self, bootstrap: str, topic: str, starts: dict[int, int], zone: str) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        starts: dict[int, int],
+        zone: str,
+        log_path: Path | None = None,
+        debug: str | None = None,
+    ) -> None:
+        """`log_path`: its log lines also go there; `debug`: librdkafka's `debug` contexts
+        (e.g. "fetch,broker,protocol"), their lines to `log_path` only."""
         self.bootstrap, self.topic, self.starts, self.zone = bootstrap, topic, starts, zone
+        self.log_path, self.debug = log_path, debug
         self.records: dict[int, list[tuple[int, bytes]]] = {p: [] for p in starts}
         self.position: dict[int, int] = dict(starts)  # the next offset expected
         self.errors: Counter[str] = Counter()
         self.client_log: list[str] = []
+        self.consumed_at = 0.0  # time.monotonic() of the last consume() call returning
+        self._stats: tuple[float, str] | None = None  # (when, librdkafka's statistics JSON)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet consumer", daemon=True)
 
@@ -171,23 +199,47 @@ class FleetConsumer:
         """Read past offset `ends[p]` - 1 in every partition."""
         return all(self.position[p] >= end for p, end in ends.items())
 
+    def state(self) -> str:
+        """What librdkafka says of each partition in its last statistics (every 5 s):
+        fetch state, next offset to fetch, the high watermark the proxy answered, messages
+        queued for the application, the leader; and how long ago its thread last came back
+        from consume(): what a consumer that stopped reading waits for."""
+        now = time.monotonic()
+        waited = f"consume() returned {now - self.consumed_at:.1f} s ago"
+        if self._stats is None:
+            return f"{waited}; no statistics yet"
+        at, text = self._stats
+        try:
+            topic = json.loads(text)["topics"][self.topic]["partitions"]
+        except (ValueError, KeyError) as exc:
+            return f"{waited}; statistics without the topic ({exc!r})"
+        keys = ("fetch_state", "next_offset", "hi_offset", "fetchq_cnt", "leader")
+        parts = {p: [topic[p].get(k) for k in keys] for p in sorted(topic) if p != "-1"}
+        return f"{waited}; librdkafka {now - at:.1f} s ago, per partition {keys}: {parts}"
+
     def _run(self) -> None:
+        settings = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": f"fault-consumer,tierproxy_az={self.zone}",
+            "group.id": f"faults-{uuid.uuid4().hex[:8]}",  # assign() only: never joins
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",  # a reset would hide a lost or repeated range
+            "fetch.error.backoff.ms": 100,
+            "reconnect.backoff.max.ms": 1000,
+            "statistics.interval.ms": 5000,  # state(): kept, read only when behind
+            "stats_cb": self._keep_stats,
+        }
+        if self.debug:
+            settings["debug"] = self.debug
         consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "client.id": f"fault-consumer,tierproxy_az={self.zone}",
-                "group.id": f"faults-{uuid.uuid4().hex[:8]}",  # assign() only: never joins
-                "enable.auto.commit": False,
-                "auto.offset.reset": "error",  # a reset would hide a lost or repeated range
-                "fetch.error.backoff.ms": 100,
-                "reconnect.backoff.max.ms": 1000,
-            },
-            logger=_quiet_logger("consumer", self.client_log),
+            settings, logger=_quiet_logger("consumer", self.client_log, self.log_path)
         )
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in self.starts.items()])
         try:
             while not self._stop.is_set():
-                for msg in consumer.consume(1000, 0.2):
+                messages = consumer.consume(1000, 0.2)
+                self.consumed_at = time.monotonic()
+                for msg in messages:
                     if msg.error() is not None:
                         self.errors[msg.error().name()] += 1
                         continue
@@ -196,6 +248,9 @@ class FleetConsumer:
                     self.position[partition] = offset + 1
         finally:
             consumer.close()
+
+    def _keep_stats(self, text: str) -> None:
+        self._stats = (time.monotonic(), text)
 
 
 @dataclass

@@ -24,6 +24,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
+from cutover_load import Ack
 from faultload import BurstProducer, Figures, FleetConsumer, Progress
 from tieredfleet import TieredFleet, TieredProxy, wait_for_log, wal_backlog
 
@@ -38,16 +39,94 @@ OUTAGE_RECOVERY_BOUND_S = 60.0  # MinIO back: the full WAL drains, the queued pr
 CONSUMER_EXTRA_S = 60.0
 
 
+# After the WAL's last append was fsynced and counted, its answer reaches the client and
+# its delivery report the test within this (a loaded machine included)
+DELIVERY_GRACE_S = 3.0
+
+
 @dataclass
 class WalFill:
-    """What the owner with the small WAL did while MinIO was down."""
+    """What the owner with the small WAL did while MinIO was down, from its files and its
+    `tierproxy_wal_appends_total` (counted once an append is fsynced) sampled every
+    0.25 s. An append is counted before it is acknowledged, so once neither the backlog
+    nor the count moved again (`full_after_s`), an acknowledgement later than the
+    delivery grace and before MinIO's start is one the WAL never took: a bug. (The files
+    alone are not enough: their size grows at the write, and the fsync after it took 4 s
+    on a loaded machine.) Before,
+    "full" was 7/8 of the bound (room was left for appends) and the window ran to when
+    the suite saw MinIO ready, seconds after it served the first PUT that let the WAL
+    drain: a CI run counted 1 acknowledgement "while full"."""
 
     capacity: int
     peak: int  # the most WAL bytes past the trim point seen
-    full_after_s: float  # from MinIO's stop to the WAL at its bound
-    held_s: float  # from the WAL at its bound to MinIO's start
+    room: int  # what was left below the bound once the WAL stopped growing
+    full_after_s: float  # from MinIO's stop to the WAL's last growth before MinIO's start
+    held_s: float  # from then to MinIO's start
     acks_while_full: int  # acknowledgements for that owner's partitions meanwhile
+    acks_while_full_examples: list[str]
+    # from MinIO's start to its readiness seen by the suite (the WAL may drain meanwhile;
+    # before, such acknowledgements counted as "while full")
+    acks_before_ready: int
     burst_sent: int
+
+
+def _last_change(samples: list[tuple[float, object]]) -> float:
+    """When the last run of equal values in `samples` (time, value) began."""
+    at = len(samples) - 1
+    while at > 0 and samples[at - 1][1] == samples[-1][1]:
+        at -= 1
+    return samples[at][0]
+
+
+def wal_fill(
+    capacity: int,
+    samples: list[tuple[float, int, float | None]],
+    acks: list[Ack],
+    partitions: list[int],
+    injected: float,
+    resumed: float,
+    ready: float,
+    burst_sent: int,
+) -> WalFill:
+    """`samples`: (time, WAL backlog, appends counted or None if the scrape failed) from
+    MinIO's stop to `resumed`, the moment MinIO was started again, not `ready`, when the
+    suite saw it answer: the WAL may drain from its first PUT, and on a loaded machine
+    MinIO was seen ready 9 s after its start."""
+    last = samples[-1][1]
+    counted = [(at, appends) for at, _, appends in samples if appends is not None]
+    full_at = _last_change([(at, backlog) for at, backlog, _ in samples])
+    if counted:
+        full_at = max(full_at, _last_change(counted))
+    late = [
+        a
+        for a in acks
+        if a.partition in partitions and full_at + DELIVERY_GRACE_S < a.acked_at < resumed
+    ]
+    examples = [
+        f"{a.value[:12]!r} at {a.partition}/{a.offset}, acknowledged "
+        f"{a.acked_at - full_at:.2f} s after the WAL stopped growing"
+        + (f", sent {a.acked_at - a.sent_at:.2f} s before" if a.sent_at else "")
+        for a in late[:5]
+    ]
+    return WalFill(
+        capacity,
+        max(backlog for _, backlog, _ in samples),
+        capacity - last,
+        round(full_at - injected, 2),
+        round(resumed - full_at, 2),
+        len(late),
+        examples,
+        sum(1 for a in acks if a.partition in partitions and resumed <= a.acked_at < ready),
+        burst_sent,
+    )
+
+
+def _appends(proxy: TieredProxy) -> float | None:
+    """The WAL appends the proxy counted (fsynced); None if its metrics did not answer."""
+    try:
+        return proxy.metric("tierproxy_wal_appends_total")
+    except OSError:
+        return None
 
 
 class Injector:
@@ -90,9 +169,15 @@ class Injector:
         if not self.consumer.caught_up(ends):
             behind = {p: (self.consumer.position[p], end) for p, end in ends.items()}
             log = self.consumer.client_log[-5:]
+            # whether produce still flows: a partition stalled again since it recovered
+            # (its shard handed over once more) holds its consumer back too
+            now = time.monotonic()
+            acked = {p: round(now - at, 1) for p, at in sorted(self.progress.last_ack_at.items())}
             return (
-                f"consumer behind: (position, acknowledged end) {behind}; its errors "
-                f"{dict(self.consumer.errors)}, last log lines {log}"
+                f"consumer behind: (position, acknowledged end) {behind}; last "
+                f"acknowledgement (s ago) {acked}; shard owners {self.fleet.owners()}; "
+                f"{self.consumer.state()}; its errors {dict(self.consumer.errors)}, last "
+                f"log lines {log}"
             )
         return None
 
@@ -124,17 +209,20 @@ class Injector:
         before: dict | None = None,
     ) -> float:
         deadline = ended + bound
+        at_deadline = None  # why it had not recovered by the bound (the consumer only)
         while (why := self._not_yet(ended, victim, before or {})) is not None:
             consumer_only = why.startswith("consumer behind")  # the rest has recovered
             if time.monotonic() > deadline + (CONSUMER_EXTRA_S if consumer_only else 0.0):
                 raise AssertionError(
                     f"{kind}: not recovered {bound} s after it ended: {why}\n{self._warnings()}"
                 )
+            if at_deadline is None and time.monotonic() > deadline:
+                at_deadline = f"{why}\n{self._warnings(6)}"
             time.sleep(0.2)
         done = time.monotonic()
         if done > deadline:  # the consumer took its extra time
             slow = self.figures.notes.setdefault("slow_consumer_recoveries", [])
-            slow.append([kind, round(done - ended, 2)])
+            slow.append([kind, round(done - ended, 2), at_deadline])
         self.figures.fault(kind, injected, ended, done)
         return done - ended
 
@@ -154,7 +242,12 @@ class Injector:
             time.sleep(self.rng.uniform(0.1, 1.5))
             self.fleet.start(zone)
             ended = time.monotonic()
-            self.recovered("kill -9 proxy", injected, ended, RECOVERY_BOUND_S, victim.name, before)
+            took = self.recovered(
+                "kill -9 proxy", injected, ended, RECOVERY_BOUND_S, victim.name, before
+            )
+            # when, to read beside the proxies' and the consumer's logs (wall clock)
+            at = time.strftime("%H:%M:%S", time.gmtime(time.time() - (time.monotonic() - ended)))
+            self.figures.notes.setdefault("kills", []).append(f"{zone} back at {at}, {took:.2f} s")
 
     def pause_owner(self) -> None:
         """SIGSTOP the proxy owning most of the topic's partitions, past its session
@@ -200,32 +293,20 @@ class Injector:
         self.burst = burst
         self.progress.watch(burst)
         burst.start()
-        samples: list[tuple[float, int]] = []
+        samples: list[tuple[float, int, float | None]] = []
         while (now := time.monotonic()) < injected + down_s:
-            samples.append((now, wal_backlog(owner.wal_dir)))
+            samples.append((now, wal_backlog(owner.wal_dir), _appends(owner)))
             time.sleep(0.25)
         burst.stop_sending()
+        samples.append((now := time.monotonic(), wal_backlog(owner.wal_dir), _appends(owner)))
+        resumed = now
         minio.resume_service()
         ended = time.monotonic()
         self.recovered("MinIO down 60 s", injected, ended, OUTAGE_RECOVERY_BOUND_S)
         burst.stop(120)
-
-        peak = max(backlog for _, backlog in samples)
-        full = [at for at, backlog in samples if backlog >= capacity - capacity // 8]
-        full_at = full[0] if full else ended
-        acks_while_full = sum(
-            1
-            for a in self.progress.acks()
-            if a.partition in partitions and full_at + 1 < a.acked_at < ended
-        )
-        return WalFill(
-            capacity,
-            peak,
-            round(full_at - injected, 2),
-            round(ended - full_at, 2),
-            acks_while_full,
-            burst.sent,
-        )
+        self.figures.notes["minio_ready_after_start_s"] = round(ended - resumed, 2)
+        acks = list(self.progress.acks())
+        return wal_fill(capacity, samples, acks, partitions, injected, resumed, ended, burst.sent)
 
     def _partitions(self) -> range:
         return range(self.progress.partitions)

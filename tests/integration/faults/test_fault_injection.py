@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 from cutover_load import Ack, LoadProducer
-from faultload import Figures, FleetConsumer, Progress
+from faultload import BATCH_BYTES, Figures, FleetConsumer, Progress
 from faultsteps import Injector
 from tieredfleet import TieredFleet, parse_value, wal_backlog
 
@@ -45,6 +45,7 @@ from proxy.devstack import KafkaCluster, MinioServer
 from proxy.devstack.process import ManagedProcess
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
+from proxy.wal.entry import entry_size
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
@@ -77,7 +78,7 @@ TIERING = {
     "s3wal_retention_s": S3WAL_RETENTION_S,
     "orphan_sweep_interval_s": SWEEP_S,
 }
-CLIENT = {"socket.timeout.ms": 10_000, "message.timeout.ms": 300_000}
+CLIENT = {"socket.timeout.ms": 10_000, "message.timeout.ms": 300_000, "batch.size": BATCH_BYTES}
 
 
 class FaultFleet(TieredFleet):
@@ -273,7 +274,14 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
             )
             producers.append(producer.start())
             progress.watch(producer)
-        consumer = FleetConsumer(fleet.bootstrap(), topic, starts, "zone-a").start()
+        consumer = FleetConsumer(
+            fleet.bootstrap(),
+            topic,
+            starts,
+            "zone-a",
+            log_path=tmp_path / "consumer.log",
+            debug=os.environ.get("TIERPROXY_FAULT_CONSUMER_DEBUG"),
+        ).start()
         injector = Injector(fleet, topic, topic_id, progress, consumer, figures, rng)
         injector.settled(time.monotonic(), 60)
         figures.notes["setup_s"] = round(time.monotonic() - began, 1)
@@ -340,9 +348,12 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
     assert figures.notes["acknowledged_twice"] == 0
     assert figures.notes["committed_differs_from_consumed"] == 0
     wal = figures.notes["wal_fill"]
-    assert wal["peak"] <= WAL_CAPACITY, "the WAL passed its bound"
+    # Full: it stopped growing within one entry of its bound (no entry is larger than a
+    # batch), never past it, and held there; no acknowledgement while it took nothing.
+    assert wal["peak"] <= WAL_CAPACITY, f"the WAL passed its bound: {wal}"
+    assert wal["room"] < entry_size(BATCH_BYTES), f"the WAL stopped short of its bound: {wal}"
     assert wal["held_s"] > 10, f"the WAL filled late or never: {wal}"
-    assert wal["acks_while_full"] == 0, "acknowledged while the WAL was full"
+    assert wal["acks_while_full"] == 0, f"acknowledged while the WAL took no appends: {wal}"
     assert figures.notes["objects_named_missing"] == 0, "the metadata names a deleted object"
     assert figures.notes["left_running"] == [], "processes left behind"
     assert figures.notes["garbage_left_after_grace"] == [], "garbage not collected"
