@@ -15,7 +15,6 @@ batch is appended twice; and once the faults stop, every batch is acknowledged.
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -26,9 +25,6 @@ from proxy.partition.rules import ProduceResult, refusal, sequence
 from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
 from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend
 from tests.support.batches import build_batch
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 S = 3
 PID = 77

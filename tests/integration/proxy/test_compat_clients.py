@@ -17,7 +17,6 @@ import asyncio
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable
 from typing import Protocol
 
@@ -31,16 +30,15 @@ from confluent_kafka import TopicPartition as RdTopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin import NewTopic as RdNewTopic
 
+from tests.support.kafka_python import (
+    IMPORT_WARNING,
+    KafkaAdminClient,
+    KafkaConsumer,
+    KafkaProducer,
+)
+from tests.support.kafka_python import ConsumerRebalanceListener as KpRebalanceListener
+from tests.support.kafka_python import TopicPartition as KpTopicPartition
 from tests.support.waiting import wait_until
-
-# kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
-# deprecates, and the suite turns warnings into errors.
-KAFKA_PYTHON_WARNING = "(read_text|open_text) is deprecated"
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", KAFKA_PYTHON_WARNING, DeprecationWarning)
-    from kafka import ConsumerRebalanceListener as KpRebalanceListener
-    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-    from kafka import TopicPartition as KpTopicPartition
 
 pytestmark = pytest.mark.kafka
 
@@ -306,7 +304,7 @@ def test_librdkafka_full_scenario(bootstrap, compat):
 # -- kafka-python ----------------------------------------------------------------------
 
 
-@pytest.mark.filterwarnings(f"ignore:{KAFKA_PYTHON_WARNING}:DeprecationWarning")
+@pytest.mark.filterwarnings(f"ignore:{IMPORT_WARNING}:DeprecationWarning")
 def test_kafka_python_full_scenario(bootstrap, compat):
     topic, group = new_names("kafka-python")
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)

@@ -11,7 +11,6 @@ leaves nothing cached; a deleted one raises ObjectNotFound.
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from uuid import UUID
@@ -32,9 +31,6 @@ from proxy.reads.stream_reader import ReadResult, StreamReader
 from proxy.records.batches import with_base_offset
 from tests.support.batches import build_batch
 from tests.support.stores import PrefixedStore
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 TOPIC = UUID("0b6f3c52-8e1d-4f7a-a2c9-5d4e3f2a1b0c")
 S1, S2, S3 = (stream_id(TOPIC, p) for p in range(3))

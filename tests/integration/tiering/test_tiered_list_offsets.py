@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-import warnings
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -46,12 +45,9 @@ from proxy.objects.format import ObjectKind
 from proxy.objects.format_writer import ObjectWriter
 from proxy.peer.clients import PeerClients
 from tests.support.clients import delete_records
+from tests.support.kafka_python import KafkaConsumer
+from tests.support.kafka_python import TopicPartition as KpTopicPartition
 from tests.support.waiting import wait_until
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka import KafkaConsumer
-    from kafka import TopicPartition as KpTopicPartition
 
 pytestmark = pytest.mark.kafka
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import warnings
 from collections.abc import AsyncIterator, Sequence
 from uuid import UUID
 
@@ -40,9 +39,6 @@ from tests.support.batches import build_batch
 from tests.support.clock import ManualClock
 from tests.support.stores import PrefixedStore
 from tests.support.waiting import eventually
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 TOPIC = UUID("3f2a9c1e-7b4d-4e8a-9c0f-1d2e3f405162")
 STREAMS = [stream_id(TOPIC, p) for p in range(50)]

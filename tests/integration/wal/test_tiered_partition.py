@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import warnings
 from collections import deque
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -34,9 +33,6 @@ from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
 from tests.support.batches import build_batch
 from tests.support.waiting import eventually
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 TOPIC = UUID("5b1e0c7a-2d4f-4a9b-8e3c-6f7a8b9c0d1e")
 STREAMS = [stream_id(TOPIC, p) for p in range(2)]

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from datetime import timedelta
 
 import pytest
@@ -27,10 +26,7 @@ from zonefleet import ZONES, metadata_brokers, zone_host
 
 from proxy.kafka.messages import encode_request
 from proxy.kafka.proxy_header import encode_v1, encode_v2
-
-with warnings.catch_warnings():  # kafka-python 3.0 uses a deprecated importlib API
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka import KafkaConsumer, KafkaProducer
+from tests.support.kafka_python import KafkaConsumer, KafkaProducer
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 BROKERS = {1, 2, 3}

@@ -6,17 +6,13 @@ and the byte."""
 from __future__ import annotations
 
 import struct
-import warnings
 from pathlib import Path
 
 import pytest
 
 from offload_jobs.segments import CorruptSegment, SegmentReader, index_position, list_segments
 from tests.support.batches import build_batch
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch
+from tests.support.kafka_python import DefaultRecordBatch
 
 
 def batch(base_offset: int, count: int, *, compression: int = 0, producer: int = -1) -> bytes:

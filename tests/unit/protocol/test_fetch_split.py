@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import struct
 import uuid
-import warnings
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -25,11 +24,6 @@ from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS
 from tests.support.batches import build_batch
 from tests.support.kio_types import MS, mod, only_fields
-
-# kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
-# deprecates, and the suite turns warnings into errors.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 REQUESTS = load_types(1, "request")
 RESPONSES = load_types(1, "response")

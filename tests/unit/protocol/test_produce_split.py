@@ -7,7 +7,6 @@ import datetime
 import importlib
 import struct
 import uuid
-import warnings
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -25,11 +24,6 @@ from proxy.kafka.codec import decode, encode, load_types
 from proxy.kafka.frames import FrameError
 from proxy.kafka.versions import APIS
 from tests.support.batches import build_batch
-
-# kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
-# deprecates, and the suite turns warnings into errors.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 REQUESTS = load_types(0, "request")
 RESPONSES = load_types(0, "response")

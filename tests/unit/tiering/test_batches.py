@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,13 +22,7 @@ from proxy.records.batches import (
 )
 from tests.support.batches import NOW_MS, control_batch, patched
 from tests.support.batches import build_batch as support_batch
-
-# kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
-# deprecates, and the suite turns warnings into errors.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch
-    from kafka.record.memory_records import MemoryRecords
+from tests.support.kafka_python import DefaultRecordBatch, MemoryRecords
 
 
 def build_batch(

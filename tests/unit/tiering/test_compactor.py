@@ -9,7 +9,6 @@ known is settled from the shard's records after the grace."""
 
 from __future__ import annotations
 
-import warnings
 from uuid import UUID
 
 import pytest
@@ -35,9 +34,6 @@ from proxy.records.batches import with_base_offset
 from proxy.upkeep.compaction_plan import CompactionSettings
 from proxy.upkeep.compactor import Compactor
 from tests.support.batches import NOW_MS, build_batch
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")
 SETTINGS = CompactionSettings(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import struct
-import warnings
 from pathlib import Path
 
 import crc32c
@@ -32,9 +31,6 @@ from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import object_key, parse_object_key
 from proxy.records.batches import CorruptBatchError, iter_batches, with_base_offset
 from tests.support.batches import build_batch
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "object-format.md"
 

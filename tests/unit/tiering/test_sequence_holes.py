@@ -3,8 +3,6 @@ made"), and the sequencer's description of a gap."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 from kio.schema.errors import ErrorCode
 
@@ -13,9 +11,6 @@ from proxy.partition.rules import refusal, sequence
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles, seq_within
 from proxy.partition.sequencer import PartitionSequencer, Rejected
 from tests.support.batches import build_batch
-
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
 
 S = 5  # a stream
 PID = 42

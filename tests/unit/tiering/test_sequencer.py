@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-import warnings
 
 import crc32c
 import pytest
@@ -25,12 +24,7 @@ from proxy.partition.sequencer import (
 )
 from proxy.records.batches import iter_batches, read_batch_header, validate_batch
 from tests.support.batches import build_batch, patched
-
-# kafka-python 3.0 loads its schemas with importlib.resources.read_text, which Python 3.11
-# deprecates, and the suite turns warnings into errors.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "(read_text|open_text) is deprecated", DeprecationWarning)
-    from kafka.record.default_records import DefaultRecordBatch
+from tests.support.kafka_python import DefaultRecordBatch
 
 NOW = 1_700_000_000_000
 PID = 4242
