@@ -20,13 +20,10 @@ from proxy.apis.fetch_split import (
     read_fetch_request,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
-from proxy.kafka.versions import APIS
-from tests.support.kio_types import MS, mod, only_fields
+from proxy.kafka.codec import decode, encode
+from tests.support.kio_types import MS, mod, only_fields, served
 
-REQUESTS = load_types(1, "request")
-RESPONSES = load_types(1, "response")
-VERSIONS = list(range(APIS[1].min_version, APIS[1].max_version + 1))
+REQUESTS, RESPONSES, VERSIONS = served(1)
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 

@@ -16,13 +16,10 @@ from proxy.apis.api02_list_offsets import (
     read_list_offsets_request,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
-from proxy.kafka.versions import APIS
-from tests.support.kio_types import MS, mod, only_fields
+from proxy.kafka.codec import decode, encode
+from tests.support.kio_types import MS, mod, only_fields, served
 
-REQUESTS = load_types(2, "request")
-RESPONSES = load_types(2, "response")
-VERSIONS = list(range(APIS[2].min_version, APIS[2].max_version + 1))
+REQUESTS, RESPONSES, VERSIONS = served(2)
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib
 import uuid
 
 from hypothesis import HealthCheck, given, settings
@@ -19,12 +18,10 @@ from proxy.apis.api00_produce import (
     read_produce_request,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
-from proxy.kafka.versions import APIS
+from proxy.kafka.codec import decode, encode
+from tests.support.kio_types import mod, served
 
-REQUESTS = load_types(0, "request")
-RESPONSES = load_types(0, "response")
-VERSIONS = list(range(APIS[0].min_version, APIS[0].max_version + 1))
+REQUESTS, RESPONSES, VERSIONS = served(0)
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 NO_TOPIC_ID = uuid.UUID(int=0)  # what a null topic id is on the wire
 NO_TIME = datetime.timedelta(0)
@@ -32,16 +29,16 @@ NO_TIME = datetime.timedelta(0)
 
 def kio_request(version, topics, transactional_id=None, acks=-1, timeout_ms=0):
     """topics: [(name or topic id, [(partition, records)])]."""
-    mod = importlib.import_module(REQUESTS[version].__module__)
-    return mod.ProduceRequest(
+    m = mod(REQUESTS, version)
+    return m.ProduceRequest(
         transactional_id=transactional_id,
         acks=acks,
         timeout=datetime.timedelta(milliseconds=timeout_ms),
         topic_data=tuple(
-            mod.TopicProduceData(
+            m.TopicProduceData(
                 **{"topic_id" if version >= 13 else "name": topic},
                 partition_data=tuple(
-                    mod.PartitionProduceData(index=index, records=records)
+                    m.PartitionProduceData(index=index, records=records)
                     for index, records in partitions
                 ),
             )

@@ -7,7 +7,16 @@ import datetime
 import importlib
 from types import ModuleType
 
+from proxy.kafka.codec import load_types
+
 MS = datetime.timedelta(milliseconds=1)  # kio's unit for *_ms fields
+
+
+def served(api_key: int) -> tuple[dict[int, type], dict[int, type], list[int]]:
+    """kio's request and response classes of an API by version, and those versions in
+    order: every version the proxy serves (proxy/kafka/versions.py), one test body each."""
+    requests = load_types(api_key, "request")
+    return requests, load_types(api_key, "response"), sorted(requests)
 
 
 def mod(types: dict, version: int) -> ModuleType:

@@ -5,7 +5,6 @@ kio. And the decision: which requests are refused, which go to Kafka."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 
 import pytest
@@ -16,17 +15,16 @@ from proxy.apis.api24_add_partitions_to_txn import (
     refused_answer,
     refused_partitions,
 )
-from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
 from proxy.tiered.txn_refusal import (
     REFUSAL_ERROR,
     TxnRefusals,
     plan_add_partitions_to_txn,
 )
+from tests.support.kio_types import mod, served
 
-REQUESTS = load_types(24, "request")
-RESPONSES = load_types(24, "response")
-VERSIONS = sorted(REQUESTS)
+REQUESTS, RESPONSES, VERSIONS = served(24)
 CLIENT_VERSIONS = [v for v in VERSIONS if v < 4]
 BATCHED_VERSIONS = [v for v in VERSIONS if v >= 4]
 NOT_ATTEMPTED = ErrorCode.operation_not_attempted
@@ -37,10 +35,6 @@ def test_every_kio_add_partitions_to_txn_version_is_served():
     assert VERSIONS == sorted(RESPONSES) == [0, 1, 2, 3, 4, 5]
 
 
-def _module(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
 def _topics(m, topics: dict[str, list[int]]) -> tuple:
     return tuple(
         m.AddPartitionsToTxnTopic(name=name, partitions=tuple(ps)) for name, ps in topics.items()
@@ -48,7 +42,7 @@ def _topics(m, topics: dict[str, list[int]]) -> tuple:
 
 
 def client_request(version: int, topics: dict[str, list[int]], txn_id: str = "tx-1") -> bytes:
-    m = _module(REQUESTS, version)
+    m = mod(REQUESTS, version)
     return encode(
         m.AddPartitionsToTxnRequest(
             v3_and_below_transactional_id=txn_id,
@@ -60,7 +54,7 @@ def client_request(version: int, topics: dict[str, list[int]], txn_id: str = "tx
 
 
 def batched_request(version: int, transactions: dict[str, dict[str, list[int]]]) -> bytes:
-    m = _module(REQUESTS, version)
+    m = mod(REQUESTS, version)
     return encode(
         m.AddPartitionsToTxnRequest(
             transactions=tuple(

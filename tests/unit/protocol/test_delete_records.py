@@ -4,7 +4,6 @@ answers, for every served version; requests and answers written and read back wi
 from __future__ import annotations
 
 import datetime
-import importlib
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -17,24 +16,19 @@ from proxy.apis.api21_delete_records import (
     read_delete_records_response,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
+from tests.support.kio_types import mod, served
 
-REQUESTS = load_types(21, "request")
-RESPONSES = load_types(21, "response")
-VERSIONS = sorted(REQUESTS)
+REQUESTS, RESPONSES, VERSIONS = served(21)
 
 
 def test_every_kio_delete_records_version_is_served():
     assert VERSIONS == sorted(RESPONSES) == [0, 1, 2]
 
 
-def _module(types, version):
-    return importlib.import_module(types[version].__module__)
-
-
 def request(version: int, topics: dict[str, list[tuple[int, int]]], timeout_ms: int = 3000):
-    m = _module(REQUESTS, version)
+    m = mod(REQUESTS, version)
     return m.DeleteRecordsRequest(
         topics=tuple(
             m.DeleteRecordsTopic(
@@ -50,7 +44,7 @@ def request(version: int, topics: dict[str, list[tuple[int, int]]], timeout_ms: 
 
 
 def response(version: int, topics: dict[str, list[tuple[int, int, int]]], throttle_ms: int = 0):
-    m = _module(RESPONSES, version)
+    m = mod(RESPONSES, version)
     return m.DeleteRecordsResponse(
         throttle_time=datetime.timedelta(milliseconds=throttle_ms),
         topics=tuple(

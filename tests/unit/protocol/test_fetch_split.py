@@ -19,15 +19,12 @@ from proxy.apis.fetch_split import (
     read_fetch_request,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
-from proxy.kafka.versions import APIS
 from tests.support.batches import build_batch
-from tests.support.kio_types import MS, mod, only_fields
+from tests.support.kio_types import MS, mod, only_fields, served
 
-REQUESTS = load_types(1, "request")
-RESPONSES = load_types(1, "response")
-VERSIONS = range(APIS[1].min_version, APIS[1].max_version + 1)
+REQUESTS, RESPONSES, VERSIONS = served(1)
 
 
 def test_every_kio_fetch_version_is_served():

@@ -4,26 +4,20 @@ rewritten, for every served version; messages written and read back with kio."""
 from __future__ import annotations
 
 import datetime
-import importlib
 
 import pytest
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.api23_offset_for_leader_epoch import read_requested, rewrite_end_offsets
-from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
+from tests.support.kio_types import mod, served
 
-REQUESTS = load_types(23, "request")
-RESPONSES = load_types(23, "response")
-VERSIONS = sorted(REQUESTS)
-
-
-def _module(types, version):
-    return importlib.import_module(types[version].__module__)
+REQUESTS, RESPONSES, VERSIONS = served(23)
 
 
 def request(version: int, asked: dict[str, list[int]]):
-    m = _module(REQUESTS, version)
+    m = mod(REQUESTS, version)
     topics = tuple(
         m.OffsetForLeaderTopic(
             topic=name,
@@ -39,7 +33,7 @@ def request(version: int, asked: dict[str, list[int]]):
 
 
 def response(version: int, answers: dict[str, list[tuple[int, int, int, int]]]):
-    m = _module(RESPONSES, version)
+    m = mod(RESPONSES, version)
     return m.OffsetForLeaderEpochResponse(
         throttle_time=datetime.timedelta(milliseconds=5),
         topics=tuple(

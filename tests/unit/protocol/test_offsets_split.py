@@ -19,14 +19,11 @@ from proxy.apis.api02_list_offsets import (
     read_list_offsets_response,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
-from proxy.kafka.versions import APIS
-from tests.support.kio_types import MS, mod, only_fields
+from tests.support.kio_types import MS, mod, only_fields, served
 
-REQUESTS = load_types(2, "request")
-RESPONSES = load_types(2, "response")
-VERSIONS = range(APIS[2].min_version, APIS[2].max_version + 1)
+REQUESTS, RESPONSES, VERSIONS = served(2)
 FLEXIBLE = [v for v in VERSIONS if v >= 6]
 T = 1_700_000_000_000  # a timestamp in ms
 

@@ -4,7 +4,6 @@ answers, for every served version, on requests carrying real v2 record batches."
 from __future__ import annotations
 
 import datetime
-import importlib
 import struct
 import uuid
 
@@ -20,14 +19,12 @@ from proxy.apis.api00_produce import (
     read_produce_request,
     split,
 )
-from proxy.kafka.codec import decode, encode, load_types
+from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
-from proxy.kafka.versions import APIS
 from tests.support.batches import build_batch
+from tests.support.kio_types import mod, served
 
-REQUESTS = load_types(0, "request")
-RESPONSES = load_types(0, "response")
-VERSIONS = range(APIS[0].min_version, APIS[0].max_version + 1)
+REQUESTS, RESPONSES, VERSIONS = served(0)
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 NO_TIME = datetime.timedelta(0)
 
@@ -56,18 +53,18 @@ LAYOUT = {
 
 
 def request(version: int, layout=None, *, transactional_id=None, acks=-1, timeout_ms=1500):
-    mod = importlib.import_module(REQUESTS[version].__module__)
+    m = mod(REQUESTS, version)
     topics = tuple(
-        mod.TopicProduceData(
+        m.TopicProduceData(
             **{"topic_id" if version >= 13 else "name": key(version, name)},
             partition_data=tuple(
-                mod.PartitionProduceData(index=index, records=records)
+                m.PartitionProduceData(index=index, records=records)
                 for index, records in partitions
             ),
         )
         for name, partitions in (LAYOUT if layout is None else layout).items()
     )
-    return mod.ProduceRequest(
+    return m.ProduceRequest(
         transactional_id=transactional_id,
         acks=acks,
         timeout=datetime.timedelta(milliseconds=timeout_ms),
@@ -197,7 +194,7 @@ def test_unserved_versions_are_refused(version):
 
 def kio_partition(version: int, result: PartitionResult):
     """The kio object `result` should come back as."""
-    mod = importlib.import_module(RESPONSES[version].__module__)
+    m = mod(RESPONSES, version)
     fields = {
         "index": result.partition,
         "error_code": ErrorCode(result.error_code),
@@ -210,28 +207,28 @@ def kio_partition(version: int, result: PartitionResult):
         fields["log_start_offset"] = result.log_start_offset
     if version >= 8:
         fields["record_errors"] = tuple(
-            mod.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
-            for i, m in result.record_errors
+            m.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=message)
+            for i, message in result.record_errors
         )
         fields["error_message"] = result.error_message
     if version >= 10:
         leader_id, leader_epoch = result.current_leader
-        fields["current_leader"] = mod.LeaderIdAndEpoch(
+        fields["current_leader"] = m.LeaderIdAndEpoch(
             leader_id=leader_id, leader_epoch=leader_epoch
         )
-    return mod.PartitionProduceResponse(**fields)
+    return m.PartitionProduceResponse(**fields)
 
 
 def kio_answer(version, results, throttle_ms=0, node_endpoints=()):
     """A kio answer of `results`, grouped by topic in order of first appearance."""
-    mod = importlib.import_module(RESPONSES[version].__module__)
+    m = mod(RESPONSES, version)
     topics: dict = {}
     for result in results:
         topics.setdefault(result.topic, []).append(kio_partition(version, result))
     extra = {"node_endpoints": node_endpoints} if version >= 10 else {}
-    return mod.ProduceResponse(
+    return m.ProduceResponse(
         responses=tuple(
-            mod.TopicProduceResponse(
+            m.TopicProduceResponse(
                 **{"topic_id" if version >= 13 else "name": topic},
                 partition_responses=tuple(partitions),
             )
@@ -271,8 +268,8 @@ def local_results(version):
 def endpoints(version):
     if version < 10:
         return ()
-    mod = importlib.import_module(RESPONSES[version].__module__)
-    return (mod.NodeEndpoint(node_id=2, host="broker-2", port=9092, rack="zone-b"),)
+    m = mod(RESPONSES, version)
+    return (m.NodeEndpoint(node_id=2, host="broker-2", port=9092, rack="zone-b"),)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
