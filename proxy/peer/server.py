@@ -21,6 +21,7 @@ from contextlib import suppress
 from kio.schema.errors import ErrorCode
 
 from proxy import __version__
+from proxy.lifecycle import run_connection
 from proxy.partition.rules import ProduceResult
 from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -148,18 +149,8 @@ class PeerServer:
         await self._server.wait_closed()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # A plain callback, so the connection is registered the moment it is accepted and
-        # close() cancels it even before its task first runs (then no `finally` runs: the
-        # abort below closes the socket).
-        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
-        self._connections.add(task)
-
-        def done(task: asyncio.Task[None]) -> None:
-            self._connections.discard(task)
-            if not writer.transport.is_closing():
-                writer.transport.abort()
-
-        task.add_done_callback(done)
+        # A plain callback, so close() cancels the connection even before it first runs.
+        run_connection(self._connections, writer, self._serve(reader, writer))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = peer_name(writer.get_extra_info("peername"))

@@ -28,7 +28,7 @@ from proxy.apis.api18_api_versions import (
     proxy_supported_ranges,
 )
 from proxy.config import ProxyConfig
-from proxy.lifecycle import start_or_undo
+from proxy.lifecycle import run_connection, start_or_undo
 from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
@@ -222,20 +222,11 @@ class Proxy:
                 pass  # the proxy is stopping; ending quietly keeps asyncio from logging it
 
         def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            # A plain callback, not a coroutine: the connection is registered as it is
-            # accepted, so stop() cancels it even if its task never got to run (a task
-            # cancelled before its first step runs no `finally`: the abort below).
+            # A plain callback, not a coroutine: stop() cancels the connection even if its
+            # task never got to run (proxy.lifecycle.run_connection).
             writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
             connection = ClientConnection(self, reader, writer, node_id, name)
-            task = asyncio.get_running_loop().create_task(serve(connection))
-            self._connections.add(task)
-
-            def done(task: asyncio.Task[None]) -> None:
-                self._connections.discard(task)
-                if not writer.transport.is_closing():
-                    writer.transport.abort()
-
-            task.add_done_callback(done)
+            run_connection(self._connections, writer, serve(connection))
 
         self._servers[node_id] = await asyncio.start_server(
             accept,
