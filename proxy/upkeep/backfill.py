@@ -27,7 +27,7 @@ from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectStoreError
 from proxy.peer.messages import BackfillRequest
 from proxy.upkeep.orphan_plan import commit_age_limit, too_old_to_commit
-from proxy.upkeep.ports import BackfillHost
+from proxy.upkeep.ports import BackfillHost, owner_or_peer
 
 POLICY_VIOLATION = 44
 
@@ -42,16 +42,15 @@ async def commit_backfill(service: BackfillHost, request: BackfillRequest) -> tu
         return ErrorCode.invalid_request, f"{what}: not the offload object id of that range"
     assert r.object_id & OFFLOAD_ID_BIT
     shard = shard_of(r.stream_id, service.config.shard_count)
-    owner = service.shard_owner(shard)
+    owner = owner_or_peer(service, shard)
     if owner is None:
-        address = service.peer_address(service.readers[shard].state.owner)
-        if address is None:
-            return (
-                ErrorCode.not_coordinator,
-                f"{what}: metadata shard {shard} has no live owner right now",
-            )
+        return (
+            ErrorCode.not_coordinator,
+            f"{what}: metadata shard {shard} has no live owner right now",
+        )
+    if isinstance(owner, tuple):  # owned by another proxy: its peer address
         args = (r.object_id, r.size, r.stream_id, r.start_offset, r.end_offset)
-        return await service.peers.backfill(address, *args)
+        return await service.peers.backfill(owner, *args)
     state = owner.state
     info = state.stream(r.stream_id)
     if info is None:

@@ -39,7 +39,7 @@ from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
 from proxy.peer.messages import ADMIN_OPS
 from proxy.routing.fleet import FleetView
-from proxy.upkeep.ports import SealHost
+from proxy.upkeep.ports import SealHost, owner_or_peer
 from proxy.upkeep.seals import Sealed, Seals
 
 log = logging.getLogger("tierproxy.cutover")
@@ -280,15 +280,11 @@ class CutoverLoop:
         if op in ("seal", "unseal"):  # from the owner of the topic's shard, untiering it
             return await self._seal(op, topic, topic_id)
         shard = topic_shard(topic_id, service.config.shard_count)
-        owner = service.shard_owner(shard)
+        owner = owner_or_peer(service, shard)
         if owner is None:
-            address = service.peer_address(service.readers[shard].state.owner)
-            if address is None:
-                return (
-                    ErrorCode.not_coordinator,
-                    f"metadata shard {shard} has no live owner right now",
-                )
-            return await service.peers.admin(address, op, topic, topic_id)
+            return ErrorCode.not_coordinator, f"metadata shard {shard} has no live owner right now"
+        if isinstance(owner, tuple):  # owned by another proxy: its peer address
+            return await service.peers.admin(owner, op, topic, topic_id)
         sealed = Sealed(topic, topic_id)
         if op == "untier":
             partitions = await self._partition_count(topic)

@@ -80,6 +80,20 @@ class Peers(Protocol):
         ...
 
 
+class ShardsAndPeers(Shards, Peers, Protocol):
+    """The shards and the proxies that own them elsewhere (`owner_or_peer`)."""
+
+
+def owner_or_peer(service: ShardsAndPeers, shard: int) -> ShardOwner | tuple[str, int] | None:
+    """Where a request about `shard` is served: its owner if this proxy owns it, else the
+    peer address of the member its metadata names as owner; None if that member is not
+    live (no live owner right now: the caller refuses with a retriable error)."""
+    owner = service.shard_owner(shard)
+    if owner is not None:
+        return owner
+    return service.peer_address(service.readers[shard].state.owner)
+
+
 class OwnedPartitions(Protocol):
     """The partitions of the streams owned here (None before the start made them)."""
 
@@ -87,14 +101,14 @@ class OwnedPartitions(Protocol):
     def partitions(self) -> PartitionSet | None: ...
 
 
-class TrimHost(Shards, Peers, OwnedPartitions, Protocol):
+class TrimHost(ShardsAndPeers, OwnedPartitions, Protocol):
     """DeleteRecords' trim of a stream (trims.py), at the owner of its shard."""
 
     @property
     def uploader(self) -> Uploader | None: ...
 
 
-class BackfillHost(Shards, Peers, Protocol):
+class BackfillHost(ShardsAndPeers, Protocol):
     """An offload job's commit (backfill.py), at the owner of the stream's shard."""
 
     @property
@@ -121,7 +135,7 @@ class TopicConfigsPort(Protocol):
         ...
 
 
-class SealHost(Shards, Peers, OwnedPartitions, Protocol):
+class SealHost(ShardsAndPeers, OwnedPartitions, Protocol):
     """Untier's seals (seals.py): close a topic's partitions where they are owned."""
 
     @property

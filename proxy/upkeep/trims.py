@@ -21,7 +21,7 @@ from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, shard_of
 from proxy.peer.messages import TrimRequest
-from proxy.upkeep.ports import OwnedPartitions, TrimHost
+from proxy.upkeep.ports import OwnedPartitions, TrimHost, owner_or_peer
 from proxy.upload.uploader import UploadError
 
 log = logging.getLogger("tierproxy.trims")
@@ -49,16 +49,11 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
     it, a message), on the shard's owner, here or through the peer protocol."""
     stream, offset = request.stream_id, request.offset
     shard = shard_of(stream, service.config.shard_count)
-    owner = service.shard_owner(shard)
+    owner = owner_or_peer(service, shard)
     if owner is None:
-        address = service.peer_address(service.readers[shard].state.owner)
-        if address is None:
-            return (
-                ErrorCode.not_leader_or_follower,
-                -1,
-                f"metadata shard {shard} has no live owner now",
-            )
-        return await service.peers.trim(address, stream, offset, request.timeout_ms)
+        return ErrorCode.not_leader_or_follower, -1, f"metadata shard {shard} has no live owner now"
+    if isinstance(owner, tuple):  # owned by another proxy: its peer address
+        return await service.peers.trim(owner, stream, offset, request.timeout_ms)
     info = owner.state.stream(stream)
     partition = service.partitions.get(stream) if service.partitions else None
     if info is None or partition is None:  # untiered, or still starting: the client retries

@@ -14,6 +14,7 @@ from proxy.peer.messages import TrimRequest
 from proxy.tiered import shards
 from proxy.tiered.startup import run_task
 from proxy.tiered.uploads import UploadLoop
+from proxy.upkeep.ports import owner_or_peer
 from proxy.upkeep.trims import trim_stream
 
 
@@ -52,6 +53,14 @@ async def test_a_trim_with_no_live_owner_is_retriable():
     assert (code, log_start) == (ErrorCode.not_leader_or_follower, -1)
     assert "no live owner" in message
     assert host.peers.trims == []
+
+
+def test_a_shard_is_served_by_its_owner_here_else_at_its_owners_address_else_nowhere():
+    assert owner_or_peer(trim_host(("10.0.0.2", 9000)), 0) == ("10.0.0.2", 9000)
+    assert owner_or_peer(trim_host(None), 0) is None
+    owned_here = trim_host(None)
+    owned_here.shard_owner = lambda shard: "the owner"
+    assert owner_or_peer(owned_here, 0) == "the owner"
 
 
 class Uploader:
