@@ -7,6 +7,8 @@
   capacity backpressure);
 - `s3log` / `s3log_objects`: `S3WriteAheadLog`, the same surface with the log as objects in
   the bucket (`wal.mode: s3`: the ack waits for a PUT).
+- `common`: what the two logs share (the state callers read, the checks on what they pass);
+  `port`: `Log`, the surface they share.
 """
 
 from proxy.wal.fs import Filesystem, OsFilesystem

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from proxy.wal.entry import encode_header, entry_size
+from proxy.wal.common import LogState, check_read, check_trim, entry_header
 from proxy.wal.fs import Buffer, Filesystem, OsFilesystem, WalFile
 from proxy.wal.segments import (
     Recovery,
@@ -38,7 +38,6 @@ from proxy.wal.types import (
     WalClosedError,
     WalConfig,
     WalEntry,
-    WalOffsetOutOfRange,
     WalPosition,
     WalStats,
 )
@@ -66,7 +65,7 @@ class _Close:
 _Message = _Append | _Trim | _Close
 
 
-class WriteAheadLog:
+class WriteAheadLog(LogState):
     """Open with `await WriteAheadLog.open(config)`; close with `await wal.close()`."""
 
     def __init__(
@@ -130,12 +129,6 @@ class WriteAheadLog:
         wal._task = asyncio.create_task(wal._run(), name=f"wal-writer {config.directory}")
         return wal
 
-    async def __aenter__(self) -> WriteAheadLog:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     # -- what callers see ---------------------------------------------------------------
 
     @property
@@ -144,44 +137,15 @@ class WriteAheadLog:
         return self._segments[0].base
 
     @property
-    def trimmed_to(self) -> int:
-        return self._trimmed_to
-
-    @property
-    def durable_end(self) -> int:
-        """The WAL offset after the last acknowledged entry."""
-        return self._durable_end
-
-    @property
     def segments(self) -> tuple[Segment, ...]:
         return self._segments
-
-    @property
-    def broken(self) -> BaseException | None:
-        """The write or fsync failure that broke the WAL, if one did."""
-        return self._broken
-
-    @property
-    def stats(self) -> WalStats:
-        throttled = self._stats.throttled_seconds
-        if self._blocked_since is not None:  # blocked now: count the wait so far
-            throttled += self._clock() - self._blocked_since
-        return replace(
-            self._stats, retained_bytes=self._end - self._trimmed_to, throttled_seconds=throttled
-        )
 
     async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition:
         """Write one record batch; return where it is once it is durable. Waits while the
         WAL is full. `batch` must not change until this returns. If the caller stops
         waiting (cancel), the entry may or may not end up in the WAL."""
         self._check_open()
-        size = entry_size(len(batch))
-        if size > self._config.capacity_bytes:
-            raise ValueError(
-                f"a WAL entry of {size} bytes can never fit the WAL's capacity of "
-                f"{self._config.capacity_bytes} bytes (capacity_bytes)"
-            )
-        header = encode_header(stream_id, base_offset, batch)
+        header, size = entry_header(stream_id, base_offset, batch, self._config.capacity_bytes)
         future: asyncio.Future[WalPosition] = asyncio.get_running_loop().create_future()
         self._inbox.put_nowait(_Append(header, batch, size, future))
         return await future
@@ -191,10 +155,7 @@ class WriteAheadLog:
         Segments wholly before it are removed; the active one stays. Going back is a
         no-op. Pass `position.end` of the last entry uploaded."""
         self._check_open()
-        if offset > self._durable_end:
-            raise ValueError(
-                f"cannot trim to WAL offset {offset}: past the durable end {self._durable_end}"
-            )
+        check_trim(offset, self._durable_end)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inbox.put_nowait(_Trim(offset, future))
         await future
@@ -203,13 +164,8 @@ class WriteAheadLog:
         """Acknowledged entries starting at WAL offset `from_offset` (an entry's start, or
         the durable end: then none), in order, about `max_bytes` of them, always at least
         one when there is one. Runs beside the writer, on another thread."""
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         segments, end = self._segments, self._durable_end
-        if not segments[0].base <= from_offset <= end:
-            raise WalOffsetOutOfRange(
-                f"WAL offset {from_offset} is outside [{segments[0].base}, {end}]"
-            )
+        check_read(from_offset, max_bytes, segments[0].base, end)
         if from_offset == end:
             return []
         return await asyncio.to_thread(read_range, self._fs, segments, from_offset, end, max_bytes)

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
-from proxy.wal.entry import encode_header, entry_size
+from proxy.wal.common import LogState, check_read, check_trim, entry_header
 from proxy.wal.fs import Buffer
 from proxy.wal.s3log_objects import decode_object, object_key, plan_recovery
 from proxy.wal.segments import Segment
@@ -45,7 +45,6 @@ from proxy.wal.types import (
     WalClosedError,
     WalCorruptError,
     WalEntry,
-    WalOffsetOutOfRange,
     WalPosition,
     WalStats,
 )
@@ -95,8 +94,9 @@ class _Append:
     throttled: bool = False
 
 
-class S3WriteAheadLog:
-    """Open with `await S3WriteAheadLog.open(config, store)`; close with `await close()`."""
+class S3WriteAheadLog(LogState):
+    """Open with `await S3WriteAheadLog.open(config, store)`; close with `await close()`.
+    Its `stats` are as the local WAL's: `fsyncs` counts PUTs, `segments_rolled` objects."""
 
     def __init__(
         self,
@@ -174,12 +174,6 @@ class S3WriteAheadLog:
         wal._task = asyncio.create_task(wal._run(), name=f"s3-wal {config.prefix}")
         return wal
 
-    async def __aenter__(self) -> S3WriteAheadLog:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
     # -- what callers see ---------------------------------------------------------------
 
     @property
@@ -188,45 +182,15 @@ class S3WriteAheadLog:
         return self._objects[0].base if self._objects else self._trimmed_to
 
     @property
-    def trimmed_to(self) -> int:
-        return self._trimmed_to
-
-    @property
-    def durable_end(self) -> int:
-        """The WAL offset after the last acknowledged entry."""
-        return self._durable_end
-
-    @property
     def segments(self) -> tuple[Segment, ...]:
         """The objects not yet deleted, in order (the local WAL's segments)."""
         return tuple(self._objects)
-
-    @property
-    def broken(self) -> BaseException | None:
-        """The PUT failure that broke the WAL, if one did."""
-        return self._broken
-
-    @property
-    def stats(self) -> WalStats:
-        """As the local WAL's; `fsyncs` counts PUTs and `segments_rolled` objects written."""
-        throttled = self._stats.throttled_seconds
-        if self._blocked_since is not None:
-            throttled += self._clock() - self._blocked_since
-        return replace(
-            self._stats, retained_bytes=self._end - self._trimmed_to, throttled_seconds=throttled
-        )
 
     async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition:
         """Write one record batch; return where it is once its object is PUT. Waits while
         the WAL is full. `batch` must not change until this returns."""
         self._check_open()
-        size = entry_size(len(batch))
-        if size > self._config.capacity_bytes:
-            raise ValueError(
-                f"a WAL entry of {size} bytes can never fit the WAL's capacity of "
-                f"{self._config.capacity_bytes} bytes (capacity_bytes)"
-            )
-        header = encode_header(stream_id, base_offset, batch)
+        header, size = entry_header(stream_id, base_offset, batch, self._config.capacity_bytes)
         future: asyncio.Future[WalPosition] = asyncio.get_running_loop().create_future()
         self._pending.append(_Append(header, batch, stream_id, base_offset, size, future))
         self._wakeup.set()
@@ -237,10 +201,7 @@ class S3WriteAheadLog:
         deleting the objects wholly before it (one straddling it stays). Going back is a
         no-op. A failed delete is logged and retried at the next trim."""
         self._check_open()
-        if offset > self._durable_end:
-            raise ValueError(
-                f"cannot trim to WAL offset {offset}: past the durable end {self._durable_end}"
-            )
+        check_trim(offset, self._durable_end)
         # Runs in the caller's task, beside the writer: the writer only appends to the
         # object and entry lists, and this only drops objects it named from their front.
         self._trimmed_to = max(self._trimmed_to, offset)
@@ -267,13 +228,8 @@ class S3WriteAheadLog:
         """Acknowledged entries from WAL offset `from_offset` (an entry's start, or the
         durable end: then none), in order, about `max_bytes` of them and at least one
         when there is one. From memory: no GET."""
-        if max_bytes <= 0:
-            raise ValueError(f"max_bytes must be positive, got {max_bytes}")
         end = self._durable_end
-        if not self.log_start <= from_offset <= end:
-            raise WalOffsetOutOfRange(
-                f"WAL offset {from_offset} is outside [{self.log_start}, {end}]"
-            )
+        check_read(from_offset, max_bytes, self.log_start, end)
         if from_offset == end:
             return []
         i = bisect.bisect_left(self._starts, from_offset)
