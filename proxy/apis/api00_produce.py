@@ -31,6 +31,7 @@ from functools import cache
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.topics import TopicKey, TopicView, kept_topic, read_topics
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import encode, load_response_types, response_type
 from proxy.kafka.frames import FrameError, malformed
@@ -55,7 +56,6 @@ FIRST_NODE_ENDPOINTS_VERSION = 10
 RESPONSES = load_response_types(API_KEY)
 rewrite_response = node_endpoints_rewriter(API_KEY, FIRST_NODE_ENDPOINTS_VERSION, RESPONSES)
 
-TopicKey = str | uuid.UUID  # a topic's name, or its id from v13
 Span = slice  # of the request body
 NO_LEADER = (-1, -1)  # (leader_id, leader_epoch): kio's default, not written
 
@@ -72,21 +72,13 @@ class PartitionView:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicView:
-    topic: TopicKey
-    key_span: Span  # the name (or topic id)
-    partitions: tuple[PartitionView, ...]
-    tags_span: Span  # the topic's tagged-field section; empty before v9
-
-
-@dataclass(frozen=True, slots=True)
 class ProduceRequestView:
     api_version: int
     body: memoryview
     transactional_id: str | None
     acks: int
     timeout_ms: int
-    topics: tuple[TopicView, ...]
+    topics: tuple[TopicView[TopicKey, PartitionView], ...]  # tags empty before v9
     topics_span: Span  # topic_data, its count included; the top-level tags follow
 
 
@@ -146,22 +138,19 @@ def _read_request(layout: _Layout, body: memoryview) -> ProduceRequestView:
     txn_id, offset = read_string(body, 0, flexible)
     acks, offset = read_int16(body, offset)
     timeout_ms, offset = read_int32(body, offset)
-    topics_start, topics = offset, []
-    count, offset = read_count(body, offset, flexible, "topic_data")
-    for _ in range(count):
-        key_start, partitions = offset, []
-        topic, offset = read_topic_key(body, offset, layout.topic_id, layout.flexible)
-        key_span = slice(key_start, offset)
-        partition_count, offset = read_count(body, offset, flexible, "partition_data")
-        for _ in range(partition_count):
-            start = offset
-            index, offset = read_int32(body, offset)
-            records, offset = read_nullable_bytes(body, offset, flexible)
-            offset = skip_tagged_fields(body, offset) if flexible else offset
-            partitions.append(PartitionView(index, records, slice(start, offset)))
-        tags_start = offset
+    topics_start = offset
+
+    def read_partition(body: memoryview, start: int) -> tuple[PartitionView, int]:
+        index, offset = read_int32(body, start)
+        records, offset = read_nullable_bytes(body, offset, flexible)
         offset = skip_tagged_fields(body, offset) if flexible else offset
-        topics.append(TopicView(topic, key_span, tuple(partitions), slice(tags_start, offset)))
+        return PartitionView(index, records, slice(start, offset)), offset
+
+    def read_key(body: memoryview, start: int) -> tuple[TopicKey, int]:
+        return read_topic_key(body, start, layout.topic_id, flexible)
+
+    arrays = ("topic_data", "partition_data")
+    topics, offset = read_topics(body, offset, flexible, read_key, read_partition, arrays)
     topics_end = offset
     offset = skip_tagged_fields(body, offset) if flexible else offset
     expect_end(body, offset)
@@ -193,9 +182,7 @@ def split(
         if not kept:
             continue
         kept_count += 1
-        kept_topics += (body[topic.key_span], write_array_length(len(kept), flexible))
-        kept_topics += (body[partition.span] for partition in kept)
-        kept_topics.append(body[topic.tags_span])
+        kept_topics += kept_topic(body, topic, [body[p.span] for p in kept], flexible)
     if not kept_count:
         return None, tiered
     head = (body[: view.topics_span.start], write_array_length(kept_count, flexible))

@@ -52,6 +52,7 @@ from functools import cache
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
+from proxy.apis.topics import TopicView, kept_topic, read_topics
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import malformed
@@ -61,6 +62,7 @@ from proxy.kafka.wire import (
     read_count,
     read_int32,
     read_topic_key,
+    read_topic_name,
     skip,
     skip_tagged_fields,
     write_array_length,
@@ -98,21 +100,13 @@ class OffsetsPartitionView:
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetsTopicView:
-    topic: str
-    key_span: Span  # the name
-    partitions: tuple[OffsetsPartitionView, ...]
-    tags_span: Span  # the topic's tagged-field section; empty before v6
-
-
-@dataclass(frozen=True, slots=True)
 class ListOffsetsRequestView:
     api_version: int
     body: memoryview
     replica_id: int  # -1 for a consumer, -2 for a debugging tool
     isolation_level: int  # 0 (read_uncommitted) before v2
     timeout_ms: int | None  # v10+
-    topics: tuple[OffsetsTopicView, ...]
+    topics: tuple[TopicView[str, OffsetsPartitionView], ...]  # tags from v6
     topics_span: Span  # the topics array, its count included; timeout and tags follow
 
 
@@ -177,25 +171,19 @@ def _read_request(layout: _Layout, body: memoryview) -> ListOffsetsRequestView:
     offset = skip(body, 0, layout.head.size)
     replica_id, *isolation = layout.head.unpack_from(body, 0)
     isolation_level = isolation[0] if isolation else 0
-    topics_start, topics = offset, []
-    count, offset = read_count(body, offset, flexible, "topics")
-    for _ in range(count):
-        key_start = offset
-        name, offset = read_topic_key(body, offset, False, flexible)
-        key_span, partitions = slice(key_start, offset), []
-        partition_count, offset = read_count(body, offset, flexible, "partitions")
-        for _ in range(partition_count):
-            start, offset = offset, skip(body, offset, layout.partition.size)
-            index, *epoch, timestamp = layout.partition.unpack_from(body, start)
-            offset = skip_tagged_fields(body, offset) if flexible else offset
-            leader_epoch = epoch[0] if epoch else -1
-            span = slice(start, offset)
-            partitions.append(OffsetsPartitionView(index, leader_epoch, timestamp, span))
-        tags_start = offset
+    topics_start = offset
+
+    def read_partition(body: memoryview, start: int) -> tuple[OffsetsPartitionView, int]:
+        offset = skip(body, start, layout.partition.size)
+        index, *epoch, timestamp = layout.partition.unpack_from(body, start)
         offset = skip_tagged_fields(body, offset) if flexible else offset
-        topics.append(
-            OffsetsTopicView(name, key_span, tuple(partitions), slice(tags_start, offset))
-        )
+        leader_epoch = epoch[0] if epoch else -1
+        return OffsetsPartitionView(index, leader_epoch, timestamp, slice(start, offset)), offset
+
+    def read_key(body: memoryview, start: int) -> tuple[str, int]:
+        return read_topic_name(body, start, flexible)
+
+    topics, offset = read_topics(body, offset, flexible, read_key, read_partition)
     topics_span, timeout_ms = slice(topics_start, offset), None
     if layout.timeout:
         timeout_ms, offset = read_int32(body, offset)
@@ -236,8 +224,7 @@ def split(
             )
         if kept:
             topic_count += 1
-            pieces += (body[topic.key_span], write_array_length(len(kept), flexible))
-            pieces += [*(body[p.span] for p in kept), body[topic.tags_span]]
+            pieces += kept_topic(body, topic, [body[p.span] for p in kept], flexible)
     if not topic_count:
         return None, tiered
     head = body[: view.topics_span.start], write_array_length(topic_count, flexible)

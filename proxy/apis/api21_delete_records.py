@@ -24,6 +24,7 @@ from functools import cache
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.merge import NO_TAGS, Pieces, merge_partitions
+from proxy.apis.topics import TopicView, kept_topic, read_topics
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import malformed
@@ -33,6 +34,7 @@ from proxy.kafka.wire import (
     read_count,
     read_int32,
     read_topic_key,
+    read_topic_name,
     skip,
     skip_tagged_fields,
     write_array_length,
@@ -55,18 +57,10 @@ class DeletePartitionView:
 
 
 @dataclass(frozen=True, slots=True)
-class DeleteTopicView:
-    topic: str
-    key_span: slice  # the name
-    partitions: tuple[DeletePartitionView, ...]
-    tags_span: slice  # the topic's tagged fields; empty before v2
-
-
-@dataclass(frozen=True, slots=True)
 class DeleteRecordsRequestView:
     api_version: int
     body: memoryview
-    topics: tuple[DeleteTopicView, ...]
+    topics: tuple[TopicView[str, DeletePartitionView], ...]  # tags from v2
     timeout_ms: int
     tail_span: slice  # timeout_ms and the top-level tags
 
@@ -93,23 +87,17 @@ def read_delete_records_request(
     flexible = _flexible(api_version)
     buf = memoryview(body)
     with malformed(f"DeleteRecords v{api_version} request"):
-        topics = []
-        count, offset = read_count(buf, 0, flexible, "topics")
-        for _ in range(count):
-            key_start = offset
-            name, offset = read_topic_key(buf, offset, False, flexible)
-            key_span, partitions = slice(key_start, offset), []
-            partition_count, offset = read_count(buf, offset, flexible, "partitions")
-            for _ in range(partition_count):
-                start, offset = offset, skip(buf, offset, _PARTITION.size)
-                index, wanted = _PARTITION.unpack_from(buf, start)
-                offset = skip_tagged_fields(buf, offset) if flexible else offset
-                partitions.append(DeletePartitionView(index, wanted, slice(start, offset)))
-            tags_start = offset
+
+        def read_partition(buf: memoryview, start: int) -> tuple[DeletePartitionView, int]:
+            offset = skip(buf, start, _PARTITION.size)
+            index, wanted = _PARTITION.unpack_from(buf, start)
             offset = skip_tagged_fields(buf, offset) if flexible else offset
-            topics.append(
-                DeleteTopicView(name, key_span, tuple(partitions), slice(tags_start, offset))
-            )
+            return DeletePartitionView(index, wanted, slice(start, offset)), offset
+
+        def read_key(buf: memoryview, start: int) -> tuple[str, int]:
+            return read_topic_name(buf, start, flexible)
+
+        topics, offset = read_topics(buf, 0, flexible, read_key, read_partition)
         tail_start = offset
         timeout_ms, offset = read_int32(buf, offset)
         offset = skip_tagged_fields(buf, offset) if flexible else offset
@@ -140,8 +128,7 @@ def split(
                 kept.append(_PARTITION.pack(p.partition, wanted) + (NO_TAGS if flexible else b""))
         if kept:
             topic_count += 1
-            pieces += (body[topic.key_span], write_array_length(len(kept), flexible))
-            pieces += [*kept, body[topic.tags_span]]
+            pieces += kept_topic(body, topic, kept, flexible)
     if not topic_count:
         return None
     return b"".join((write_array_length(topic_count, flexible), *pieces, body[view.tail_span]))

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import importlib
 import struct
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
 from proxy.apis.api01_fetch import API_KEY, REQUESTS, RESPONSES
+from proxy.apis.topics import TopicKey, TopicView, kept_topic, read_topics
 from proxy.kafka.codec import response_type
 from proxy.kafka.frames import FrameError, malformed
 from proxy.kafka.wire import (
@@ -50,7 +50,6 @@ from proxy.kafka.wire import (
     write_array_length,
 )
 
-TopicKey = str | uuid.UUID  # a topic's name, or its id from v13
 Span = slice  # of the request body
 NO_SESSION = 0  # INVALID_SESSION_ID
 FINAL_EPOCH = -1  # with NO_SESSION: a sessionless full fetch
@@ -71,14 +70,6 @@ class FetchPartitionView:
 
 
 @dataclass(frozen=True, slots=True)
-class FetchTopicView:
-    topic: TopicKey
-    key_span: Span  # the name (or topic id)
-    partitions: tuple[FetchPartitionView, ...]
-    tags_span: Span  # the topic's tagged-field section; empty before v12
-
-
-@dataclass(frozen=True, slots=True)
 class FetchRequestView:
     api_version: int
     body: memoryview
@@ -90,7 +81,7 @@ class FetchRequestView:
     isolation_level: int
     session_id: int  # NO_SESSION and FINAL_EPOCH before v7
     session_epoch: int
-    topics: tuple[FetchTopicView, ...]
+    topics: tuple[TopicView[TopicKey, FetchPartitionView], ...]  # tags empty before v12
     forgotten_topics: tuple[tuple[TopicKey, tuple[int, ...]], ...]  # v7+
     rack_id: str  # v11+
     rest_span: Span  # rack id and top-level tags: what follows the forgotten topics
@@ -168,22 +159,18 @@ def _read_request(layout: FetchLayout, body: memoryview) -> FetchRequestView:
     head = list(layout.head.unpack_from(body, 0))
     replica_id = head.pop(0) if layout.replica_id else -1
     session = head[4:] if layout.session else [NO_SESSION, FINAL_EPOCH]
-    topics = []
-    count, offset = read_count(body, offset, flexible, "topics")
-    for _ in range(count):
-        key_start, partitions = offset, []
-        topic, offset = read_topic_key(body, offset, layout.topic_id, layout.flexible)
-        key_span = slice(key_start, offset)
-        partition_count, offset = read_count(body, offset, flexible, "partitions")
-        for _ in range(partition_count):
-            start, offset = offset, skip(body, offset, layout.partition.size)
-            index, *values = layout.partition.unpack_from(body, start)
-            offset = skip_tagged_fields(body, offset) if flexible else offset
-            fields = _ABSENT | dict(zip(layout.partition_fields, values, strict=True))
-            partitions.append(FetchPartitionView(index, **fields, span=slice(start, offset)))
-        tags_start = offset
+
+    def read_partition(body: memoryview, start: int) -> tuple[FetchPartitionView, int]:
+        offset = skip(body, start, layout.partition.size)
+        index, *values = layout.partition.unpack_from(body, start)
         offset = skip_tagged_fields(body, offset) if flexible else offset
-        topics.append(FetchTopicView(topic, key_span, tuple(partitions), slice(tags_start, offset)))
+        fields = _ABSENT | dict(zip(layout.partition_fields, values, strict=True))
+        return FetchPartitionView(index, **fields, span=slice(start, offset)), offset
+
+    def read_key(body: memoryview, start: int) -> tuple[TopicKey, int]:
+        return read_topic_key(body, start, layout.topic_id, flexible)
+
+    topics, offset = read_topics(body, offset, flexible, read_key, read_partition)
     forgotten = []
     if layout.session:
         count, offset = read_count(body, offset, flexible, "forgotten_topics_data")
@@ -257,9 +244,7 @@ def split(
         if not kept:
             continue
         kept_count += 1
-        kept_topics += (body[topic.key_span], write_array_length(len(kept), flexible))
-        kept_topics += (body[p.span] for p in kept)
-        kept_topics.append(body[topic.tags_span])
+        kept_topics += kept_topic(body, topic, [body[p.span] for p in kept], flexible)
     if not kept_count:
         return None, tiered
     head = [view.replica_id] if layout.replica_id else []

@@ -170,6 +170,11 @@ def read_topic_key(
     if by_id:
         end = skip(buf, offset, 16)
         return uuid.UUID(bytes=bytes(buf[offset:end])), end
+    return read_topic_name(buf, offset, compact)
+
+
+def read_topic_name(buf: memoryview, offset: int, compact: bool) -> tuple[str, int]:
+    """A topic's name, never null."""
     name, end = read_string(buf, offset, compact)
     if name is None:
         raise FrameError(f"null topic name at byte {offset}")
