@@ -37,13 +37,31 @@ class malformed:  # lower case: it reads as a function, `with malformed(...)`
             raise FrameError(f"malformed {self.what}: {error}") from None
 
 
-class FrameDecoder:
+class FedChunks:
+    """The chunks a push parser was fed, unjoined: the base of `FrameDecoder` and of the
+    peer protocol's reader (proxy/peer/codec.py), which parse them each their own way."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[memoryview] = deque()
+        self._buffered = 0  # bytes held in _chunks
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if not data:
+            return
+        if not isinstance(data, bytes):
+            # What is parsed is returned as views of what was fed: a buffer the caller
+            # may reuse must be copied now.
+            data = bytes(data)
+        self._chunks.append(memoryview(data))
+        self._buffered += len(data)
+
+
+class FrameDecoder(FedChunks):
     """Splits a byte stream into frame bodies (without their 4-byte size prefix)."""
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        super().__init__()
         self.max_frame_bytes = max_frame_bytes
-        self._chunks: deque[memoryview] = deque()
-        self._buffered = 0  # bytes held in _chunks
         self._size: int | None = None  # size of the frame being read, once known
         self._error: FrameError | None = None
 
@@ -51,16 +69,6 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received but not yet returned as frames (including a pending size)."""
         return self._buffered + (4 if self._size is not None else 0)
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if not data:
-            return
-        if not isinstance(data, bytes):
-            # Frames are returned as views of what was fed: a buffer the caller may
-            # reuse must be copied now.
-            data = bytes(data)
-        self._chunks.append(memoryview(data))
-        self._buffered += len(data)
 
     def next_frame(self) -> memoryview | None:
         """The next complete frame body, or None until more bytes are fed.

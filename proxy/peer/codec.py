@@ -52,11 +52,11 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections import deque
 from collections.abc import Sequence
 
 from crc32c import crc32c
 
+from proxy.kafka.frames import FedChunks
 from proxy.peer.bodies import PeerProtocolError, decode_body, encode_body
 from proxy.peer.messages import (
     MAX_RECORDS_BYTES,
@@ -184,7 +184,7 @@ def decode_frame(frame: Buffer, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) 
     return message
 
 
-class PeerFrameReader:
+class PeerFrameReader(FedChunks):
     """Splits a byte stream into messages, h11 style: `feed()` bytes as they arrive, then
     `next_message()` until it returns None. Chunks are held unjoined until a frame is
     whole, so frames inside one chunk are decoded in place and a large frame arriving in
@@ -192,9 +192,8 @@ class PeerFrameReader:
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         check_range("max_frame_bytes", max_frame_bytes, HEADER_SIZE, PREFIX_SIZE + MAX_LENGTH)
+        super().__init__()
         self.max_frame_bytes = max_frame_bytes
-        self._chunks: deque[memoryview] = deque()
-        self._buffered = 0
         self._needed = _LENGTH.size  # bytes that must be buffered before a read can progress
         self._error: PeerProtocolError | None = None
 
@@ -202,15 +201,6 @@ class PeerFrameReader:
     def buffered(self) -> int:
         """Bytes received and not yet returned as messages."""
         return self._buffered
-
-    def feed(self, data: Buffer) -> None:
-        if not data:
-            return
-        if not isinstance(data, bytes):
-            # Messages are views of what was fed: a buffer the caller reuses must be copied.
-            data = bytes(data)
-        self._chunks.append(memoryview(data))
-        self._buffered += len(data)
 
     def next_message(self) -> PeerMessage | None:
         if self._error is not None:
