@@ -92,6 +92,30 @@ def _validate(record: object) -> None:
             object.__setattr__(record, name, tuple(value))
 
 
+class _Validated:
+    """A record whose fields `_validate` checks as it is made, and nothing more."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+def _validate_stream(record: object) -> None:
+    """A stream's record: its fields, and its incarnation (1 at the first cutover)."""
+    _validate(record)
+    _check(record, "incarnation", 1, U32_MAX)
+
+
+class _StreamRecord:
+    """A stream's record that `_validate_stream` checks, and nothing more."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        _validate_stream(self)
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetRange:
     """Offsets [start_offset, end_offset) of a stream, held by the object a commit names."""
@@ -107,7 +131,7 @@ class OffsetRange:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicModeSet:
+class TopicModeSet(_Validated):
     """An operator's request for a topic (not generation-scoped: the latest one counts)."""
 
     topic_id: UUID
@@ -115,12 +139,9 @@ class TopicModeSet:
     mode: TopicMode
     since_ms: int
 
-    def __post_init__(self) -> None:
-        _validate(self)
-
 
 @dataclass(frozen=True, slots=True)
-class ShardClaim:
+class ShardClaim(_Validated):
     """A new owner takes the shard at a new epoch; records of older epochs are refused."""
 
     generation: int
@@ -128,12 +149,9 @@ class ShardClaim:
     owner: str
     claimed_at_ms: int
 
-    def __post_init__(self) -> None:
-        _validate(self)
-
 
 @dataclass(frozen=True, slots=True)
-class ShardRelease:
+class ShardRelease(_Validated):
     """The owner of `epoch` gives the shard up cleanly: everything it acknowledged for the
     shard's streams is in committed objects, so the next owner need not wait for it."""
 
@@ -141,9 +159,6 @@ class ShardRelease:
     epoch: int
     owner: str
     released_at_ms: int
-
-    def __post_init__(self) -> None:
-        _validate(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,14 +180,13 @@ class StreamCutover:
     at_ms: int
 
     def __post_init__(self) -> None:
-        _validate(self)
-        _check(self, "incarnation", 1, U32_MAX)
+        _validate_stream(self)
         _check(self, "log_start_offset", 0, self.end_offset)
         _check(self, "cutover_offset", 0, self.end_offset)
 
 
 @dataclass(frozen=True, slots=True)
-class StreamUntier:
+class StreamUntier(_StreamRecord):
     """The stream's partition goes back to passthrough (only if Kafka holds all its data)."""
 
     generation: int
@@ -181,13 +195,9 @@ class StreamUntier:
     epoch: int
     at_ms: int
 
-    def __post_init__(self) -> None:
-        _validate(self)
-        _check(self, "incarnation", 1, U32_MAX)
-
 
 @dataclass(frozen=True, slots=True)
-class StreamTrim:
+class StreamTrim(_StreamRecord):
     """The stream's log start offset moves up (retention, DeleteRecords)."""
 
     generation: int
@@ -196,10 +206,6 @@ class StreamTrim:
     log_start_offset: int
     epoch: int
     at_ms: int
-
-    def __post_init__(self) -> None:
-        _validate(self)
-        _check(self, "incarnation", 1, U32_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +253,7 @@ class ObjectCommit:
 
 
 @dataclass(frozen=True, slots=True)
-class ObjectDelete:
+class ObjectDelete(_Validated):
     """An object no range refers to any more is gone from the store."""
 
     generation: int
@@ -255,12 +261,9 @@ class ObjectDelete:
     epoch: int
     deleted_at_ms: int
 
-    def __post_init__(self) -> None:
-        _validate(self)
-
 
 @dataclass(frozen=True, slots=True)
-class ProducerSnapshot:
+class ProducerSnapshot(_Validated):
     """Idempotent-producer state of a stream, valid at `offset` (opaque to the metadata)."""
 
     generation: int
@@ -269,9 +272,6 @@ class ProducerSnapshot:
     offset: int
     taken_at_ms: int
     state: bytes
-
-    def __post_init__(self) -> None:
-        _validate(self)
 
 
 @dataclass(frozen=True, slots=True)
