@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Callable
 
 from proxy.kafka.frames import FrameError
 
@@ -41,15 +42,25 @@ def read_nullable_bytes(
 ) -> tuple[memoryview | None, int]:
     """(a view of the bytes, no copy, or None if null; offset after them): int32 length,
     or uvarint length + 1 if compact; a negative length is null."""
-    if compact:
-        length, offset = read_uvarint(buf, offset)
-        length -= 1
-    else:
-        length, offset = read_int32(buf, offset)
+    length, offset = _read_length(buf, offset, compact, read_int32)
     if length < 0:
         return None, offset
     end = skip(buf, offset, length)
     return buf[offset:end], end
+
+
+def _read_length(
+    buf: memoryview,
+    offset: int,
+    compact: bool,
+    read_fixed: Callable[[memoryview, int], tuple[int, int]],
+) -> tuple[int, int]:
+    """The length before nullable bytes or a string: uvarint length + 1 if compact, else
+    what `read_fixed` reads (an int32 or an int16); negative for null."""
+    if compact:
+        length, offset = read_uvarint(buf, offset)
+        return length - 1, offset
+    return read_fixed(buf, offset)
 
 
 def read_uvarint(buf: memoryview, offset: int) -> tuple[int, int]:
@@ -87,11 +98,7 @@ def skip(buf: memoryview, offset: int, n: int) -> int:
 
 def read_string(buf: memoryview, offset: int, compact: bool) -> tuple[str | None, int]:
     """A nullable string: int16 length (-1 null), or uvarint length + 1 (0 null) if compact."""
-    if compact:
-        length, offset = read_uvarint(buf, offset)
-        length -= 1
-    else:
-        length, offset = read_int16(buf, offset)
+    length, offset = _read_length(buf, offset, compact, read_int16)
     if length < 0:
         return None, offset
     end = skip(buf, offset, length)
