@@ -7,14 +7,13 @@ so leader, replica and controller ids need no change.
 
 from __future__ import annotations
 
-from typing import get_args
 from uuid import UUID
 
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, response_type
 from proxy.kafka.frames import malformed
 from proxy.kafka.rewrite import Advertise, rewrite_address_array
-from proxy.kafka.schema_walk import field_offset, skip_entity
+from proxy.kafka.schema_walk import array_items, field_offset, item_type
 from proxy.kafka.wire import read_array_length, read_int16, read_int32, read_string
 
 API_KEY = ApiKey.METADATA
@@ -32,19 +31,17 @@ def read_brokers(api_version: int, body: memoryview) -> list[tuple[int, str, int
     """(node id, host, port, rack) of every broker of an answer: the proxy's own Metadata
     requests learn each broker's zone from its `broker.rack` (None before v1 or unset)."""
     response = response_type(RESPONSES, API_KEY, api_version)
-    item = get_args(response.__dataclass_fields__["brokers"].type)[0]
+    item = item_type(response, "brokers")
     flexible = response.__flexible__
     has_rack = "rack" in item.__dataclass_fields__
+    brokers = []
     with malformed(f"Metadata v{api_version} brokers"):
-        count, offset = read_array_length(body, field_offset(response, body, "brokers"), flexible)
-        brokers = []
-        for _ in range(max(count, 0)):
+        for offset in array_items(response, body, "brokers"):
             node_id, pos = read_int32(body, field_offset(item, body, "node_id", offset))
             host, pos = read_string(body, pos, flexible)
             port, pos = read_int32(body, pos)
             rack = read_string(body, pos, flexible)[0] if has_rack else None
             brokers.append((node_id, host or "", port, rack or None))
-            offset = skip_entity(item, body, offset)
     return brokers
 
 
@@ -52,13 +49,12 @@ def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID
     """(error code, name, topic id, partition count) of every topic of an answer (v10+
     carry topic ids; None before): what `tierproxy topics tier` needs to name a stream."""
     response = response_type(RESPONSES, API_KEY, api_version)
-    item = get_args(response.__dataclass_fields__["topics"].type)[0]
+    item = item_type(response, "topics")
     flexible = response.__flexible__
     has_id = "topic_id" in item.__dataclass_fields__
+    topics = []
     with malformed(f"Metadata v{api_version} topics"):
-        count, offset = read_array_length(body, field_offset(response, body, "topics"), flexible)
-        topics = []
-        for _ in range(max(count, 0)):
+        for offset in array_items(response, body, "topics"):
             error_code, _ = read_int16(body, field_offset(item, body, "error_code", offset))
             name, _ = read_string(body, field_offset(item, body, "name", offset), flexible)
             topic_id = None
@@ -68,7 +64,6 @@ def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID
             partitions_at = field_offset(item, body, "partitions", offset)
             partitions, _ = read_array_length(body, partitions_at, flexible)
             topics.append((error_code, name or "", topic_id, max(partitions, 0)))
-            offset = skip_entity(item, body, offset)
     return topics
 
 
@@ -79,27 +74,21 @@ def read_partition_leaders(
     one topic of an answer: the offload jobs' cluster reader fetches from each leader.
     The leader epoch is -1 before v7. LookupError if the answer does not name the topic."""
     response = response_type(RESPONSES, API_KEY, api_version)
-    item = get_args(response.__dataclass_fields__["topics"].type)[0]
-    entry = get_args(item.__dataclass_fields__["partitions"].type)[0]
+    item = item_type(response, "topics")
     flexible = response.__flexible__
-    has_epoch = "leader_epoch" in entry.__dataclass_fields__
+    has_epoch = "leader_epoch" in item_type(item, "partitions").__dataclass_fields__
     with malformed(f"Metadata v{api_version} topics"):
-        count, offset = read_array_length(body, field_offset(response, body, "topics"), flexible)
-        for _ in range(max(count, 0)):
+        for offset in array_items(response, body, "topics"):
             name, _ = read_string(body, field_offset(item, body, "name", offset), flexible)
             if name != topic:
-                offset = skip_entity(item, body, offset)
                 continue
             error_code, _ = read_int16(body, field_offset(item, body, "error_code", offset))
-            partitions_at = field_offset(item, body, "partitions", offset)
-            partitions, at = read_array_length(body, partitions_at, flexible)
             leaders = {}
-            for _ in range(max(partitions, 0)):
+            for at in array_items(item, body, "partitions", offset):
                 code, pos = read_int16(body, at)
                 index, pos = read_int32(body, pos)
                 leader, pos = read_int32(body, pos)
                 epoch = read_int32(body, pos)[0] if has_epoch else -1
                 leaders[index] = (code, leader, epoch)
-                at = skip_entity(entry, body, at)
             return error_code, leaders
     raise LookupError(f"topic {topic} is not in the Metadata answer")

@@ -17,13 +17,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar
 
 from kio.static.protocol import Entity
 
 from proxy.kafka.codec import describe, response_type
 from proxy.kafka.frames import FrameError
-from proxy.kafka.schema_walk import field_offset, field_span, skip_entity, tagged_fields_offset
+from proxy.kafka.schema_walk import (
+    field_offset,
+    field_span,
+    item_type,
+    skip_entity,
+    tagged_fields_offset,
+)
 from proxy.kafka.wire import (
     INT32,
     read_array_length,
@@ -83,7 +89,7 @@ def rewrite_address_array(
     """The body with the triple of every item of top-level array `name` rewritten."""
     start = field_offset(entity_type, body, name)
     pieces: list[bytes | memoryview] = [body[:start]]
-    end = _rewrite_array(_item_type(entity_type, name), id_field, body, start, advertise, pieces)
+    end = _rewrite_array(item_type(entity_type, name), id_field, body, start, advertise, pieces)
     if len(pieces) == 1:
         return body
     pieces.append(body[end:])
@@ -124,7 +130,7 @@ def rewrite_tagged_fields(
         return None
     value = section[spans[0][0] : spans[0][1]]
     pieces: list[bytes | memoryview] = []
-    used = _rewrite_array(_item_type(entity_type, name), id_field, value, 0, advertise, pieces)
+    used = _rewrite_array(item_type(entity_type, name), id_field, value, 0, advertise, pieces)
     if used != len(value):
         raise FrameError(f"tagged field {tag} holds {len(value)} bytes, its value {used}")
     if not pieces:
@@ -195,10 +201,6 @@ def _address(
         raise FrameError(f"null host for node {node_id} at byte {offset}")
     new_host, new_port = advertise(node_id, host, port)
     return INT32.pack(node_id) + write_string(new_host, flexible) + INT32.pack(new_port), end
-
-
-def _item_type(entity_type: type[Entity], name: str) -> type[Entity]:
-    return get_args(entity_type.__dataclass_fields__[name].type)[0]  # tuple[Item, ...]
 
 
 @functools.cache

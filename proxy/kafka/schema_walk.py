@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any, get_args, get_origin
 
@@ -24,6 +24,7 @@ from kio.static.protocol import Entity
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import (
     INT8,
+    read_array_length,
     read_int16,
     read_int32,
     read_uvarint,
@@ -73,6 +74,24 @@ def validate(entity_type: type[Entity], body: memoryview | bytes) -> None:
 
 def _describe(entity_type: type[Entity]) -> str:
     return f"{entity_type.__name__} v{entity_type.__version__}"
+
+
+def item_type(entity_type: type[Entity], name: str) -> type[Entity]:
+    """The entity type of the items of the array field `name` (a `tuple[Item, ...]`)."""
+    return get_args(entity_type.__dataclass_fields__[name].type)[0]
+
+
+def array_items(
+    entity_type: type[Entity], buf: memoryview, name: str, offset: int = 0
+) -> Iterator[int]:
+    """Where each item of the array field `name` of the entity at `offset` starts, none if
+    it is null: a reader takes what it needs of each item with `field_offset`."""
+    item = item_type(entity_type, name)
+    at = field_offset(entity_type, buf, name, offset)
+    count, at = read_array_length(buf, at, entity_type.__flexible__)
+    for _ in range(max(count, 0)):
+        yield at
+        at = skip_entity(item, buf, at)
 
 
 def field_offset(entity_type: type[Entity], buf: memoryview, name: str, offset: int = 0) -> int:
