@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
+from proxy.apis.topics import read_topics
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, load_types, response_type
 from proxy.kafka.frames import malformed
@@ -25,6 +26,7 @@ from proxy.kafka.wire import (
     expect_end,
     read_count,
     read_topic_key,
+    read_topic_name,
     skip,
     skip_tagged_fields,
 )
@@ -65,21 +67,21 @@ def read_requested(api_version: int, body: memoryview | bytes) -> list[Key]:
     """The (topic, partition) pairs a request names, in its order; FrameError if malformed."""
     flexible, replica_id = _layout(api_version)
     buf = memoryview(body)
-    asked: list[Key] = []
+
+    def read_key(buf: memoryview, start: int) -> tuple[str, int]:
+        return read_topic_name(buf, start, flexible)
+
+    def read_partition(buf: memoryview, start: int) -> tuple[int, int]:
+        offset = skip(buf, start, _ASKED.size)
+        offset = skip_tagged_fields(buf, offset) if flexible else offset
+        return INT32.unpack_from(buf, start)[0], offset
+
     with malformed(f"OffsetForLeaderEpoch v{api_version} request"):
         offset = skip(buf, 0, 4) if replica_id else 0
-        count, offset = read_count(buf, offset, flexible, "topics")
-        for _ in range(count):
-            name, offset = read_topic_key(buf, offset, False, flexible)
-            partitions, offset = read_count(buf, offset, flexible, "partitions")
-            for _ in range(partitions):
-                start, offset = offset, skip(buf, offset, _ASKED.size)
-                asked.append((name, INT32.unpack_from(buf, start)[0]))
-                offset = skip_tagged_fields(buf, offset) if flexible else offset
-            offset = skip_tagged_fields(buf, offset) if flexible else offset
+        topics, offset = read_topics(buf, offset, flexible, read_key, read_partition)
         offset = skip_tagged_fields(buf, offset) if flexible else offset
         expect_end(buf, offset)
-    return asked
+    return [(topic.topic, partition) for topic in topics for partition in topic.partitions]
 
 
 def rewrite_end_offsets(
