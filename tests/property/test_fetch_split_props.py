@@ -6,8 +6,6 @@ whole answer byte for byte, with top-level error 0 and session id 0."""
 
 from __future__ import annotations
 
-import uuid
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -21,15 +19,11 @@ from proxy.apis.fetch_split import (
     split,
 )
 from proxy.kafka.codec import decode, encode
-from tests.support.kio_types import MS, mod, only_fields, served
+from tests.support.kio_types import MS, mod, only_fields, served, topic_key
 
 REQUESTS, RESPONSES, VERSIONS = served(1)
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
-
-
-def topic_key(version, name):
-    return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name
 
 
 def kio_request(version, topics, **top):

@@ -19,6 +19,7 @@ from proxy.apis.api00_produce import (
     split,
 )
 from proxy.kafka.codec import decode, encode
+from tests.support import kio_types
 from tests.support.kio_types import mod, served
 
 REQUESTS, RESPONSES, VERSIONS = served(0)
@@ -53,7 +54,7 @@ def produce_requests(draw):
     names = draw(st.lists(st.text(min_size=1, max_size=6), max_size=4, unique=True))
     topics = [
         (
-            uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name,
+            kio_types.topic_key(version, name),
             draw(
                 st.lists(
                     st.tuples(st.integers(0, 2**31 - 1), st.none() | st.binary(max_size=80)),

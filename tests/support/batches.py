@@ -54,6 +54,13 @@ def build_batch(
     return bytes(with_base_offset(data, base_offset)) if base_offset else data
 
 
+def seeded_batch(count: int, seed: int) -> bytes:
+    """`count` records with keys, their values of bytes that differ with `seed`: batches
+    that tell each other apart when a test compares bytes."""
+    values = [bytes([(seed + i) % 256]) * (10 + seed) for i in range(count)]
+    return build_batch(values, keys=[b"k%d" % i for i in range(count)])
+
+
 def opaque_batch(payload: bytes, *, records: int = 1, base_sequence: int = -1) -> bytes:
     """A v2 batch as a producer sends it (base offset 0, producer id 7); the records are
     `payload`, opaque."""

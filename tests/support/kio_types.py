@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import uuid
 from types import ModuleType
 
 from proxy.kafka.codec import load_types
@@ -29,3 +30,9 @@ def only_fields(cls, **fields):
     return cls(
         **{name: value for name, value in fields.items() if name in cls.__dataclass_fields__}
     )
+
+
+def topic_key(version: int, name: str) -> str | uuid.UUID:
+    """A topic as Produce and Fetch name it: by name, by id from v13 (an id derived from
+    the name, so a test names the same topic alike in every version)."""
+    return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name

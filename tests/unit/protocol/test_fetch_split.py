@@ -21,25 +21,15 @@ from proxy.apis.fetch_split import (
 )
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
-from tests.support.batches import build_batch
+from tests.support.batches import seeded_batch as batch
 from tests.support.kio_types import MS, mod, only_fields, served
+from tests.support.kio_types import topic_key as key
 
 REQUESTS, RESPONSES, VERSIONS = served(1)
 
 
 def test_every_kio_fetch_version_is_served():
     assert sorted(REQUESTS) == sorted(RESPONSES) == list(VERSIONS) == list(range(4, 19))
-
-
-def batch(count: int, seed: int) -> bytes:
-    """A v2 batch as a kafka-python producer writes it."""
-    values = [bytes([(seed + i) % 256]) * (10 + seed) for i in range(count)]
-    return build_batch(values, keys=[b"k%d" % i for i in range(count)])
-
-
-def key(version: int, name: str) -> str | uuid.UUID:
-    """A topic as the version names it: by id from v13."""
-    return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name
 
 
 # topic -> partitions, each (index, fetch_offset, current_leader_epoch, partition_max_bytes)

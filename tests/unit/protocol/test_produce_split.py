@@ -21,8 +21,9 @@ from proxy.apis.api00_produce import (
 )
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
-from tests.support.batches import build_batch
+from tests.support.batches import seeded_batch as batch
 from tests.support.kio_types import mod, served
+from tests.support.kio_types import topic_key as key
 
 REQUESTS, RESPONSES, VERSIONS = served(0)
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -31,17 +32,6 @@ NO_TIME = datetime.timedelta(0)
 
 def test_every_kio_produce_version_is_served():
     assert sorted(REQUESTS) == list(VERSIONS) == list(range(3, 14))
-
-
-def batch(count: int, seed: int) -> bytes:
-    """A v2 batch as a kafka-python producer writes it."""
-    values = [bytes([(seed + i) % 256]) * (10 + seed) for i in range(count)]
-    return build_batch(values, keys=[b"k%d" % i for i in range(count)])
-
-
-def key(version: int, name: str) -> str | uuid.UUID:
-    """A topic as the version names it: by id from v13."""
-    return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name
 
 
 # topic -> [(partition, records)]; "c" has a null records field
