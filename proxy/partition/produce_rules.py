@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import crc32c
 from kio.schema.errors import ErrorCode
 
+from proxy.kafka.topic_configs import cleanup_policies, config_number
 from proxy.records.batches import (
     ATTRIBUTES_POSITION,
     LOG_OVERHEAD,
@@ -99,28 +100,21 @@ def produce_rules(values: Mapping[str, str | None]) -> ProduceRules:
     """The rules from DescribeConfigs' answer (name -> effective value). A value missing
     or unreadable takes Kafka's default."""
     default = ProduceRules()
-    difference = _number(values.get("message.timestamp.difference.max.ms"), LONG_MAX)
-    before = _number(values.get("message.timestamp.before.max.ms"), LONG_MAX)
-    after = _number(values.get("message.timestamp.after.max.ms"), default.timestamp_after_max_ms)
-    policy = values.get("cleanup.policy") or ""
+    difference = config_number(values.get("message.timestamp.difference.max.ms"), LONG_MAX)
+    before = config_number(values.get("message.timestamp.before.max.ms"), LONG_MAX)
+    after = config_number(
+        values.get("message.timestamp.after.max.ms"), default.timestamp_after_max_ms
+    )
     return ProduceRules(
         log_append_time=values.get("message.timestamp.type") == "LogAppendTime",
         # Kafka 3.6-3.9: an unset before/after bound falls back to the difference
         timestamp_before_max_ms=difference if before == LONG_MAX else before,
         timestamp_after_max_ms=difference if after == LONG_MAX else after,
-        max_message_bytes=_number(values.get("max.message.bytes"), default.max_message_bytes),
-        segment_bytes=_number(values.get("segment.bytes"), default.segment_bytes),
-        compact="compact" in [p.strip() for p in policy.split(",")],
+        max_message_bytes=config_number(values.get("max.message.bytes"), default.max_message_bytes),
+        segment_bytes=config_number(values.get("segment.bytes"), default.segment_bytes),
+        compact="compact" in cleanup_policies(values.get("cleanup.policy")),
         compression_type=values.get("compression.type") or default.compression_type,
     )
-
-
-def _number(value: str | None, default: int) -> int:
-    try:
-        number = int(value) if value is not None else default
-    except ValueError:
-        return default
-    return number if number >= 0 else default
 
 
 @dataclass(frozen=True, slots=True)

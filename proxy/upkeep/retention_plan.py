@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from proxy.kafka.topic_configs import cleanup_policies, config_number
+
 UNLIMITED = -1
 # what the proxy asks Kafka (DescribeConfigs answers the effective value: the topic's
 # override, else the broker's default)
@@ -48,18 +50,12 @@ def retention_config(values: Mapping[str, str | None]) -> RetentionConfig:
     """The config from DescribeConfigs' answer (name -> value). A value missing or not a
     number counts as unlimited: when in doubt, keep the data."""
     policy = values.get("cleanup.policy")
-    delete = policy is None or "delete" in [p.strip() for p in policy.split(",")]
+    delete = policy is None or "delete" in cleanup_policies(policy)
     return RetentionConfig(
-        _number(values.get("retention.ms")), _number(values.get("retention.bytes")), delete
+        config_number(values.get("retention.ms"), UNLIMITED),
+        config_number(values.get("retention.bytes"), UNLIMITED),
+        delete,
     )
-
-
-def _number(value: str | None) -> int:
-    try:
-        number = int(value) if value is not None else UNLIMITED
-    except ValueError:
-        return UNLIMITED
-    return number if number >= 0 else UNLIMITED
 
 
 @dataclass(frozen=True, slots=True)
