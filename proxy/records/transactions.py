@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.records.batches import HEADER_SIZE, read_batch_header
+from proxy.records.record_walk import read_varint
 
 ABORT, COMMIT = 0, 1  # a control record's type, after its version, in its key
 _CONTROL_KEY = struct.Struct(">hh")  # version, type
@@ -81,14 +82,8 @@ def committed_view(batches: Sequence[memoryview | bytes]) -> CommittedView:
 
 
 def _varint(view: memoryview, pos: int) -> tuple[int, int]:
-    """A zigzag varint, as Kafka's record fields are."""
-    shift = value = 0
-    while True:
-        if pos >= len(view) or shift > 63:
-            raise ControlRecordError(f"varint at byte {pos} runs past the batch")
-        byte = view[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), pos
-        shift += 7
+    """A zigzag varint (record_walk.read_varint); one past the batch is a bad control record."""
+    try:
+        return read_varint(view, pos)
+    except IndexError:
+        raise ControlRecordError(f"varint at byte {pos} runs past the batch") from None
