@@ -123,3 +123,11 @@ class FrameDecoder(FedChunks):
 def frame(payload: bytes | bytearray | memoryview) -> bytes:
     """The payload with its int32 size in front."""
     return b"".join((FRAME_SIZE.pack(len(payload)), payload))
+
+
+def framed(
+    header: bytes | memoryview, body: bytes | memoryview
+) -> tuple[bytes, bytes | memoryview, bytes | memoryview]:
+    """A request's frame as pieces written one after another, nothing copied: its int32
+    size, its header, its body (a split request sent upstream)."""
+    return FRAME_SIZE.pack(len(header) + len(body)), header, body

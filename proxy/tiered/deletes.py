@@ -39,7 +39,7 @@ from proxy.apis.api21_delete_records import (
     read_delete_records_response,
     split,
 )
-from proxy.kafka.frames import FRAME_SIZE
+from proxy.kafka.frames import framed
 from proxy.metadata.topic_index import stream_of
 from proxy.peer.messages import TrimRequest
 from proxy.tiered.ports import DeletesHost
@@ -127,13 +127,7 @@ async def plan_delete_records(
     upstream_body = split(view, kafka_offset)
     trims = [entry for entry in asked if entry[:2] not in refused]
     local = asyncio.ensure_future(_trim_all(tiering, trims, cutovers, view.timeout_ms, refused))
-    frame = None
-    if upstream_body is not None:
-        frame = (
-            FRAME_SIZE.pack(len(header_bytes) + len(upstream_body)),
-            header_bytes,
-            upstream_body,
-        )
+    frame = None if upstream_body is None else framed(header_bytes, upstream_body)
     return DeletePlan(view, frame, local, tuple(cutovers))
 
 

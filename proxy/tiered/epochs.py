@@ -27,7 +27,7 @@ from proxy.apis.api23_offset_for_leader_epoch import (
     read_requested,
     rewrite_end_offsets,
 )
-from proxy.kafka.frames import FRAME_SIZE
+from proxy.kafka.frames import framed
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.ports import ReadHandlers
@@ -83,7 +83,7 @@ def plan_offset_for_leader_epoch(
     if not streams:
         return None
     local = asyncio.ensure_future(_high_watermarks(tiering, streams))
-    frame = (FRAME_SIZE.pack(len(header_bytes) + len(body)), header_bytes, body)
+    frame = framed(header_bytes, body)
     cutovers = {key: cutover for key, (_, cutover) in streams.items()}
     return EpochsPlan(frame, local, cutovers, beyond=tiering.beyond_cutover)
 

@@ -38,7 +38,7 @@ from proxy.apis.fetch_split import (
     read_fetch_request,
     split,
 )
-from proxy.kafka.frames import FRAME_SIZE
+from proxy.kafka.frames import framed
 from proxy.metadata.topic_index import stream_of
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.ports import ReadHandlers
@@ -129,7 +129,7 @@ async def plan_fetch(
             upstream_body = again or upstream_body
     local = loop.create_future()
     local.set_result(results)
-    frame = (FRAME_SIZE.pack(len(header_bytes) + len(upstream_body)), header_bytes, upstream_body)
+    frame = framed(header_bytes, upstream_body)
     return FetchPlan(view, frame, local, keys, cutovers=cutovers, beyond=tiering.beyond_cutover)
 
 

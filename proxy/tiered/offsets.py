@@ -51,7 +51,7 @@ from proxy.apis.api02_list_offsets import (
     read_list_offsets_response,
     split,
 )
-from proxy.kafka.frames import FRAME_SIZE
+from proxy.kafka.frames import framed
 from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
@@ -287,10 +287,7 @@ def plan_list_offsets(
     if not tiered:
         return None
     local = asyncio.ensure_future(_answer_all(tiering, tiered))
-    frame = None
-    if upstream_body is not None:
-        size = len(header_bytes) + len(upstream_body)
-        frame = (FRAME_SIZE.pack(size), header_bytes, upstream_body)
+    frame = None if upstream_body is None else framed(header_bytes, upstream_body)
     return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
 
 

@@ -28,7 +28,7 @@ from proxy.apis.api00_produce import (
     split,
 )
 from proxy.clock import now_ms
-from proxy.kafka.frames import FRAME_SIZE
+from proxy.kafka.frames import framed
 from proxy.objects.ratelimit import Priority
 from proxy.partition.produce_rules import ProduceRules, check_records
 from proxy.partition.rules import ProduceResult
@@ -70,8 +70,7 @@ def plan_produce(
     kept: tuple[TopicKey, ...] = ()
     tiered_keys = tuple((p.topic, p.partition) for p in tiered)
     if upstream_body is not None:
-        size = len(header_bytes) + len(upstream_body)
-        frame = (FRAME_SIZE.pack(size), header_bytes, upstream_body)
+        frame = framed(header_bytes, upstream_body)
         kept = tuple(
             t.topic
             for t in view.topics
