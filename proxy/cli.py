@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+OFFLOAD_COMMANDS = ("migrate", "verify", "export")  # the Spark jobs: the offload extra
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tierproxy", description="Kafka-protocol proxy fleet")
@@ -92,7 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     add_verify_and_export(commands)  # offload_jobs/report_cli.py: verify, Parquet export
 
     args = parser.parse_args(argv)
-    return args.func(args)
+    from proxy.devstack.spark import MissingExtra, require_offload_packages
+
+    try:
+        if args.command in OFFLOAD_COMMANDS:
+            require_offload_packages()
+        return args.func(args)
+    except MissingExtra as exc:  # migrate, verify or export without the offload extra
+        print(f"tierproxy {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ temporary directory) is removed by `local_spark` when the session stops.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -22,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from proxy.errors import TierproxyError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,6 +45,23 @@ logger.gateway.level = error
 """
 # What the JVM itself prints at start, before any logging: nothing to act on.
 JVM_NOISE = ("WARNING: Using incubator modules",)
+OFFLOAD_PACKAGES = ("pyspark", "pyarrow")  # the `offload` extra of pyproject.toml
+
+
+class MissingExtra(TierproxyError):
+    """The offload jobs' packages are not installed (the proxy itself does not need them)."""
+
+
+def require_offload_packages() -> None:
+    """Raise MissingExtra, naming what to install, unless every package of
+    OFFLOAD_PACKAGES is importable: said before a job reads its config or reaches Kafka."""
+    missing = [name for name in OFFLOAD_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingExtra(
+            f"the offload jobs need {' and '.join(missing)}, which this installation lacks: "
+            "install the offload extra (pip install 'tierproxy[offload]'; make test and "
+            "make run install it)"
+        )
 
 
 def spark_session(
@@ -80,6 +100,7 @@ def local_spark(given, app_name: str, master: str = "local[*]") -> Iterator[Spar
     if given is not None:
         yield given
         return
+    require_offload_packages()
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     try:
         session = spark_session(app_name, master, scratch)
