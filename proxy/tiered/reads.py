@@ -277,7 +277,12 @@ class TieredReads:
         partition = self._partition(stream)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
         end = info.cutover_offset if end is None else end
+        # The owner's partition knows a trim (DeleteRecords, retention) the moment it is
+        # written; this proxy's metadata reader applies it a little later. A Fetch after
+        # the trim was answered must not be served what it dropped (Kafka: out of range).
         log_start = info.log_start_offset
+        if partition is not None:
+            log_start = max(log_start, partition.log_start_offset)
         offset = part.fetch_offset
         if offset < log_start or (partition is not None and offset > end):
             return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from kio.schema.errors import ErrorCode
 from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
 
 from proxy.apis.api02_list_offsets import OffsetsResult
@@ -31,8 +32,9 @@ class Topics:
         return TieredTopic(TOPIC, "t", NOW) if topic == "t" else None
 
 
-def reads_of(shard: Shard) -> TieredReads:
+def reads_of(shard: Shard, partitions: dict | None = None) -> TieredReads:
     service = SimpleNamespace(topics=Topics(), state=lambda stream: shard.state)
+    service.partitions = partitions
     return TieredReads(service, None, None)
 
 
@@ -76,3 +78,19 @@ def test_earliest_is_what_a_fetch_from_it_is_served(kafka_start, log_start, held
     part = StreamPart(0, CUTOVER, log_start, start_held=held)
     assert combine(-2, kafka(kafka_start), part, notes.append) == earliest
     assert notes == ([kafka_start] if kafka_start > CUTOVER else [])
+
+
+async def test_a_fetch_on_the_owner_right_after_a_trim_is_out_of_range_before_the_reader_sees_it():
+    """The owner's partition moved its log start (a DeleteRecords answered: the trim is
+    written); this proxy's metadata reader has not applied the StreamTrim yet. The Fetch
+    at a dropped offset gets OFFSET_OUT_OF_RANGE and the new log start, as Kafka answers
+    right after a DeleteRecords, never the dropped records."""
+    shard = migrated()
+    owned = SimpleNamespace(high_watermark=CUTOVER, log_start_offset=300)
+    reads = reads_of(shard, {STREAM: owned})
+    part = SimpleNamespace(topic="t", partition=0, fetch_offset=250)
+    result = await reads._read_one(part, 0, "reader", 0)
+    assert (result.error_code, result.log_start_offset) == (ErrorCode.offset_out_of_range, 300)
+    part.fetch_offset = 300
+    result = await reads._read_one(part, 0, "reader", 0)  # max_bytes 0: no read
+    assert (result.error_code, result.log_start_offset) == (ErrorCode.none, 300)
