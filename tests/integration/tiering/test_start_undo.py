@@ -9,123 +9,32 @@ thread it started.
 Each step is failed in turn by a twin of its part that raises (`StartFault`), some after
 the real part did its work (a part that failed halfway); Kafka, MinIO and every other
 part are real. Real faults too: an occupied port, an unreachable object store.
+
+Each start runs in a child process (start_undo_child.py), so that a socket another test's
+leftover client opens meanwhile is never taken for this start's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
+import json
 import os
 import socket
-import threading
-import time
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from cutover_load import proxy_config
+from start_undo_child import STEPS
 from tieredfleet import s3_settings
 
-from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
-from proxy.server import app, membership
-from proxy.tiered import service as tiering
-from proxy.tiered import startup
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
 
-
-class StartFault(RuntimeError):
-    """The injected failure."""
-
-
-def _fail_before(*_args, **_kwargs):
-    raise StartFault("injected before the step")
-
-
-def _after(original):
-    """A twin that does the real step, then fails (a part that started, then broke)."""
-
-    async def twin(*args, **kwargs):
-        await original(*args, **kwargs)
-        raise StartFault("injected after the step")
-
-    return twin
-
-
-def _reader_after(original, shard: int):
-    async def twin(self, *args, **kwargs):
-        await original(self, *args, **kwargs)
-        if self.shard == shard:
-            raise StartFault(f"injected in metadata reader {shard}")
-
-    return twin
-
-
-async def _fail_async(*_args, **_kwargs):
-    raise StartFault("injected before the step")
-
-
-def _inject(step: str, monkeypatch) -> None:
-    """Make `step` of the start fail."""
-    patch = monkeypatch.setattr
-    if step == "upstream refresh":  # broker listeners being opened
-        patch(app.Proxy, "refresh_upstream", _after(app.Proxy.refresh_upstream))
-    elif step == "metadata topic":
-        patch(startup, "ensure_metadata_topic", _fail_async)
-    elif step == "metadata readers":  # shard 0's reader started, shard 1's too, then fails
-        patch(tiering.ShardReader, "start", _reader_after(tiering.ShardReader.start, 1))
-    elif step == "metadata catch-up":
-        patch(tiering.ShardReader, "caught_up", _reader_after(tiering.ShardReader.caught_up, 0))
-    elif step == "object store":
-        patch(startup, "open_store", _fail_async)
-    elif step == "WAL":
-        patch(startup.WriteAheadLog, "open", _fail_async)
-    elif step == "peer listener":
-        patch(startup.PeerServer, "start", _after(startup.PeerServer.start))
-    elif step == "S3-WAL writer":
-        patch(startup, "S3WalWriter", _fail_before)
-    elif step == "group membership":  # the uploader runs; the member joined the group
-        patch(startup.ShardAssignment, "start", _after(startup.ShardAssignment.start))
-    elif step == "compactor":
-        patch(startup.Compactor, "for_service", _fail_before)
-    elif step == "background loops":
-        patch(startup.OrphanSweep, "for_service", _fail_before)
-    elif step == "bootstrap listener":
-        original = app.Proxy._listen
-
-        async def listen(self, node_id, port):
-            if node_id is None:
-                raise StartFault("injected in the bootstrap listener")
-            await original(self, node_id, port)
-
-        patch(app.Proxy, "_listen", listen)
-    elif step == "fleet membership":  # producer and consumer started, the catch-up fails
-        patch(membership.Membership, "_catch_up", _fail_async)
-    elif step == "metrics server":
-        patch(app, "serve_metrics", _fail_before)
-    elif step == "admin server":
-        patch(app.AdminServer, "start", _after(app.AdminServer.start))
-    else:
-        raise AssertionError(step)
-
-
-STEPS = [
-    "upstream refresh",
-    "metadata topic",
-    "metadata readers",
-    "metadata catch-up",
-    "object store",
-    "WAL",
-    "peer listener",
-    "S3-WAL writer",
-    "group membership",
-    "compactor",
-    "background loops",
-    "bootstrap listener",
-    "fleet membership",
-    "metrics server",
-    "admin server",
-]
+HERE = Path(__file__).parent
+CHILD_TIMEOUT_S = 240
 
 
 def _config(kafka_cluster, s3_server, tmp_path, **tiering_settings) -> dict:
@@ -141,93 +50,61 @@ def _config(kafka_cluster, s3_server, tmp_path, **tiering_settings) -> dict:
     return config
 
 
-# -- what a process holds ------------------------------------------------------------------
-
-
-def _sockets() -> set[tuple[str, str, str]]:
-    """(local, remote, state) of every TCP socket this process has open (/proc)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # closed meanwhile (the listing's own fd)
-        if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:[") : -1]))
-    found = set()
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/self/net/{table}") as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                if int(fields[9]) in inodes:
-                    state = "LISTEN" if fields[3] == "0A" else f"state {fields[3]}"
-                    found.add((_address(fields[1]), _address(fields[2]), state))
-    return found
-
-
-def _address(hex_address: str) -> str:
-    host, port = hex_address.split(":")
-    return f"{host}:{int(port, 16)}"
-
-
-def _threads() -> set[threading.Thread]:
-    # the event loop's default executor belongs to the loop (to_thread, DNS lookups)
-    return {t for t in threading.enumerate() if not t.name.startswith("asyncio_")}
-
-
-async def _start_fails(config: dict, expected: type[BaseException]) -> BaseException:
-    tasks, sockets, threads = asyncio.all_tasks(), _sockets(), _threads()
-    proxy = app.Proxy(parse_config(config))
-    with pytest.raises(expected) as raised:
-        async with proxy:
-            raise AssertionError("the start succeeded")
-    deadline = time.monotonic() + 5
-    while True:
-        gc.collect()  # an unclosed client warns (an error here) when collected
-        left = {
-            "tasks": {t for t in asyncio.all_tasks() - tasks if t is not asyncio.current_task()},
-            "sockets": _sockets() - sockets,
-            "threads": _threads() - threads,
-        }
-        if not any(left.values()) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)  # the loop's next turns close what was closed
-    assert left == {"tasks": set(), "sockets": set(), "threads": set()}
-    await proxy.stop()  # a second stop is a no-op
-    return raised.value
+def _start_fails(config: dict, tmp_path: Path, step: str = "") -> dict:
+    """Run the failing start in a child process; what it raised and left behind."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    root = HERE.parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(HERE)]))
+    done = subprocess.run(
+        [sys.executable, str(HERE / "start_undo_child.py"), str(path), step],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CHILD_TIMEOUT_S,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, (
+        f"the child exited {done.returncode}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
+    result = json.loads(lines[-1])
+    assert result["left"] == {"tasks": [], "sockets": [], "threads": []}, (
+        f"left behind by a failed start: {result['left']}\n{done.stderr[-4000:]}"
+    )
+    return result
 
 
 @pytest.mark.parametrize("step", STEPS)
-async def test_a_failed_start_step_leaves_nothing(
-    step, kafka_cluster, s3_server, tmp_path, monkeypatch
-):
-    _inject(step, monkeypatch)
-    await _start_fails(_config(kafka_cluster, s3_server, tmp_path), StartFault)
+def test_a_failed_start_step_leaves_nothing(step, kafka_cluster, s3_server, tmp_path):
+    result = _start_fails(_config(kafka_cluster, s3_server, tmp_path), tmp_path, step)
+    assert result["error_type"][0] == "StartFault", result
 
 
-async def test_an_occupied_peer_port_leaves_nothing(kafka_cluster, s3_server, tmp_path):
+def test_an_occupied_peer_port_leaves_nothing(kafka_cluster, s3_server, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         config = _config(kafka_cluster, s3_server, tmp_path, peer_port=port)
-        error = await _start_fails(config, OSError)
-    assert str(port) in str(error)
+        result = _start_fails(config, tmp_path)
+    assert "OSError" in result["error_type"], result
+    assert str(port) in result["error"]
 
 
-async def test_an_occupied_admin_port_leaves_nothing(kafka_cluster, s3_server, tmp_path):
+def test_an_occupied_admin_port_leaves_nothing(kafka_cluster, s3_server, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         config = _config(kafka_cluster, s3_server, tmp_path)
         config["admin"] = {"port": taken.getsockname()[1]}
-        await _start_fails(config, OSError)
+        result = _start_fails(config, tmp_path)
+    assert "OSError" in result["error_type"], result
 
 
-async def test_an_unreachable_object_store_leaves_nothing(kafka_cluster, s3_server, tmp_path):
+def test_an_unreachable_object_store_leaves_nothing(kafka_cluster, s3_server, tmp_path):
     """S3 WAL mode lists the store at start: nothing answers on the endpoint."""
     config = _config(kafka_cluster, s3_server, tmp_path)
     config["tiering"]["wal"]["mode"] = "s3"
     config["tiering"]["object_store"]["endpoint_url"] = f"http://127.0.0.1:{free_port()}"
-    await _start_fails(config, Exception)
+    result = _start_fails(config, tmp_path)
+    assert result["error_type"] is not None, result
