@@ -258,9 +258,12 @@ class PartitionSequencer:
         position = self._pending_marker_position()
         refusal = check_marker(entry, marker.producer_epoch, marker.coordinator_epoch)
         if position is not None and marker.upstream_offset < position:
-            refusal = ErrorCode.invalid_request, (
-                f"marker at upstream offset {marker.upstream_offset} was considered already "
-                f"(position {position})"
+            refusal = (
+                ErrorCode.invalid_request,
+                (
+                    f"marker at upstream offset {marker.upstream_offset} was considered already "
+                    f"(position {position})"
+                ),
             )
         if refusal is not None:
             self._move_marker_position(max(position or 0, marker.upstream_offset + 1))
@@ -345,9 +348,7 @@ class PartitionSequencer:
                 delta = header.last_offset_delta
                 last_seq = increment_sequence(header.base_sequence, delta)
                 batch = BatchMetadata(last_seq, header.last_offset, delta, header.max_timestamp)
-                self._producers[pid] = entry.with_batch(
-                    epoch, batch, used, header.is_transactional
-                )
+                self._producers[pid] = entry.with_batch(epoch, batch, used, header.is_transactional)
         self._state_end = header.next_offset
         self._high_watermark = self._log_end = max(self._high_watermark, header.next_offset)
         return True
@@ -438,7 +439,6 @@ class PartitionSequencer:
             )
         append_time = first.timestamp if self.log_append_time else NO_TIMESTAMP
         return Duplicate(first.first_offset, last.last_offset, append_time, awaiting)
-
 
     def _check_replayed(self) -> None:
         if self._state_end != self._high_watermark:
