@@ -167,14 +167,20 @@ class MarkerFollower:
         self._task = asyncio.create_task(self._run(), name="marker-follower")
 
     async def close(self) -> None:
+        await self.stop_following()
+        if self._client is not None:
+            await self._client.close()
+        self.metrics.close()
+
+    async def stop_following(self) -> None:
+        """Stop the background follow; catch-ups still read Kafka's log (a test of the
+        ordering rule: only catch-ups then put markers in the streams)."""
         tasks = [t for t in (self._task, *self._brokers.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
         self._brokers.clear()
-        if self._client is not None:
-            await self._client.close()
-        self.metrics.close()
 
     def followed(self) -> dict[int, int]:
         """stream -> the next offset of Kafka's log the follow considers (tests, status)."""
