@@ -62,8 +62,11 @@ async def catch_up(
     by_stream: dict[int, Key] = {}
     for key in keys:
         topic = host.topics.topic(key[0])
-        if topic is not None:  # else untiered since: Kafka's log is the partition's again
-            by_stream[stream_of(topic, key[1])] = key
+        if topic is None:  # untiered since: Kafka's log is the partition's again
+            continue
+        stream = stream_of(topic, key[1])
+        if host.state(stream).stream(stream) is not None:  # else not cut over yet: all
+            by_stream[stream] = key  # of it is Kafka's, markers included
     local = [s for s in by_stream if host.owned_here(s)]
     remote = [s for s in by_stream if s not in local]
     calls = []
