@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from itertools import pairwise
 from types import MappingProxyType
 
 from kio.schema.errors import ErrorCode
@@ -61,8 +60,12 @@ from proxy.partition.appends import (
     Duplicate,
     PendingAppend,
     Rejected,
-    refuse_batch,
+    duplicate_answer,
+    sequence_gap,
+    stamp_log_append_time,
+    validate_records,
 )
+from proxy.partition.marker_follow import MarkerFollow, MarkerIdentity
 from proxy.partition.producer_snapshot import encode_snapshot, read_snapshot
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -75,15 +78,11 @@ from proxy.partition.producer_state import (
     empty_entry,
     increment_sequence,
 )
-from proxy.partition.sequence_holes import SequenceGap
 from proxy.records.batches import (
     BatchHeader,
-    CorruptBatchError,
     assign_offsets,
-    iter_batches,
     read_batch_header,
     set_log_append_time,
-    validate_batch,
 )
 from proxy.records.markers import Marker, marker_batch
 
@@ -96,8 +95,6 @@ __all__ = [
     "PendingAppend",
     "Rejected",
 ]
-
-MarkerIdentity = tuple[int, int, int]  # Marker.identity: (producer id, epoch, timestamp)
 
 
 class PartitionSequencer:
@@ -126,11 +123,7 @@ class PartitionSequencer:
         self._pending: deque[PendingAppend] = deque()
         self._pending_states: dict[int, ProducerStateEntry] = {}  # newest per producer
         self._fenced = False
-        # the marker follower's position in Kafka's log (committed), and the one to apply
-        # when a pending append commits (by its base offset): markers and skips in order
-        self._marker_position: int | None = None
-        self._marker_moves: dict[int, int] = {}
-        self._replayed_markers: list[MarkerIdentity] = []
+        self._markers = MarkerFollow()  # the marker follower's position, replayed markers
 
     @property
     def high_watermark(self) -> int:
@@ -170,14 +163,14 @@ class PartitionSequencer:
     def marker_position(self) -> int | None:
         """The next offset of Kafka's log of the partition the marker follower has to
         consider, as of the committed state (None: the cutover, nothing considered yet)."""
-        return self._marker_position
+        return self._markers.position
 
     @property
     def replayed_markers(self) -> tuple[MarkerIdentity, ...]:
         """The identities of the control batches `replay` saw since the sequencer was
         built or restored, in order, until a live marker moves `marker_position`: the
         markers already in the stream past `marker_position` (the resume rule)."""
-        return tuple(self._replayed_markers)
+        return tuple(self._markers.replayed)
 
     @property
     def pending(self) -> tuple[PendingAppend, ...]:
@@ -200,7 +193,7 @@ class PartitionSequencer:
                 "the partition's sequencer was fenced after a failed write",
             )
         self._check_replayed()
-        headers = self._validate(records)
+        headers = validate_records(records)
         if isinstance(headers, Rejected):
             return headers
         changes: dict[int, ProducerStateEntry] = {}
@@ -218,7 +211,7 @@ class PartitionSequencer:
                     continue
                 refusal = check_append(entry, epoch, first_seq)
                 if refusal is not None:
-                    return Rejected(*refusal, _gap(entry, epoch, first_seq, refusal[0]))
+                    return Rejected(*refusal, sequence_gap(entry, epoch, first_seq, refusal[0]))
                 refusal = check_transaction(entry, header.is_transactional)
                 if refusal is not None:
                     return Rejected(*refusal)
@@ -228,12 +221,14 @@ class PartitionSequencer:
                 changes[pid] = entry.with_batch(epoch, batch, now_ms, header.is_transactional)
             next_offset += header.last_offset_delta + 1
         if duplicates:
-            return self._duplicate(duplicates, len(headers))
+            return duplicate_answer(
+                duplicates, len(headers), self._pending, self._high_watermark, self.log_append_time
+            )
         out = bytearray(records)  # the one copy of the run
         assign_offsets(out, self._log_end)
         append_time = NO_TIMESTAMP
         if self.log_append_time:
-            _set_log_append_time(out, headers, now_ms)
+            stamp_log_append_time(out, headers, now_ms)
             append_time = now_ms
         pending = PendingAppend(out, self._log_end, next_offset - 1, append_time, changes)
         self._pending.append(pending)
@@ -255,7 +250,7 @@ class PartitionSequencer:
             )
         self._check_replayed()
         entry = self.producer_state(marker.producer_id) or empty_entry(marker.producer_id)
-        position = self._pending_marker_position()
+        position = self._markers.pending_position(self._pending)
         refusal = check_marker(entry, marker.producer_epoch, marker.coordinator_epoch)
         if position is not None and marker.upstream_offset < position:
             refusal = (
@@ -266,7 +261,7 @@ class PartitionSequencer:
                 ),
             )
         if refusal is not None:
-            self._move_marker_position(max(position or 0, marker.upstream_offset + 1))
+            self._markers.skipped(self._pending, max(position or 0, marker.upstream_offset + 1))
             return Rejected(*refusal)
         base = self._log_end
         out = marker_batch(marker, base)
@@ -284,7 +279,7 @@ class PartitionSequencer:
         )
         self._pending.append(pending)
         self._pending_states[marker.producer_id] = changed
-        self._marker_moves[base] = marker.upstream_offset + 1
+        self._markers.appended(base, marker.upstream_offset + 1)
         self._log_end = base + 1
         return pending
 
@@ -301,10 +296,7 @@ class PartitionSequencer:
             if self._pending_states.get(pid) is entry:
                 del self._pending_states[pid]
         self._high_watermark = self._state_end = pending.next_offset
-        moved = self._marker_moves.pop(pending.base_offset, None)
-        if moved is not None:
-            self._marker_position = moved
-            self._replayed_markers.clear()  # the follower has passed them
+        self._markers.committed(pending.base_offset)
         return ErrorCode.none
 
     def abort(self, pending: PendingAppend) -> None:
@@ -317,7 +309,7 @@ class PartitionSequencer:
         self._fenced = True
         self._pending.clear()
         self._pending_states.clear()
-        self._marker_moves.clear()
+        self._markers.moves.clear()
 
     def replay(self, header: BatchHeader, now_ms: int | None = None) -> bool:
         """Rebuild the producer state from a batch read back (its offsets as written), with
@@ -341,7 +333,7 @@ class PartitionSequencer:
             if header.is_control:
                 # written by append_marker: Kafka's rules passed; its coordinator epoch is
                 # in the record, not the header, so the known one is kept
-                self._replayed_markers.append((pid, epoch, header.max_timestamp))
+                self._markers.replayed.append((pid, epoch, header.max_timestamp))
                 if epoch >= entry.producer_epoch:
                     self._producers[pid] = entry.with_marker(epoch, None, used)
             elif epoch >= entry.producer_epoch:  # an older epoch's batch changes nothing
@@ -373,7 +365,7 @@ class PartitionSequencer:
     def snapshot(self) -> bytes:
         """The committed producer state, the offset it covers and the marker position
         (docs/sequencer.md)."""
-        return encode_snapshot(self._state_end, self._producers.values(), self._marker_position)
+        return encode_snapshot(self._state_end, self._producers.values(), self._markers.position)
 
     @classmethod
     def restore(
@@ -400,45 +392,8 @@ class PartitionSequencer:
             producer_id_expiration_ms=producer_id_expiration_ms,
         )
         sequencer._state_end = offset
-        sequencer._marker_position = snapshot.marker_position
+        sequencer._markers.position = snapshot.marker_position
         return sequencer
-
-    def _validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader] | Rejected:
-        headers: list[BatchHeader] = []
-        position = 0
-        try:
-            for _, batch in iter_batches(records):
-                headers.append(validate_batch(batch, position))
-                position += len(batch)
-        except CorruptBatchError as exc:
-            return Rejected(ErrorCode.corrupt_message, str(exc))
-        if not headers:
-            return Rejected(ErrorCode.invalid_record, "a partition's records hold no record batch")
-        for header in headers:
-            refusal = refuse_batch(header)
-            if refusal is not None:
-                return refusal
-        return headers
-
-    def _duplicate(self, duplicates: list[BatchMetadata], batch_count: int) -> AppendResult:
-        # One answer (a base offset) must describe the whole request: a mix of retried and
-        # new batches cannot be answered, nor retries whose originals are not adjacent.
-        # (Kafka refuses any produce v3+ with more than one batch per partition.)
-        if len(duplicates) != batch_count or any(
-            later.first_offset != earlier.last_offset + 1 for earlier, later in pairwise(duplicates)
-        ):
-            return Rejected(
-                ErrorCode.invalid_record,
-                "a partition's records mix retried batches with new or non-adjacent ones",
-            )
-        first, last = duplicates[0], duplicates[-1]
-        awaiting = None
-        if last.last_offset >= self._high_watermark:
-            awaiting = next(
-                p for p in self._pending if p.base_offset <= last.last_offset <= p.last_offset
-            )
-        append_time = first.timestamp if self.log_append_time else NO_TIMESTAMP
-        return Duplicate(first.first_offset, last.last_offset, append_time, awaiting)
 
     def _check_replayed(self) -> None:
         if self._state_end != self._high_watermark:
@@ -446,35 +401,3 @@ class PartitionSequencer:
                 f"the producer state covers offsets below {self._state_end} but the log ends "
                 f"at {self._high_watermark}: replay the batches in between before appending"
             )
-
-    def _pending_marker_position(self) -> int | None:
-        """The marker position once every pending append is committed."""
-        for pending in reversed(self._pending):
-            moved = self._marker_moves.get(pending.base_offset)
-            if moved is not None:
-                return moved
-        return self._marker_position
-
-    def _move_marker_position(self, position: int) -> None:
-        """Move the position to `position` once what is pending now commits (a skip)."""
-        if self._pending:
-            self._marker_moves[self._pending[-1].base_offset] = position
-        else:
-            self._marker_position = position
-            self._replayed_markers.clear()
-
-
-def _gap(
-    entry: ProducerStateEntry, epoch: int, first_seq: int, code: ErrorCode
-) -> SequenceGap | None:
-    if code != ErrorCode.out_of_order_sequence_number:
-        return None
-    expected = increment_sequence(entry.last_seq, 1) if epoch == entry.producer_epoch else 0
-    return SequenceGap(entry.producer_id, epoch, expected, first_seq)
-
-
-def _set_log_append_time(out: bytearray, headers: list[BatchHeader], now_ms: int) -> None:
-    position = 0
-    for header in headers:
-        set_log_append_time(out, position, header, now_ms)
-        position += header.size
