@@ -36,6 +36,7 @@ from proxy.kafka.wire import (
     expect_end,
     read_count,
     read_int16,
+    read_int32,
     read_int64,
     read_string,
     read_topic_key,
@@ -196,3 +197,115 @@ def _entry_types(response: type[Entity]) -> tuple[type, type, type | None]:
     module = __import__(response.__module__, fromlist=["_"])
     txn_type = getattr(module, "AddPartitionsToTxnResult", None)
     return module.AddPartitionsToTxnPartitionResult, module.AddPartitionsToTxnTopicResult, txn_type
+
+
+# -- the answer, as Kafka gives it -------------------------------------------------------
+
+TopicAnswer = tuple[str, tuple[tuple[int, int], ...]]  # (name, ((partition, error code), ...))
+
+
+@dataclass(frozen=True, slots=True)
+class AddPartitionsAnswer:
+    """Kafka's answer, read by hand (proxy/kafka/codec.py: no kio decode of network
+    bytes), in its order. Before v4 one transaction whose id the answer does not carry
+    (None)."""
+
+    api_version: int
+    throttle_ms: int
+    error_code: int  # v4+: the top-level code; 0 before
+    transactions: tuple[tuple[str | None, tuple[TopicAnswer, ...]], ...]
+
+    def codes(self) -> dict[Key, int]:
+        """(topic, partition) -> its error code (the top-level one if that is set)."""
+        return {
+            (name, partition): self.error_code or code
+            for _, topics in self.transactions
+            for name, partitions in topics
+            for partition, code in partitions
+        }
+
+
+def read_add_partitions_to_txn_response(
+    api_version: int, body: memoryview | bytes
+) -> AddPartitionsAnswer:
+    """FrameError if the version is not served or the body is malformed or truncated."""
+    flexible = _flexible(api_version)
+    buf = memoryview(body)
+    with malformed(f"AddPartitionsToTxn v{api_version} response"):
+        throttle_ms, offset = read_int32(buf, 0)
+        error_code = 0
+        if api_version < FIRST_BATCHED_VERSION:
+            topics, offset = _read_topic_answers(buf, offset, flexible)
+            transactions: list[tuple[str | None, tuple[TopicAnswer, ...]]] = [(None, topics)]
+        else:
+            error_code, offset = read_int16(buf, offset)
+            count, offset = read_count(buf, offset, flexible, "results_by_transaction")
+            transactions = []
+            for _ in range(count):
+                transactional_id, offset = read_string(buf, offset, flexible)
+                topics, offset = _read_topic_answers(buf, offset, flexible)
+                offset = skip_tagged_fields(buf, offset)
+                transactions.append((transactional_id, topics))
+        offset = skip_tagged_fields(buf, offset) if flexible else offset
+        expect_end(buf, offset)
+    return AddPartitionsAnswer(api_version, throttle_ms, error_code, tuple(transactions))
+
+
+def _read_topic_answers(
+    buf: memoryview, offset: int, flexible: bool
+) -> tuple[tuple[TopicAnswer, ...], int]:
+    topics = []
+    count, offset = read_count(buf, offset, flexible, "topic results")
+    for _ in range(count):
+        name, offset = read_topic_key(buf, offset, False, flexible)
+        partition_count, offset = read_count(buf, offset, flexible, "partition results")
+        partitions = []
+        for _ in range(partition_count):
+            partition, offset = read_int32(buf, offset)
+            code, offset = read_int16(buf, offset)
+            offset = skip_tagged_fields(buf, offset) if flexible else offset
+            partitions.append((partition, code))
+        offset = skip_tagged_fields(buf, offset) if flexible else offset
+        topics.append((str(name), tuple(partitions)))
+    return tuple(topics), offset
+
+
+def answer_with_errors(
+    answer: AddPartitionsAnswer, errors: Collection[Key], error_code: int
+) -> bytes:
+    """Kafka's answer re-encoded (with kio) with each partition in `errors` answered
+    `error_code` instead (tagged fields Kafka may have added are left out)."""
+    response = response_type(RESPONSES, API_KEY, answer.api_version)
+    partition_type, topic_type, txn_type = _entry_types(response)
+
+    def topic_results(topics: tuple[TopicAnswer, ...]) -> tuple:
+        return tuple(
+            topic_type(
+                name=name,
+                results_by_partition=tuple(
+                    partition_type(
+                        partition_index=p,
+                        partition_error_code=ErrorCode(error_code if (name, p) in errors else code),
+                    )
+                    for p, code in partitions
+                ),
+            )
+            for name, partitions in topics
+        )
+
+    throttle = datetime.timedelta(milliseconds=answer.throttle_ms)
+    if answer.api_version < FIRST_BATCHED_VERSION:
+        ((_, topics),) = answer.transactions
+        return encode(
+            response(throttle_time=throttle, results_by_topic_v3_and_below=topic_results(topics))
+        )
+    return encode(
+        response(
+            throttle_time=throttle,
+            error_code=ErrorCode(answer.error_code),
+            results_by_transaction=tuple(
+                txn_type(transactional_id=txn_id, topic_results=topic_results(topics))
+                for txn_id, topics in answer.transactions
+            ),
+        )
+    )

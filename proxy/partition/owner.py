@@ -8,6 +8,10 @@ them and makes them durable in the order they were queued), and is committed and
 answered when its write is done, oldest first. The pipeline, the error mapping and the
 recovery sources are in docs/sequencer.md ("The owner of a tiered partition").
 
+Transaction markers the marker follower finds in Kafka's log of the partition take the
+same FIFO (`append_marker`): ordered with produce requests, made durable by the same
+WAL, given to the log cache by `on_appended` like any append.
+
 How a partition is rebuilt from durable sources is `partition/recovery.py`; the
 partitions of one proxy, by stream id, are `partition/partition_set.py` (`PartitionSet`).
 """
@@ -35,8 +39,15 @@ from proxy.partition.rules import (
     storage_error,
 )
 from proxy.partition.sequence_holes import DROP_CODES, ProducerBatch, SequenceHoles
-from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend, Rejected
+from proxy.partition.sequencer import (
+    AppendResult,
+    Duplicate,
+    PartitionSequencer,
+    PendingAppend,
+    Rejected,
+)
 from proxy.records.batches import BatchHeader
+from proxy.records.markers import Marker
 from proxy.wal.port import Log
 from proxy.wal.types import WalPosition
 
@@ -61,6 +72,7 @@ class _Request:
     records: Records
     future: asyncio.Future[ProduceResult] | None  # None for acks=0
     log_append_time: bool | None = None  # the topic's message.timestamp.type; None: config's
+    marker: Marker | None = None  # a transaction marker to append (`records` is empty)
 
 
 @dataclass(slots=True, eq=False)
@@ -198,17 +210,42 @@ class TieredPartition:
         if not self._open:
             self._dropped(records)
             return None if acks == 0 else not_owner(self.stream_id)
-        loop = asyncio.get_running_loop()
-        future = None if acks == 0 else loop.create_future()
-        request = _Request(records, future, log_append_time)
+        future = None if acks == 0 else asyncio.get_running_loop().create_future()
+        await self._enqueue(_Request(records, future, log_append_time))
+        return None if future is None else await future
+
+    async def append_marker(self, marker: Marker) -> ProduceResult:
+        """Append a transaction marker found in Kafka's log of the partition, through the
+        produce FIFO; answered once durable. An error code other than
+        KAFKA_STORAGE_ERROR and NOT_LEADER_OR_FOLLOWER means Kafka's leader would have
+        refused the marker: it was skipped (logged), and `marker_resume` moves past it."""
+        if not self._open:
+            return not_owner(self.stream_id)
+        future: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+        await self._enqueue(_Request(b"", future, marker=marker))
+        return await future
+
+    async def _enqueue(self, request: _Request) -> None:
+        """Queue `request`; while the queue is full, wait in call order."""
         if len(self._inbox) < self.config.queue_size and not self._blocked:
             self._inbox.append(request)
             self._poke()
         else:
-            admitted: asyncio.Future[None] = loop.create_future()
+            admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._blocked.append((request, admitted))
             await admitted
-        return None if future is None else await future
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: read_committed consumers read below it (sequencer.last_stable_offset)."""
+        return self._sequencer.last_stable_offset
+
+    def marker_resume(self) -> tuple[int | None, tuple[tuple[int, int, int], ...]]:
+        """(where to read Kafka's log of the partition from, None: the cutover; the
+        identities of the markers already in the stream past that point, in order): the
+        marker follower skips an upstream marker equal to the head of the list (popping
+        it) and any other while the list is not empty (it was considered and skipped)."""
+        return self._sequencer.marker_position, self._sequencer.replayed_markers
 
     async def close(self) -> None:
         """Stop taking requests; answer the queued ones NOT_LEADER_OR_FOLLOWER (none was
@@ -265,8 +302,23 @@ class TieredPartition:
             self._last_expire = now
         if request.log_append_time is not None:  # stamped by the sequencer (Kafka's leader)
             self._sequencer.log_append_time = request.log_append_time
-        result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
         future = request.future
+        result: AppendResult
+        if request.marker is not None:
+            result = self._sequencer.append_marker(request.marker, now)
+            if isinstance(result, Rejected):
+                if result.error_code != ErrorCode.kafka_storage_error:
+                    log.warning(
+                        "stream %d: marker %s skipped: %s (%s)",
+                        self.stream_id,
+                        request.marker,
+                        result.error_code.name.upper(),
+                        result.message,
+                    )
+                _answer(future, ProduceResult(int(result.error_code), error_message=result.message))
+                return
+        else:
+            result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
         if isinstance(result, Rejected):
             answer = refusal(result, self.stream_id, self.holes)
             if answer.error_code in DROP_CODES:  # fenced, or a gap this proxy made

@@ -100,6 +100,10 @@ class PartitionSet:
     def get(self, stream_id: int) -> TieredPartition | None:
         return self._partitions.get(stream_id)
 
+    def streams(self) -> list[int]:
+        """The streams served here now (the marker follower follows their partitions)."""
+        return list(self._partitions)
+
     async def produce(
         self, stream_id: int, records: Records, acks: int, log_append_time: bool | None = None
     ) -> ProduceResult | None:

@@ -10,7 +10,7 @@ and `LogValidator`:
 2. the batch: base offset 0 (INVALID_RECORD); its size at most the topic's
    `max.message.bytes` (MESSAGE_TOO_LARGE) and, as it is written whole, `segment.bytes`
    (RECORD_LIST_TOO_LARGE); its CRC (CORRUPT_MESSAGE); record count, control and
-   sequence fields (INVALID_RECORD): the sequencer's `_refuse_batch` and `validate_batch`;
+   sequence fields (INVALID_RECORD): the sequencer's `appends.refuse_batch` and `validate_batch`;
 3. each record: a key on a compacted topic (INVALID_RECORD), and on a CreateTime topic a
    timestamp within [now - `message.timestamp.before.max.ms`, now +
    `message.timestamp.after.max.ms`] (INVALID_TIMESTAMP), both answered with the

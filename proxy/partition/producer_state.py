@@ -1,29 +1,29 @@
-"""Idempotent-producer state of one partition, kept as Kafka's broker keeps it.
+"""Idempotent and transactional producer state of one partition, kept as Kafka's broker
+keeps it.
 
 Modelled on Kafka's ProducerStateEntry, BatchMetadata and ProducerAppendInfo
 (storage/internals/log); see docs/sequencer.md. Per producer id: its epoch, when it was
-last used, and the metadata of its last 5 batches (KIP-98), enough to answer a retry of
-any batch a producer can have in flight (max.in.flight.requests.per.connection <= 5).
+last used, the metadata of its last 5 batches (KIP-98), enough to answer a retry of any
+batch a producer can have in flight (max.in.flight.requests.per.connection <= 5), the
+first offset of its open transaction and the coordinator epoch of its last marker.
 
 Entries are immutable: an append makes new entries, which the sequencer applies only
-when the append is committed. Also here: the snapshot codec (format in docs/sequencer.md).
+when the append is committed. The snapshot codec is `producer_snapshot.py`.
 
 Pure: no I/O, no asyncio.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import crc32c
 from kio.schema.errors import ErrorCode
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 NO_TIMESTAMP = -1
+NO_COORDINATOR_EPOCH = -1
 NUM_BATCHES_TO_RETAIN = 5
 INT32_MAX = (1 << 31) - 1
 DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000  # Kafka's producer.id.expiration.ms
@@ -63,12 +63,16 @@ class BatchMetadata:
 @dataclass(frozen=True, slots=True)
 class ProducerStateEntry:
     """What a partition knows of one producer id. `batches` is oldest first, at most 5,
-    all of `producer_epoch`. `last_timestamp` is when it was last used (for expiration)."""
+    all of `producer_epoch`. `last_timestamp` is when it was last used (for expiration).
+    `current_txn_first_offset`: the first offset of its open transaction in this
+    partition, None if none is open; `coordinator_epoch`: that of its last marker."""
 
     producer_id: int
     producer_epoch: int
     last_timestamp: int
     batches: tuple[BatchMetadata, ...] = ()
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH
+    current_txn_first_offset: int | None = None
 
     @property
     def last_seq(self) -> int:
@@ -86,18 +90,40 @@ class ProducerStateEntry:
         return None
 
     def with_batch(
-        self, producer_epoch: int, batch: BatchMetadata, now_ms: int
+        self, producer_epoch: int, batch: BatchMetadata, now_ms: int, transactional: bool = False
     ) -> ProducerStateEntry:
-        """This entry after `batch`: a new epoch forgets the old epoch's batches."""
+        """This entry after the data `batch`: a new epoch forgets the old epoch's batches.
+        A transactional batch opens a transaction unless one is open (Kafka's
+        appendDataBatch: an epoch bump alone does not end it, only a marker does)."""
         kept = self.batches if producer_epoch == self.producer_epoch else ()
-        return ProducerStateEntry(
-            self.producer_id, producer_epoch, now_ms, (*kept, batch)[-NUM_BATCHES_TO_RETAIN:]
+        first = self.current_txn_first_offset
+        if first is None and transactional:
+            first = batch.first_offset
+        return replace(
+            self,
+            producer_epoch=producer_epoch,
+            last_timestamp=now_ms,
+            batches=(*kept, batch)[-NUM_BATCHES_TO_RETAIN:],
+            current_txn_first_offset=first,
         )
 
-    def with_epoch(self, producer_epoch: int, now_ms: int) -> ProducerStateEntry:
-        """This entry after a control batch of `producer_epoch` (seen in replay only)."""
+    def with_marker(
+        self, producer_epoch: int, coordinator_epoch: int | None, now_ms: int
+    ) -> ProducerStateEntry:
+        """This entry after a transaction marker (Kafka's ProducerStateEntry.update): the
+        transaction is over; a new epoch forgets the old epoch's batches.
+        `coordinator_epoch` None keeps the known one (a replayed marker: its header does
+        not carry it)."""
         kept = self.batches if producer_epoch == self.producer_epoch else ()
-        return ProducerStateEntry(self.producer_id, producer_epoch, now_ms, kept)
+        coordinator = self.coordinator_epoch if coordinator_epoch is None else coordinator_epoch
+        return replace(
+            self,
+            producer_epoch=producer_epoch,
+            last_timestamp=now_ms,
+            batches=kept,
+            coordinator_epoch=coordinator,
+            current_txn_first_offset=None,
+        )
 
 
 def empty_entry(producer_id: int) -> ProducerStateEntry:
@@ -112,7 +138,10 @@ def check_append(
     duplicate: None if it may be appended, else the error code and why.
 
     A producer id with no state (`empty_entry`) is accepted at any sequence, as Kafka has
-    done since 2.5 (KIP-360, KAFKA-8710): its state may have expired or been lost.
+    done since 2.5 (KIP-360, KAFKA-8710): its state may have expired or been lost. So is
+    one the partition knows only from a marker, with no batch of its epoch (where Kafka
+    expects the sequence after its last batch): its batches may be in Kafka's log below
+    the cutover (a transaction carried across), whose sequences the stream never saw.
     """
     pid = entry.producer_id
     if producer_epoch < entry.producer_epoch:
@@ -127,7 +156,9 @@ def check_append(
                 f"{first_seq} (a new epoch starts at 0), {entry.producer_epoch} (current epoch)"
             )
         return None
-    if entry.producer_epoch == NO_PRODUCER_EPOCH or in_sequence(entry.last_seq, first_seq):
+    if entry.producer_epoch == NO_PRODUCER_EPOCH or not entry.batches:
+        return None  # no sequence known: a producer seen only in a marker (below)
+    if in_sequence(entry.last_seq, first_seq):
         return None
     return ErrorCode.out_of_order_sequence_number, (
         f"out of order sequence number for producer {pid}: {first_seq} (incoming seq. "
@@ -135,68 +166,34 @@ def check_append(
     )
 
 
-# The snapshot (docs/sequencer.md): big-endian, Kafka's snapshot header (version, CRC-32C).
-SNAPSHOT_VERSION = 1
-_SNAPSHOT_HEADER = struct.Struct(">hI")  # version, CRC-32C of every byte after it
-_SNAPSHOT_BODY = struct.Struct(">qi")  # offset covered, producer count
-_SNAPSHOT_PRODUCER = struct.Struct(">qhqb")  # id, epoch, last timestamp, batch count
-_SNAPSHOT_BATCH = struct.Struct(">iqiq")  # last seq, last offset, offset delta, timestamp
-
-
-class CorruptSnapshotError(ValueError):
-    """Snapshot bytes that cannot be trusted: damaged, cut short, or of an unknown version."""
-
-
-def encode_snapshot(offset: int, entries: Iterable[ProducerStateEntry]) -> bytes:
-    """The state of `entries`, which covers every batch below `offset`."""
-    entries = sorted(entries, key=lambda entry: entry.producer_id)
-    parts = [_SNAPSHOT_BODY.pack(offset, len(entries))]
-    for entry in entries:
-        parts.append(
-            _SNAPSHOT_PRODUCER.pack(
-                entry.producer_id, entry.producer_epoch, entry.last_timestamp, len(entry.batches)
-            )
+def check_transaction(
+    entry: ProducerStateEntry, transactional: bool
+) -> tuple[ErrorCode, str] | None:
+    """Kafka's appendDataBatch check, after the epoch and sequence ones: a producer with a
+    transaction open here may only write transactional batches until its marker."""
+    first = entry.current_txn_first_offset
+    if first is not None and not transactional:
+        return ErrorCode.invalid_txn_state, (
+            f"expected a transactional write from producer {entry.producer_id}: its "
+            f"transaction open since offset {first} has not ended"
         )
-        parts.extend(
-            _SNAPSHOT_BATCH.pack(b.last_seq, b.last_offset, b.offset_delta, b.timestamp)
-            for b in entry.batches
-        )
-    body = b"".join(parts)
-    return _SNAPSHOT_HEADER.pack(SNAPSHOT_VERSION, crc32c.crc32c(body)) + body
+    return None
 
 
-def decode_snapshot(data: bytes | bytearray | memoryview) -> tuple[int, list[ProducerStateEntry]]:
-    """`(offset, entries)` from `encode_snapshot`'s bytes; CorruptSnapshotError otherwise."""
-    view = memoryview(data).cast("B")
-    if len(view) < _SNAPSHOT_HEADER.size + _SNAPSHOT_BODY.size:
-        raise CorruptSnapshotError(f"{len(view)} bytes is too short for a producer snapshot")
-    version, crc = _SNAPSHOT_HEADER.unpack_from(view)
-    if version != SNAPSHOT_VERSION:
-        raise CorruptSnapshotError(f"producer snapshot version {version} is not known")
-    computed = crc32c.crc32c(view[_SNAPSHOT_HEADER.size :])
-    if computed != crc:
-        raise CorruptSnapshotError(
-            f"CRC-32C mismatch: stored {crc:#010x}, computed {computed:#010x}"
+def check_marker(
+    entry: ProducerStateEntry, producer_epoch: int, coordinator_epoch: int
+) -> tuple[ErrorCode, str] | None:
+    """Kafka's appendEndTxnMarker checks (checkProducerEpoch, checkCoordinatorEpoch):
+    None if the marker may be appended, else the code Kafka's leader would raise."""
+    pid = entry.producer_id
+    if producer_epoch < entry.producer_epoch:
+        return ErrorCode.invalid_producer_epoch, (
+            f"marker epoch {producer_epoch} of producer {pid} is smaller than the last seen "
+            f"epoch {entry.producer_epoch}"
         )
-    pos = _SNAPSHOT_HEADER.size
-    offset, count = _SNAPSHOT_BODY.unpack_from(view, pos)
-    pos += _SNAPSHOT_BODY.size
-    if offset < 0:
-        raise CorruptSnapshotError(f"negative offset {offset}")
-    entries: dict[int, ProducerStateEntry] = {}
-    try:
-        for _ in range(count):
-            pid, epoch, last_timestamp, batch_count = _SNAPSHOT_PRODUCER.unpack_from(view, pos)
-            pos += _SNAPSHOT_PRODUCER.size
-            if not 0 <= batch_count <= NUM_BATCHES_TO_RETAIN or pid in entries:
-                raise CorruptSnapshotError(f"producer {pid}: bad or repeated entry")
-            batches = []
-            for _ in range(batch_count):
-                batches.append(BatchMetadata(*_SNAPSHOT_BATCH.unpack_from(view, pos)))
-                pos += _SNAPSHOT_BATCH.size
-            entries[pid] = ProducerStateEntry(pid, epoch, last_timestamp, tuple(batches))
-    except struct.error:
-        raise CorruptSnapshotError("producer snapshot cut short") from None
-    if count < 0 or pos != len(view):
-        raise CorruptSnapshotError(f"producer count {count} does not match {len(view)} bytes")
-    return offset, list(entries.values())
+    if entry.coordinator_epoch > coordinator_epoch:
+        return ErrorCode.transaction_coordinator_fenced, (
+            f"invalid coordinator epoch for producer {pid}: {coordinator_epoch} (zombie), "
+            f"{entry.coordinator_epoch} (current)"
+        )
+    return None

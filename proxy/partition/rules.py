@@ -44,10 +44,8 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from proxy.metadata.state import MetadataState
-from proxy.partition.producer_state import (
-    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-    CorruptSnapshotError,
-)
+from proxy.partition.producer_snapshot import CorruptSnapshotError
+from proxy.partition.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
 from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches

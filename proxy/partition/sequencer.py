@@ -32,113 +32,69 @@ append: answer once it commits (Kafka holds such an answer in purgatory until th
 watermark passes it), with its error if it is aborted.
 
 `snapshot()` / `restore(data, log_end_offset)` and `replay(header)` rebuild the state on
-a new owner; `expire(now_ms)` drops producer ids unused for `producer_id_expiration_ms`.
+a new owner; `expire(now_ms)` drops producer ids unused for `producer_id_expiration_ms`
+and no transaction open.
+
+**Transactions** (docs/sequencer.md, "Transactions"). Transactional batches follow
+Kafka's ProducerAppendInfo: the first one of a producer opens its transaction here (its
+first offset), later ones must stay transactional until the marker (INVALID_TXN_STATE).
+`append_marker(marker, now_ms)` appends a transaction marker the owner found in Kafka's
+log of the partition as a control batch at the next offset, pending like any append; a
+marker Kafka's leader would refuse is skipped (Rejected: no offset), and the follow
+position (`marker_position`) still moves past it once what is pending before it commits.
+`last_stable_offset` is the first offset of the oldest open transaction, at most the
+high watermark.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from itertools import pairwise
 from types import MappingProxyType
 
 from kio.schema.errors import ErrorCode
 
+from proxy.partition.appends import (
+    AppendResult,
+    CompletedTxn,
+    Duplicate,
+    PendingAppend,
+    Rejected,
+    duplicate_answer,
+    sequence_gap,
+    stamp_log_append_time,
+    validate_records,
+)
+from proxy.partition.marker_follow import MarkerFollow, MarkerIdentity
+from proxy.partition.producer_snapshot import encode_snapshot, read_snapshot
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     NO_TIMESTAMP,
     BatchMetadata,
     ProducerStateEntry,
     check_append,
-    decode_snapshot,
+    check_marker,
+    check_transaction,
     empty_entry,
-    encode_snapshot,
     increment_sequence,
 )
-from proxy.partition.sequence_holes import SequenceGap
 from proxy.records.batches import (
     BatchHeader,
-    CorruptBatchError,
     assign_offsets,
-    iter_batches,
+    read_batch_header,
     set_log_append_time,
-    validate_batch,
 )
+from proxy.records.markers import Marker, marker_batch
 
 __all__ = [
     "AppendResult",
+    "CompletedTxn",
     "Duplicate",
+    "MarkerIdentity",
     "PartitionSequencer",
     "PendingAppend",
     "Rejected",
 ]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PendingAppend:
-    """Batches with offsets assigned, to be written to the WAL, then committed or aborted."""
-
-    records: bytearray
-    base_offset: int
-    last_offset: int
-    log_append_time_ms: int  # -1 unless the topic uses LogAppendTime
-    producer_states: Mapping[int, ProducerStateEntry]  # applied by commit
-
-    @property
-    def next_offset(self) -> int:
-        return self.last_offset + 1
-
-
-@dataclass(frozen=True, slots=True)
-class Duplicate:
-    """A retry of batches already appended: answer with their offsets, write nothing.
-    If `awaiting` is set, the original is not durable yet: answer once it is committed."""
-
-    base_offset: int
-    last_offset: int
-    log_append_time_ms: int
-    awaiting: PendingAppend | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """The partition's answer is `error_code`; `message` says why (Produce v8+ error_message)."""
-
-    error_code: ErrorCode
-    message: str
-    # OUT_OF_ORDER_SEQUENCE_NUMBER: which sequences are missing, to tell a gap the proxy
-    # made (a batch it dropped) from one the client made (sequence_holes.py)
-    gap: SequenceGap | None = None
-
-
-AppendResult = PendingAppend | Duplicate | Rejected
-
-
-def _refuse_batch(header: BatchHeader) -> Rejected | None:
-    """Kafka's LogValidator checks of a client's batch, and what tiered topics refuse."""
-    if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
-        return Rejected(
-            ErrorCode.invalid_record,
-            f"record count {header.record_count} does not match the last offset delta "
-            f"{header.last_offset_delta}",
-        )
-    if header.is_control:
-        return Rejected(
-            ErrorCode.invalid_record, "clients are not allowed to write control records"
-        )
-    if header.is_transactional:
-        return Rejected(
-            ErrorCode.invalid_request,
-            "transactional produce to a tiered topic is not supported until transactions are",
-        )
-    if header.producer_id >= 0 and header.base_sequence < 0:
-        return Rejected(
-            ErrorCode.invalid_record,
-            f"invalid sequence number {header.base_sequence} in a batch of producer "
-            f"{header.producer_id}",
-        )
-    return None
 
 
 class PartitionSequencer:
@@ -167,6 +123,7 @@ class PartitionSequencer:
         self._pending: deque[PendingAppend] = deque()
         self._pending_states: dict[int, ProducerStateEntry] = {}  # newest per producer
         self._fenced = False
+        self._markers = MarkerFollow()  # the marker follower's position, replayed markers
 
     @property
     def high_watermark(self) -> int:
@@ -185,6 +142,35 @@ class PartitionSequencer:
     def producer_states(self) -> Mapping[int, ProducerStateEntry]:
         """The committed state, by producer id (read-only)."""
         return MappingProxyType(self._producers)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: the first offset of the oldest open transaction (committed state),
+        at most the high watermark. read_committed consumers read below it."""
+        firsts = (e.current_txn_first_offset for e in self._producers.values())
+        return min((f for f in firsts if f is not None), default=self._high_watermark)
+
+    @property
+    def open_transactions(self) -> Mapping[int, int]:
+        """Producer id -> first offset of its open transaction (committed state)."""
+        return {
+            pid: entry.current_txn_first_offset
+            for pid, entry in self._producers.items()
+            if entry.current_txn_first_offset is not None
+        }
+
+    @property
+    def marker_position(self) -> int | None:
+        """The next offset of Kafka's log of the partition the marker follower has to
+        consider, as of the committed state (None: the cutover, nothing considered yet)."""
+        return self._markers.position
+
+    @property
+    def replayed_markers(self) -> tuple[MarkerIdentity, ...]:
+        """The identities of the control batches `replay` saw since the sequencer was
+        built or restored, in order, until a live marker moves `marker_position`: the
+        markers already in the stream past `marker_position` (the resume rule)."""
+        return tuple(self._markers.replayed)
 
     @property
     def pending(self) -> tuple[PendingAppend, ...]:
@@ -206,12 +192,8 @@ class PartitionSequencer:
                 ErrorCode.kafka_storage_error,
                 "the partition's sequencer was fenced after a failed write",
             )
-        if self._state_end != self._high_watermark:
-            raise RuntimeError(
-                f"the producer state covers offsets below {self._state_end} but the log ends "
-                f"at {self._high_watermark}: replay the batches in between before appending"
-            )
-        headers = self._validate(records)
+        self._check_replayed()
+        headers = validate_records(records)
         if isinstance(headers, Rejected):
             return headers
         changes: dict[int, ProducerStateEntry] = {}
@@ -229,24 +211,76 @@ class PartitionSequencer:
                     continue
                 refusal = check_append(entry, epoch, first_seq)
                 if refusal is not None:
-                    return Rejected(*refusal, _gap(entry, epoch, first_seq, refusal[0]))
+                    return Rejected(*refusal, sequence_gap(entry, epoch, first_seq, refusal[0]))
+                refusal = check_transaction(entry, header.is_transactional)
+                if refusal is not None:
+                    return Rejected(*refusal)
                 delta = header.last_offset_delta
                 timestamp = now_ms if self.log_append_time else header.max_timestamp
                 batch = BatchMetadata(last_seq, next_offset + delta, delta, timestamp)
-                changes[pid] = entry.with_batch(epoch, batch, now_ms)
+                changes[pid] = entry.with_batch(epoch, batch, now_ms, header.is_transactional)
             next_offset += header.last_offset_delta + 1
         if duplicates:
-            return self._duplicate(duplicates, len(headers))
+            return duplicate_answer(
+                duplicates, len(headers), self._pending, self._high_watermark, self.log_append_time
+            )
         out = bytearray(records)  # the one copy of the run
         assign_offsets(out, self._log_end)
         append_time = NO_TIMESTAMP
         if self.log_append_time:
-            _set_log_append_time(out, headers, now_ms)
+            stamp_log_append_time(out, headers, now_ms)
             append_time = now_ms
         pending = PendingAppend(out, self._log_end, next_offset - 1, append_time, changes)
         self._pending.append(pending)
         self._pending_states.update(changes)
         self._log_end = next_offset
+        return pending
+
+    def append_marker(self, marker: Marker, now_ms: int) -> PendingAppend | Rejected:
+        """Append `marker` (found in Kafka's log of the partition) as a control batch at
+        the next offset, ending its producer's transaction here. Rejected: fenced
+        (KAFKA_STORAGE_ERROR, nothing moves), or a marker Kafka's leader would refuse
+        (INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED) or one already
+        considered (below `marker_position`): skipped, no offset, and the marker position
+        moves past it once the appends pending before it commit."""
+        if self._fenced:
+            return Rejected(
+                ErrorCode.kafka_storage_error,
+                "the partition's sequencer was fenced after a failed write",
+            )
+        self._check_replayed()
+        entry = self.producer_state(marker.producer_id) or empty_entry(marker.producer_id)
+        position = self._markers.pending_position(self._pending)
+        refusal = check_marker(entry, marker.producer_epoch, marker.coordinator_epoch)
+        if position is not None and marker.upstream_offset < position:
+            refusal = (
+                ErrorCode.invalid_request,
+                (
+                    f"marker at upstream offset {marker.upstream_offset} was considered already "
+                    f"(position {position})"
+                ),
+            )
+        if refusal is not None:
+            self._markers.skipped(self._pending, max(position or 0, marker.upstream_offset + 1))
+            return Rejected(*refusal)
+        base = self._log_end
+        out = marker_batch(marker, base)
+        append_time = NO_TIMESTAMP
+        if self.log_append_time:  # as Kafka's leader stamped it: its time, kept
+            set_log_append_time(out, 0, read_batch_header(out), marker.timestamp)
+            append_time = marker.timestamp
+        first = entry.current_txn_first_offset
+        completed = None
+        if first is not None:
+            completed = CompletedTxn(marker.producer_id, first, base, not marker.commit)
+        changed = entry.with_marker(marker.producer_epoch, marker.coordinator_epoch, now_ms)
+        pending = PendingAppend(
+            out, base, base, append_time, {marker.producer_id: changed}, marker, completed
+        )
+        self._pending.append(pending)
+        self._pending_states[marker.producer_id] = changed
+        self._markers.appended(base, marker.upstream_offset + 1)
+        self._log_end = base + 1
         return pending
 
     def commit(self, pending: PendingAppend) -> ErrorCode:
@@ -262,6 +296,7 @@ class PartitionSequencer:
             if self._pending_states.get(pid) is entry:
                 del self._pending_states[pid]
         self._high_watermark = self._state_end = pending.next_offset
+        self._markers.committed(pending.base_offset)
         return ErrorCode.none
 
     def abort(self, pending: PendingAppend) -> None:
@@ -274,6 +309,7 @@ class PartitionSequencer:
         self._fenced = True
         self._pending.clear()
         self._pending_states.clear()
+        self._markers.moves.clear()
 
     def replay(self, header: BatchHeader, now_ms: int | None = None) -> bool:
         """Rebuild the producer state from a batch read back (its offsets as written), with
@@ -294,34 +330,42 @@ class PartitionSequencer:
             pid, epoch = header.producer_id, header.producer_epoch
             used = header.max_timestamp if now_ms is None else now_ms
             entry = self._producers.get(pid) or empty_entry(pid)
-            if epoch >= entry.producer_epoch:  # an older epoch's batch cannot change the state
-                if header.is_control:
-                    self._producers[pid] = entry.with_epoch(epoch, used)
-                else:
-                    delta = header.last_offset_delta
-                    last_seq = increment_sequence(header.base_sequence, delta)
-                    batch = BatchMetadata(last_seq, header.last_offset, delta, header.max_timestamp)
-                    self._producers[pid] = entry.with_batch(epoch, batch, used)
+            if header.is_control:
+                # written by append_marker: Kafka's rules passed; its coordinator epoch is
+                # in the record, not the header, so the known one is kept
+                self._markers.replayed.append((pid, epoch, header.max_timestamp))
+                if epoch >= entry.producer_epoch:
+                    self._producers[pid] = entry.with_marker(epoch, None, used)
+            elif epoch >= entry.producer_epoch:  # an older epoch's batch changes nothing
+                delta = header.last_offset_delta
+                last_seq = increment_sequence(header.base_sequence, delta)
+                batch = BatchMetadata(last_seq, header.last_offset, delta, header.max_timestamp)
+                self._producers[pid] = entry.with_batch(epoch, batch, used, header.is_transactional)
         self._state_end = header.next_offset
         self._high_watermark = self._log_end = max(self._high_watermark, header.next_offset)
         return True
 
     def expire(self, now_ms: int) -> list[int]:
-        """Drop the producer ids unused for `producer_id_expiration_ms` and no append
-        pending; returns them. A dropped producer id is accepted again at any sequence."""
+        """Drop the producer ids unused for `producer_id_expiration_ms`, with no append
+        pending and no transaction open (Kafka never expires a producer with an open
+        transaction: its LSO would jump); returns them. A dropped producer id is accepted
+        again at any sequence."""
         limit = self.producer_id_expiration_ms
         expired = [
             pid
             for pid, entry in self._producers.items()
-            if pid not in self._pending_states and now_ms - entry.last_timestamp >= limit
+            if pid not in self._pending_states
+            and entry.current_txn_first_offset is None
+            and now_ms - entry.last_timestamp >= limit
         ]
         for pid in expired:
             del self._producers[pid]
         return expired
 
     def snapshot(self) -> bytes:
-        """The committed producer state and the offset it covers (docs/sequencer.md)."""
-        return encode_snapshot(self._state_end, self._producers.values())
+        """The committed producer state, the offset it covers and the marker position
+        (docs/sequencer.md)."""
+        return encode_snapshot(self._state_end, self._producers.values(), self._markers.position)
 
     @classmethod
     def restore(
@@ -335,7 +379,8 @@ class PartitionSequencer:
         """A sequencer for a log ending at `log_end_offset`, from a `snapshot()`. Replay the
         batches from the snapshot's offset (`producer_state_end`) on before appending.
         Raises CorruptSnapshotError for bad bytes, ValueError for a snapshot past the log."""
-        offset, entries = decode_snapshot(data)
+        snapshot = read_snapshot(data)
+        offset, entries = snapshot.offset, snapshot.entries
         if offset > log_end_offset:
             raise ValueError(
                 f"the snapshot covers offsets below {offset}, past the log end {log_end_offset}"
@@ -347,57 +392,12 @@ class PartitionSequencer:
             producer_id_expiration_ms=producer_id_expiration_ms,
         )
         sequencer._state_end = offset
+        sequencer._markers.position = snapshot.marker_position
         return sequencer
 
-    def _validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader] | Rejected:
-        headers: list[BatchHeader] = []
-        position = 0
-        try:
-            for _, batch in iter_batches(records):
-                headers.append(validate_batch(batch, position))
-                position += len(batch)
-        except CorruptBatchError as exc:
-            return Rejected(ErrorCode.corrupt_message, str(exc))
-        if not headers:
-            return Rejected(ErrorCode.invalid_record, "a partition's records hold no record batch")
-        for header in headers:
-            refusal = _refuse_batch(header)
-            if refusal is not None:
-                return refusal
-        return headers
-
-    def _duplicate(self, duplicates: list[BatchMetadata], batch_count: int) -> AppendResult:
-        # One answer (a base offset) must describe the whole request: a mix of retried and
-        # new batches cannot be answered, nor retries whose originals are not adjacent.
-        # (Kafka refuses any produce v3+ with more than one batch per partition.)
-        if len(duplicates) != batch_count or any(
-            later.first_offset != earlier.last_offset + 1 for earlier, later in pairwise(duplicates)
-        ):
-            return Rejected(
-                ErrorCode.invalid_record,
-                "a partition's records mix retried batches with new or non-adjacent ones",
+    def _check_replayed(self) -> None:
+        if self._state_end != self._high_watermark:
+            raise RuntimeError(
+                f"the producer state covers offsets below {self._state_end} but the log ends "
+                f"at {self._high_watermark}: replay the batches in between before appending"
             )
-        first, last = duplicates[0], duplicates[-1]
-        awaiting = None
-        if last.last_offset >= self._high_watermark:
-            awaiting = next(
-                p for p in self._pending if p.base_offset <= last.last_offset <= p.last_offset
-            )
-        append_time = first.timestamp if self.log_append_time else NO_TIMESTAMP
-        return Duplicate(first.first_offset, last.last_offset, append_time, awaiting)
-
-
-def _gap(
-    entry: ProducerStateEntry, epoch: int, first_seq: int, code: ErrorCode
-) -> SequenceGap | None:
-    if code != ErrorCode.out_of_order_sequence_number:
-        return None
-    expected = increment_sequence(entry.last_seq, 1) if epoch == entry.producer_epoch else 0
-    return SequenceGap(entry.producer_id, epoch, expected, first_seq)
-
-
-def _set_log_append_time(out: bytearray, headers: list[BatchHeader], now_ms: int) -> None:
-    position = 0
-    for header in headers:
-        set_log_append_time(out, position, header, now_ms)
-        position += header.size

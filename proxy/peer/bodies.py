@@ -27,6 +27,8 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
     trim response    error_code i16, log_start_offset i64 (>= -1), message string
     ping request     (empty)
     ping response    name string (the proxy's fleet.name), version string
+    catch-up request stream_id u64, timeout_ms i32 (>= 0); answered by an admin response
+                     (protocol level 4)
 
 A new message is a new type, with a body of its own here and a protocol level in
 `codec.py` ("Protocol levels"); an optional trailer goes only to peers known to read it.
@@ -49,6 +51,7 @@ from proxy.peer.messages import (
     AppendResponse,
     BackfillRequest,
     Buffer,
+    CatchUpRequest,
     FetchRequest,
     FetchResponse,
     PeerMessage,
@@ -71,6 +74,7 @@ _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offse
 _BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset, end_offset
 _TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
 _TRIMMED = struct.Struct(">hq")  # error_code, log_start_offset
+_CATCH_UP = struct.Struct(">Qi")  # stream_id, timeout_ms
 
 DIRECT = 1
 S3 = 2
@@ -80,6 +84,7 @@ FETCH_REQUEST, FETCH_RESPONSE = 5, 6
 BACKFILL_REQUEST = 7
 TRIM_REQUEST, TRIM_RESPONSE = 8, 9
 PING_REQUEST, PING_RESPONSE = 10, 11
+CATCH_UP_REQUEST = 12
 
 
 class PeerProtocolError(ValueError):
@@ -162,6 +167,9 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
     elif isinstance(message, PingResponse):
         kind = PING_RESPONSE
         body = _string(message.name) + _string(message.version)
+    elif isinstance(message, CatchUpRequest):
+        kind = CATCH_UP_REQUEST
+        body = _CATCH_UP.pack(message.stream_id, message.timeout_ms)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return kind, body, tail
@@ -289,6 +297,10 @@ def _ping_response(cur: _Cursor, cid: int) -> PingResponse:
     return PingResponse(cid, cur.string("ping response name"), cur.string("ping response version"))
 
 
+def _catch_up_request(cur: _Cursor, cid: int) -> CatchUpRequest:
+    return CatchUpRequest(cid, *cur.fixed(_CATCH_UP, "catch-up request"))
+
+
 DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
@@ -301,6 +313,7 @@ DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     TRIM_RESPONSE: _trim_response,
     PING_REQUEST: _ping_request,
     PING_RESPONSE: _ping_response,
+    CATCH_UP_REQUEST: _catch_up_request,
 }
 
 

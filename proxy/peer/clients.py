@@ -36,6 +36,7 @@ from proxy.peer.messages import (
     AppendRequest,
     AppendResponse,
     BackfillRequest,
+    CatchUpRequest,
     FetchRequest,
     FetchResponse,
     PeerMessage,
@@ -337,6 +338,16 @@ class PeerClients:
         response = await self._connection(address).call(request, TrimResponse, timeout)
         assert isinstance(response, TrimResponse)
         return response.error_code, response.log_start_offset, response.message
+
+    async def catch_up(self, address: Address, stream_id: int, timeout_ms: int) -> tuple[int, str]:
+        """(error code, message) from the owner of `stream_id`, asked to append the
+        transaction markers in Kafka's log of its partition up to the high watermark as of
+        now (only to an owner at `codec.CATCH_UP_PROTOCOL` or later)."""
+        request = CatchUpRequest(0, stream_id, timeout_ms)
+        timeout = timeout_ms / 1000 + self.timeout_margin_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
 
     async def fetch(
         self,

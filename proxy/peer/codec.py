@@ -23,7 +23,9 @@ Every message is one frame, big-endian::
                                       5 fetch request, 6 fetch response,
                                       7 backfill request (answered by an admin response),
                                       8 trim request, 9 trim response,
-                                      10 ping request, 11 ping response
+                                      10 ping request, 11 ping response,
+                                      12 catch-up request (answered by an admin
+                                      response)
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -44,8 +46,9 @@ to read it: every member's fleet heartbeat says the `PROTOCOL` its listener spea
 (`proxy/routing/fleet.py`, `peer_protocol`, 1 when absent), and `for_peer` drops what
 the receiver's level lacks. 1: the first release. 2: the append request's sequences
 trailer. 3: the ping (sent by offload jobs, not proxies: one older than 3 closes the
-connection, which the job reports). A rolling upgrade therefore never breaks a hand-off
-(docs/operations.md, "Upgrades").
+connection, which the job reports). 4: the catch-up request (sent only to an owner at 4
+or later; AddPartitionsToTxn answers a retriable error meanwhile). A rolling upgrade
+therefore never breaks a hand-off (docs/operations.md, "Upgrades").
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from proxy.peer.messages import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "CATCH_UP_PROTOCOL",
     "HEADER_SIZE",
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
@@ -83,8 +87,9 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 3  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 4  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
+CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -301,6 +301,23 @@ class PingResponse:
         check_string("version", self.version, 0xFFFF)
 
 
+@dataclass(frozen=True, slots=True)
+class CatchUpRequest:
+    """Before AddPartitionsToTxn is answered (docs/tiering.md, "Transactions"): the owner
+    of `stream_id` reads Kafka's log of its partition up to the high watermark as of now
+    and appends every transaction marker found, within `timeout_ms`. Answered by an
+    `AdminResponse`: error code 0 once done."""
+
+    correlation_id: int
+    stream_id: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
+
+
 PeerMessage = (
     AppendRequest
     | AppendResponse
@@ -313,6 +330,7 @@ PeerMessage = (
     | TrimResponse
     | PingRequest
     | PingResponse
+    | CatchUpRequest
 )
 
 

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -36,6 +37,7 @@ from proxy.peer.messages import (
     AppendRequest,
     AppendResponse,
     BackfillRequest,
+    CatchUpRequest,
     FetchRequest,
     FetchResponse,
     FetchResult,
@@ -55,6 +57,7 @@ OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
 OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
 OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
+OnCatchUp = Callable[[CatchUpRequest], Awaitable[tuple[int, str]]]
 
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
@@ -66,7 +69,15 @@ def _describe(exc: BaseException) -> str:
 
 # -- shared with peer_clients.py -----------------------------------------------------------
 
-Request = AppendRequest | AdminRequest | FetchRequest | BackfillRequest | TrimRequest | PingRequest
+Request = (
+    AppendRequest
+    | AdminRequest
+    | FetchRequest
+    | BackfillRequest
+    | TrimRequest
+    | PingRequest
+    | CatchUpRequest
+)
 Answer = AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse
 READ_BYTES = 256 * 1024
 
@@ -83,9 +94,10 @@ def peer_name(address: object) -> str:
 class PeerServer:
     """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
     fetches to other proxies, given `on_backfill`, offload jobs' commits, given
-    `on_trim`, DeleteRecords on tiered partitions; without a handler such a request is
-    answered UNSUPPORTED_VERSION. A ping is answered with `name` (the proxy's fleet.name)
-    and this code's version, without any handler.
+    `on_trim`, DeleteRecords on tiered partitions, given `on_catch_up`, the catch-up of
+    a tiered partition's transaction markers before AddPartitionsToTxn is answered;
+    without a handler such a request is answered UNSUPPORTED_VERSION. A ping is answered
+    with `name` (the proxy's fleet.name) and this code's version, without any handler.
 
     Handlers start in the order their requests arrive (each one's first step runs before the
     next one's), so an owner can queue one stream's batches in the order they were sent.
@@ -105,6 +117,7 @@ class PeerServer:
         *,
         on_backfill: OnBackfill | None = None,
         on_trim: OnTrim | None = None,
+        on_catch_up: OnCatchUp | None = None,
         name: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
@@ -117,6 +130,7 @@ class PeerServer:
         self._on_fetch = on_fetch
         self._on_backfill = on_backfill
         self._on_trim = on_trim
+        self._on_catch_up = on_catch_up
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
@@ -212,6 +226,8 @@ class PeerServer:
             response = await self._backfill(request, peer)
         elif isinstance(request, TrimRequest):
             response = await self._trim(request, peer)
+        elif isinstance(request, CatchUpRequest):
+            response = await self._catch_up(request, peer)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
@@ -255,18 +271,10 @@ class PeerServer:
             return AdminResponse(cid, ErrorCode.unknown_server_error, _describe(exc))
 
     async def _backfill(self, request: BackfillRequest, peer: str) -> AdminResponse:
-        cid = request.correlation_id
-        if self._on_backfill is None:
-            return AdminResponse(
-                cid, ErrorCode.unsupported_version, "this proxy takes no backfill commits"
-            )
-        try:
-            code, message = await self._on_backfill(request)
-            return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
-        except Exception as exc:
-            stream, object_id = request.stream_id, request.object_id
-            log.exception("backfill of stream %d object %d from %s failed", stream, object_id, peer)
-            return AdminResponse(cid, ErrorCode.unknown_server_error, _describe(exc))
+        stream, object_id = request.stream_id, request.object_id
+        what = f"backfill of stream {stream} object {object_id} from {peer}"
+        refusal = "this proxy takes no backfill commits"
+        return await self._coded(request, self._on_backfill, refusal, what)
 
     async def _trim(self, request: TrimRequest, peer: str) -> TrimResponse:
         cid = request.correlation_id
@@ -278,3 +286,26 @@ class PeerServer:
         except Exception as exc:
             log.exception("trim of stream %d from %s failed", request.stream_id, peer)
             return TrimResponse(cid, ErrorCode.unknown_server_error, -1, _describe(exc))
+
+    async def _catch_up(self, request: CatchUpRequest, peer: str) -> AdminResponse:
+        what = f"catch-up of stream {request.stream_id} from {peer}"
+        return await self._coded(request, self._on_catch_up, "this proxy catches up nothing", what)
+
+    async def _coded(
+        self,
+        request: BackfillRequest | CatchUpRequest,
+        handler: Callable[[Any], Awaitable[tuple[int, str]]] | None,
+        refusal: str,
+        what: str,
+    ) -> AdminResponse:
+        """A request answered (error code, message) by `handler`: UNSUPPORTED_VERSION
+        with `refusal` without one, UNKNOWN_SERVER_ERROR if it raises (logged as `what`)."""
+        cid = request.correlation_id
+        if handler is None:
+            return AdminResponse(cid, ErrorCode.unsupported_version, refusal)
+        try:
+            code, message = await handler(request)
+            return AdminResponse(cid, code, message[:_MAX_MESSAGE_CHARS])
+        except Exception as exc:
+            log.exception("%s failed", what)
+            return AdminResponse(cid, ErrorCode.unknown_server_error, _describe(exc))

@@ -18,7 +18,7 @@ from proxy.kafka.frames import FRAME_SIZE
 from proxy.kafka.headers import RequestHeader, response_header, response_header_size
 from proxy.server.connection_state import Slot
 from proxy.server.zoning import ConnectionZone
-from proxy.tiered.planners import Plan
+from proxy.tiered.planners import AfterUpstream, Plan
 
 log = logging.getLogger("tierproxy.connection")
 
@@ -92,11 +92,18 @@ class SplitAnswers:
         host.answered_here()
 
     async def merged(self, slot: Slot, frame: bytearray) -> tuple[bytes, ...]:
-        """Upstream's answer to the passthrough part, merged with the tiered results."""
-        assert slot.plan is not None and slot.plan.local is not None
-        await asyncio.wait([slot.plan.local])
+        """Upstream's answer to the passthrough part, merged with the tiered results; a
+        plan that acts after upstream (`AfterUpstream`) is handed the answer first."""
+        plan = slot.plan
+        assert plan is not None and plan.local is not None
         view = memoryview(frame)
         head = response_header_size(slot.api_key, slot.api_version, view)
+        if isinstance(plan, AfterUpstream) and not plan.local.done():
+            try:
+                plan.upstream_answered(slot.api_version, view[head:])
+            except Exception as exc:  # a bug: answer with `failed`, keep the connection
+                plan.local.set_exception(exc)
+        await asyncio.wait([plan.local])
         body: bytes | memoryview = self._merged_body(slot, view[head:])
         rewriter = HANDLING[slot.api_key].rewrite  # ListOffsets, DeleteRecords: none
         if rewriter is not None:

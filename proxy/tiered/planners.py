@@ -11,19 +11,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from proxy.apis import TIERED_API_KEYS, api00_produce, api01_fetch, api02_list_offsets
 from proxy.apis import api21_delete_records as api21
 from proxy.apis import api23_offset_for_leader_epoch as api23
 from proxy.apis import api24_add_partitions_to_txn as api24
 from proxy.apis.api00_produce import TopicKey
+from proxy.kafka.frames import framed
 from proxy.tiered.deletes import plan_delete_records
 from proxy.tiered.epochs import plan_offset_for_leader_epoch
 from proxy.tiered.fetch import plan_fetch
 from proxy.tiered.offsets import plan_list_offsets
 from proxy.tiered.produce import plan_produce
-from proxy.tiered.txn_refusal import plan_add_partitions_to_txn
+from proxy.tiered.txn import plan_add_partitions_to_txn
 
 
 class Plan(Protocol):
@@ -44,6 +45,15 @@ class Plan(Protocol):
     def merge(self, api_version: int, upstream: memoryview | None, local: Any) -> bytes: ...
 
     def failed(self, error: BaseException) -> Any: ...
+
+
+@runtime_checkable
+class AfterUpstream(Protocol):
+    """A plan whose `local` part starts once upstream answered (txn.py)."""
+
+    def upstream_answered(self, api_version: int, upstream: memoryview) -> None:
+        """Upstream's answer body (no header), before `local` is awaited and merged."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +88,7 @@ async def _offset_for_leader_epoch(tiering, r: TieredRequest) -> Plan | None:
 
 
 async def _add_partitions_to_txn(tiering, r: TieredRequest) -> Plan | None:
-    return plan_add_partitions_to_txn(tiering, r.body, r.api_version, r.client)
+    return plan_add_partitions_to_txn(tiering, framed(r.head, r.body), r.body, r.api_version)
 
 
 # (tiering service, request) -> the plan, or None to forward the request as it came;
@@ -97,4 +107,4 @@ if PLANNERS.keys() != TIERED_API_KEYS:  # the registry and the planners say the 
     raise AssertionError(f"tiered planners {sorted(PLANNERS)} != {sorted(TIERED_API_KEYS)}")
 
 
-__all__ = ["PLANNERS", "Plan", "Planner", "TieredRequest"]
+__all__ = ["PLANNERS", "AfterUpstream", "Plan", "Planner", "TieredRequest"]

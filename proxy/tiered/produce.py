@@ -92,12 +92,7 @@ async def _produce_local(
 async def _one(
     tiering: ProduceHost, view: ProduceRequestView, part: TieredPartition
 ) -> PartitionResult:
-    if view.transactional_id is not None:
-        result = ProduceResult(
-            ErrorCode.invalid_request,
-            error_message="transactional produce to a tiered topic is not supported yet",
-        )
-    elif part.records is not None and len(part.records) > tiering.max_batch_bytes:
+    if part.records is not None and len(part.records) > tiering.max_batch_bytes:
         result = ProduceResult(
             ErrorCode.message_too_large,
             error_message=f"{len(part.records)} bytes exceed {tiering.max_batch_bytes}",

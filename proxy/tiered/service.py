@@ -29,10 +29,12 @@ from contextlib import AsyncExitStack
 from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry
 
+from proxy.apis.api24_add_partitions_to_txn import Key
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.lifecycle import start_or_undo
+from proxy.markers.follower import MarkerFollower
 from proxy.metadata.group import ShardAssignment
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
@@ -52,13 +54,13 @@ from proxy.reads.logcache import LogCache
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.tiered import shards
 from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.catch_up import catch_up
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner
 from proxy.tiered.ports import TieringHost
 from proxy.tiered.reads import TieredReads
 from proxy.tiered.startup import start_parts
 from proxy.tiered.topic_configs import TopicConfigs
-from proxy.tiered.txn_refusal import TxnRefusals
 from proxy.tiered.uploads import UploadLoop
 from proxy.upkeep.compactor import Compactor
 from proxy.upkeep.cutover import CutoverLoop
@@ -112,8 +114,6 @@ class TieringService:
         self.retention = Retention(self)
         # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
         self.beyond_cutover = BeyondCutover()
-        # AddPartitionsToTxn refused for tiered topics (tiered_txn_refusal.py)
-        self.txn_refusals = TxnRefusals()
         # the partitions' current leader epochs, for ListOffsets answers (leader_epochs.py)
         self.leader_epochs = LeaderEpochs(proxy.partition_leader_epochs)
         # a partition's records above this are refused (MESSAGE_TOO_LARGE): one entry must
@@ -133,6 +133,8 @@ class TieringService:
         self.assignment: ShardAssignment | None = None
         self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
+        # follows Kafka's log of the partitions owned here for transaction markers
+        self.markers: MarkerFollower | None = None  # proxy/markers/
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -266,6 +268,11 @@ class TieringService:
     async def on_peer_admin(self, request: AdminRequest) -> tuple[int, str]:
         """A peer's tier / untier / seal / unseal (upkeep/cutover.py)."""
         return await self.cutover.admin(request.op, request.topic, request.topic_id)
+
+    async def catch_up(self, keys: list[Key]) -> frozenset[Key]:
+        """Before AddPartitionsToTxn is answered: these tiered partitions' transaction
+        markers caught up at their owners (catch_up.py); those that failed."""
+        return await catch_up(self, keys)
 
     # -- metadata changes ----------------------------------------------------------------
 

@@ -13,7 +13,11 @@ read backwards; three places where it matters:
   closed after it: leaving uploads what the shards acknowledged (the release's flush),
   which must not race a restart;
 - the partitions are closed after the group (leaving answers their appends in flight),
-  the WAL after the partitions.
+  the WAL after the partitions;
+- the marker follower starts once the group gave this proxy its shards and stops before
+  the group is left: the markers it appended (a catch-up answered) are in the WAL the
+  release flushes, and none is appended after it (the next owner reads them again from
+  Kafka's log, where they stay).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from proxy.config.tiering import TieringConfig
 from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
 from proxy.lifecycle import settle
+from proxy.markers.follower import MarkerFollower
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
@@ -42,6 +47,7 @@ from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.tiered import shards
+from proxy.tiered.catch_up import CatchUpHost, catch_up_here
 from proxy.tiered.owners import AtOwner
 from proxy.tiered.reads import ReadsHost, TieredReads
 from proxy.tiered.shards import ShardsHost
@@ -61,7 +67,9 @@ from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalConfig
 
 
-class StartHost(ReadsHost, UploadsHost, ShardsHost, UpkeepHost, BackfillHost, TrimHost, Protocol):
+class StartHost(
+    ReadsHost, UploadsHost, ShardsHost, UpkeepHost, BackfillHost, TrimHost, CatchUpHost, Protocol
+):
     """The tiered service as its start sees it: what the parts are made of, and where
     each part, once made, is kept (None before)."""
 
@@ -86,6 +94,7 @@ class StartHost(ReadsHost, UploadsHost, ShardsHost, UpkeepHost, BackfillHost, Tr
     assignment: ShardAssignment | None
     compactor: Compactor | None
     orphans: OrphanSweep | None
+    markers: MarkerFollower | None
 
     def dirty_shards(self) -> list[int]: ...
 
@@ -193,6 +202,9 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     stack.push_async_callback(assignment.close)  # hands the shards over, all uploaded
     run_task(stack, uploads.run(), "uploader")  # cancelled first: no restart races the hand-over
     await assignment.start()
+    markers = service.markers = MarkerFollower(service, registry)
+    stack.push_async_callback(markers.close)  # before the group is left (docstring)
+    await markers.start()
     compactor = service.compactor = Compactor.for_service(service, service.allocate)
     stack.push_async_callback(compactor.close)
     compactor.start()
@@ -214,6 +226,7 @@ async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> Non
         service.on_peer_fetch,
         on_backfill=lambda request: commit_backfill(service, request),
         on_trim=lambda request: trim_stream(service, request),
+        on_catch_up=lambda request: catch_up_here(service, request),
         name=service.name,
     )
     stack.push_async_callback(server.close)

@@ -18,14 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from proxy.partition.producer_state import (
-    INT32_MAX,
-    BatchMetadata,
+from proxy.partition.producer_snapshot import (
     CorruptSnapshotError,
-    ProducerStateEntry,
     decode_snapshot,
     encode_snapshot,
 )
+from proxy.partition.producer_state import INT32_MAX, BatchMetadata, ProducerStateEntry
 from proxy.partition.sequencer import (
     Duplicate,
     PartitionSequencer,

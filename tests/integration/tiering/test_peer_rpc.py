@@ -217,6 +217,31 @@ async def test_backfill_round_trip_and_a_server_without_a_handler(server, client
     assert code == 35 and "no backfill" in message
 
 
+async def test_catch_up_round_trip_and_a_server_without_a_handler(server, clients):
+    asked = []
+
+    async def on_catch_up(request):
+        asked.append((request.stream_id, request.timeout_ms))
+        if request.stream_id == 13:
+            raise RuntimeError("Kafka did not answer")
+        return (0, "") if request.stream_id == 42 else (6, "not owned here")
+
+    owner = PeerServer("127.0.0.1", 0, server._on_append, server._on_admin,
+                       on_catch_up=on_catch_up)  # fmt: skip
+    await owner.start()
+    try:
+        address = ("127.0.0.1", owner.port)
+        assert await clients.catch_up(address, 42, 5000) == (0, "")
+        assert await clients.catch_up(address, 7, 5000) == (6, "not owned here")
+        code, message = await clients.catch_up(address, 13, 100)
+        assert code == -1 and "Kafka did not answer" in message
+        assert asked == [(42, 5000), (7, 5000), (13, 100)]
+    finally:
+        await owner.close()
+    code, message = await clients.catch_up(("127.0.0.1", server.port), 42, 5000)
+    assert code == 35 and "catches up nothing" in message
+
+
 async def test_a_ping_is_answered_with_the_proxy_name_and_version_and_a_trim_round_trips(
     owner, clients
 ):

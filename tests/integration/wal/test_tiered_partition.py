@@ -27,6 +27,7 @@ from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError,
 from proxy.partition.partition_set import PartitionSet
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, with_base_offset
+from proxy.records.markers import Marker, marker_batch
 from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
@@ -177,18 +178,6 @@ async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):
             )
             assert wal.stats.appends == 1 and partition.log_end_offset == CUTOVER + 3
             ok(await partition.produce(batch(7, 3), -1), CUTOVER + 3)  # the right one goes on
-
-
-async def test_a_transactional_batch_is_refused_with_42_and_a_clear_message(tmp_path):
-    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
-        async with await TieredPartition.recover(S0, wal, Shard().state) as partition:
-            result = await partition.produce(batch(7, 0, transactional=True), -1)
-            assert result.error_code == 42 == ErrorCode.invalid_request
-            assert "transactional produce to a tiered topic is not supported" in (
-                result.error_message
-            )
-            assert wal.stats.appends == 0 and partition.log_end_offset == CUTOVER
-            ok(await partition.produce(batch(7, 0), -1), CUTOVER)
 
 
 async def test_a_full_queue_makes_callers_wait_in_order_and_drops_nothing():
@@ -431,3 +420,48 @@ async def test_a_rebuild_loads_the_tail_not_uploaded_into_the_log_cache_or_notes
             cache.uploaded(S0, high)
             assert cache.wal_position(S0, end) is None
             await partitions.close()
+
+
+async def test_transactions_and_markers_survive_a_restart_with_a_snapshot(tmp_path):
+    """Transactional batches and markers go through the FIFO and the WAL; after a restart
+    (snapshot + WAL replay) the open transaction, the LSO and the marker follower's resume
+    point are as they were."""
+    shard = Shard()
+    commit7 = Marker(7, 0, 4, True, NOW_MS + 1, 2000)
+    abort7 = Marker(7, 0, 4, False, NOW_MS + 2, 2001)
+    zombie7 = Marker(7, 0, 3, True, NOW_MS + 3, 2002)  # an older coordinator: refused
+    appended: list[tuple[int, int, bytes]] = []
+    store = LocalDirectoryStore(tmp_path / "objects")
+    async with store, uploading_owner(tmp_path, shard, store) as (_, up, partition):
+        partition.on_appended = lambda _, base, last, records: appended.append(
+            (base, last, bytes(records))
+        )
+        ok(await partition.produce(batch(7, 0, transactional=True), -1), CUTOVER)
+        assert partition.last_stable_offset == CUTOVER
+        ok(await partition.append_marker(commit7), CUTOVER + 3)
+        assert partition.last_stable_offset == partition.high_watermark == CUTOVER + 4
+        assert appended[-1] == (CUTOVER + 3, CUTOVER + 3, bytes(marker_batch(commit7, 1003)))
+        await up.flush()  # the snapshot covers committed offsets only
+        assert shard.state.stream_end(S0) == CUTOVER + 4
+        shard.write(ProducerSnapshot(0, S0, 1, CUTOVER + 4, NOW_MS, partition.snapshot()))
+        ok(await partition.produce(batch(8, 0, transactional=True), -1), CUTOVER + 4)
+        ok(await partition.produce(batch(7, 3, transactional=True), -1), CUTOVER + 7)
+        ok(await partition.append_marker(abort7), CUTOVER + 10)
+        skipped = await partition.append_marker(zombie7)
+        assert skipped.error_code == ErrorCode.transaction_coordinator_fenced
+        assert partition.marker_resume() == (2003, ())
+        assert partition.last_stable_offset == CUTOVER + 4  # producer 8's transaction
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        async with await TieredPartition.recover(S0, wal, shard.state) as partition:
+            assert partition.high_watermark == CUTOVER + 11
+            assert partition.last_stable_offset == CUTOVER + 4
+            # from the snapshot's position; the abort is in the stream already
+            assert partition.marker_resume() == (2001, ((7, 0, NOW_MS + 2),))
+            result = await partition.produce(batch(8, 3), -1)  # not transactional: refused
+            assert result.error_code == ErrorCode.invalid_txn_state
+            skipped = await partition.append_marker(zombie7)  # refused again, as before
+            assert skipped.error_code == ErrorCode.transaction_coordinator_fenced
+            assert partition.marker_resume() == (2003, ())
+            ok(await partition.append_marker(Marker(8, 0, 4, True, NOW_MS + 4, 2003)), CUTOVER + 11)
+            assert partition.last_stable_offset == partition.high_watermark == CUTOVER + 12
+            assert partition.marker_resume() == (2004, ())

@@ -1,27 +1,24 @@
-"""Reading an AddPartitionsToTxn request and answering it as Kafka answers a request it
-does not attempt, for every served version; requests written and answers read back with
-kio. And the decision: which requests are refused, which go to Kafka."""
+"""Reading an AddPartitionsToTxn request and Kafka's answer, and re-answering partitions
+with another error, for every served version; requests and answers written and read back
+with kio. And the plan (proxy/tiered/txn.py): which requests go to Kafka with a catch-up
+after, forward first and catch up after, and what the client is answered."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import datetime
 
 import pytest
 from kio.schema.errors import ErrorCode
 
 from proxy.apis.api24_add_partitions_to_txn import (
+    answer_with_errors,
     read_add_partitions_to_txn_request,
-    refused_answer,
-    refused_partitions,
+    read_add_partitions_to_txn_response,
 )
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
-from proxy.tiered.txn_refusal import (
-    REFUSAL_ERROR,
-    TxnRefusals,
-    plan_add_partitions_to_txn,
-)
+from proxy.tiered.txn import RETRY_ERROR, plan_add_partitions_to_txn
 from tests.support.kio_types import mod, served
 
 REQUESTS, RESPONSES, VERSIONS = served(24)
@@ -130,48 +127,91 @@ def test_an_unserved_version_is_a_frame_error():
         read_add_partitions_to_txn_request(6, b"")
 
 
-def test_the_refused_partitions_are_those_of_tiered_topics_per_transaction():
-    body = batched_request(4, {"a": {"plain": [0]}, "b": {"tiered": [1], "plain": [2]}})
-    view = read_add_partitions_to_txn_request(4, body)
-    assert refused_partitions(view, lambda t, p: t in TIERED) == {"b": [("tiered", 1)]}
-    plain = read_add_partitions_to_txn_request(0, client_request(0, {"plain": [0, 1]}))
-    assert refused_partitions(plain, lambda t, p: t in TIERED) == {}
+def kafka_answer(version: int, transactions: dict[str | None, dict[str, dict[int, int]]]) -> bytes:
+    """An answer as Kafka writes it: {transactional id (None before v4): {topic: {p: code}}}."""
+    m = mod(RESPONSES, version)
+
+    def topics(by_topic):
+        return tuple(
+            m.AddPartitionsToTxnTopicResult(
+                name=name,
+                results_by_partition=tuple(
+                    m.AddPartitionsToTxnPartitionResult(
+                        partition_index=p, partition_error_code=ErrorCode(code)
+                    )
+                    for p, code in partitions.items()
+                ),
+            )
+            for name, partitions in by_topic.items()
+        )
+
+    throttle = datetime.timedelta(milliseconds=7)
+    if version < 4:
+        ((_, by_topic),) = transactions.items()
+        return encode(
+            m.AddPartitionsToTxnResponse(
+                throttle_time=throttle, results_by_topic_v3_and_below=topics(by_topic)
+            )
+        )
+    return encode(
+        m.AddPartitionsToTxnResponse(
+            throttle_time=throttle,
+            error_code=ErrorCode.none,
+            results_by_transaction=tuple(
+                m.AddPartitionsToTxnResult(transactional_id=txn_id, topic_results=topics(t))
+                for txn_id, t in transactions.items()
+            ),
+        )
+    )
+
+
+CONCURRENT = ErrorCode.concurrent_transactions
 
 
 @pytest.mark.parametrize("version", CLIENT_VERSIONS)
-def test_the_answer_refuses_tiered_partitions_and_attempts_no_other(version):
-    layout = {"plain": [0, 2], "tiered": [1, 0], "tiered-2": [5]}
-    view = read_add_partitions_to_txn_request(version, client_request(version, layout))
-    refused = {key for keys in refused_partitions(view, lambda t, p: t in TIERED).values()
-               for key in keys}  # fmt: skip
-    answer = decode(RESPONSES[version], refused_answer(view, refused, REFUSAL_ERROR, 7))
-    assert answer.throttle_time.total_seconds() == 0.007
-    assert [t.name for t in answer.results_by_topic_v3_and_below] == list(layout)
-    assert _results(answer.results_by_topic_v3_and_below) == {
-        ("plain", 0): NOT_ATTEMPTED,
-        ("plain", 2): NOT_ATTEMPTED,
-        ("tiered", 1): ErrorCode(REFUSAL_ERROR),
-        ("tiered", 0): ErrorCode(REFUSAL_ERROR),
-        ("tiered-2", 5): ErrorCode(REFUSAL_ERROR),
+def test_kafkas_client_answer_is_read_and_re_answered(version):
+    body = kafka_answer(version, {None: {"plain": {0: 0, 2: 0}, "tiered": {1: 0}}})
+    answer = read_add_partitions_to_txn_response(version, body)
+    assert answer.throttle_ms == 7 and answer.error_code == 0
+    assert answer.codes() == {("plain", 0): 0, ("plain", 2): 0, ("tiered", 1): 0}
+    assert answer_with_errors(answer, (), RETRY_ERROR) == body  # byte for byte
+    again = decode(RESPONSES[version], answer_with_errors(answer, {("tiered", 1)}, RETRY_ERROR))
+    assert again.throttle_time.total_seconds() == 0.007
+    assert _results(again.results_by_topic_v3_and_below) == {
+        ("plain", 0): ErrorCode.none,
+        ("plain", 2): ErrorCode.none,
+        ("tiered", 1): CONCURRENT,
     }
 
 
 @pytest.mark.parametrize("version", BATCHED_VERSIONS)
-def test_a_batched_answer_names_every_transaction(version):
-    body = batched_request(version, {"a": {"plain": [0]}, "b": {"tiered": [1], "plain": [2]}})
-    view = read_add_partitions_to_txn_request(version, body)
-    answer = decode(RESPONSES[version], refused_answer(view, {("tiered", 1)}, REFUSAL_ERROR))
-    assert answer.error_code == ErrorCode.none
-    by_txn = {r.transactional_id: _results(r.topic_results) for r in answer.results_by_transaction}
+def test_kafkas_batched_answer_is_read_and_re_answered(version):
+    body = kafka_answer(version, {"a": {"plain": {0: 0}}, "b": {"tiered": {1: 0, 2: 48}}})
+    answer = read_add_partitions_to_txn_response(version, body)
+    assert answer.codes() == {("plain", 0): 0, ("tiered", 1): 0, ("tiered", 2): 48}
+    assert answer_with_errors(answer, (), RETRY_ERROR) == body
+    again = decode(RESPONSES[version], answer_with_errors(answer, {("tiered", 1)}, RETRY_ERROR))
+    by_txn = {r.transactional_id: _results(r.topic_results) for r in again.results_by_transaction}
     assert by_txn == {
-        "a": {("plain", 0): NOT_ATTEMPTED},
-        "b": {("tiered", 1): ErrorCode(REFUSAL_ERROR), ("plain", 2): NOT_ATTEMPTED},
+        "a": {("plain", 0): ErrorCode.none},
+        "b": {("tiered", 1): CONCURRENT, ("tiered", 2): ErrorCode(48)},
     }
 
 
-def test_the_refusal_is_a_code_clients_do_not_retry_and_can_abort():
-    # docs/tiering.md, "Transactions": each client tried with each candidate
-    assert ErrorCode(REFUSAL_ERROR) == ErrorCode.topic_authorization_failed
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_truncated_or_padded_answer_is_a_frame_error(version):
+    txn = None if version < 4 else "x"
+    body = kafka_answer(version, {txn: {"t": {0: 0, 1: 0}}})
+    for cut in range(len(body)):
+        with pytest.raises(FrameError, match="AddPartitionsToTxn"):
+            read_add_partitions_to_txn_response(version, body[:cut])
+    with pytest.raises(FrameError, match="after the end"):
+        read_add_partitions_to_txn_response(version, body + b"\x00")
+
+
+def test_concurrent_transactions_is_what_every_client_retries():
+    # librdkafka, the Java producer and aiokafka retry AddPartitionsToTxn on it
+    assert ErrorCode(RETRY_ERROR) == CONCURRENT and CONCURRENT.retriable
 
 
 class _Topics:
@@ -183,59 +223,80 @@ class _Topics:
 
 
 class _Tiering:
-    """What the plan reads of the tiering service: a pure stand-in for a unit test."""
+    """What the plan reads of the tiering service: a pure stand-in for a unit test; its
+    catch-up records what it was asked and when, and fails the partitions in `failing`."""
 
-    def __init__(self, tiered: set[str]) -> None:
+    def __init__(self, tiered: set[str], failing: frozenset = frozenset()) -> None:
         self.topics = _Topics(tiered)
-        self.txn_refusals = TxnRefusals(limit=2)
+        self.failing = failing
+        self.asked: list[list[tuple[str, int]]] = []
 
     def is_tiered(self, topic: str, partition: int) -> bool:
         return topic in self.topics.tiered
 
+    async def catch_up(self, keys):
+        self.asked.append(keys)
+        await asyncio.sleep(0)
+        return frozenset(k for k in keys if k in self.failing)
 
-def _plan(tiering, version: int, body: bytes):
+
+def _run(tiering, version: int, request: bytes, answer: bytes):
+    """(the plan's upstream frame, what it asked before upstream answered, the client's
+    answer); None if the request goes upstream with nothing after."""
+
     async def run():
-        plan = plan_add_partitions_to_txn(tiering, memoryview(body), version, "client:1")
+        head = b"H" * 10
+        plan = plan_add_partitions_to_txn(
+            tiering, (b"S", head, request), memoryview(request), version
+        )
         if plan is None:
             return None
-        return plan.merge(version, None, plan.local.result())
+        await asyncio.sleep(0)
+        asked_before = list(tiering.asked)
+        plan.upstream_answered(version, memoryview(answer))
+        local = await plan.local
+        return plan.upstream_frame, asked_before, plan.merge(version, memoryview(answer), local)
 
     return asyncio.run(run())
 
 
 def test_a_request_naming_no_tiered_topic_goes_to_kafka_as_it_came():
-    assert _plan(_Tiering(set()), 0, client_request(0, {"tiered": [0]})) is None  # none tiered
-    assert _plan(_Tiering(TIERED), 3, client_request(3, {"plain": [0]})) is None
+    answer = kafka_answer(0, {None: {"tiered": {0: 0}}})
+    assert _run(_Tiering(set()), 0, client_request(0, {"tiered": [0]}), answer) is None
+    assert _run(_Tiering(TIERED), 3, client_request(3, {"plain": [0]}), answer) is None
 
 
-def test_a_request_naming_a_tiered_topic_is_answered_here(caplog):
+@pytest.mark.parametrize("version", CLIENT_VERSIONS)
+def test_forward_first_catch_up_after_then_kafkas_answer(version):
     tiering = _Tiering(TIERED)
-    with caplog.at_level(logging.WARNING, logger="tierproxy.transactions"):
-        body = _plan(tiering, 1, client_request(1, {"plain": [0], "tiered": [2]}))
-    answer = decode(RESPONSES[1], body)
-    assert _results(answer.results_by_topic_v3_and_below) == {
-        ("plain", 0): NOT_ATTEMPTED,
-        ("tiered", 2): ErrorCode(REFUSAL_ERROR),
+    request = client_request(version, {"plain": [0], "tiered": [2, 1]})
+    answer = kafka_answer(version, {None: {"plain": {0: 0}, "tiered": {2: 0, 1: 0}}})
+    frame, asked_before, body = _run(tiering, version, request, answer)
+    assert frame == (b"S", b"H" * 10, request)  # the request upstream as it came
+    assert asked_before == []  # nothing caught up before Kafka answered
+    assert tiering.asked == [[("tiered", 1), ("tiered", 2)]]
+    assert body == answer  # Kafka's answer, byte for byte
+
+
+def test_only_the_partitions_kafka_added_are_caught_up():
+    tiering = _Tiering(TIERED)
+    request = client_request(0, {"tiered": [0, 1]})
+    answer = kafka_answer(0, {None: {"tiered": {0: 0, 1: 53}}})  # 53: invalid txn state
+    assert _run(tiering, 0, request, answer)[2] == answer
+    assert tiering.asked == [[("tiered", 0)]]
+    failed = kafka_answer(0, {None: {"tiered": {0: 51, 1: 51}}})  # Kafka said wait
+    tiering = _Tiering(TIERED)
+    assert _run(tiering, 0, request, failed)[2] == failed
+    assert tiering.asked == []
+
+
+def test_a_failed_catch_up_answers_concurrent_transactions():
+    tiering = _Tiering(TIERED, failing=frozenset({("tiered-2", 5)}))
+    request = client_request(1, {"plain": [0], "tiered": [1], "tiered-2": [5]})
+    answer = kafka_answer(1, {None: {"plain": {0: 0}, "tiered": {1: 0}, "tiered-2": {5: 0}}})
+    body = _run(tiering, 1, request, answer)[2]
+    assert _results(decode(RESPONSES[1], body).results_by_topic_v3_and_below) == {
+        ("plain", 0): ErrorCode.none,
+        ("tiered", 1): ErrorCode.none,
+        ("tiered-2", 5): CONCURRENT,
     }
-    (record,) = caplog.records
-    assert record.levelno == logging.WARNING
-    assert "'tx-1'" in record.getMessage() and "tiered topic tiered " in record.getMessage()
-
-
-def test_the_refusal_is_logged_once_per_transactional_id(caplog):
-    tiering = _Tiering(TIERED)
-    with caplog.at_level(logging.WARNING, logger="tierproxy.transactions"):
-        for txn_id in ("one", "one", "two", "one", "two"):
-            _plan(tiering, 0, client_request(0, {"tiered": [0], "tiered-2": [1]}, txn_id))
-    warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 2 and tiering.txn_refusals.count == 5
-    assert "'one'" in warned[0] and "tiered topics tiered, tiered-2 " in warned[0]
-    assert "'two'" in warned[1]
-
-
-def test_the_warned_ids_are_bounded_the_oldest_forgotten(caplog):
-    refusals = TxnRefusals(limit=2)
-    with caplog.at_level(logging.WARNING, logger="tierproxy.transactions"):
-        for txn_id in ("a", "b", "c", "b", "a"):
-            refusals.note(txn_id, [("t", 0)], "client")
-    assert [r.getMessage().split()[5] for r in caplog.records] == ["'a'", "'b'", "'c'", "'a'"]

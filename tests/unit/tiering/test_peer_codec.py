@@ -32,6 +32,7 @@ from proxy.peer.messages import (
     AppendRequest,
     AppendResponse,
     BackfillRequest,
+    CatchUpRequest,
     FetchRequest,
     FetchResponse,
     PingRequest,
@@ -67,6 +68,8 @@ MESSAGES = [
     PingRequest(19),
     PingResponse(20, "proxy-a", "0.1.0"),
     PingResponse(0xFFFF_FFFF, "", ""),
+    CatchUpRequest(21, 42, 5000),
+    CatchUpRequest(0xFFFF_FFFF, (1 << 64) - 1, (1 << 31) - 1),
 ]
 # sha256 of the frames of MESSAGES less the pings, as main wrote them before pings existed
 OLDER_FRAMES_SHA256 = "9227ed6d919e1799422a67f1fbab029a04c5215a3f7e152125744cef51b9c3cf"
@@ -247,7 +250,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 12, 255])
+@pytest.mark.parametrize("kind", [0, 13, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -392,7 +395,7 @@ def test_ping_layout():
 def test_frames_of_the_older_messages_are_unchanged():
     """Adding a message type never changes another's frame: a proxy of an older version
     reads these, and this code reads theirs (the digest is of the frames before pings)."""
-    older = [m for m in MESSAGES if not isinstance(m, PingRequest | PingResponse)]
+    older = [m for m in MESSAGES if not isinstance(m, PingRequest | PingResponse | CatchUpRequest)]
     frames = b"".join(encode_frame(m) for m in older)
     assert hashlib.sha256(frames).hexdigest() == OLDER_FRAMES_SHA256
     assert [decode_frame(encode_frame(m)) for m in older] == older

@@ -8,14 +8,12 @@ import crc32c
 import pytest
 from kio.schema.errors import ErrorCode
 
-from proxy.partition.producer_state import (
-    INT32_MAX,
-    BatchMetadata,
+from proxy.partition.producer_snapshot import (
     CorruptSnapshotError,
-    ProducerStateEntry,
     decode_snapshot,
     encode_snapshot,
 )
+from proxy.partition.producer_state import INT32_MAX, BatchMetadata, ProducerStateEntry
 from proxy.partition.sequencer import (
     Duplicate,
     PartitionSequencer,
@@ -157,15 +155,6 @@ def test_batches_kafka_refuses_from_clients_are_invalid_record(records, words):
     assert words in rejected(PartitionSequencer(0), records, ErrorCode.invalid_record).message
 
 
-def test_transactional_produce_is_refused_with_invalid_request():
-    sequencer = PartitionSequencer(0)
-    records = batch(2, pid=PID, epoch=0, seq=0, transactional=True)
-    message = rejected(sequencer, records, ErrorCode.invalid_request).message
-    assert "transactional produce to a tiered topic is not supported" in message
-    # the same producer id, not transactional, is still at sequence 0
-    assert appended(sequencer, idem(0)).base_offset == 0
-
-
 # -- idempotent producers --------------------------------------------------------------
 
 
@@ -220,9 +209,12 @@ def test_an_unknown_producer_id_is_accepted_at_any_sequence_as_kafka_does_since_
     assert appended(sequencer, idem(57, epoch=4)).base_offset == 0
     assert sequencer.producer_states[PID].last_seq == 59
     rejected(sequencer, idem(61, epoch=4), ErrorCode.out_of_order_sequence_number)
-    # a known producer with no retained batch must start at 0 in its epoch
-    rejected(sequencer, idem(5, pid=PID + 1), ErrorCode.out_of_order_sequence_number)
-    appended(sequencer, idem(0, pid=PID + 1))
+    # a known producer with no retained batch (seen only in markers: a transaction carried
+    # across the cutover) is accepted at any sequence too, where Kafka expects 0
+    appended(sequencer, idem(5, pid=PID + 1))
+    rejected(sequencer, idem(9, pid=PID + 1), ErrorCode.out_of_order_sequence_number)
+    # a new epoch still starts at 0
+    rejected(sequencer, idem(5, pid=PID + 1, epoch=1), ErrorCode.out_of_order_sequence_number)
 
 
 def test_sequences_wrap_from_int32_max_to_zero():
@@ -249,8 +241,8 @@ def test_batches_of_one_request_are_checked_in_order_and_all_or_nothing():
     rejected(sequencer, idem(6) + idem(10), ErrorCode.out_of_order_sequence_number)
     rejected(sequencer, idem(6) + idem(6), ErrorCode.invalid_record)  # the same batch twice
     rejected(sequencer, idem(6) + idem(9, epoch=-5), ErrorCode.invalid_producer_epoch)
-    rejected(sequencer, idem(6) + batch(2, transactional=True, pid=1, epoch=0, seq=0),
-             ErrorCode.invalid_request)  # fmt: skip
+    opens = batch(2, transactional=True, pid=PID + 2, epoch=0, seq=0)  # opens a transaction
+    rejected(sequencer, idem(6) + opens + idem(2, pid=PID + 2), ErrorCode.invalid_txn_state)
 
 
 def test_a_request_of_retries_only_is_a_duplicate_a_mix_is_refused():
@@ -389,16 +381,19 @@ def test_snapshot_and_restore_keep_the_committed_state():
 
 
 def test_the_snapshot_format_is_as_documented():
-    entry = ProducerStateEntry(7, 3, 1234, (BatchMetadata(9, 100, 4, 555),))
-    data = encode_snapshot(42, [entry])
+    entry = ProducerStateEntry(7, 3, 1234, (BatchMetadata(9, 100, 4, 555),), 11, 96)
+    data = encode_snapshot(42, [entry], marker_position=3000)
     version, crc = struct.unpack_from(">hI", data)
-    assert (version, crc) == (1, crc32c.crc32c(data[6:]))
-    assert struct.unpack_from(">qi", data, 6) == (42, 1)
-    assert struct.unpack_from(">qhqb", data, 18) == (7, 3, 1234, 1)
-    assert struct.unpack_from(">iqiq", data, 37) == (9, 100, 4, 555)
-    assert len(data) == 61
+    assert (version, crc) == (2, crc32c.crc32c(data[6:]))
+    assert struct.unpack_from(">qqi", data, 6) == (42, 3000, 1)
+    assert struct.unpack_from(">qhqiqb", data, 26) == (7, 3, 1234, 11, 96, 1)
+    assert struct.unpack_from(">iqiq", data, 57) == (9, 100, 4, 555)
+    assert len(data) == 81
     assert decode_snapshot(data) == (42, [entry])
     assert decode_snapshot(encode_snapshot(0, [])) == (0, [])
+    none = ProducerStateEntry(8, 0, 1, ())  # no transaction open, no coordinator epoch
+    assert struct.unpack_from(">qqi", encode_snapshot(5, [none]), 6) == (5, -1, 1)
+    assert struct.unpack_from(">qhqiqb", encode_snapshot(5, [none]), 26) == (8, 0, 1, -1, -1, 0)
 
 
 @pytest.mark.parametrize(
@@ -406,7 +401,7 @@ def test_the_snapshot_format_is_as_documented():
     [
         (lambda d: d[:-1], "CRC-32C mismatch"),
         (lambda d: d[:5], "too short"),
-        (lambda d: patched(d, 0, ">h", 2, fix_crc=False), "version 2"),
+        (lambda d: patched(d, 0, ">h", 3, fix_crc=False), "version 3"),
         (lambda d: d[:6] + bytes([d[6] ^ 1]) + d[7:], "CRC-32C mismatch"),
     ],
 )

@@ -1,0 +1,134 @@
+"""The catch-up of tiered partitions' transaction markers, wherever they are owned
+(docs/tiering.md, "Transactions"; the plan that asks for it is txn.py).
+
+`catch_up(keys)` asks each partition's owner: this proxy's marker follower for the
+partitions owned here, the owner's (a `CatchUpRequest` over the peer protocol) for the
+others, all at once and within `CATCH_UP_TIMEOUT_S`; it returns the partitions whose
+catch-up failed. `catch_up_here` is the owner's side of the peer request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from kio.schema.errors import ErrorCode
+
+from proxy.apis.api24_add_partitions_to_txn import Key
+from proxy.markers.follower import CatchUpFailed, MarkerFollower
+from proxy.metadata.state import MetadataState
+from proxy.metadata.topic_index import TopicIndex, stream_of
+from proxy.partition.partition_set import PartitionSet
+from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.codec import CATCH_UP_PROTOCOL
+from proxy.peer.messages import CatchUpRequest
+
+log = logging.getLogger("tierproxy.transactions")
+
+CATCH_UP_TIMEOUT_S = 5.0  # well inside a client's request timeout (30 s by default)
+
+
+class CatchUpHost(Protocol):
+    """What a catch-up needs of the tiered service."""
+
+    @property
+    def topics(self) -> TopicIndex: ...
+
+    @property
+    def partitions(self) -> PartitionSet | None: ...
+
+    @property
+    def peers(self) -> PeerClients: ...
+
+    @property
+    def markers(self) -> MarkerFollower | None: ...
+
+    def state(self, stream: int) -> MetadataState: ...
+
+    def owned_here(self, stream: int) -> bool: ...
+
+    def owner_address(self, stream: int) -> tuple[str, int] | None: ...
+
+    def peer_protocol(self, member: str) -> int: ...
+
+    async def wait_for_partition(self, stream: int) -> None: ...
+
+
+async def catch_up(
+    host: CatchUpHost, keys: list[Key], timeout_s: float = CATCH_UP_TIMEOUT_S
+) -> frozenset[Key]:
+    """Catch these tiered partitions up at their owners; the partitions that failed."""
+    by_stream: dict[int, Key] = {}
+    for key in keys:
+        topic = host.topics.topic(key[0])
+        if topic is None:  # untiered since: Kafka's log is the partition's again
+            continue
+        stream = stream_of(topic, key[1])
+        if host.state(stream).stream(stream) is not None:  # else not cut over yet: all
+            by_stream[stream] = key  # of it is Kafka's, markers included
+    local = [s for s in by_stream if host.owned_here(s)]
+    remote = [s for s in by_stream if s not in local]
+    calls = []
+    if local:
+        calls.append(_here(host, local, timeout_s))
+    calls.extend(_at_owner(host, stream, timeout_s) for stream in remote)
+    results = await asyncio.gather(*calls)
+    failed = [stream for streams in results for stream in streams]
+    return frozenset(by_stream[s] for s in failed)
+
+
+async def _here(host: CatchUpHost, streams: list[int], timeout_s: float) -> list[int]:
+    """The streams of `streams` (owned here) that could not be caught up."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _wait_for_partitions(host, streams)
+            markers = host.markers
+            if markers is None:
+                raise CatchUpFailed("the marker follower is not running")
+            await markers.catch_up(streams)
+    except (CatchUpFailed, TimeoutError) as exc:
+        reason = str(exc) or f"not done within {timeout_s} s"
+        log.warning("catch-up of streams %s failed: %s", streams, reason)
+        return streams
+    return []
+
+
+async def _wait_for_partitions(host: CatchUpHost, streams: list[int]) -> None:
+    partitions = host.partitions
+    if partitions is None:
+        raise CatchUpFailed("the tiered service is not started")
+    for stream in streams:
+        if partitions.get(stream) is None:
+            await host.wait_for_partition(stream)  # cut over or taken over just now
+
+
+async def _at_owner(host: CatchUpHost, stream: int, timeout_s: float) -> list[int]:
+    """[] once the owner of `stream` caught it up; [stream] if it did not."""
+    owner = host.state(stream).owner
+    address = host.owner_address(stream)
+    if address is None:
+        reason = "no live owner"
+    elif host.peer_protocol(owner) < CATCH_UP_PROTOCOL:
+        reason = f"its owner {owner} predates the catch-up (peer protocol)"
+    else:
+        try:
+            code, message = await host.peers.catch_up(address, stream, int(timeout_s * 1000))
+        except (PeerUnavailable, TimeoutError, OSError) as exc:
+            code, message = -1, str(exc)
+        if code == 0:
+            return []
+        reason = f"owner {owner} answered {code}: {message}"
+    log.warning("catch-up of stream %d failed: %s", stream, reason)
+    return [stream]
+
+
+async def catch_up_here(host: CatchUpHost, request: CatchUpRequest) -> tuple[int, str]:
+    """A peer's `CatchUpRequest` for a stream owned here: (error code, message)."""
+    stream = request.stream_id
+    if not host.owned_here(stream):
+        return ErrorCode.not_leader_or_follower.value, f"stream {stream} is not owned here"
+    failed = await _here(host, [stream], request.timeout_ms / 1000)
+    if failed:
+        return ErrorCode.request_timed_out.value, f"stream {stream}: not caught up"
+    return 0, ""
