@@ -44,7 +44,9 @@ to read it: every member's fleet heartbeat says the `PROTOCOL` its listener spea
 (`proxy/routing/fleet.py`, `peer_protocol`, 1 when absent), and `for_peer` drops what
 the receiver's level lacks. 1: the first release. 2: the append request's sequences
 trailer. 3: the ping (sent by offload jobs, not proxies: one older than 3 closes the
-connection, which the job reports). A rolling upgrade therefore never breaks a hand-off
+connection, which the job reports). 4: the fetch request's flags (ask for the last stable
+offset) and the fetch response's last stable offset, which answers only a request that
+asked. A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
 
@@ -72,6 +74,7 @@ __all__ = [
     "HEADER_SIZE",
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
+    "STABLE_PROTOCOL",
     "PeerFrameReader",
     "PeerProtocolError",
     "decode_frame",
@@ -83,8 +86,9 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 3  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 4  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
+STABLE_PROTOCOL = 4  # the first level that reads a fetch request's flags (last stable offset)
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc
