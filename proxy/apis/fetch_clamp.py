@@ -14,9 +14,14 @@ tiered records from C on. So the answer is cut at C, as if Kafka's log ended the
 - high watermark and last stable offset: at most C; the log start offset stays;
 - aborted transactions: those starting at C or later are dropped.
 
+Kafka's LSO and its aborted transactions below C are Kafka's part's: a transaction open
+at the cutover (carried across: its marker lands past C) keeps Kafka's LSO at or below its
+first offset, and once aborted Kafka lists it here with its first offset below C.
+
 Everything else of the entry (error code, preferred read replica, the v12+ tags) is kept
 as it came. Pure: `clamp_partition_answer` returns the pieces of the new entry, views of
-the old one where nothing changed, and what it saw past C for the caller to note.
+the old one where nothing changed, what it saw past C, and whether a cut batch held data
+(not a transaction marker: those are expected past C) for the caller to note.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from proxy.kafka.wire import (
 _BATCH_HEAD = struct.Struct(">qi")  # base_offset, batch_length (what follows the length)
 _FIRST_OFFSET = struct.Struct(">q")  # an aborted transaction's first_offset, after its id
 _ABORTED_SIZE = 16  # producer_id, first_offset
+_ATTRIBUTES = struct.Struct(">h")  # a batch's attributes, at byte 21 of its header
+_ATTRIBUTES_AT = 21
+_CONTROL = 0x20  # the attributes' control bit: a transaction marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,7 @@ class Clamped:
 
     pieces: tuple[bytes | memoryview, ...]
     seen: int
+    data_cut: bool = False  # a cut batch held records (not a marker): written behind the proxy
 
 
 def batches_below(records: memoryview, cutover: int) -> tuple[memoryview, int | None]:
@@ -64,6 +73,21 @@ def batches_below(records: memoryview, cutover: int) -> tuple[memoryview, int | 
             raise FrameError(f"record batch at byte {position} has length {length}")
         position += _BATCH_HEAD.size + length
     return records, None
+
+
+def data_past(records: memoryview, position: int) -> bool:
+    """Whether a batch of `records` from byte `position` on (its header alone, as far as
+    the answer holds it) is a data batch rather than a control batch."""
+    size = len(records)
+    while size - position >= _ATTRIBUTES_AT + _ATTRIBUTES.size:
+        (attributes,) = _ATTRIBUTES.unpack_from(records, position + _ATTRIBUTES_AT)
+        if not attributes & _CONTROL:
+            return True
+        (length,) = _BATCH_HEAD.unpack_from(records, position)[1:]
+        if length < 0:
+            return False
+        position += _BATCH_HEAD.size + length
+    return False
 
 
 def clamp_partition_answer(layout, entry: memoryview, cutover: int) -> Clamped | None:
@@ -99,6 +123,9 @@ def clamp_partition_answer(layout, entry: memoryview, cutover: int) -> Clamped |
         if expect != len(entry):
             raise FrameError(f"{len(entry) - expect} bytes after the partition's tagged fields")
     kept, cut_at = (None, None) if records is None else batches_below(records, cutover)
+    data_cut = False
+    if records is not None and kept is not None and cut_at is not None:
+        data_cut = data_past(records, len(kept))
     high_watermark, last_stable = head[2], head[3]
     seen = max(seen, high_watermark, last_stable, -1 if cut_at is None else cut_at)
     if seen <= cutover:
@@ -115,4 +142,4 @@ def clamp_partition_answer(layout, entry: memoryview, cutover: int) -> Clamped |
         pieces.append(write_uvarint(size + 1) if flexible else struct.pack(">i", size))
         pieces.append(kept)
     pieces.append(tags)
-    return Clamped(tuple(pieces), seen)
+    return Clamped(tuple(pieces), seen, data_cut)

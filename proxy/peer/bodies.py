@@ -18,9 +18,11 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      topic_id 16 bytes
     admin response   error_code i16, message string
     fetch request    stream_id u64, offset i64 (>= 0), max_bytes i32 (>= 0),
-                     max_wait_ms i32 (>= 0)
+                     max_wait_ms i32 (>= 0), then, optionally (the asker wants the last
+                     stable offset): flags u8 (1), only to a peer at protocol 5 or later
     fetch response   error_code i16, high_watermark i64, log_start_offset i64,
-                     records size u32, records (whole batches, one after another)
+                     records size u32, records (whole batches, one after another), then,
+                     only when the request had the flags: last_stable_offset i64
     backfill request object_id u64, size i64 (> 0), stream_id u64, start_offset i64,
                      end_offset i64 (> start_offset)
     trim request     stream_id u64, offset i64 (>= -1), timeout_ms i32 (>= 0)
@@ -71,6 +73,9 @@ _SEQUENCE = struct.Struct(">qhiii")  # producer id, epoch, first and last sequen
 _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
 _FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
 _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
+_FLAGS = struct.Struct(">B")  # a fetch request's trailer
+_STABLE = 1  # its flag: answer the last stable offset
+_I64 = struct.Struct(">q")  # a fetch response's trailer: last_stable_offset
 _BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset, end_offset
 _TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
 _TRIMMED = struct.Struct(">hq")  # error_code, log_start_offset
@@ -145,11 +150,19 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         kind = FETCH_REQUEST
         f = message
         body = _FETCH.pack(f.stream_id, f.offset, f.max_bytes, f.max_wait_ms)
+        if f.stable:
+            body += _FLAGS.pack(_STABLE)
     elif isinstance(message, FetchResponse):
         kind = FETCH_RESPONSE
         a = message
         tail = a.records
         body = _FETCHED.pack(a.error_code, a.high_watermark, a.log_start_offset, a.records_size)
+        if a.last_stable_offset is not None:  # after the records (never copied)
+            trailer = _I64.pack(a.last_stable_offset)
+            if tail:
+                tail = (*tail, trailer)
+            else:
+                body += trailer
     elif isinstance(message, BackfillRequest):
         kind = BACKFILL_REQUEST
         bf = message
@@ -267,13 +280,22 @@ def _admin_response(cur: _Cursor, cid: int) -> AdminResponse:
 
 def _fetch_request(cur: _Cursor, cid: int) -> FetchRequest:
     stream_id, offset, max_bytes, max_wait_ms = cur.fixed(_FETCH, "fetch request")
-    return FetchRequest(cid, stream_id, offset, max_bytes, max_wait_ms)
+    stable = False
+    if cur.pos < cur.end:
+        (flags,) = cur.fixed(_FLAGS, "fetch request flags")
+        if flags != _STABLE:
+            raise PeerProtocolError(f"fetch request flags {flags:#04x}")
+        stable = True
+    return FetchRequest(cid, stream_id, offset, max_bytes, max_wait_ms, stable)
 
 
 def _fetch_response(cur: _Cursor, cid: int) -> FetchResponse:
     error_code, high_watermark, log_start, size = cur.fixed(_FETCHED, "fetch response")
     records = cur.take(size, "records")
-    return FetchResponse(cid, error_code, high_watermark, log_start, (records,))
+    last_stable = None
+    if cur.pos < cur.end:
+        (last_stable,) = cur.fixed(_I64, "fetch response last stable offset")
+    return FetchResponse(cid, error_code, high_watermark, log_start, (records,), last_stable)
 
 
 def _backfill_request(cur: _Cursor, cid: int) -> BackfillRequest:

@@ -358,13 +358,15 @@ class PeerClients:
         max_wait_ms: int,
         *,
         timeout_s: float | None = None,
+        stable: bool = False,
     ) -> FetchResponse:
         """The owner's answer to reading `stream_id` from `offset` on, waiting up to
         `max_wait_ms` for data past it; its records are a view of the received bytes.
         `max_bytes` is cut to what a frame holds. The default timeout is `max_wait_ms` plus
-        `timeout_margin_s`."""
-        max_bytes = min(max_bytes, max(self.max_frame_bytes - _FETCH_ANSWER_HEAD, 0))
-        request = FetchRequest(0, stream_id, offset, max_bytes, max_wait_ms)
+        `timeout_margin_s`. `stable` asks for the owner's last stable offset too: only for
+        an owner at `STABLE_PROTOCOL` or later (an older one drops the connection)."""
+        max_bytes = min(max_bytes, max(self.max_frame_bytes - _FETCH_ANSWER_HEAD - 8, 0))
+        request = FetchRequest(0, stream_id, offset, max_bytes, max_wait_ms, stable)
         if timeout_s is None:
             timeout_s = max_wait_ms / 1000 + self.timeout_margin_s
         response = await self._connection(address).call(request, FetchResponse, timeout_s)

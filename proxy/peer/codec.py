@@ -47,8 +47,10 @@ to read it: every member's fleet heartbeat says the `PROTOCOL` its listener spea
 the receiver's level lacks. 1: the first release. 2: the append request's sequences
 trailer. 3: the ping (sent by offload jobs, not proxies: one older than 3 closes the
 connection, which the job reports). 4: the catch-up request (sent only to an owner at 4
-or later; AddPartitionsToTxn answers a retriable error meanwhile). A rolling upgrade
-therefore never breaks a hand-off (docs/operations.md, "Upgrades").
+or later; AddPartitionsToTxn answers a retriable error meanwhile). 5: the fetch request's
+flags (ask for the last stable offset) and the fetch response's last stable offset, which
+answers only a request that asked. A rolling upgrade therefore never breaks a hand-off
+(docs/operations.md, "Upgrades").
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ __all__ = [
     "HEADER_SIZE",
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
+    "STABLE_PROTOCOL",
     "PeerFrameReader",
     "PeerProtocolError",
     "decode_frame",
@@ -87,9 +90,10 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 4  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 5  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
+STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -146,13 +146,16 @@ class FetchRequest:
     """Read `stream_id` from `offset` on, on its owner: the tail its log cache holds and
     the objects do not yet. `max_bytes` bounds the answer as Fetch's partition_max_bytes
     does (the batch holding `offset` comes whole); `max_wait_ms` is the long poll, how long
-    the owner may wait for data past `offset`."""
+    the owner may wait for data past `offset`. `stable` asks the owner for its last
+    stable offset too (read_committed: docs/tiering.md, "Transactions: the read side"),
+    sent only to an owner at `codec.STABLE_PROTOCOL` or later."""
 
     correlation_id: int
     stream_id: int
     offset: int
     max_bytes: int
     max_wait_ms: int
+    stable: bool = False
 
     def __post_init__(self) -> None:
         check_range("correlation_id", self.correlation_id, 0, U32_MAX)
@@ -176,6 +179,9 @@ class FetchResult(Protocol):
     def log_start_offset(self) -> int: ...
 
     @property
+    def last_stable_offset(self) -> int: ...
+
+    @property
     def records(self) -> Sequence[Buffer]: ...
 
 
@@ -184,19 +190,25 @@ class FetchResponse:
     """The owner's answer to a fetch: whole batches from the requested offset on, written
     one after another, and the partition's offsets (-1: unknown). `records` are kept as
     the pieces given (a tuple, empty pieces left out) and framed without a copy; a decoded
-    answer holds at most one piece, a view of the received frame."""
+    answer holds at most one piece, a view of the received frame. `last_stable_offset`
+    answers a request that asked for it (`FetchRequest.stable`), None otherwise: the
+    records are then still all of the tail (read_uncommitted), so the asker can decide
+    transactions its committed objects hold with the markers the tail holds."""
 
     correlation_id: int
     error_code: int
     high_watermark: int = -1
     log_start_offset: int = -1
     records: Sequence[Buffer] = ()
+    last_stable_offset: int | None = None
 
     def __post_init__(self) -> None:
         check_range("correlation_id", self.correlation_id, 0, U32_MAX)
         check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
         check_range("high_watermark", self.high_watermark, -(1 << 63), I64_MAX)
         check_range("log_start_offset", self.log_start_offset, -(1 << 63), I64_MAX)
+        if self.last_stable_offset is not None:
+            check_range("last_stable_offset", self.last_stable_offset, -(1 << 63), I64_MAX)
         if isinstance(self.records, Buffer) or not isinstance(self.records, Sequence):
             raise ValueError(f"records {type(self.records).__name__}: must be a sequence of pieces")
         for piece in self.records:
@@ -212,8 +224,12 @@ class FetchResponse:
         return sum(map(buffer_size, self.records))
 
     @classmethod
-    def from_result(cls, correlation_id: int, r: FetchResult) -> FetchResponse:
-        return cls(correlation_id, r.error_code, r.high_watermark, r.log_start_offset, r.records)
+    def from_result(
+        cls, correlation_id: int, r: FetchResult, *, stable: bool = False
+    ) -> FetchResponse:
+        """The answer of `r`; with its last stable offset when the request asked (`stable`)."""
+        fields = (r.error_code, r.high_watermark, r.log_start_offset, r.records)
+        return cls(correlation_id, *fields, r.last_stable_offset if stable else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -252,7 +252,8 @@ class PeerServer:
             # all (and reads only what is committed) instead of retrying
             return FetchResponse(cid, ErrorCode.unsupported_version)
         try:
-            response = FetchResponse.from_result(cid, await self._on_fetch(request))
+            result = await self._on_fetch(request)
+            response = FetchResponse.from_result(cid, result, stable=request.stable)
             if (size := frame_size(response)) > self.max_frame_bytes:
                 raise ValueError(f"an answer of {size} bytes is over the frame limit")
             return response

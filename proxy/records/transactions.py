@@ -12,6 +12,10 @@ copied from Kafka, finds them in the batches it answers with:
   first batch, so every transaction answered is decided (Kafka's last stable offset does
   the same). When the very first batch is undecided the caller reads further.
 
+`committed_answer` adds the last stable offset (LSO): what a read_committed answer may
+reach, from the partition's owner when known (Kafka's rule: the first offset of the oldest
+open transaction, at most the high watermark), else what the batches read decide.
+
 Per batch: headers and each control batch's one record key are read; no record of a
 data batch is. Pure: no I/O, no asyncio.
 """
@@ -79,6 +83,69 @@ def committed_view(batches: Sequence[memoryview | bytes]) -> CommittedView:
     cut, undecided_at = min(open_since.values())
     kept = sorted((a for a in aborted if a[1] < undecided_at), key=lambda a: a[1])
     return CommittedView(cut, tuple(kept), undecided_at)
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedAnswer:
+    """A read_committed answer of a run of batches read from the fetch offset on."""
+
+    count: int  # the leading batches to answer
+    aborted: tuple[tuple[int, int], ...]  # (producer id, first offset) among them
+    last_stable_offset: int
+    # the first batch is decided (below the LSO) but its marker lies past the run: read on
+    read_more: bool = False
+
+
+def committed_answer(
+    batches: Sequence[memoryview | bytes],
+    offset: int,
+    max_bytes: int,
+    *,
+    last_stable: int | None,
+    end: int,
+    exhausted: bool,
+) -> CommittedAnswer:
+    """What to answer read_committed from `batches` (whole v2 batches from the one holding
+    `offset` on, in offset order) within `max_bytes` (the first batch whole).
+
+    `last_stable` is the owner's LSO, None when unknown (no owner answered: then the LSO
+    is what the batches decide: the first offset of a transaction undecided in them, else
+    their end (`offset` when there are none), or `end` when they reach it). `end` is the
+    high watermark answered; `exhausted` says that the run reaches it, so no marker lies
+    past the run.
+
+    Never a batch at or past the LSO, nor one of a transaction whose marker is not in the
+    run: Kafka knows decisions from its transaction index, the proxy from the markers it
+    reads, so a transaction below the LSO whose marker is past the run asks for a longer
+    run (`read_more`) when it is the first batch, and stops the answer otherwise."""
+    view = committed_view(batches)
+    heads = [read_batch_header(batch) for batch in batches]
+    known = last_stable is not None
+    if last_stable is None:
+        if view.undecided_at is not None:
+            last_stable = view.undecided_at
+        elif exhausted:
+            last_stable = end
+        else:
+            last_stable = heads[-1].next_offset if heads else offset
+    last_stable = min(last_stable, end)
+    below = 0
+    while below < len(heads) and heads[below].base_offset < last_stable:
+        below += 1
+    count = min(view.count, below)
+    if count == 0:
+        # known LSO: a first batch below it is decided; unknown: its marker may lie further
+        more = bool(heads) and not exhausted and (below > 0 if known else view.count == 0)
+        return CommittedAnswer(0, (), last_stable, more)
+    size, fits = 0, 0
+    for head in heads[:count]:
+        if fits and size + head.size > max_bytes:
+            break
+        size += head.size
+        fits += 1
+    answered_end = heads[fits - 1].next_offset
+    aborted = tuple(a for a in view.aborted if a[1] < answered_end)
+    return CommittedAnswer(fits, aborted, last_stable)
 
 
 def _varint(view: memoryview, pos: int) -> tuple[int, int]:

@@ -1,12 +1,16 @@
 """What Kafka's own log holds past a tiered partition's cutover, seen in Kafka's answers.
 
 Once a partition is cut over, its data lives in the stream; Kafka's log of it ends at the
-cutover. Anything Kafka's log holds past that offset (a transaction marker its coordinator
-wrote, records a producer wrote straight to a broker, bypassing the proxy) is not the
-partition's data: every Kafka-served answer for a tiered partition is clamped at the
-cutover, and what was cut is noted here. One counter per answer kind (Fetch, ListOffsets,
-OffsetForLeaderEpoch), and one WARNING per partition and process, so an operator learns
-that something writes to Kafka behind the proxy without a log line per Fetch.
+cutover. Anything Kafka's log holds past that offset is not the partition's data: every
+Kafka-served answer for a tiered partition is clamped at the cutover. Transaction markers
+are expected there (Kafka's coordinator writes the marker of every transaction on the
+partition into Kafka's log; the marker follower copies each into the stream): they are
+not noted. Records a producer wrote straight to a broker, bypassing the proxy, are: a
+Fetch answer that cut a data batch is noted here. One counter per answer kind, and one
+WARNING per partition and process, so an operator learns that something writes to Kafka
+behind the proxy without a log line per Fetch. (ListOffsets and OffsetForLeaderEpoch
+answers past the cutover cannot tell a marker from records, so they are clamped without
+a note.)
 
 Pure: no asyncio; the read paths call `note` and the metrics collector reads `counts`.
 """
@@ -32,9 +36,9 @@ class BeyondCutover:
             return
         self._warned.add(key)
         log.warning(
-            "Kafka's log of tiered partition %s-%d holds data past its cutover %d (%s saw"
-            " %d): transaction markers or records written to a broker directly, not through"
-            " the proxy; not served (kafka_beyond_cutover metric counts each clamped answer)",
+            "Kafka's log of tiered partition %s-%d holds records past its cutover %d (%s saw"
+            " %d): written to a broker directly, not through the proxy; not served"
+            " (kafka_beyond_cutover metric counts each clamped answer)",
             topic,
             partition,
             cutover,

@@ -8,7 +8,8 @@ which the proxy answers instead (asked of the owner when it is elsewhere, so a c
 never sees an end below its position and takes it for a truncation). Kafka's answer past
 the cutover is cut there first: Kafka's log may hold a transaction marker or records
 written to a broker directly past the cutover, which are not the partition's, so such an
-answer is the stream's high watermark too, and is noted (`beyond_cutover`). When no owner
+answer is the stream's high watermark too (not noted in `beyond_cutover`: markers of
+transactions on the tiered partition put it there, as expected). When no owner
 answers (it is away, or restarting and not serving the stream yet), the proxy does not
 know that end: it answers NOT_LEADER_OR_FOLLOWER and the client asks again, as it would a
 broker that is not the leader; the committed end may be below what the owner acknowledged
@@ -29,7 +30,6 @@ from proxy.apis.api23_offset_for_leader_epoch import (
 )
 from proxy.kafka.frames import framed
 from proxy.metadata.topic_index import stream_of
-from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.ports import ReadHandlers
 
 Key = tuple[str, int]
@@ -41,7 +41,6 @@ class EpochsPlan:
     local: asyncio.Future[dict]  # (topic, partition) -> (cutover, high watermark or None)
     cutovers: dict[Key, int]  # (topic, partition) -> cutover, of the tiered ones asked
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
-    beyond: BeyondCutover | None = None  # notes an answer past a cutover
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         assert upstream is not None  # the whole request went upstream
@@ -51,8 +50,6 @@ class EpochsPlan:
             if tiered is None or end < tiered[0]:
                 return None
             cutover, high_watermark = tiered
-            if end > cutover and self.beyond is not None:
-                self.beyond.note("offset_for_leader_epoch", topic, partition, cutover, end)
             if high_watermark is None:  # the stream's end is not known: not the cutover either
                 return EpochError(ErrorCode.not_leader_or_follower)
             return max(high_watermark, cutover)
@@ -85,7 +82,7 @@ def plan_offset_for_leader_epoch(
     local = asyncio.ensure_future(_high_watermarks(tiering, streams))
     frame = framed(header_bytes, body)
     cutovers = {key: cutover for key, (_, cutover) in streams.items()}
-    return EpochsPlan(frame, local, cutovers, beyond=tiering.beyond_cutover)
+    return EpochsPlan(frame, local, cutovers)
 
 
 async def _high_watermarks(tiering: ReadHandlers, streams: dict[Key, tuple[int, int]]) -> dict:

@@ -11,7 +11,9 @@ its incremental fetches.
 A tiered partition read below its cutover goes to Kafka, and Kafka's answer for it is cut
 at the cutover (fetch_clamp.py): what Kafka's log holds past it (a transaction marker,
 records written to a broker directly) is not the partition's data, and a consumer must not
-move past a tiered offset because of it. Each cut is noted (`beyond_cutover`).
+move past a tiered offset because of it. A cut of a data batch is noted
+(`beyond_cutover`); markers past the cutover are expected (transactions on the tiered
+partition): Kafka's LSO and aborted transactions below the cutover are kept.
 
 A request only for tiered partitions waits here (max_wait_ms, min_bytes). A mixed one is
 read here at once first: with data, upstream is asked not to wait; without, upstream
@@ -68,7 +70,7 @@ class FetchPlan:
         clamped = clamp_partition_answer(answer_layout(self.view.api_version), entry, cutover)
         if clamped is None:
             return None
-        if self.beyond is not None:
+        if self.beyond is not None and clamped.data_cut:  # markers past it are expected
             self.beyond.note("fetch", name, key[1], cutover, clamped.seen)
         return clamped.pieces
 

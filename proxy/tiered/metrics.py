@@ -115,7 +115,7 @@ class _Collector:
         clamped = CounterMetricFamily(
             "tierproxy_kafka_beyond_cutover",
             "Kafka answers for a tiered partition clamped at its cutover: Kafka's log held "
-            "data past it (transaction markers, records written to a broker directly)",
+            "records past it (written to a broker directly; transaction markers not counted)",
             labels=["api"],
         )
         for kind, count in sorted(service.beyond_cutover.counts.items()):

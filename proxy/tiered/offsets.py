@@ -10,7 +10,9 @@ tiered partition of a request is routed (`route`):
   Kafka's side, so the same) answer the log start; a timestamp and MAX_TIMESTAMP (-3)
   are searched in the objects from the log start on, migrated ranges included. LATEST is
   always answered here: the high watermark (the owner's; NOT_LEADER_OR_FOLLOWER when the
-  owner is away, the committed end may be below its acks);
+  owner is away, the committed end may be below its acks), or with isolation_level
+  READ_COMMITTED the last stable offset (the owner's, as Kafka answers it: the first
+  offset of the oldest open transaction, else the high watermark);
 - BOTH, otherwise, for EARLIEST, -4 and a timestamp, and always for MAX_TIMESTAMP (Kafka
   counts the segment holding its log start whole, so its part may hold the log's largest
   timestamp below the log start, even once the log start is past the cutover; Kafka's
@@ -18,16 +20,17 @@ tiered partition of a request is routed (`route`):
   Kafka as it came (so Kafka's answer keeps its timestamp and leader epoch), the stream's
   part is searched meanwhile, and `combine` completes Kafka's answer with it. Kafka's
   answer is clamped at C: its log may hold data past C that is not the partition's (a
-  transaction marker its coordinator wrote, records written to a broker directly), so an
-  offset at or past C from Kafka is noted (`beyond_cutover`) and the stream's answer
-  taken instead;
+  transaction marker its coordinator wrote, records written to a broker directly), so for
+  an offset at or past C from Kafka the stream's answer is taken instead (not noted in
+  `beyond_cutover`: markers put it there, as expected);
 - the other special timestamps (-5 LATEST_TIERED, -6 EARLIEST_PENDING_UPLOAD) go to Kafka
   alone: Kafka keeps no remote log of the topic, and answers them as for any topic.
 
 Timestamps follow Kafka's rules exactly (`proxy/records/timestamp_search.py`): the first
 record, in offset order, at or after the target and at or above the log start, inside
 compressed batches too; MAX_TIMESTAMP is the largest over the whole log, Kafka's part
-first on a tie.
+first on a tie. With isolation_level READ_COMMITTED such an answer is a record below the
+last stable offset, else none, as Kafka's (`below_stable`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from proxy.tiered.timestamps import OwnerAway, StreamSearch
 log = logging.getLogger("tierproxy.reads")
 
 LATEST, EARLIEST = -1, -2
+READ_COMMITTED = 1  # ListOffsets' isolation_level
 _FIRST_VERSION = {MAX_TIMESTAMP: 7, EARLIEST_LOCAL_TIMESTAMP: 8}  # older: Kafka refuses it
 _EARLIEST = (EARLIEST, EARLIEST_LOCAL_TIMESTAMP)
 _ANY_TIMESTAMP = -(1 << 63)  # every record's timestamp is at least this
@@ -114,6 +118,7 @@ class StreamPart:
     start_held: bool = False  # an object holds the log start (EARLIEST only)
     current_epoch: int = -1  # the partition's leader epoch now (leader_epochs.py)
     start_epoch: int = -1  # EARLIEST below the cutover: the epoch of the log start's batch
+    last_stable: int | None = None  # READ_COMMITTED: the last stable offset (`below_stable`)
 
     def alone(self, timestamp: int) -> OffsetsResult:
         """The answer when the stream holds the whole log."""
@@ -135,9 +140,9 @@ class StreamPart:
         return OffsetsResult(ErrorCode.none, -1, log_start, epoch)
 
 
-def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note) -> OffsetsResult:
+def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart) -> OffsetsResult:
     """Kafka's answer for its part of the log (below the cutover), completed with the
-    stream's. `note(seen)` is told of a Kafka answer at or past the cutover."""
+    stream's."""
     if kafka is None or kafka.error_code != ErrorCode.none:
         return kafka if kafka is not None else OffsetsResult(ErrorCode.not_leader_or_follower)
     if part.error_code != ErrorCode.none and timestamp not in _EARLIEST:
@@ -145,7 +150,6 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
     cutover = part.cutover
     if timestamp in _EARLIEST:
         if kafka.offset > cutover:  # Kafka's log start past its part: the stream's
-            note(kafka.offset)
             return part.earliest(max(cutover, part.log_start))
         if part.log_start > kafka.offset or (part.start_held and part.log_start < kafka.offset):
             # trimmed below the cutover while Kafka's copy lives on, or migrated and gone
@@ -157,14 +161,21 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart, note)
             return part.earliest(part.log_start, kafka.leader_epoch)
         return kafka
     below = 0 <= kafka.offset < cutover
-    if kafka.offset >= cutover:
-        note(kafka.offset)
     if timestamp == MAX_TIMESTAMP:
         stream = part.found
         if below and (stream is None or stream.timestamp <= kafka.timestamp):
             return kafka  # Kafka's part first on a tie, as Kafka's maxBy keeps the first
         return part.alone(timestamp)
     return kafka if below else part.alone(timestamp)
+
+
+def below_stable(answer: OffsetsResult, last_stable: int | None) -> OffsetsResult:
+    """A timestamp's answer as Kafka gives it to READ_COMMITTED: a record at or past the
+    last stable offset is not fetchable, so none is found (Partition.
+    fetchOffsetForTimestamp filters on its last fetchable offset)."""
+    if last_stable is None or answer.error_code != ErrorCode.none or answer.offset < last_stable:
+        return answer
+    return OffsetsResult(ErrorCode.none)
 
 
 async def stream_part(tiering: ReadHandlers, item: TieredOffsetsPartition) -> StreamPart:
@@ -216,15 +227,19 @@ async def _stream_part(tiering: ReadHandlers, item: TieredOffsetsPartition) -> S
     return StreamPart(ErrorCode.none, info.cutover_offset, info.log_start_offset, hit)
 
 
-async def _latest(tiering: ReadHandlers, item: TieredOffsetsPartition) -> OffsetsResult:
-    """The high watermark, with the current leader epoch (Kafka's Partition answers its
-    leader epoch with LATEST)."""
+async def _latest(
+    tiering: ReadHandlers, item: TieredOffsetsPartition, isolation_level: int
+) -> OffsetsResult:
+    """The high watermark, or the last stable offset for READ_COMMITTED, with the
+    current leader epoch (Kafka's Partition answers its leader epoch with LATEST)."""
     found = tiering.topics.topic(item.topic)
     stream = None if found is None else stream_of(found, item.partition)
     if stream is None or tiering.state(stream).stream(stream) is None:
         return OffsetsResult(ErrorCode.not_leader_or_follower)
+    reads = tiering.reads
+    end_of = reads.owner_last_stable if isolation_level == READ_COMMITTED else None
     end, epoch = await asyncio.gather(
-        tiering.reads.owner_high_watermark(stream),
+        (end_of or reads.owner_high_watermark)(stream),
         tiering.leader_epochs.epoch(item.topic, item.partition),
     )
     if end is None:  # the owner is away: the committed end may be below its acks
@@ -239,7 +254,6 @@ class OffsetsPlan:
     local: asyncio.Future[dict]  # (topic, partition) -> OffsetsResult, or StreamPart if BOTH
     tiered: tuple[TieredOffsetsPartition, ...] = ()
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
-    tiering: ReadHandlers | None = None  # the service: beyond_cutover is noted on it
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         """The answer: HERE partitions as `local` has them, BOTH ones Kafka's answer
@@ -252,19 +266,11 @@ class OffsetsPlan:
             key = (item.topic, item.partition)
             answer = local.get(key)
             if isinstance(answer, StreamPart):
-                answer = combine(item.timestamp, kafka.get(key), answer, self._noter(item, answer))
+                combined = combine(item.timestamp, kafka.get(key), answer)
+                answer = below_stable(combined, answer.last_stable)
             if answer is not None:
                 results[key] = answer
         return merge_responses(api_version, self.view, upstream, results)
-
-    def _noter(self, item: TieredOffsetsPartition, part: StreamPart):
-        def note(seen: int) -> None:
-            if self.tiering is not None:
-                self.tiering.beyond_cutover.note(
-                    "list_offsets", item.topic, item.partition, part.cutover, seen
-                )
-
-        return note
 
     def failed(self, error: BaseException) -> dict:
         return {
@@ -286,20 +292,30 @@ def plan_list_offsets(
     )
     if not tiered:
         return None
-    local = asyncio.ensure_future(_answer_all(tiering, tiered))
+    local = asyncio.ensure_future(_answer_all(tiering, tiered, view.isolation_level))
     frame = None if upstream_body is None else framed(header_bytes, upstream_body)
-    return OffsetsPlan(view, frame, local, tuple(tiered), tiering=tiering)
+    return OffsetsPlan(view, frame, local, tuple(tiered))
 
 
-async def _answer_all(tiering: ReadHandlers, tiered) -> dict:
-    answers = await asyncio.gather(*(_answer(tiering, p) for p in tiered))
+async def _answer_all(tiering: ReadHandlers, tiered, isolation_level: int) -> dict:
+    answers = await asyncio.gather(*(_answer(tiering, p, isolation_level) for p in tiered))
     return {(p.topic, p.partition): a for p, a in zip(tiered, answers, strict=True)}
 
 
 async def _answer(
-    tiering: ReadHandlers, item: TieredOffsetsPartition
+    tiering: ReadHandlers, item: TieredOffsetsPartition, isolation_level: int
 ) -> OffsetsResult | StreamPart:
     if item.timestamp == LATEST:
-        return await _latest(tiering, item)
+        return await _latest(tiering, item, isolation_level)
     part = await stream_part(tiering, item)
-    return part if item.also_upstream else part.alone(item.timestamp)
+    committed = isolation_level == READ_COMMITTED and item.timestamp not in _EARLIEST
+    if committed and part.error_code == ErrorCode.none:
+        found = tiering.topics.topic(item.topic)
+        stream = stream_of(found, item.partition) if found is not None else None
+        stable = None if stream is None else await tiering.reads.owner_last_stable(stream)
+        if stable is None:  # the owner is away: what is stable is not known
+            return OffsetsResult(ErrorCode.not_leader_or_follower)
+        part = dataclasses.replace(part, last_stable=stable)
+    if item.also_upstream:
+        return part
+    return below_stable(part.alone(item.timestamp), part.last_stable)

@@ -18,6 +18,7 @@ names the object.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Hashable, Sequence
@@ -40,12 +41,14 @@ from proxy.objects.store import ObjectStoreError
 from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients
-from proxy.peer.codec import frame_size
+from proxy.peer.codec import STABLE_PROTOCOL, frame_size
 from proxy.peer.messages import FetchRequest, FetchResponse
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.reads.stream_reader import StreamReader
-from proxy.records.transactions import ControlRecordError, committed_view
+from proxy.records.batches import CorruptBatchError, iter_batches, read_batch_header
+from proxy.records.transactions import ControlRecordError
+from proxy.tiered.committed import Run, read_committed
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
 from proxy.wal.types import WalError
@@ -53,8 +56,6 @@ from proxy.wal.types import WalError
 log = logging.getLogger("tierproxy.reads")
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
-# a read_committed answer reads this far for the marker of a transaction it starts with
-MAX_TRANSACTION_READ_BYTES = 64 << 20
 
 Key = tuple[object, int]  # (topic name or id, partition)
 FETCH_REQUEST_BYTES = frame_size(FetchRequest(0, 0, 0, 0, 0))
@@ -87,6 +88,10 @@ class ReadsHost(Protocol):
     def owner_address(self, stream: int) -> tuple[str, int] | None:
         """Where the stream's owner takes peer requests; None if it is this proxy or
         not live."""
+        ...
+
+    def peer_protocol(self, member: str) -> int:
+        """The peer protocol level of a member of the fleet (its heartbeat's)."""
         ...
 
     def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None: ...
@@ -131,6 +136,21 @@ class TieredReads:
         tail = await self._owner_tail(stream, end, 0, 0)
         return max(end, tail.high_watermark) if tail is not None else None
 
+    async def owner_last_stable(self, stream: int) -> int | None:
+        """The owner's last stable offset (read_committed's end), here or asked of the
+        owner; None when no owner answers. An owner of a release before transactions
+        (peer protocol below STABLE_PROTOCOL) took none: its high watermark."""
+        partition = self._partition(stream)
+        if partition is not None:
+            return partition.last_stable_offset
+        end = self._committed_end(stream)
+        tail = await self._owner_tail(stream, end, 0, 0, stable=True)
+        if tail is None:
+            return None
+        if tail.last_stable_offset is None:
+            return max(end, tail.high_watermark)
+        return tail.last_stable_offset
+
     async def tail_records(
         self, stream: int, offset: int, max_bytes: int
     ) -> tuple[Sequence[memoryview], int] | None:
@@ -165,13 +185,16 @@ class TieredReads:
             partition = self._partition(stream)
         if partition is None:
             return TieredFetchResult(ErrorCode.not_leader_or_follower)
+        # the LSO with the high watermark, before the batches: they reach the markers of
+        # every transaction below it (the asker decides with them: records/transactions.py)
         end, start = partition.high_watermark, partition.log_start_offset
+        stable = partition.last_stable_offset
         if offset > end or offset < start:
-            return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, start)
+            return TieredFetchResult(ErrorCode.offset_out_of_range, end, stable, start)
         records: Sequence[memoryview] = ()
         if request.max_bytes > 0:
             records = await self._tail(stream, offset, request.max_bytes)
-        return TieredFetchResult(ErrorCode.none, end, end, start, None, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, end, stable, start, None, -1, tuple(records))
 
     async def _tail(self, stream: int, offset: int, max_bytes: int) -> Sequence[memoryview]:
         """The owner's batches from `offset` past the committed objects: the log cache,
@@ -206,15 +229,22 @@ class TieredReads:
         if await self._owner_tail(stream, offset, 0, int(left_s * 1000)) is None:
             await asyncio.sleep(max(left_s - (time.monotonic() - started), 0))
 
-    async def _owner_tail(self, stream: int, offset: int, max_bytes: int, max_wait_ms: int):
-        """The owner's answer (peer_messages.FetchResponse) for the tail from `offset`;
+    async def _owner_tail(
+        self, stream: int, offset: int, max_bytes: int, max_wait_ms: int, *, stable: bool = False
+    ) -> FetchResponse | None:
+        """The owner's answer for the tail from `offset`, with its last stable offset if
+        `stable` and the owner's release answers it (else `last_stable_offset` is None);
         None when it has no live owner elsewhere or does not answer."""
         service = self.service
         address = service.owner_address(stream)
         if address is None:
             return None
+        if stable:
+            stable = service.peer_protocol(service.state(stream).owner) >= STABLE_PROTOCOL
         try:
-            answer = await service.peers.fetch(address, stream, offset, max_bytes, max_wait_ms)
+            answer = await service.peers.fetch(
+                address, stream, offset, max_bytes, max_wait_ms, stable=stable
+            )
         except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:  # Runtime: closed
             log.debug("tail of stream %d from %s: %r", stream, address, exc)
             return None
@@ -286,8 +316,11 @@ class TieredReads:
         offset = part.fetch_offset
         if offset < log_start or (partition is not None and offset > end):
             return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
+        if isolation_level == READ_COMMITTED:
+            run = functools.partial(self._run, state, stream, offset, end, (reader, stream))
+            where = f"{found.name}-{part.partition} at offset {offset}"
+            return await self._read_committed(run, stream, offset, max_bytes, log_start, where)
         records: Sequence[memoryview] = ()
-        aborted: tuple[tuple[int, int], ...] | None = None
         priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
         if max_bytes > 0 and offset < end:
             try:
@@ -295,11 +328,7 @@ class TieredReads:
                     state, stream, offset, max_bytes, reader_id=(reader, stream)
                 )
                 records = found_batches.batches
-                if records and isolation_level == READ_COMMITTED:
-                    records, aborted = await self._decided(
-                        state, stream, offset, max_bytes, records, (reader, stream)
-                    )
-            except (ObjectFormatError, ControlRecordError) as exc:
+            except ObjectFormatError as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
                 return TieredFetchResult(ErrorCode.corrupt_message, end, end, log_start)
             except ObjectStoreError as exc:
@@ -314,46 +343,71 @@ class TieredReads:
                 end = max(end, tail.high_watermark)
                 if tail.error_code == ErrorCode.offset_out_of_range:
                     return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
-                records = tail.records
+                records = tuple(memoryview(piece) for piece in tail.records)
                 priority = Priority.TAIL_READ
         if records and self.service.bandwidth is not None:
             size = sum(len(memoryview(piece)) for piece in records)
             await self.service.bandwidth.limiter.acquire(priority, size)
-        if aborted is None and isolation_level == READ_COMMITTED:
-            aborted = ()
-        return TieredFetchResult(ErrorCode.none, end, end, log_start, aborted, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, end, end, log_start, None, -1, tuple(records))
 
-    async def _decided(
-        self,
-        state,
-        stream: int,
-        offset: int,
-        max_bytes: int,
-        records: Sequence[memoryview],
-        reader_id: Hashable,
-    ) -> tuple[Sequence[memoryview], tuple[tuple[int, int], ...]]:
-        """A read_committed answer of stored batches (an offload job's copy of Kafka's
-        log holds transactions): up to the first transaction whose marker it lacks, with
-        the aborted ones named (transactions.py). When the first batch's transaction is
-        undecided, more is read, up to MAX_TRANSACTION_READ_BYTES; a transaction still
-        undecided then (its marker is not in the objects) is answered as it is."""
-        view = committed_view(records)
-        limit = max_bytes
-        while view.count == 0 and limit < MAX_TRANSACTION_READ_BYTES:
-            limit = min(max(2 * limit, 1 << 20), MAX_TRANSACTION_READ_BYTES)
-            more = await self.reader.read(state, stream, offset, limit, reader_id=reader_id)
-            records = more.batches
-            view = committed_view(records)
-        if view.count == 0:
-            log.warning(
-                "stream %d: the transaction from offset %s has no marker in the next %d bytes "
-                "of objects: answered to read_committed as it is",
-                stream,
-                view.undecided_at,
-                limit,
-            )
-            return records, view.aborted
-        return records[: view.count], view.aborted
+    async def _read_committed(
+        self, run, stream: int, offset: int, max_bytes: int, log_start: int, where: str
+    ) -> TieredFetchResult:
+        """A read_committed answer (committed.py): never past the last stable offset,
+        every transaction in it decided, the aborted ones named."""
+        try:
+            read = await read_committed(run, stream, offset, max(max_bytes, 0))
+        except _OutOfRange as exc:
+            end = exc.end
+            return TieredFetchResult(ErrorCode.offset_out_of_range, end, end, log_start)
+        except (ObjectFormatError, ControlRecordError, CorruptBatchError) as exc:
+            log.error("%s: %s", where, exc)
+            return TieredFetchResult(ErrorCode.corrupt_message, -1, -1, log_start)
+        except ObjectStoreError as exc:
+            log.error("%s: %s", where, exc)
+            return TieredFetchResult(ErrorCode.kafka_storage_error, -1, -1, log_start)
+        records = read.records
+        if records and self.service.bandwidth is not None:
+            size = sum(piece.nbytes for piece in records)
+            priority = Priority.TAIL_READ if read.tail else Priority.CATCHUP_READ
+            await self.service.bandwidth.limiter.acquire(priority, size)
+        fields = (read.end, read.last_stable_offset, log_start, read.aborted, -1, tuple(records))
+        return TieredFetchResult(ErrorCode.none, *fields)
+
+    async def _run(
+        self, state, stream: int, offset: int, end: int, reader_id: Hashable, limit: int
+    ) -> Run:
+        """The batches from `offset` on, up to `limit` bytes (the first whole): the
+        objects, then the tail past them (the log cache here, else the owner's, which
+        answers its last stable offset too). On the owner, its LSO and high watermark are
+        read first, so a run reaching that high watermark holds every marker below it."""
+        partition = self._partition(stream)
+        last_stable: int | None = None
+        if partition is not None:
+            last_stable, end = partition.last_stable_offset, partition.high_watermark
+        if limit <= 0:
+            return Run((), end, last_stable, offset >= end)
+        found = await self.reader.read(state, stream, offset, limit, reader_id=reader_id)
+        batches = list(found.batches)
+        size = sum(batch.nbytes for batch in batches)
+        at = read_batch_header(batches[-1]).next_offset if batches else offset
+        tail = False
+        if size < limit and (not batches or at >= self._committed_end(stream)):
+            tail = True
+            if partition is not None:
+                batches += await self._tail(stream, at, limit - size)
+            else:
+                answer = await self._owner_tail(stream, at, limit - size, 0, stable=True)
+                if answer is not None and answer.error_code == ErrorCode.offset_out_of_range:
+                    if not batches:
+                        raise _OutOfRange(max(end, answer.high_watermark))
+                elif answer is not None:
+                    end = max(end, answer.high_watermark)
+                    last_stable = answer.last_stable_offset
+                    for piece in answer.records:
+                        batches += (view for _, view in iter_batches(piece))
+        at = read_batch_header(batches[-1]).next_offset if batches else offset
+        return Run(batches, end, last_stable, at >= end, tail)
 
     async def _wait_for_data(self, parts: Sequence[TieredFetchPartition], left_s: float) -> None:
         """Until a partition here may have more (an append on an owned one, a metadata
@@ -380,3 +434,11 @@ class TieredReads:
             for pending in waits:
                 pending.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+
+class _OutOfRange(Exception):
+    """The owner answered the fetch offset out of range (a trim it knows first)."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end

@@ -22,13 +22,14 @@ from test_fetch_split import (
     request,
 )
 
-from proxy.apis.fetch_clamp import batches_below, clamp_partition_answer
+from proxy.apis.fetch_clamp import batches_below, clamp_partition_answer, data_past
 from proxy.apis.fetch_merge import merge_responses
 from proxy.apis.fetch_split import answer_layout, read_fetch_request
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.fetch import FetchPlan
+from tests.support.batches import control_batch
 
 CUTOVER = 40
 
@@ -161,3 +162,33 @@ def _plan(view, cutovers, beyond) -> FetchPlan:
         return FetchPlan(view, None, loop.create_future(), cutovers=cutovers, beyond=beyond)
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 16])
+def test_a_marker_past_the_cutover_is_cut_and_not_noted_kafkas_lso_and_aborted_kept(version):
+    # a transaction open at the cutover (first offset 35, carried across) was aborted: its
+    # marker is at 40 in Kafka's log; Kafka's LSO for its part is 35 while it was open
+    # (kept), and its aborted entry (first offset 35) is kept with the batches below 40
+    marker = struct.pack(">q", CUTOVER) + control_batch(6, 0, 0, timestamp=1)[8:]
+    below = at(CUTOVER - 5, 5)
+    m = mod(RESPONSES, version)
+    aborted = (m.AbortedTransaction(producer_id=6, first_offset=CUTOVER - 5),)
+    entry = partition_data(
+        version, 0, records=below + marker, high_watermark=CUTOVER + 1,
+        last_stable_offset=CUTOVER - 5, log_start_offset=0, aborted_transactions=aborted,
+        preferred_read_replica=-1,
+    )  # fmt: skip
+    body = encode(answer(version, [("t", [entry])]))
+    view = read_fetch_request(version, encode(request(version, {"t": [(0, 35, 1, 1 << 20)]})))
+    beyond = BeyondCutover()
+    merged = _plan(view, {(key(version, "t"), 0): ("t", CUTOVER)}, beyond).merge(
+        version, memoryview(body), {}
+    )
+    expected = partition_data(
+        version, 0, records=below, high_watermark=CUTOVER, last_stable_offset=CUTOVER - 5,
+        log_start_offset=0, aborted_transactions=aborted, preferred_read_replica=-1,
+    )  # fmt: skip
+    assert decode(RESPONSES[version], merged) == answer(version, [("t", [expected])])
+    assert beyond.counts == {}
+    assert data_past(memoryview(marker + at(CUTOVER + 1, 2)), 0)  # records after the marker
+    assert not data_past(memoryview(marker + marker[:22]), 0)  # too short to tell: not data

@@ -11,7 +11,6 @@ from test_offset_for_leader_epoch import RESPONSES, VERSIONS, response
 
 from proxy.apis.api23_offset_for_leader_epoch import EpochError, rewrite_end_offsets
 from proxy.kafka.codec import decode, encode
-from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.epochs import EpochsPlan
 
 
@@ -27,10 +26,10 @@ def test_rewrite_answers_an_error_where_asked(version):
     )
 
 
-def _plan(cutovers: dict, beyond: BeyondCutover | None = None) -> EpochsPlan:
+def _plan(cutovers: dict) -> EpochsPlan:
     loop = asyncio.new_event_loop()
     try:
-        return EpochsPlan((), loop.create_future(), cutovers, beyond=beyond)
+        return EpochsPlan((), loop.create_future(), cutovers)
     finally:
         loop.close()
 
@@ -59,11 +58,10 @@ def test_merge_cuts_an_end_past_the_cutover(version):
     # high watermark is answered: 40 when nothing was produced through the proxy since the
     # cutover (never Kafka's 41), 95 when it was; an epoch ending below stays Kafka's.
     kafka = encode(response(version, {"t": [(0, 0, 2, 41), (0, 1, 2, 47), (0, 2, 1, 30)]}))
-    beyond = BeyondCutover()
-    plan = _plan({("t", 0): 40, ("t", 1): 40, ("t", 2): 40}, beyond)
+    plan = _plan({("t", 0): 40, ("t", 1): 40, ("t", 2): 40})
     local = {("t", 0): (40, 40), ("t", 1): (40, 95), ("t", 2): (40, 95)}
     merged = plan.merge(version, memoryview(kafka), local)
     assert decode(RESPONSES[version], merged) == response(
         version, {"t": [(0, 0, 2, 40), (0, 1, 2, 95), (0, 2, 1, 30)]}
     )
-    assert beyond.counts == {"offset_for_leader_epoch": 2}
+    # not noted (beyond_cutover): a marker cannot be told from records in this answer

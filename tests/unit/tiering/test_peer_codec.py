@@ -71,6 +71,12 @@ MESSAGES = [
     CatchUpRequest(21, 42, 5000),
     CatchUpRequest(0xFFFF_FFFF, (1 << 64) - 1, (1 << 31) - 1),
 ]
+# with the optional trailers of protocol 5 (a cut trailer leaves an older, valid frame)
+WITH_TRAILERS = [
+    FetchRequest(21, 42, 0, 1 << 20, 500, stable=True),
+    FetchResponse(22, 0, 1003, 1000, (b"\x00" * 61 + b"batch",), last_stable_offset=1001),
+    FetchResponse(23, 0, 7, 0, last_stable_offset=-1),
+]
 # sha256 of the frames of MESSAGES less the pings, as main wrote them before pings existed
 OLDER_FRAMES_SHA256 = "9227ed6d919e1799422a67f1fbab029a04c5215a3f7e152125744cef51b9c3cf"
 
@@ -80,7 +86,7 @@ def reframe(body: bytes) -> bytes:
     return struct.pack(">II", len(body), crc32c(body)) + body
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("message", MESSAGES + WITH_TRAILERS, ids=lambda m: type(m).__name__)
 def test_each_message_round_trips(message):
     frame = encode_frame(message)
     assert decode_frame(frame) == message
@@ -164,7 +170,7 @@ def test_records_are_counted_in_bytes_not_items():
     assert bytes(decode_frame(append).records) == ints.tobytes()
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("message", MESSAGES + WITH_TRAILERS, ids=lambda m: type(m).__name__)
 def test_frame_size_is_the_size_of_the_frame(message):
     assert frame_size(message) == len(encode_frame(message))
 
@@ -312,7 +318,9 @@ def test_an_oversized_or_undersized_length_is_refused_from_its_four_bytes():
         (struct.pack(">BBIQqii", 1, 5, 1, 42, 0, 1, -5), "message type 5: max_wait_ms -5"),
         (struct.pack(">BBIQqi", 1, 5, 1, 42, 0, 1), "truncated fetch request: 20 of 24"),
         (struct.pack(">BBIhqqI", 1, 6, 1, 0, 0, 0, 3) + b"ab", "truncated records: 2 of 3"),
-        (struct.pack(">BBIhqqI", 1, 6, 1, 0, 0, 0, 1) + b"ab", "1 trailing bytes after a Fetch"),
+        (struct.pack(">BBIhqqI", 1, 6, 1, 0, 0, 0, 1) + b"ab", "truncated fetch response last"),
+        (struct.pack(">BBIhqqIq", 1, 6, 1, 0, 0, 0, 0, 5) + b"!", "1 trailing bytes after a Fetch"),
+        (struct.pack(">BBIQqiiBB", 1, 5, 1, 42, 0, 1, 0, 1, 0), "1 trailing bytes after a Fetch"),
     ],
 )
 def test_bad_bodies_are_refused_with_the_reason(body, error):

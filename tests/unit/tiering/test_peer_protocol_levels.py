@@ -12,8 +12,16 @@ from crc32c import crc32c
 
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
-from proxy.peer.codec import PROTOCOL, SEQUENCES_PROTOCOL, decode_frame, encode_frame, for_peer
-from proxy.peer.messages import AppendRequest
+from proxy.peer.codec import (
+    PROTOCOL,
+    SEQUENCES_PROTOCOL,
+    STABLE_PROTOCOL,
+    PeerProtocolError,
+    decode_frame,
+    encode_frame,
+    for_peer,
+)
+from proxy.peer.messages import AppendRequest, FetchRequest, FetchResponse
 from proxy.routing.fleet import (
     HEARTBEAT_VERSION,
     OLD_PEER_PROTOCOL,
@@ -86,3 +94,37 @@ def test_a_heartbeat_with_a_bad_peer_protocol_is_refused(value):
     raw["peer_protocol"] = value
     with pytest.raises(HeartbeatError, match="peer_protocol"):
         decode_heartbeat(json.dumps(raw).encode())
+
+
+def test_a_fetch_without_stable_is_the_release_3_frame_and_is_answered_without_a_trailer():
+    """An asker of a release before the last stable offset sends the frame it always
+    sent; the owner's answer to it holds nothing after the records (the asker would refuse
+    it). A new asker sends the flags only to an owner at STABLE_PROTOCOL."""
+    assert PROTOCOL >= STABLE_PROTOCOL > 3
+    old = encode_frame(FetchRequest(3, 7, 100, 1024, 0))
+    assert old[14:] == struct.pack(">Qqii", 7, 100, 1024, 0)
+    assert decode_frame(old).stable is False
+    new = encode_frame(FetchRequest(3, 7, 100, 1024, 0, stable=True))
+    assert new[14:] == struct.pack(">QqiiB", 7, 100, 1024, 0, 1)
+    assert decode_frame(new).stable is True
+
+    class Result:
+        error_code, high_watermark, log_start_offset, last_stable_offset = 0, 9, 0, 5
+        records = (b"batch",)
+
+    plain = FetchResponse.from_result(3, Result())
+    assert encode_frame(plain)[14:] == struct.pack(">hqqI", 0, 9, 0, 5) + b"batch"
+    stable = FetchResponse.from_result(3, Result(), stable=True)
+    frame = encode_frame(stable)
+    assert frame[14:] == struct.pack(">hqqI", 0, 9, 0, 5) + b"batch" + struct.pack(">q", 5)
+    decoded = decode_frame(frame)
+    assert (bytes(decoded.records[0]), decoded.last_stable_offset) == (b"batch", 5)
+
+
+def test_a_fetch_request_with_unknown_flags_is_refused():
+    frame = bytearray(encode_frame(FetchRequest(3, 7, 100, 1024, 0, stable=True)))
+    frame[-1] = 3
+    body = bytes(frame[8:])
+    frame[:8] = struct.pack(">II", len(body), crc32c(body))
+    with pytest.raises(PeerProtocolError, match="flags"):
+        decode_frame(bytes(frame))

@@ -8,12 +8,14 @@ import struct
 
 import pytest
 
-from proxy.records.batches import iter_batches, with_base_offset
+from proxy.records.batches import iter_batches, read_batch_header, with_base_offset
 from proxy.records.transactions import (
     ABORT,
     COMMIT,
+    CommittedAnswer,
     CommittedView,
     ControlRecordError,
+    committed_answer,
     committed_view,
     marker_type,
 )
@@ -85,3 +87,75 @@ def test_a_transaction_started_before_the_answer_is_decided_by_its_marker():
                   marker(7, COMMIT))  # fmt: skip
     at = offsets(batches)
     assert committed_view(batches) == CommittedView(4, ((7, at[0]),))
+
+
+# -- committed_answer: the last stable offset and the run ---------------------------------
+
+
+def ends(batches) -> list[int]:
+    return [read_batch_header(b).next_offset for b in batches]
+
+
+def test_known_lso_stops_the_answer_and_a_marker_past_it_still_decides():
+    # 8 opens at 101 and aborts at 104, past the LSO 103 where 9's open transaction starts
+    batches = log(data(), data(8, transactional=True), data(), data(9, transactional=True),
+                  marker(8, ABORT))  # fmt: skip
+    at = offsets(batches)
+    answer = committed_answer(batches, 100, 1 << 20, last_stable=at[3], end=200, exhausted=False)
+    assert answer == CommittedAnswer(3, ((8, at[1]),), at[3])
+
+
+def test_known_lso_at_the_first_batch_answers_nothing_and_reads_no_further():
+    batches = log(data(9, transactional=True), data())
+    answer = committed_answer(batches, 100, 1 << 20, last_stable=100, end=200, exhausted=False)
+    assert answer == CommittedAnswer(0, (), 100, read_more=False)
+
+
+def test_a_first_batch_below_the_lso_without_its_marker_asks_for_a_longer_run():
+    batches = log(data(8, transactional=True), data())
+    answer = committed_answer(batches, 100, 1 << 20, last_stable=150, end=200, exhausted=False)
+    assert answer == CommittedAnswer(0, (), 150, read_more=True)
+    # a run that reaches the high watermark holds every marker: nothing more to read
+    done = committed_answer(batches, 100, 1 << 20, last_stable=150, end=200, exhausted=True)
+    assert done.read_more is False
+
+
+def test_unknown_lso_is_what_the_batches_decide():
+    decided = log(data(), data(8, transactional=True), marker(8, COMMIT))
+    answer = committed_answer(decided, 100, 1 << 20, last_stable=None, end=500, exhausted=False)
+    assert answer == CommittedAnswer(3, (), ends(decided)[-1])
+    at_end = committed_answer(decided, 100, 1 << 20, last_stable=None, end=500, exhausted=True)
+    assert at_end.last_stable_offset == 500
+    undecided = log(data(), data(8, transactional=True), data())
+    at = offsets(undecided)
+    answer = committed_answer(undecided, 100, 1 << 20, last_stable=None, end=500, exhausted=True)
+    assert answer == CommittedAnswer(1, (), at[1])
+    first = log(data(8, transactional=True), data())
+    more = committed_answer(first, 100, 1 << 20, last_stable=None, end=500, exhausted=False)
+    assert more == CommittedAnswer(0, (), 100, read_more=True)
+    stuck = committed_answer(first, 100, 1 << 20, last_stable=None, end=500, exhausted=True)
+    assert stuck == CommittedAnswer(0, (), 100)
+    assert committed_answer([], 120, 1 << 20, last_stable=None, end=500, exhausted=False) == (
+        CommittedAnswer(0, (), 120)
+    )
+
+
+def test_the_answer_keeps_max_bytes_after_deciding_with_a_longer_run():
+    batches = log(data(8, transactional=True), data(), data(), marker(8, ABORT), data())
+    at = offsets(batches)
+    size = len(batches[0])
+    answer = committed_answer(batches, 100, size, last_stable=500, end=500, exhausted=True)
+    assert answer == CommittedAnswer(1, ((8, at[0]),), 500)
+    # an aborted transaction starting past the answer is not named
+    later = log(data(), data(8, transactional=True), marker(8, ABORT))
+    answer = committed_answer(later, 100, 1, last_stable=500, end=500, exhausted=True)
+    assert answer == CommittedAnswer(1, (), 500)
+
+
+def test_the_lso_is_never_past_the_high_watermark():
+    batches = log(data(), data())
+    answer = committed_answer(
+        batches, 100, 1 << 20, last_stable=900, end=ends(batches)[0], exhausted=False
+    )
+    assert answer.last_stable_offset == ends(batches)[0]
+    assert answer.count == 1
