@@ -55,6 +55,7 @@ log = logging.getLogger("tierproxy.peers")
 Address = tuple[str, int]
 
 _FETCH_ANSWER_HEAD = frame_size(FetchResponse(0, 0))  # a fetch answer's frame, less records
+_LSO_TRAILER = 8  # the last stable offset after the records, when asked for
 
 
 class PeerUnavailable(ConnectionError):
@@ -365,7 +366,8 @@ class PeerClients:
         `max_bytes` is cut to what a frame holds. The default timeout is `max_wait_ms` plus
         `timeout_margin_s`. `stable` asks for the owner's last stable offset too: only for
         an owner at `STABLE_PROTOCOL` or later (an older one drops the connection)."""
-        max_bytes = min(max_bytes, max(self.max_frame_bytes - _FETCH_ANSWER_HEAD - 8, 0))
+        head = _FETCH_ANSWER_HEAD + (_LSO_TRAILER if stable else 0)
+        max_bytes = min(max_bytes, max(self.max_frame_bytes - head, 0))
         request = FetchRequest(0, stream_id, offset, max_bytes, max_wait_ms, stable)
         if timeout_s is None:
             timeout_s = max_wait_ms / 1000 + self.timeout_margin_s
