@@ -25,6 +25,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.DeletedRecords;
+import org.apache.kafka.clients.admin.ListOffsetsOptions;
 import org.apache.kafka.clients.admin.ListOffsetsResult;
 import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.RecordsToDelete;
@@ -35,6 +36,7 @@ import org.apache.kafka.clients.consumer.OffsetOutOfRangeException;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.IsolationLevel;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
@@ -46,6 +48,9 @@ public class Conformance {
   static final ObjectMapper JSON = new ObjectMapper();
   static final Map<String, KafkaProducer<byte[], byte[]>> PRODUCERS = new HashMap<>();
   static final Map<String, Admin> ADMINS = new HashMap<>();
+  // a scenario's transactional producers, by transactional id, and those in a transaction
+  static final Map<String, KafkaProducer<byte[], byte[]>> TXNS = new HashMap<>();
+  static final Set<String> OPEN = new HashSet<>();
 
   public static void main(String[] args) throws Exception {
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
@@ -64,12 +69,15 @@ public class Conformance {
     }
     for (KafkaProducer<byte[], byte[]> p : PRODUCERS.values()) p.close(Duration.ofSeconds(5));
     for (Admin a : ADMINS.values()) a.close(Duration.ofSeconds(5));
+    closeTransactions();
   }
 
   static ObjectNode handle(JsonNode cmd) throws Exception {
     String op = cmd.get("op").asText();
     switch (op) {
       case "produce": return produce(cmd);
+      case "txn_produce": return txnProduce(cmd);
+      case "close_transactions": return closeTransactions();
       case "fetch": return fetch(cmd);
       case "list_offsets": return listOffsets(cmd);
       case "delete_records": return deleteRecords(cmd);
@@ -127,12 +135,7 @@ public class Conformance {
     Map<String, List<Future<RecordMetadata>>> sent = new HashMap<>();
     for (TopicPartition tp : partitions(cmd)) {
       List<Future<RecordMetadata>> futures = new ArrayList<>();
-      for (JsonNode r : cmd.get("records")) {
-        List<Header> headers = new ArrayList<>();
-        for (JsonNode h : r.get("headers")) headers.add(new RecordHeader(h.get(0).asText(), bytes(h.get(1))));
-        futures.add(producer.send(new ProducerRecord<>(tp.topic(), 0, r.get("ts").asLong(),
-            bytes(r.get("key")), bytes(r.get("value")), headers)));
-      }
+      for (JsonNode r : cmd.get("records")) futures.add(producer.send(producerRecord(tp.topic(), r)));
       sent.put(tp.topic(), futures);
     }
     producer.flush();
@@ -151,9 +154,97 @@ public class Conformance {
     return answers;
   }
 
+  static ProducerRecord<byte[], byte[]> producerRecord(String topic, JsonNode r) {
+    List<Header> headers = new ArrayList<>();
+    for (JsonNode h : r.get("headers")) headers.add(new RecordHeader(h.get(0).asText(), bytes(h.get(1))));
+    return new ProducerRecord<>(topic, 0, r.get("ts").asLong(), bytes(r.get("key")),
+        bytes(r.get("value")), headers);
+  }
+
+  // Records in a transaction of the scenario (one producer per topic and txn, kept across
+  // commands), then commit, abort or leave it open: the offsets, then how it ended.
+  static ObjectNode txnProduce(JsonNode cmd) {
+    ObjectNode answers = JSON.createObjectNode();
+    for (TopicPartition tp : partitions(cmd)) {
+      String id = tp.topic() + "-txn" + cmd.get("txn").asInt();
+      ArrayNode answer = JSON.createArrayNode();
+      answers.set(tp.topic(), answer);
+      KafkaProducer<byte[], byte[]> producer = TXNS.get(id);
+      if (producer == null) {
+        Properties props = common(cmd);
+        props.put("compression.type", cmd.get("codec").asText());
+        props.put("transactional.id", id);
+        props.put("transaction.timeout.ms", "60000");
+        props.put("linger.ms", "1000");
+        props.put("batch.size", "1048576");
+        props.put("delivery.timeout.ms", "90000");
+        props.put("max.block.ms", "30000");
+        props.put("key.serializer", ByteArraySerializer.class.getName());
+        props.put("value.serializer", ByteArraySerializer.class.getName());
+        producer = new KafkaProducer<>(props);
+        try {
+          producer.initTransactions();
+        } catch (Exception e) {
+          producer.close(Duration.ZERO);
+          answer.add(error(e));
+          continue;
+        }
+        TXNS.put(id, producer);
+      }
+      if (OPEN.add(id)) producer.beginTransaction();
+      List<Future<RecordMetadata>> futures = new ArrayList<>();
+      for (JsonNode r : cmd.get("records")) futures.add(producer.send(producerRecord(tp.topic(), r)));
+      producer.flush();
+      for (Future<RecordMetadata> f : futures) {
+        try {
+          answer.add(f.get().offset());
+        } catch (Exception ex) {
+          answer.add(error(ex));
+        }
+      }
+      String end = cmd.get("end").asText();
+      if (end.equals("open")) {
+        answer.add("open");
+        continue;
+      }
+      try {
+        if (end.equals("commit")) producer.commitTransaction();
+        else producer.abortTransaction();
+        answer.add(end);
+        OPEN.remove(id);
+      } catch (Exception e) {
+        answer.add(error(e));
+        try {
+          producer.abortTransaction();
+          OPEN.remove(id);
+        } catch (Exception again) { // fatal: a new producer next time
+          producer.close(Duration.ZERO);
+          TXNS.remove(id);
+          OPEN.remove(id);
+        }
+      }
+    }
+    return answers;
+  }
+
+  static ObjectNode closeTransactions() {
+    for (Map.Entry<String, KafkaProducer<byte[], byte[]>> e : TXNS.entrySet()) {
+      try {
+        if (OPEN.contains(e.getKey())) e.getValue().abortTransaction();
+      } catch (Exception ignored) { // the scenario's answers already name what failed
+      }
+      e.getValue().close(Duration.ofSeconds(5));
+    }
+    TXNS.clear();
+    OPEN.clear();
+    return JSON.createObjectNode();
+  }
+
   static KafkaConsumer<byte[], byte[]> consumer(JsonNode cmd, String group, String reset) {
     Properties props = common(cmd);
     if (group != null) props.put("group.id", group);
+    JsonNode isolation = cmd.get("isolation");
+    if (isolation != null) props.put("isolation.level", isolation.asText());
     props.put("enable.auto.commit", "false");
     props.put("auto.offset.reset", reset);
     props.put("key.deserializer", ByteArrayDeserializer.class.getName());
@@ -173,7 +264,7 @@ public class Conformance {
     return n;
   }
 
-  static ObjectNode fetch(JsonNode cmd) {
+  static ObjectNode fetch(JsonNode cmd) throws Exception {
     long offset = cmd.get("offset").asLong();
     long deadline = System.currentTimeMillis() + cmd.get("timeout_ms").asLong();
     ObjectNode answers = JSON.createObjectNode();
@@ -181,14 +272,19 @@ public class Conformance {
       List<TopicPartition> tps = partitions(cmd);
       consumer.assign(tps);
       for (TopicPartition tp : tps) consumer.seek(tp, offset);
+      // the end: the high watermark, or with read_committed the last stable offset
       Map<TopicPartition, Long> ends = consumer.endOffsets(tps, Duration.ofSeconds(30));
+      Map<TopicPartition, Long> highs = ends;
+      if ("read_committed".equals(cmd.path("isolation").asText())) highs = highWatermarks(cmd, tps);
       Map<TopicPartition, ArrayNode> got = new HashMap<>();
       Set<TopicPartition> open = new HashSet<>(tps);
       for (TopicPartition tp : tps) got.put(tp, JSON.createArrayNode());
       while (!open.isEmpty() && System.currentTimeMillis() < deadline) {
         for (TopicPartition tp : new ArrayList<>(open)) {
-          // at the end: done; past it, the next fetch answers OFFSET_OUT_OF_RANGE
-          if (consumer.position(tp) == ends.get(tp)) {
+          // at the end: done; past it, the next fetch answers OFFSET_OUT_OF_RANGE, but
+          // past the last stable offset and not the high watermark, no records
+          long position = consumer.position(tp);
+          if (position == ends.get(tp) || (ends.get(tp) < position && position <= highs.get(tp))) {
             ObjectNode end = JSON.createObjectNode();
             end.put("end", consumer.position(tp));
             got.get(tp).add(end);
@@ -221,6 +317,16 @@ public class Conformance {
     return answers;
   }
 
+  static Map<TopicPartition, Long> highWatermarks(JsonNode cmd, List<TopicPartition> tps)
+      throws Exception {
+    Map<TopicPartition, OffsetSpec> asked = new HashMap<>();
+    for (TopicPartition tp : tps) asked.put(tp, OffsetSpec.latest());
+    Map<TopicPartition, Long> highs = new HashMap<>();
+    ListOffsetsResult result = admin(cmd).listOffsets(asked);
+    for (TopicPartition tp : tps) highs.put(tp, result.partitionResult(tp).get().offset());
+    return highs;
+  }
+
   static Admin admin(JsonNode cmd) {
     String key = cmd.get("bootstrap").asText() + "/" + cmd.get("zone").asText();
     return ADMINS.computeIfAbsent(key, k -> {
@@ -246,7 +352,9 @@ public class Conformance {
   static ObjectNode listOffsets(JsonNode cmd) {
     Map<TopicPartition, OffsetSpec> asked = new HashMap<>();
     for (TopicPartition tp : partitions(cmd)) asked.put(tp, spec(cmd));
-    ListOffsetsResult result = admin(cmd).listOffsets(asked);
+    IsolationLevel isolation = "read_committed".equals(cmd.path("isolation").asText())
+        ? IsolationLevel.READ_COMMITTED : IsolationLevel.READ_UNCOMMITTED;
+    ListOffsetsResult result = admin(cmd).listOffsets(asked, new ListOffsetsOptions(isolation));
     ObjectNode answers = JSON.createObjectNode();
     for (TopicPartition tp : asked.keySet()) {
       ObjectNode n = JSON.createObjectNode();

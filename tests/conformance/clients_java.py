@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from answers import Record, end, error, offset_answer, relative
-from ops import Commit, DeleteRecords, Fetch, ListOffsets, Produce, Resume
+from ops import Commit, DeleteRecords, Fetch, ListOffsets, Produce, Resume, TxnProduce
 
 from proxy.devstack.paths import kafka_libs
 
@@ -64,6 +64,11 @@ class Java:
             )  # fmt: skip
         return self.process
 
+    def close_transactions(self) -> None:
+        """The scenario's transactional producers, gone (an open transaction aborted)."""
+        if self.process is not None and self.process.poll() is None:
+            self._call({"op": "close_transactions"})
+
     def close(self) -> None:
         if self._javac.poll() is None:
             self._javac.kill()
@@ -103,24 +108,41 @@ class Java:
                 "timeout_ms": TIMEOUT_MS, **more}  # fmt: skip
 
     def produce(self, bootstrap: str, topics: list[str], op: Produce, base_ms: int) -> dict:
-        records = [
-            {"key": _b64(r.key), "value": _b64(r.value), "ts": base_ms + r.ts,
-             "headers": [[k, _b64(v)] for k, v in r.headers]}
-            for r in op.records
-        ]  # fmt: skip
+        records = _records(op.records, base_ms)
         answers = self._call(
             self._command("produce", bootstrap, topics, op.zone, codec=op.codec, records=records)
         )
         return {t: tuple(answers[t]) for t in topics}
 
+    def txn_produce(self, bootstrap: str, topics: list[str], op: TxnProduce, base_ms: int):
+        answers = self._call(
+            self._command(
+                "txn_produce", bootstrap, topics, op.zone, txn=op.txn, end=op.end,
+                codec=op.codec, records=_records(op.records, base_ms),
+            )
+        )  # fmt: skip
+        return {t: tuple(answers[t]) for t in topics}
+
     def fetch(self, bootstrap: str, topics: list[str], op: Fetch, base_ms: int) -> dict:
-        answers = self._call(self._command("fetch", bootstrap, topics, op.zone, offset=op.offset))
+        answers = self._call(
+            self._command(
+                "fetch", bootstrap, topics, op.zone, offset=op.offset, isolation=op.isolation
+            )
+        )
         return {t: tuple(_fetched(item, base_ms) for item in answers[t]) for t in topics}
 
     def list_offsets(self, bootstrap: str, topics: list[str], op: ListOffsets, base_ms: int):
         ts = None if op.ts is None else base_ms + op.ts
         answers = self._call(
-            self._command("list_offsets", bootstrap, topics, op.zone, spec=op.spec, ts=ts)
+            self._command(
+                "list_offsets",
+                bootstrap,
+                topics,
+                op.zone,
+                spec=op.spec,
+                ts=ts,
+                isolation=op.isolation,
+            )  # fmt: skip
         )
         return {t: _offsets(answers[t], base_ms) for t in topics}
 
@@ -155,6 +177,14 @@ class Java:
             else:
                 result[topic] = ("record", a["offset"], _bytes(a["value"]))
         return result
+
+
+def _records(records, base_ms: int) -> list[dict]:
+    return [
+        {"key": _b64(r.key), "value": _b64(r.value), "ts": base_ms + r.ts,
+         "headers": [[k, _b64(v)] for k, v in r.headers]}
+        for r in records
+    ]  # fmt: skip
 
 
 def _fetched(item: dict, base_ms: int):

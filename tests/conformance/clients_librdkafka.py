@@ -11,13 +11,16 @@ from confluent_kafka import (
     OFFSET_INVALID,
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from ops import Commit, DeleteRecords, Fetch, ListOffsets, Produce, Resume
+from ops import Commit, DeleteRecords, Fetch, ListOffsets, Produce, Resume, TxnProduce
+
+from tests.support.clients import watermarks
 
 TIMEOUT_S = 30.0
 ADMIN_TIMEOUT_S = 15.0  # DeleteRecords, ListOffsets: Kafka answers them at once
@@ -33,18 +36,37 @@ def _failure(exc: KafkaException) -> tuple[str, str]:
     return error(_name(exc.args[0]))
 
 
+def _failure_of(call) -> str | None:
+    """None, or the name of the error the call raised (a transactional call's)."""
+    try:
+        call()
+    except KafkaException as exc:
+        return _name(exc.args[0])
+    return None
+
+
 class Librdkafka:
     name = "librdkafka"
 
     def __init__(self) -> None:
         self._producers: dict[tuple[str, str], Producer] = {}
         self._admins: dict[str, AdminClient] = {}
+        self._txns: dict[str, tuple[Producer, bool]] = {}  # transactional id -> (it, open)
 
     def close(self) -> None:
         for producer in self._producers.values():
             producer.flush(10)
         self._producers.clear()
         self._admins.clear()
+        self.close_transactions()
+
+    def close_transactions(self) -> None:
+        """The scenario's transactional producers, gone (an open transaction aborted)."""
+        for producer, open_ in self._txns.values():
+            if open_:
+                _failure_of(lambda p=producer: p.abort_transaction(10))
+            producer.flush(1)
+        self._txns.clear()
 
     def _config(self, bootstrap: str, zone: str, **extra) -> dict:
         return {
@@ -93,22 +115,88 @@ class Librdkafka:
             self._producers.pop((bootstrap, op.codec), None)
         return {t: tuple("NOT_DELIVERED" if o is None else o for o in got[t]) for t in topics}
 
-    def _consumer(self, bootstrap: str, zone: str, group: str | None, reset: str) -> Consumer:
+    def txn_produce(self, bootstrap: str, topics: list[str], op: TxnProduce, base_ms: int):
+        return {t: self._txn_produce(bootstrap, t, op, base_ms) for t in topics}
+
+    def _txn_produce(self, bootstrap: str, topic: str, op: TxnProduce, base_ms: int) -> tuple:
+        txn_id = f"{topic}-txn{op.txn}"
+        if txn_id not in self._txns:
+            producer = Producer(
+                self._config(
+                    bootstrap, op.zone,
+                    **{"transactional.id": txn_id, "compression.type": op.codec,
+                       "linger.ms": 1000, "batch.num.messages": 10000,
+                       "message.timeout.ms": 60000, "transaction.timeout.ms": 60000},
+                )
+            )  # fmt: skip
+            failed = _failure_of(lambda: producer.init_transactions(TIMEOUT_S))
+            if failed:
+                return (failed,)
+            self._txns[txn_id] = (producer, False)
+        producer, open_ = self._txns[txn_id]
+        if not open_:
+            producer.begin_transaction()
+            self._txns[txn_id] = (producer, True)
+        got: list = [None] * len(op.records)
+
+        def report(n: int):
+            def delivered(err, msg) -> None:
+                got[n] = _name(err) if err is not None else msg.offset()
+
+            return delivered
+
+        for n, r in enumerate(op.records):
+            producer.produce(
+                topic, r.value, r.key, partition=0, timestamp=base_ms + r.ts,
+                headers=list(r.headers), on_delivery=report(n),
+            )  # fmt: skip
+        producer.flush(TIMEOUT_S * 2)
+        offsets = tuple("NOT_DELIVERED" if o is None else o for o in got)
+        if op.end == "open":
+            return (*offsets, "open")
+        end = producer.commit_transaction if op.end == "commit" else producer.abort_transaction
+        failed = _failure_of(lambda: end(TIMEOUT_S))
+        if failed is None:
+            self._txns[txn_id] = (producer, False)
+            return (*offsets, op.end)
+        if _failure_of(lambda: producer.abort_transaction(TIMEOUT_S)) is None:
+            self._txns[txn_id] = (producer, False)
+        else:
+            del self._txns[txn_id]  # fatal: a new producer next time
+        return (*offsets, failed)
+
+    def _consumer(
+        self, bootstrap: str, zone: str, group: str | None, reset: str, **extra
+    ) -> Consumer:
         return Consumer(
             self._config(
                 bootstrap, zone,
                 **{"group.id": group or f"conformance-{uuid.uuid4().hex}",
                    "enable.auto.commit": False, "auto.offset.reset": reset,
-                   "enable.partition.eof": True},
+                   "enable.partition.eof": True, **extra},
             )
         )  # fmt: skip
 
     def fetch(self, bootstrap: str, topics: list[str], op: Fetch, base_ms: int) -> dict:
-        consumer = self._consumer(bootstrap, op.zone, None, "error")
+        """To the end librdkafka signals (EOF): the high watermark, or with read_committed
+        the last stable offset (or where it starts, when that is past the last stable
+        offset but not past the high watermark: Kafka answers no records there, and
+        librdkafka signals no end)."""
+        consumer = self._consumer(
+            bootstrap, op.zone, None, "error", **{"isolation.level": op.isolation}
+        )
         got: dict[str, list] = {t: [] for t in topics}
         open_ = set(topics)
         try:
-            consumer.assign([TopicPartition(t, 0, op.offset) for t in topics])
+            if op.isolation == "read_committed":  # no EOF there: where the others stop
+                for topic in topics:
+                    stable = consumer.get_watermark_offsets(
+                        TopicPartition(topic, 0), TIMEOUT_S, cached=False
+                    )[1]
+                    if stable < op.offset <= watermarks(bootstrap, topic)[1]:
+                        got[topic].append(end(op.offset))
+                        open_.discard(topic)
+            consumer.assign([TopicPartition(t, 0, op.offset) for t in topics if t in open_])
             deadline = time.monotonic() + TIMEOUT_S
             while open_ and time.monotonic() < deadline:
                 msg = consumer.poll(0.2)
@@ -139,8 +227,13 @@ class Librdkafka:
             TopicPartition(t, 0): spec() if spec else OffsetSpec.for_timestamp(base_ms + op.ts)
             for t in topics
         }
+        isolation = (
+            IsolationLevel.READ_COMMITTED
+            if op.isolation == "read_committed"
+            else IsolationLevel.READ_UNCOMMITTED
+        )
         futures = self._admin(bootstrap, op.zone).list_offsets(
-            asked, request_timeout=ADMIN_TIMEOUT_S
+            asked, isolation_level=isolation, request_timeout=ADMIN_TIMEOUT_S
         )
         answers = {}
         for tp, future in futures.items():

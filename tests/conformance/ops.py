@@ -69,15 +69,42 @@ class Tier:
 
 
 @dataclass(frozen=True)
-class Fetch:
-    """Every record from `offset` to the high watermark, with auto.offset.reset off."""
+class TxnProduce:
+    """Records in transaction `txn` of the scenario, then `end`: "commit", "abort" or
+    "open" (left open: a later TxnProduce of the same `txn` adds to it or ends it).
 
-    offset: int
+    Each topic has a transactional producer of its own per `txn` (transactional id
+    `<topic>-txn<txn>`), kept for the whole scenario: its next transaction keeps its
+    producer id, epoch and sequence numbers, as a client's does. Its client, zone and
+    codec are those of the txn's first op (the strategy repeats them). The answer: the
+    records' offsets, then how the transaction ended (or the client's error); a
+    commit or abort is waited for until its marker is in the log, so that every read
+    after it sees the transaction decided, on Kafka and on the tiered topic alike."""
+
+    txn: int
+    records: tuple[Rec, ...]
+    end: str  # commit, abort, open
+    codec: str
     client: str
     zone: str
 
     def __str__(self) -> str:
-        return f"fetch from {self.offset} [{self.client} {self.zone}]"
+        return f"txn{self.txn} produce {len(self.records)} {self.codec}, {self.end} [{self.client}]"
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Every record from `offset` to the high watermark (read_committed: to the last
+    stable offset), with auto.offset.reset off; the position reached."""
+
+    offset: int
+    client: str
+    zone: str
+    isolation: str = "read_uncommitted"
+
+    def __str__(self) -> str:
+        rc = " read_committed" if self.isolation == "read_committed" else ""
+        return f"fetch from {self.offset}{rc} [{self.client} {self.zone}]"
 
 
 @dataclass(frozen=True)
@@ -86,10 +113,12 @@ class ListOffsets:
     client: str
     zone: str
     ts: int | None = None  # for spec "timestamp", relative to the base time
+    isolation: str = "read_uncommitted"  # read_committed: latest is the last stable offset
 
     def __str__(self) -> str:
         at = f" {self.ts}" if self.ts is not None else ""
-        return f"list-offsets {self.spec}{at} [{self.client}]"
+        rc = " read_committed" if self.isolation == "read_committed" else ""
+        return f"list-offsets {self.spec}{at}{rc} [{self.client}]"
 
 
 @dataclass(frozen=True)
@@ -145,18 +174,6 @@ class StrayKafkaWrite:
 
 
 @dataclass(frozen=True)
-class StrayTransaction:
-    """A transactional producer through the proxy to the tiered topic: refused, and
-    whatever Kafka's coordinator does about it must not show to readers."""
-
-    zone: str
-    tiered_only = True
-
-    def __str__(self) -> str:
-        return f"transactional produce, refused, then aborted [{self.zone}]"
-
-
-@dataclass(frozen=True)
 class Restart:
     """Every proxy of the fleet stopped cleanly (SIGTERM) and started again under the
     same name and WAL directory, then waited for until ready (/readyz)."""
@@ -167,8 +184,8 @@ class Restart:
         return "restart the proxies (SIGTERM, start)"
 
 
-Op = Produce | DeleteRecords | Tier | Fetch | ListOffsets | EpochEnd | Commit | Resume
-StrayOp = StrayKafkaWrite | StrayTransaction | Restart
+Op = Produce | TxnProduce | DeleteRecords | Tier | Fetch | ListOffsets | EpochEnd | Commit | Resume
+StrayOp = StrayKafkaWrite | Restart
 
 
 def tiered_only(op: object) -> bool:

@@ -2,8 +2,10 @@
 sizes, keys, null values, headers, explicit timestamps in and out of order, some past
 Kafka's accepted future), delete-records (any offset, mid-batch included, or the high
 watermark), one cutover at any point, reads from any offset, timestamp and offset
-lookups, OffsetForLeaderEpoch, group commit and resume, and, once tiered, records
-written straight to Kafka past the cutover and a refused transaction.
+lookups, OffsetForLeaderEpoch, group commit and resume, transactions (a few
+transactional ids interleaved on the partition, committed, aborted or left open while
+others end, open across the cutover) with read_committed reads and last stable offsets,
+and, once tiered, records written straight to Kafka past the cutover.
 
 The strategy follows how many records it has produced, so the offsets it picks land in
 the log, at its ends and a little past them. Every scenario ends with full reads.
@@ -29,8 +31,8 @@ from ops import (
     Rec,
     Resume,
     StrayKafkaWrite,
-    StrayTransaction,
     Tier,
+    TxnProduce,
 )
 
 FUTURE_MS = 2 * 3_600_000  # past Kafka 4's message.timestamp.after.max.ms (1 h)
@@ -46,7 +48,11 @@ KINDS = (
     + ("list",) * 3
     + ("delete",) * 2
     + ("epoch", "commit", "resume", "stray", "produce_tiny")
+    + ("txn",) * 3
+    + ("fetch_rc", "list_rc")
 )
+TXN_IDS = 3  # transactional ids a scenario uses at most
+ENDS = ("commit", "abort", "open")
 
 small_bytes = st.binary(min_size=0, max_size=24)
 header_keys = st.sampled_from(["a", "b", "trace-id", ""])
@@ -90,6 +96,43 @@ def records(
     return tuple(out)
 
 
+class Txns:
+    """The scenario's transactions as the strategy draws them: each txn's client, zone
+    and codec (fixed at its first op), and which are open."""
+
+    def __init__(self) -> None:
+        self.producers: dict[int, tuple[str, str, str]] = {}
+        self.open: set[int] = set()
+
+    def op(self, draw, txn: int, batch: tuple[Rec, ...], end: str) -> TxnProduce:
+        if txn not in self.producers:
+            self.producers[txn] = (
+                draw(st.sampled_from(CLIENTS)),
+                draw(st.sampled_from(ZONES)),
+                draw(st.sampled_from(CODECS)),
+            )
+        client, zone, codec = self.producers[txn]
+        (self.open.add if end == "open" else self.open.discard)(txn)
+        return TxnProduce(txn, batch, end, codec, client, zone)
+
+    def end_all(self, draw) -> list[TxnProduce]:
+        """Every open transaction ended, committed or aborted."""
+        return [
+            self.op(draw, txn, (), draw(st.sampled_from(ENDS[:2]))) for txn in sorted(self.open)
+        ]
+
+
+def committed_reads(draw, offset) -> list:
+    """A read_committed fetch (its records and the position it reaches) and the last
+    stable offset."""
+    client = draw(st.sampled_from(CLIENTS))
+    return [
+        Fetch(draw(offset), client, draw(st.sampled_from(ZONES)), "read_committed"),
+        ListOffsets("latest", draw(st.sampled_from(CLIENTS)), draw(st.sampled_from(ZONES)),
+                    isolation="read_committed"),
+    ]  # fmt: skip
+
+
 @st.composite
 def scenarios(draw, tier: str, max_ops: int = 10) -> list:
     """tier: "before" (the tiered topic is tiered before any op) or "midway" (after a
@@ -99,6 +142,7 @@ def scenarios(draw, tier: str, max_ops: int = 10) -> list:
     produced, groups, tiered, ts = 0, 0, False, -3_600_000
     stamps: list[int] = []
     ops: list = []
+    txns = Txns()
     for i in range(n_ops):
         if i == tier_at:
             ops.append(Tier())
@@ -115,6 +159,17 @@ def scenarios(draw, tier: str, max_ops: int = 10) -> list:
             produced += len(batch)
             stamps += [r.ts for r in batch]
             ts = max([ts] + [r.ts for r in batch if r.ts != FUTURE_MS]) + 1000
+        elif kind == "txn":
+            txn = draw(st.integers(0, min(len(txns.producers), TXN_IDS - 1)))
+            end = draw(st.sampled_from(ENDS))
+            batch = draw(records(ts, refused=False))[: draw(st.integers(0, 30))]
+            ops.append(txns.op(draw, txn, batch, end))
+            produced += len(batch) + (end != "open")
+            ts = max([ts] + [r.ts for r in batch]) + 1000
+        elif kind == "fetch_rc":
+            ops.append(Fetch(draw(offset), client, zone, "read_committed"))
+        elif kind == "list_rc":
+            ops.append(ListOffsets("latest", client, zone, isolation="read_committed"))
         elif kind == "fetch":
             ops.append(Fetch(draw(offset), client, zone))
         elif kind == "list":
@@ -133,10 +188,7 @@ def scenarios(draw, tier: str, max_ops: int = 10) -> list:
             reset = draw(st.sampled_from(["earliest", "latest"]))
             ops.append(Resume(group, reset, client, zone))
         elif kind == "stray" and tiered:
-            if draw(st.integers(0, 3)):
-                ops.append(StrayKafkaWrite(draw(st.integers(1, 5)), draw(st.sampled_from(CODECS))))
-            else:
-                ops.append(StrayTransaction(zone))
+            ops.append(StrayKafkaWrite(draw(st.integers(1, 5)), draw(st.sampled_from(CODECS))))
         else:
             ops.append(Fetch(draw(offset), client, zone))
     if not tiered:
@@ -150,12 +202,17 @@ def scenarios(draw, tier: str, max_ops: int = 10) -> list:
         ops.append(draw(list_offsets(client, "zone-b", stamps, spec="timestamp")))
     if groups:
         ops.append(Resume(0, "earliest", draw(st.sampled_from(CLIENTS)), "zone-a"))
+    if txns.producers:  # read_committed, open transactions (if any) ended, and again
+        ops += committed_reads(draw, st.just(0))
+        if txns.open:
+            ops += txns.end_all(draw)
+            ops += committed_reads(draw, st.just(0))
     return ops
 
 
 SHAPES = (
     "stray_writes",
-    "refused_transaction",
+    "transactions",
     "delete_mid_batch",
     "lookup_in_compressed",
     "log_append_time",
@@ -180,15 +237,12 @@ def shaped(draw, shape: str) -> list:
         Tier(),
         Produce(second, draw(st.sampled_from(COMPRESSED)), draw(client), draw(zone)),
     ]
-    if shape in ("stray_writes", "refused_transaction"):
-        stray = (
-            StrayKafkaWrite(draw(st.integers(1, 5)), draw(st.sampled_from(CODECS)))
-            if shape == "stray_writes"
-            else StrayTransaction(draw(zone))
-        )
+    if shape == "transactions":
+        return draw(transactions(first))
+    if shape == "stray_writes":
         return [
             *write,
-            stray,
+            StrayKafkaWrite(draw(st.integers(1, 5)), draw(st.sampled_from(CODECS))),
             Fetch(draw(st.integers(0, cutover - 1)), draw(client), draw(zone)),
             ListOffsets("latest", draw(client), draw(zone)),
             ListOffsets("max_timestamp", "java", draw(zone)),
@@ -234,6 +288,45 @@ def shaped(draw, shape: str) -> list:
         ),
         ListOffsets("max_timestamp", draw(st.sampled_from(["java", "librdkafka"])), draw(zone)),
     ]
+
+
+@st.composite
+def transactions(draw, first: tuple[Rec, ...]) -> list:
+    """Three transactional ids interleaved on the partition: txn0 opens before the
+    cutover and stays open (carried across it) while txn1 commits and txn2 aborts, so the
+    last stable offset stays at txn0's first record; then txn0 ends and txn1's producer
+    runs its next transaction (same producer id and epoch, the sequence numbers going on:
+    its marker must be in the stream before that transaction's first batch)."""
+    txns = Txns()
+    zone = st.sampled_from(ZONES)
+    cutover = len(first)
+
+    def batch(start_ts: int, most: int = 40) -> tuple[Rec, ...]:
+        return draw(records(start_ts, refused=False))[:most]
+
+    def reads(ops: list) -> list:
+        return [*ops, *committed_reads(draw, st.integers(0, cutover + 30))]
+
+    ops = [
+        Produce(
+            first, draw(st.sampled_from(COMPRESSED)), draw(st.sampled_from(CLIENTS)), draw(zone)
+        ),
+        txns.op(draw, 0, batch(-3_000_000), "open"),
+        Tier(),
+        txns.op(draw, 1, batch(-2_500_000), "commit"),
+        txns.op(draw, 0, batch(-2_000_000), "open"),
+        txns.op(draw, 2, batch(-1_500_000), "abort"),
+    ]
+    ops = reads(ops)
+    ops.append(Fetch(draw(st.integers(0, cutover)), draw(st.sampled_from(CLIENTS)), draw(zone)))
+    ops.append(txns.op(draw, 0, batch(-1_000_000, 5), draw(st.sampled_from(ENDS[:2]))))
+    ops.append(txns.op(draw, 1, batch(-500_000), draw(st.sampled_from(ENDS[:2]))))
+    ops = reads(ops)
+    ops.append(Produce(batch(0, 10), "none", draw(st.sampled_from(CLIENTS)), draw(zone)))
+    ops.append(Fetch(0, draw(st.sampled_from(CLIENTS)), draw(zone), "read_committed"))
+    ops.append(Fetch(0, draw(st.sampled_from(CLIENTS)), draw(zone)))
+    ops.append(ListOffsets("latest", "java", draw(zone), isolation="read_committed"))
+    return ops
 
 
 @st.composite

@@ -1,19 +1,16 @@
-"""Transactional producers of three clients meeting a tiered topic through the proxy.
+"""Transactional producers of three clients (librdkafka, aiokafka, Kafka's Java producer)
+running the same steps through the proxy, each step reported as the error the client
+surfaced (its Kafka error name, or exception class) or None, so that a tiered topic's
+run can be set against a passthrough topic's: Kafka is the oracle.
 
-Each one (librdkafka, aiokafka, Kafka's Java producer) runs the same steps and reports
-what it surfaced at each, as `{step: error text or None}`:
-
-- `send_tiered`: in a new transaction, one record to partition 0 of the tiered topic
-  (the client's AddPartitionsToTxn names it first);
-- `commit_tiered`: committing that transaction (it must fail: it is abortable);
-- `abort`: aborting it;
-- `commit_plain`: a new transaction with one record to partition 0 of a passthrough
-  topic, committed.
-
-`rounds` > 1 repeats the tiered transaction (send, commit, abort) that many times, with
-the same transactional id, before the passthrough one. With `plain_first`, each tiered
-transaction first sends a record to the passthrough topic and waits for it (librdkafka:
-see `librdkafka`).
+- `plan`: one producer, transactions one after another on partition 0 of a topic, each
+  `(end, count)`: `count` records (values `values(txn_id, t, count)`), flushed, then
+  committed or aborted. The answer: one step per transaction.
+- `fence`: the first producer sends a record in a transaction (`first_send`); a second
+  producer with the same transactional id initializes (`second_init`), which fences the
+  first; the first sends again (`first_next_send`) and commits (`first_commit`), both
+  refused as Kafka refuses them; the second commits a record of its own
+  (`second_commit`). Values `<txn_id>-first-0`, `-first-1`, `-second-0`.
 """
 
 from __future__ import annotations
@@ -30,113 +27,170 @@ from confluent_kafka import KafkaException, Producer
 from proxy.devstack.paths import kafka_libs
 
 Steps = dict[str, str | None]
-JAVA_SOURCE = Path(__file__).parent / "java" / "TxnRefusal.java"
+Plan = list[tuple[str, int]]  # (commit | abort, records)
+CLIENTS = ("java", "librdkafka", "aiokafka")
+JAVA_SOURCE = Path(__file__).parent / "java" / "TxnSteps.java"
 TIMEOUT_S = 30.0
 
 
-def librdkafka(
-    bootstrap: str, txn_id: str, tiered: str, plain: str, rounds: int = 1, plain_first=False
-) -> Steps:
-    """librdkafka sends EndTxn(abort) once it has sent any AddPartitionsToTxn, answered or
-    not; Kafka answers INVALID_TXN_STATE (fatal) when the transaction holds no partition.
-    `plain_first` puts a passthrough partition in the transaction first, so it has one."""
-    steps: Steps = {}
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "transactional.id": txn_id,
-            "message.timeout.ms": int(TIMEOUT_S * 1000),
-        }
-    )
-    producer.init_transactions(TIMEOUT_S)
-    for _ in range(rounds):
-        failed: list[str] = []
-        producer.begin_transaction()
-        if plain_first:
-            producer.produce(plain, b"librdkafka-aborted", partition=0)
-            assert producer.flush(TIMEOUT_S) == 0
-        producer.produce(
-            tiered, b"to-tiered", partition=0, on_delivery=lambda e, m, f=failed: f.append(str(e))
-        )
-        left = producer.flush(TIMEOUT_S)
-        steps["send_tiered"] = failed[0] if failed and failed[0] != "None" else (
-            f"{left} left after flush" if left else None
-        )  # fmt: skip
-        steps["commit_tiered"] = _confluent(lambda: producer.commit_transaction(TIMEOUT_S))
-        steps["abort"] = _confluent(lambda: producer.abort_transaction(TIMEOUT_S))
-        if steps["abort"] is not None:
-            return steps
+def values(txn_id: str, txn: int, count: int) -> list[bytes]:
+    return [f"{txn_id}-{txn}-{n}".encode() for n in range(count)]
 
-    def commit_plain() -> None:
-        producer.begin_transaction()
-        producer.produce(plain, b"librdkafka-committed", partition=0)
-        producer.commit_transaction(TIMEOUT_S)
 
-    steps["commit_plain"] = _confluent(commit_plain)
-    return steps
+def plan(client: str, bootstrap: str, txn_id: str, topic: str, txns: Plan, workdir: Path):
+    if client == "java":
+        spec = ",".join(f"{end}:{count}" for end, count in txns)
+        return _java("plan", bootstrap, txn_id, topic, workdir, spec)
+    if client == "librdkafka":
+        return _librdkafka_plan(bootstrap, txn_id, topic, txns)
+    return asyncio.run(asyncio.wait_for(_aiokafka_plan(bootstrap, txn_id, topic, txns), 180))
+
+
+def fence(client: str, bootstrap: str, txn_id: str, topic: str, workdir: Path) -> Steps:
+    if client == "java":
+        return _java("fence", bootstrap, txn_id, topic, workdir)
+    if client == "librdkafka":
+        return _librdkafka_fence(bootstrap, txn_id, topic)
+    return asyncio.run(asyncio.wait_for(_aiokafka_fence(bootstrap, txn_id, topic), 180))
+
+
+# -- librdkafka ----------------------------------------------------------------------
+
+
+def _producer(bootstrap: str, txn_id: str, **extra) -> Producer:
+    config = {"bootstrap.servers": bootstrap, "transactional.id": txn_id,
+              "message.timeout.ms": int(TIMEOUT_S * 1000), "log_level": 0, **extra}  # fmt: skip
+    return Producer(config)
 
 
 def _confluent(call) -> str | None:
     try:
         call()
     except KafkaException as exc:
-        error = exc.args[0]
-        kind = "fatal" if error.fatal() else "abortable" if error.txn_requires_abort() else ""
-        return f"{error.name()} ({kind}): {error.str()}"
+        return exc.args[0].name()
     return None
 
 
-def aiokafka(bootstrap: str, txn_id: str, tiered: str, plain: str, rounds: int = 1) -> Steps:
-    return asyncio.run(asyncio.wait_for(_aiokafka(bootstrap, txn_id, tiered, plain, rounds), 120))
-
-
-async def _aiokafka(bootstrap: str, txn_id: str, tiered: str, plain: str, rounds: int) -> Steps:
-    steps: Steps = {}
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, transactional_id=txn_id, request_timeout_ms=20000
-    )
-    await producer.start()
+def _send(producer: Producer, topic: str, value: bytes) -> str | None:
+    """One record, flushed: the error its delivery report gave, or None."""
+    failed: list = []
+    producer.produce(topic, value, partition=0, on_delivery=lambda e, m: failed.append(e))
     try:
-        for _ in range(rounds):
-            await producer.begin_transaction()
-            steps["send_tiered"] = await _aio(
-                producer.send_and_wait(tiered, b"to-tiered", partition=0)
-            )
-            steps["commit_tiered"] = await _aio(producer.commit_transaction())
-            steps["abort"] = await _aio(producer.abort_transaction())
-            if steps["abort"] is not None:
-                return steps
+        left = producer.flush(TIMEOUT_S)
+    except (KafkaException, SystemError) as exc:
+        # a fatal error (fenced) raises from flush, around the delivery report's call
+        cause = exc if isinstance(exc, KafkaException) else exc.__cause__ or exc.__context__
+        if not isinstance(cause, KafkaException):
+            raise
+        return cause.args[0].name()
+    if not failed:
+        return f"{left} left after flush"
+    return None if failed[0] is None else failed[0].name()
 
-        async def commit_plain() -> None:
-            await producer.begin_transaction()
-            await producer.send_and_wait(plain, b"aiokafka-committed", partition=0)
-            await producer.commit_transaction()
 
-        steps["commit_plain"] = await _aio(commit_plain())
-    finally:
-        await producer.stop()
+def _librdkafka_plan(bootstrap: str, txn_id: str, topic: str, txns: Plan) -> Steps:
+    producer = _producer(bootstrap, txn_id)
+    producer.init_transactions(TIMEOUT_S)
+    steps: Steps = {}
+    for t, (end, count) in enumerate(txns):
+        producer.begin_transaction()
+        for value in values(txn_id, t, count):
+            producer.produce(topic, value, partition=0)
+        assert producer.flush(TIMEOUT_S) == 0
+        ending = producer.commit_transaction if end == "commit" else producer.abort_transaction
+        steps[f"txn{t}"] = _confluent(lambda e=ending: e(TIMEOUT_S))
     return steps
+
+
+def _librdkafka_fence(bootstrap: str, txn_id: str, topic: str) -> Steps:
+    steps: Steps = {}
+    first = _producer(bootstrap, txn_id)
+    first.init_transactions(TIMEOUT_S)
+    first.begin_transaction()
+    steps["first_send"] = _send(first, topic, f"{txn_id}-first-0".encode())
+    second = _producer(bootstrap, txn_id)
+    steps["second_init"] = _confluent(lambda: second.init_transactions(TIMEOUT_S))
+    steps["first_next_send"] = _send(first, topic, f"{txn_id}-first-1".encode())
+    steps["first_commit"] = _confluent(lambda: first.commit_transaction(TIMEOUT_S))
+
+    def second_commits() -> None:
+        second.begin_transaction()
+        second.produce(topic, f"{txn_id}-second-0".encode(), partition=0)
+        second.commit_transaction(TIMEOUT_S)
+
+    steps["second_commit"] = _confluent(second_commits)
+    return steps
+
+
+# -- aiokafka ------------------------------------------------------------------------
 
 
 async def _aio(call) -> str | None:
     try:
         await asyncio.wait_for(call, TIMEOUT_S)
     except Exception as exc:  # what the client surfaced, whatever it is
-        return f"{type(exc).__name__}: {exc}"
+        return type(exc).__name__
     return None
 
 
-def java(
-    bootstrap: str, txn_id: str, tiered: str, plain: str, workdir: Path, rounds: int = 1
-) -> Steps:
-    """Kafka's Java producer, in TxnRefusal.java (one round: `rounds` must be 1)."""
-    assert rounds == 1
+def _aio_producer(bootstrap: str, txn_id: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=txn_id, request_timeout_ms=20000
+    )
+
+
+async def _aiokafka_plan(bootstrap: str, txn_id: str, topic: str, txns: Plan) -> Steps:
+    steps: Steps = {}
+    producer = _aio_producer(bootstrap, txn_id)
+    await producer.start()
+    try:
+        for t, (end, count) in enumerate(txns):
+            await producer.begin_transaction()
+            sent = [await producer.send(topic, v, partition=0) for v in values(txn_id, t, count)]
+            await asyncio.gather(*sent)
+            ending = producer.commit_transaction if end == "commit" else producer.abort_transaction
+            steps[f"txn{t}"] = await _aio(ending())
+    finally:
+        await producer.stop()
+    return steps
+
+
+async def _aiokafka_fence(bootstrap: str, txn_id: str, topic: str) -> Steps:
+    steps: Steps = {}
+    first, second = _aio_producer(bootstrap, txn_id), _aio_producer(bootstrap, txn_id)
+    await first.start()
+    try:
+        await first.begin_transaction()
+        value = f"{txn_id}-first-0".encode()
+        steps["first_send"] = await _aio(first.send_and_wait(topic, value, partition=0))
+        steps["second_init"] = await _aio(second.start())
+        value = f"{txn_id}-first-1".encode()
+        steps["first_next_send"] = await _aio(first.send_and_wait(topic, value, partition=0))
+        steps["first_commit"] = await _aio(first.commit_transaction())
+
+        async def second_commits() -> None:
+            await second.begin_transaction()
+            await second.send_and_wait(topic, f"{txn_id}-second-0".encode(), partition=0)
+            await second.commit_transaction()
+
+        steps["second_commit"] = await _aio(second_commits())
+    finally:
+        await _aio(first.stop())
+        await _aio(second.stop())
+    return steps
+
+
+# -- Kafka's Java producer -----------------------------------------------------------
+
+
+def _java(mode: str, bootstrap: str, txn_id: str, topic: str, workdir: Path, *more: str):
+    """TxnSteps.java, run as a single source file against Kafka's jars."""
     argv = [
         shutil.which("java") or "java",
         *("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"),
         "-Djava.net.preferIPv4Stack=true",
         *("-cp", f"{kafka_libs()}/*", str(JAVA_SOURCE)),
-        *(bootstrap, txn_id, tiered, plain),
+        *(mode, bootstrap, txn_id, topic, *more),
     ]
     errors = workdir / f"java-{txn_id}.err"
     with open(errors, "wb") as err:

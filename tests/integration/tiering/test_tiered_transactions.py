@@ -1,0 +1,278 @@
+"""Transactions on tiered topics through the proxy, each client's (Kafka's Java producer,
+librdkafka, aiokafka), Kafka as the oracle: every scenario runs on a tiered topic and on
+a passthrough twin (the same records through Kafka first, the tiered one then tiered),
+and what consumers read must be the same, offsets included (the markers take the same
+offsets in the stream as in Kafka's log).
+
+- commit and abort: read_committed reads exactly the committed records, read_uncommitted
+  all of them; Kafka's log of the tiered partition past the cutover holds only the
+  markers the coordinator wrote there;
+- fencing: a second producer with the same transactional.id fences the first, whose
+  next send and commit fail as Kafka fails them; the fenced transaction is aborted;
+- read-process-write: a tiered input, a tiered and a passthrough output and the
+  group's offsets (sendOffsetsToTransaction) commit all or nothing;
+- a transaction left open past transaction.timeout.ms is aborted by the coordinator:
+  read_committed consumers never see it and move on to what was committed after it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import pytest
+import txn_clients
+from confluent_kafka import Consumer, Producer, TopicPartition
+from cutover_load import create_topic, one_proxy, tiered_topic_id, topics_command
+
+from proxy.devstack.proxy_thread import ProxyThread
+from proxy.metadata.streams import stream_id
+from tests.support.clients import watermarks
+from tests.support.waiting import wait_for, wait_until
+
+pytestmark = pytest.mark.kafka
+
+BEFORE = 6  # records through Kafka before the cutover
+TIMEOUT_S = 60.0
+Read = tuple[list[tuple[int, bytes]], int]  # (offset, value) in order, the end reached
+
+
+@dataclass
+class Pair:
+    """A passthrough topic and a tiered one, each with BEFORE records below the tiered
+    one's cutover."""
+
+    passthrough: str
+    tiered: str
+    cutover: int
+
+    @property
+    def topics(self) -> tuple[str, str]:
+        return (self.passthrough, self.tiered)
+
+
+class Proxied:
+    def __init__(self, cluster, proxy: ProxyThread) -> None:
+        self.cluster, self.proxy = cluster, proxy
+        self.bootstrap = proxy.bootstrap
+
+    def topic(self, name: str) -> str:
+        topic = f"{name}-{uuid.uuid4().hex[:8]}"
+        create_topic(self.cluster, topic, 1)
+        return topic
+
+    def tier(self, topic: str) -> int:
+        """`tierproxy topics tier`, then the partition's cutover once written."""
+        tiering = self.proxy.proxy.tiering
+        assert topics_command("tier", topic, tiering.peer_port).returncode == 0
+        stream = stream_id(tiered_topic_id(self.proxy, topic), 0)
+        wait_until(lambda: tiering.state(stream).stream(stream) is not None, 60, "cut over")
+        return tiering.state(stream).cutover(stream)
+
+    def pair(self, name: str) -> Pair:
+        topics = [self.topic(f"{name}-pass"), self.topic(f"{name}-tier")]
+        for topic in topics:
+            produce(self.cluster.bootstrap, topic, [b"before-%d" % n for n in range(BEFORE)])
+        cutover = self.tier(topics[1])
+        assert cutover == BEFORE
+        return Pair(topics[0], topics[1], cutover)
+
+
+@pytest.fixture(scope="module")
+def proxied(kafka_cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("txn")
+    with one_proxy(kafka_cluster, tmp, f"txn-{uuid.uuid4().hex[:8]}") as proxy:
+        yield Proxied(kafka_cluster, proxy)
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(30) == 0
+
+
+def read(bootstrap: str, topic: str, isolation: str, until: int | None = None) -> Read:
+    """Partition 0 from offset 0 to its end (read_committed: the last stable offset), or
+    until `until` records are read."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex}",
+         "isolation.level": isolation, "enable.partition.eof": True,
+         "auto.offset.reset": "error", "enable.auto.commit": False}
+    )  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[tuple[int, bytes]] = []
+    try:
+        wait_for(lambda: _poll(consumer, got, until), bool, f"the end of {topic}", TIMEOUT_S)
+        return got, consumer.position([TopicPartition(topic, 0)])[0].offset
+    finally:
+        consumer.close()
+
+
+def _poll(consumer: Consumer, got: list, until: int | None) -> bool:
+    msg = consumer.poll(0.2)
+    if msg is None:
+        return False
+    if msg.error() is not None:
+        assert msg.error().code() == msg.error()._PARTITION_EOF, msg.error()
+        return until is None
+    got.append((msg.offset(), msg.value()))
+    return until is not None and len(got) >= until
+
+
+def same_shape(pair: Pair, reads: dict[str, Read]) -> Read:
+    """The tiered topic's read equals the passthrough's, its name for the other's in the
+    values (transactional ids are `<topic>-tx`); the passthrough's read."""
+    passthrough, tiered = reads[pair.passthrough], reads[pair.tiered]
+    renamed = [
+        (o, v.replace(pair.tiered.encode(), pair.passthrough.encode())) for o, v in tiered[0]
+    ]
+    assert (renamed, tiered[1]) == passthrough, f"tiered {tiered} != passthrough {passthrough}"
+    return passthrough
+
+
+def wait_decided(bootstrap: str, topic: str, high: int | None = None) -> None:
+    """Until nothing in the partition is open (its last stable offset is its high
+    watermark), and that is `high` if given: Kafka's coordinator writes the markers
+    after it answers EndTxn, and the tiered partition's owner follows Kafka's log."""
+
+    def ends() -> tuple[int, int]:
+        rc = watermarks(bootstrap, topic, isolation="read_committed")[1]
+        return watermarks(bootstrap, topic)[1], rc
+
+    wait_for(ends, lambda e: e[0] == e[1] and high in (None, e[0]),
+             f"{topic} decided up to {high}", TIMEOUT_S)  # fmt: skip
+
+
+BEFORE_VALUES = [b"before-%d" % n for n in range(BEFORE)]
+
+
+@pytest.mark.parametrize("client", txn_clients.CLIENTS)
+def test_commits_and_aborts_read_as_on_kafka(proxied, client, tmp_path):
+    pair = proxied.pair(f"txn-{client[:4]}")
+    plan = [("commit", 7), ("abort", 5), ("commit", 3), ("abort", 2), ("commit", 1)]
+    for topic in pair.topics:
+        steps = txn_clients.plan(client, proxied.bootstrap, f"{topic}-tx", topic, plan, tmp_path)
+        assert steps == {f"txn{t}": None for t in range(len(plan))}, (topic, steps)
+        wait_decided(proxied.bootstrap, topic, BEFORE + sum(n for _, n in plan) + len(plan))
+    committed = [
+        v for t, (end, n) in enumerate(plan) if end == "commit"
+        for v in txn_clients.values(f"{pair.passthrough}-tx", t, n)
+    ]  # fmt: skip
+    everything = [
+        v
+        for t, (_, n) in enumerate(plan)
+        for v in txn_clients.values(f"{pair.passthrough}-tx", t, n)
+    ]
+    rc = same_shape(pair, {t: read(proxied.bootstrap, t, "read_committed") for t in pair.topics})
+    assert [v for _, v in rc[0]] == BEFORE_VALUES + committed
+    ru = same_shape(pair, {t: read(proxied.bootstrap, t, "read_uncommitted") for t in pair.topics})
+    assert [v for _, v in ru[0]] == BEFORE_VALUES + everything
+    assert rc[1] == ru[1] == BEFORE + len(everything) + len(plan)  # past the last marker
+    # Kafka's log of the tiered partition: the cutover, then the coordinator's markers
+    assert watermarks(proxied.cluster.bootstrap, pair.tiered) == (0, pair.cutover + len(plan))
+
+
+@pytest.mark.parametrize("client", txn_clients.CLIENTS)
+def test_a_second_producer_fences_the_first_as_on_kafka(proxied, client, tmp_path):
+    pair = proxied.pair(f"fence-{client[:4]}")
+    steps = {
+        t: txn_clients.fence(client, proxied.bootstrap, f"{t}-tx", t, tmp_path) for t in pair.topics
+    }
+    assert steps[pair.tiered] == steps[pair.passthrough], steps
+    kafka = steps[pair.passthrough]
+    assert (kafka["first_send"], kafka["second_init"], kafka["second_commit"]) == (None,) * 3
+    assert kafka["first_commit"] is not None, kafka  # fenced: Kafka refuses it
+    for topic in pair.topics:
+        wait_decided(proxied.bootstrap, topic)
+    rc = same_shape(pair, {t: read(proxied.bootstrap, t, "read_committed") for t in pair.topics})
+    assert [v for _, v in rc[0]] == BEFORE_VALUES + [f"{pair.passthrough}-tx-second-0".encode()]
+    same_shape(pair, {t: read(proxied.bootstrap, t, "read_uncommitted") for t in pair.topics})
+
+
+def test_read_process_write_commits_all_or_nothing(proxied):
+    """librdkafka: input tiered, outputs tiered and passthrough, the group's offsets in
+    the transaction; aborted once (nothing of it anywhere), then committed (all of it)."""
+    source, out_tiered, out_plain = (proxied.topic(n) for n in ("rpw-in", "rpw-out-t", "rpw-out-p"))
+    for topic in (source, out_tiered):
+        proxied.tier(topic)
+    inputs = [b"in-%d" % n for n in range(20)]
+    produce(proxied.bootstrap, source, inputs)
+    group = f"rpw-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer(
+        {"bootstrap.servers": proxied.bootstrap, "group.id": group,
+         "isolation.level": "read_committed", "enable.auto.commit": False,
+         "auto.offset.reset": "earliest"}
+    )  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": proxied.bootstrap, "transactional.id": f"{group}-tx", "log_level": 0}
+    )
+    producer.init_transactions(30)
+    try:
+        consumer.assign([TopicPartition(source, 0, 0)])
+        read_in: list = []
+        wait_until(lambda: _take(consumer, read_in) >= len(inputs), TIMEOUT_S, "the input")
+        assert [m.value() for m in read_in] == inputs
+        outputs = [b"out-" + v for v in inputs]
+        for commit in (False, True):
+            producer.begin_transaction()
+            for value in outputs:
+                producer.produce(out_tiered, value, partition=0)
+                producer.produce(out_plain, value, partition=0)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, 0, len(inputs))], consumer.consumer_group_metadata(), 30
+            )
+            (producer.commit_transaction if commit else producer.abort_transaction)(30)
+            for topic in (out_tiered, out_plain):  # each transaction: its records, a marker
+                wait_decided(proxied.bootstrap, topic, (len(outputs) + 1) * (1 + commit))
+                values = [v for _, v in read(proxied.bootstrap, topic, "read_committed")[0]]
+                assert values == (outputs if commit else []), (topic, commit)
+            [at] = consumer.committed([TopicPartition(source, 0)], timeout=30)
+            assert at.offset == (len(inputs) if commit else -1001), commit  # -1001: none
+        ru = [v for _, v in read(proxied.bootstrap, out_tiered, "read_uncommitted")[0]]
+        assert ru == outputs * 2  # the aborted ones are in the log, filtered
+    finally:
+        consumer.close()
+
+
+def _take(consumer: Consumer, got: list) -> int:
+    msg = consumer.poll(0.2)
+    if msg is not None and msg.error() is None:
+        got.append(msg)
+    return len(got)
+
+
+def test_a_timed_out_transaction_is_aborted_and_read_committed_moves_on(proxied, tmp_path):
+    """A transaction left open past transaction.timeout.ms: the coordinator aborts it
+    (its marker reaches the tiered partition without any client); a read_committed
+    consumer waiting at its first offset then reads what was committed after it."""
+    pair = proxied.pair("txn-timeout")
+    abandoned = {}
+    for topic in pair.topics:
+        producer = Producer(
+            {"bootstrap.servers": proxied.bootstrap, "transactional.id": f"{topic}-open",
+             "transaction.timeout.ms": 3000, "log_level": 0}
+        )  # fmt: skip
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for n in range(4):
+            producer.produce(topic, f"{topic}-open-{n}".encode(), partition=0)
+        assert producer.flush(30) == 0
+        abandoned[topic] = producer  # never ended, never closed while the test runs
+        after = txn_clients.plan("librdkafka", proxied.bootstrap, f"{topic}-tx", topic,
+                                 [("commit", 3)], tmp_path)  # fmt: skip
+        assert after == {"txn0": None}
+        assert watermarks(proxied.bootstrap, topic, isolation="read_committed")[1] == BEFORE
+    committed = txn_clients.values(f"{pair.passthrough}-tx", 0, 3)
+    # a consumer from the start: stuck at the open transaction until the coordinator's abort
+    reads = {
+        t: read(proxied.bootstrap, t, "read_committed", until=BEFORE + len(committed))
+        for t in pair.topics
+    }
+    for topic in pair.topics:  # 4 + 3 records, a commit and the abort marker
+        wait_decided(proxied.bootstrap, topic, BEFORE + 4 + 3 + 2)
+    rc = same_shape(pair, reads)
+    assert [v for _, v in rc[0]] == BEFORE_VALUES + committed
+    ru = same_shape(pair, {t: read(proxied.bootstrap, t, "read_uncommitted") for t in pair.topics})
+    assert len(ru[0]) == BEFORE + 4 + 3
+    abandoned.clear()
