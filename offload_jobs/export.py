@@ -18,6 +18,7 @@ the offset, reported in the summary; the other partitions go on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -256,9 +257,11 @@ def export(
     job: ExportJob,
     states: Mapping[int, MetadataState] | None = None,
     progress: Callable[[str], None] = print,
+    redraw: Callable[[str], None] | None = None,
 ) -> ExportSummary:
     """Run the job on `spark`. `states` (source "objects"): each shard's metadata, read
-    from the metadata topic when not given."""
+    from the metadata topic when not given. `redraw`: a terminal's progress bar
+    (`progress.Console`)."""
     started = time.monotonic()
     topic_id, partitions = describe_topic(job.bootstrap, job.topic, **job.cluster_settings)
     if job.source == "objects" and states is None:
@@ -269,10 +272,11 @@ def export(
     progress(f"{job.topic}: exporting {len(tasks)} partitions from {job.source}")
     results: list[PartitionResult] = []
     if tasks:
-        watcher = TaskProgress(spark, len(tasks), "partitions exported", progress)
+        watcher = TaskProgress(spark, len(tasks), "partitions exported", progress, redraw)
         try:
             rdd = spark.sparkContext.parallelize(tasks, len(tasks))
-            results = rdd.map(lambda task: export_partition(job, task)).collect()
+            task = watcher.counting(functools.partial(export_partition, job), lambda r: r.bytes)
+            results = rdd.map(task).collect()
             watcher.finished()
         finally:
             watcher.stop()

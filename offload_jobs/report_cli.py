@@ -55,6 +55,7 @@ def _settings(args: argparse.Namespace):
 
 def run_verify(args: argparse.Namespace, spark=None) -> int:
     from offload_jobs import preflight
+    from offload_jobs.progress import Console
     from offload_jobs.verify import VerifyJob, verify
     from proxy.config import ConfigError
     from proxy.devstack.spark import local_spark
@@ -68,7 +69,8 @@ def run_verify(args: argparse.Namespace, spark=None) -> int:
     try:
         preflight.check(bootstrap, args.topic, store_spec=store)
         with local_spark(spark, "tierproxy-verify", args.master) as session:
-            report = verify(session, job, progress=lambda line: print(line, flush=True))
+            console = Console()  # a bar on a terminal, plain lines otherwise
+            report = verify(session, job, progress=console.line, redraw=console.redraw)
     except (preflight.PreflightError, LookupError) as exc:
         print(f"tierproxy verify: {exc}", file=sys.stderr)
         return 1
@@ -85,6 +87,7 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
 
     from offload_jobs import preflight
     from offload_jobs.export import ExportJob, export, tiered_partitions, whole_topic_refusal
+    from offload_jobs.progress import Console
     from offload_jobs.verify import read_states
     from proxy.config import ConfigError
     from proxy.devstack.spark import local_spark
@@ -125,8 +128,8 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
         return 2
     try:
         with local_spark(spark, "tierproxy-export", args.master) as session:
-            progress = lambda line: print(line, flush=True)  # noqa: E731
-            summary = export(session, job, states, progress=progress)
+            console = Console()  # a bar on a terminal, plain lines otherwise
+            summary = export(session, job, states, console.line, console.redraw)
     except LookupError as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 1
