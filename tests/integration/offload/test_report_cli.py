@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from offloadcopies import offload, state_of
 
 from offload_jobs import migrate_cli
-from offload_jobs.export import tiered_partitions, whole_topic_refusal
+from offload_jobs.export import tiered_partitions, whole_topic_note
 from offload_jobs.report_cli import add_parsers
 from proxy.devstack.paths import free_port
 
@@ -134,17 +134,17 @@ def test_a_wrong_peer_and_a_missing_topic_are_named_before_spark_starts(
     assert time.monotonic() - started < 60
 
 
-def test_export_without_from_refuses_a_tiered_topic_saying_what_each_source_leaves_out(
+def test_what_a_whole_topic_export_of_a_tiered_topic_reads_and_leaves_out(
     kafka_cluster, s3_server, mixed_topic
 ):
     topic_id, copies = offload(kafka_cluster, s3_server, mixed_topic)
     states = state_of(topic_id, copies)
     tiered = tiered_partitions(topic_id, mixed_topic.partitions, states, 1)
     assert [(p, first) for p, _, first, _ in tiered] == [(0, 0), (1, 0)]
-    text = whole_topic_refusal(mixed_topic.name, tiered)
-    assert f"topic {mixed_topic.name} is tiered (partition 0: cutover " in text
-    assert "--from kafka stops at each cutover and leaves out every record" in text
-    assert "--from objects leaves out offsets below the first object" in text
+    text = whole_topic_note(mixed_topic.name, tiered)
+    assert text.startswith(f"{mixed_topic.name} is tiered (partition 0: cutover ")
+    assert "the objects are read where they hold offsets, Kafka's log for the rest" in text
+    assert "records not uploaded yet (past each partition's objects) are left out" in text
 
 
 def test_a_cli_run_is_quiet_and_leaves_no_spark_folder(
