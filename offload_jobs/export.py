@@ -2,7 +2,8 @@
 object layout (docs/offload.md, "Parquet export").
 
 One Spark task per partition reads its batches (the cluster reader, Kafka's log start to
-its high watermark; or the objects of every range the fleet's metadata commits), decodes
+its high watermark; or the objects of every range the fleet's metadata commits; or, the
+default, the whole topic: the objects where they are, Kafka's log for the rest), decodes
 them (`export_records`: read_committed, markers and aborted records left out) and writes
 one Parquet file per day under hive-style directories:
 
@@ -18,6 +19,7 @@ the offset, reported in the summary; the other partitions go on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ from offload_jobs.sources import SourceBatch
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange, shard_of, stream_id
 
-SOURCES = ("kafka", "objects")
+SOURCES = ("whole", "kafka", "objects")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,7 @@ class ExportJob:
     topic: str
     bootstrap: str
     destination: str  # a local directory, or s3://bucket/prefix
-    source: str = "kafka"  # or "objects": the committed ranges in the object store
+    source: str = "kafka"  # or "objects": the committed ranges; "whole": both (see plan)
     store: StoreSpec | None = None  # the object store (source "objects")
     s3: dict[str, Any] | None = None  # S3Config fields for an s3:// destination
     metadata_topic: str = "__tierproxy_metadata"
@@ -55,8 +57,8 @@ class ExportJob:
             raise ValueError(f"export rows_per_file {self.rows_per_file}: must be at least 1")
         if self.source not in SOURCES:
             raise ValueError(f"export source {self.source!r}: one of {', '.join(SOURCES)}")
-        if self.source == "objects" and self.store is None:
-            raise ValueError("export source 'objects': needs the object store")
+        if self.source != "kafka" and self.store is None:
+            raise ValueError(f"export source '{self.source}': needs the object store")
         if self.destination.startswith("s3://"):
             if self.s3 is None or not self.s3.get("endpoint_url"):
                 raise ValueError(f"export to {self.destination}: needs S3 settings (endpoint)")
@@ -66,13 +68,34 @@ class ExportJob:
 
 @dataclass(frozen=True, slots=True)
 class PartitionExport:
-    """One task: a partition, and where its batches come from."""
+    """One task: a partition, and where its batches come from: Kafka's [start, end) and
+    the `ranges` of the stream's objects (source "whole": Kafka's `gaps` and the objects,
+    read in offset order)."""
 
     partition: int
     start: int = 0  # Kafka: [start, end)
     end: int = 0
     stream_id: int = 0  # objects: these ranges of this stream
     ranges: tuple[StreamRange, ...] = ()
+    gaps: tuple[tuple[int, int], ...] = ()  # whole: Kafka's offsets no object holds
+
+
+def kafka_gaps(
+    start: int, end: int, ranges: tuple[StreamRange, ...]
+) -> tuple[tuple[int, int], ...]:
+    """The offsets of Kafka's [start, end) that no committed range holds, as ranges: what
+    a whole-topic export reads from Kafka (the objects hold the rest). Ranges start and
+    end at batch boundaries, so neither source repeats a batch of the other."""
+    gaps, at = [], start
+    for r in ranges:
+        if r.start_offset > at:
+            gaps.append((at, min(r.start_offset, end)))
+        at = max(at, r.end_offset)
+        if at >= end:
+            break
+    if at < end:
+        gaps.append((at, end))
+    return tuple((a, b) for a, b in gaps if a < b)
 
 
 @dataclass
@@ -110,25 +133,35 @@ def _filesystem(job: ExportJob):
 
 def _batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
     if job.source == "kafka":
-        yield from read_batches(
-            job.bootstrap, job.topic, task.partition, task.start, task.end,
-            allow_gaps=True, **job.cluster_settings,
-        )  # fmt: skip
+        yield from _kafka(job, task.partition, task.start, task.end)
         return
     assert job.store is not None
     # one object in memory at a time: a range's batches are views of its object
     loop = asyncio.new_event_loop()
     store = loop.run_until_complete(job.store.open())
+    pieces: list[tuple[int, StreamRange | tuple[int, int]]] = [
+        (r.start_offset, r) for r in task.ranges
+    ]
+    pieces += [(gap[0], gap) for gap in task.gaps]
     try:
-        for r in task.ranges:
+        for _, piece in sorted(pieces, key=lambda p: p[0]):  # offset order: one log
+            if isinstance(piece, tuple):
+                yield from _kafka(job, task.partition, *piece)
+                continue
 
-            async def collect(r=r) -> list[SourceBatch]:
+            async def collect(r=piece) -> list[SourceBatch]:
                 return [b async for b in object_batches(store, task.stream_id, (r,))]
 
             yield from loop.run_until_complete(collect())
     finally:
         loop.run_until_complete(store.close())
         loop.close()
+
+
+def _kafka(job: ExportJob, partition: int, start: int, end: int) -> Iterator[SourceBatch]:
+    yield from read_batches(
+        job.bootstrap, job.topic, partition, start, end, allow_gaps=True, **job.cluster_settings
+    )
 
 
 def export_partition(job: ExportJob, task: PartitionExport) -> PartitionResult:
@@ -219,21 +252,6 @@ def tiered_partitions(
     return found
 
 
-def whole_topic_refusal(topic: str, tiered: list[tuple[int, int, int, int]]) -> str:
-    """Why `export` without --from will not pick a source for a tiered topic: each one
-    leaves records out, and the user must say which copy they want."""
-    parts = "; ".join(
-        f"partition {p}: cutover {cut}, objects hold [{first}, {end})"
-        for p, cut, first, end in tiered
-    )
-    return (
-        f"topic {topic} is tiered ({parts}). Neither source holds the whole topic: "
-        "--from kafka stops at each cutover and leaves out every record written since; "
-        "--from objects leaves out offsets below the first object (not migrated yet: "
-        "tierproxy migrate) and records not uploaded yet. Choose one with --from."
-    )
-
-
 def plan(
     job: ExportJob, topic_id, partitions: int, states: Mapping[int, MetadataState] | None
 ) -> list[PartitionExport]:
@@ -245,10 +263,34 @@ def plan(
             continue
         assert states is not None
         stream = stream_id(topic_id, partition)
-        ranges = states[shard_of(stream, job.shard_count)].committed_ranges(stream)
-        if ranges:
-            tasks.append(PartitionExport(partition, stream_id=stream, ranges=ranges))
+        state = states[shard_of(stream, job.shard_count)]
+        ranges = state.committed_ranges(stream)
+        if job.source == "objects":
+            if ranges:
+                tasks.append(PartitionExport(partition, stream_id=stream, ranges=ranges))
+            continue
+        # whole: Kafka's log up to the cutover (all of it when not tiered; Kafka has
+        # nothing of a tiered partition past it), the objects wherever they hold offsets
+        start, end = log_offsets(job.bootstrap, job.topic, partition, **job.cluster_settings)
+        info = state.stream(stream)
+        if info is not None:
+            end = min(end, info.cutover_offset)
+        gaps = kafka_gaps(start, end, ranges)
+        tasks.append(PartitionExport(partition, stream_id=stream, ranges=ranges, gaps=gaps))
     return tasks
+
+
+def whole_topic_note(topic: str, tiered: list[tuple[int, int, int, int]]) -> str:
+    """What a whole-topic export of a tiered topic reads where, and what it cannot have:
+    records written since the last upload are still only in the owners' WALs."""
+    parts = "; ".join(
+        f"partition {p}: cutover {cut}, objects to {end}" for p, cut, _, end in tiered
+    )
+    return (
+        f"{topic} is tiered ({parts}): the objects are read where they hold offsets, "
+        "Kafka's log for the rest; records not uploaded yet (past each partition's "
+        "objects) are left out: export again later to have them"
+    )
 
 
 def export(
@@ -256,23 +298,31 @@ def export(
     job: ExportJob,
     states: Mapping[int, MetadataState] | None = None,
     progress: Callable[[str], None] = print,
+    redraw: Callable[[str], None] | None = None,
 ) -> ExportSummary:
     """Run the job on `spark`. `states` (source "objects"): each shard's metadata, read
-    from the metadata topic when not given."""
+    from the metadata topic when not given. `redraw`: a terminal's progress bar
+    (`progress.Console`)."""
     started = time.monotonic()
     topic_id, partitions = describe_topic(job.bootstrap, job.topic, **job.cluster_settings)
-    if job.source == "objects" and states is None:
+    if job.source != "kafka" and states is None:
         from offload_jobs.verify import read_states
 
         states = asyncio.run(read_states(job.bootstrap, job.metadata_topic, job.shard_count))
     tasks = plan(job, topic_id, partitions, states)
-    progress(f"{job.topic}: exporting {len(tasks)} partitions from {job.source}")
+    sources = "Kafka and the objects" if job.source == "whole" else job.source
+    progress(f"{job.topic}: exporting {len(tasks)} partitions from {sources}")
+    if job.source == "whole" and states is not None:
+        tiered = tiered_partitions(topic_id, partitions, states, job.shard_count)
+        if tiered:
+            progress(whole_topic_note(job.topic, tiered))
     results: list[PartitionResult] = []
     if tasks:
-        watcher = TaskProgress(spark, len(tasks), "partitions exported", progress)
+        watcher = TaskProgress(spark, len(tasks), "partitions exported", progress, redraw)
         try:
             rdd = spark.sparkContext.parallelize(tasks, len(tasks))
-            results = rdd.map(lambda task: export_partition(job, task)).collect()
+            task = watcher.counting(functools.partial(export_partition, job), lambda r: r.bytes)
+            results = rdd.map(task).collect()
             watcher.finished()
         finally:
             watcher.stop()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -238,9 +239,15 @@ def plan(job: MigrateJob, gaps) -> list[OffloadTask]:  # gaps: fleet.TopicGaps
     return tasks
 
 
-def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> Summary:
+def migrate(
+    spark,
+    job: MigrateJob,
+    progress: Callable[[str], None] = print,
+    redraw: Callable[[str], None] | None = None,
+) -> Summary:
     """Run the job on `spark` and commit what it wrote; the summary says what moved and
-    what failed (a failed range is not committed, the others are)."""
+    what failed (a failed range is not committed, the others are). `redraw`: a terminal's
+    progress bar (`progress.Console`)."""
     from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
 
     started = time.monotonic()
@@ -252,9 +259,10 @@ def migrate(spark, job: MigrateJob, progress: Callable[[str], None] = print) -> 
     results: list[TaskResult] = []
     if tasks:
         rdd = spark.sparkContext.parallelize(tasks, len(tasks))
-        watcher = TaskProgress(spark, len(tasks), "ranges written", progress)
+        watcher = TaskProgress(spark, len(tasks), "ranges written", progress, redraw)
         try:
-            results = rdd.map(lambda task: run_task(job, task)).collect()
+            task = watcher.counting(functools.partial(run_task, job), lambda r: r.record_bytes)
+            results = rdd.map(task).collect()
             watcher.finished()
         finally:
             watcher.stop()

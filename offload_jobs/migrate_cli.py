@@ -101,9 +101,11 @@ def _migrate(spark, job) -> int:
 
     from offload_jobs.fleet import NotTiered
     from offload_jobs.migrate import migrate
+    from offload_jobs.progress import Console
 
+    console = Console()  # a bar on a terminal, plain lines otherwise
     try:
-        summary = migrate(spark, job, progress=lambda line: print(line, flush=True))
+        summary = migrate(spark, job, progress=console.line, redraw=console.redraw)
     except NotTiered as exc:
         print(f"tierproxy migrate: {exc}", file=sys.stderr)
         return 1

@@ -30,8 +30,9 @@ def add_parsers(commands) -> None:
     export.add_argument("--to", required=True, help="a local directory or s3://bucket/prefix")
     export.add_argument(
         "--from", dest="source", choices=("kafka", "objects"), default=None,
-        help="read Kafka's log or the objects the fleet's metadata commits (default: "
-        "Kafka for a topic that is not tiered; a tiered topic must say which)",
+        help="read only Kafka's log, or only the objects the fleet's metadata commits "
+        "(default: the whole topic, the objects where they hold offsets and Kafka's log "
+        "for the rest)",
     )  # fmt: skip
     export.set_defaults(func=run_export)
 
@@ -55,6 +56,7 @@ def _settings(args: argparse.Namespace):
 
 def run_verify(args: argparse.Namespace, spark=None) -> int:
     from offload_jobs import preflight
+    from offload_jobs.progress import Console
     from offload_jobs.verify import VerifyJob, verify
     from proxy.config import ConfigError
     from proxy.devstack.spark import local_spark
@@ -68,7 +70,8 @@ def run_verify(args: argparse.Namespace, spark=None) -> int:
     try:
         preflight.check(bootstrap, args.topic, store_spec=store)
         with local_spark(spark, "tierproxy-verify", args.master) as session:
-            report = verify(session, job, progress=lambda line: print(line, flush=True))
+            console = Console()  # a bar on a terminal, plain lines otherwise
+            report = verify(session, job, progress=console.line, redraw=console.redraw)
     except (preflight.PreflightError, LookupError) as exc:
         print(f"tierproxy verify: {exc}", file=sys.stderr)
         return 1
@@ -84,7 +87,8 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
     import dataclasses
 
     from offload_jobs import preflight
-    from offload_jobs.export import ExportJob, export, tiered_partitions, whole_topic_refusal
+    from offload_jobs.export import ExportJob, export, tiered_partitions
+    from offload_jobs.progress import Console
     from offload_jobs.verify import read_states
     from proxy.config import ConfigError
     from proxy.devstack.spark import local_spark
@@ -108,12 +112,9 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
     states, source = None, args.source
     if source != "kafka":
         states = asyncio.run(read_states(bootstrap, tiering.metadata_topic, tiering.shard_count))
-    if source is None:
+    if source is None:  # the whole topic: Kafka's log alone when none of it is tiered
         tiered = tiered_partitions(topic_id, partitions, states, tiering.shard_count)
-        if tiered:
-            print(f"tierproxy export: {whole_topic_refusal(args.topic, tiered)}", file=sys.stderr)
-            return 2
-        source = "kafka"
+        source = "whole" if tiered else "kafka"
     try:
         job = ExportJob(
             args.topic, bootstrap, args.to, source=source, store=store,
@@ -125,8 +126,8 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
         return 2
     try:
         with local_spark(spark, "tierproxy-export", args.master) as session:
-            progress = lambda line: print(line, flush=True)  # noqa: E731
-            summary = export(session, job, states, progress=progress)
+            console = Console()  # a bar on a terminal, plain lines otherwise
+            summary = export(session, job, states, console.line, console.redraw)
     except LookupError as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 1

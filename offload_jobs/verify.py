@@ -15,6 +15,7 @@ Runs as `tierproxy verify` (local[*]) or inside any Spark application (`verify(s
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -145,9 +146,10 @@ def verify(
     job: VerifyJob,
     states: Mapping[int, MetadataState] | None = None,
     progress: Callable[[str], None] = print,
+    redraw: Callable[[str], None] | None = None,
 ) -> VerifyReport:
     """Run the job on `spark`. `states`: each shard's metadata, read from the metadata
-    topic when not given."""
+    topic when not given. `redraw`: a terminal's progress bar (`progress.Console`)."""
     started = time.monotonic()
     topic_id, partitions = describe_topic(job.bootstrap, job.topic, **job.cluster_settings)
     if states is None:
@@ -155,10 +157,13 @@ def verify(
     checks, reports = plan(job, topic_id, partitions, states)
     progress(f"{job.topic}: verifying {len(checks)} of {partitions} partitions")
     if checks:
-        watcher = TaskProgress(spark, len(checks), "partitions verified", progress)
+        watcher = TaskProgress(spark, len(checks), "partitions verified", progress, redraw)
         try:
             rdd = spark.sparkContext.parallelize(checks, len(checks))
-            reports += rdd.map(lambda check: check_partition(job, check)).collect()
+            task = watcher.counting(
+                functools.partial(check_partition, job), lambda r: r.kafka_bytes
+            )
+            reports += rdd.map(task).collect()
             watcher.finished()
         finally:
             watcher.stop()

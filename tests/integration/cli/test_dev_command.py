@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -194,3 +196,52 @@ def test_setup_is_quiet(tmp_path: Path):
     assert "BuildBackendWarning" not in output
     assert all(line.startswith("[setup] ") for line in output.splitlines()), output
     assert list(cache.glob("kafka-*/libs/kafka-clients-*.jar"))
+
+
+def test_on_a_terminal_the_logs_are_text_lines_with_no_error(tmp_path):
+    """stderr on a terminal (a pty), as in `make run` from a shell: the log lines are
+    text (`logging.format: auto`), not JSON, and a healthy start has no ERROR line."""
+    base = free_port_block(3)
+    ports = ["--port", str(free_port()), "--broker-port-base", str(base + 2)]
+    ports += ["--admin-port", str(free_port())]
+    screen, terminal = pty.openpty()
+    argv = [sys.executable, "-m", "proxy.cli", "dev", "--data-dir", str(tmp_path / "d"), *ports]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=terminal, text=True, cwd=repo_root()
+    )
+    os.close(terminal)
+    shown: list[bytes] = []
+
+    def drain() -> None:  # the pty must be read while the process writes to it
+        while True:
+            try:
+                chunk = os.read(screen, 65536)
+            except OSError:  # EIO: the process closed its end
+                return
+            if not chunk:
+                return
+            shown.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:
+            if "Press Ctrl-C" in line or time.monotonic() > deadline:
+                break
+        assert proc.poll() is None, b"".join(shown).decode()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+        reader.join(10)
+        os.close(screen)
+        proc.stdout.close()
+    assert code == 0
+    lines = [line for line in b"".join(shown).decode().splitlines() if line.strip()]
+    logged = [line for line in lines if TEXT_LINE.match(line)]
+    assert logged, lines  # the proxy's INFO lines, as text
+    assert not any(line.lstrip().startswith("{") for line in lines), lines
+    assert [line for line in logged if TEXT_LINE.match(line)[1] in ("ERROR", "CRITICAL")] == []
+
+
+TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ([A-Z]+) [\w.]+: ")

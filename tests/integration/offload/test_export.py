@@ -12,7 +12,7 @@ import datetime
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from offloadcopies import offload, other_id, s3_spec, state_of, tampered
+from offloadcopies import Copy, offload, other_id, s3_spec, state_of, tampered
 from offloaddata import Topic
 from pyarrow import fs
 
@@ -99,8 +99,34 @@ def test_export_from_objects_to_minio(kafka_cluster, s3_server, spark, mixed_top
     assert summary.records == sum(1 for row in expected(mixed_topic) if row[1] == 0)
 
 
+def test_the_whole_topic_reads_the_objects_where_they_are_and_kafka_for_the_rest(
+    kafka_cluster, s3_server, spark, mixed_topic, tmp_path
+):
+    """Partition 0's first half only in Kafka (its second half in an object), partition
+    1's second object damaged: the whole-topic export reads partition 0 from both sources
+    without a gap or a repeat, and partition 1's objects (the damage fails it, so they
+    were read, not Kafka's copy)."""
+    topic_id, copies = offload(kafka_cluster, s3_server, mixed_topic)
+    half = Copy(copies[0].partition, copies[0].stream, copies[0].end, copies[0].objects[1:])
+    changed, block = tampered(s3_server, copies[1], other_id(copies[1].stream, 4))
+    lines: list[str] = []
+    job = ExportJob(
+        mixed_topic.name, kafka_cluster.bootstrap, str(tmp_path / "out"), source="whole",
+        store=s3_spec(s3_server), shard_count=1,
+    )  # fmt: skip
+    summary = export(spark, job, state_of(topic_id, [half, changed]), progress=lines.append)
+    assert lines[0] == f"{mixed_topic.name}: exporting 2 partitions from Kafka and the objects"
+    assert lines[1].startswith(f"{mixed_topic.name} is tiered (partition 0: cutover ")
+    assert "records not uploaded yet (past each partition's objects) are left out" in lines[1]
+    assert [e.split(":")[0] for e in summary.errors] == [
+        f"{mixed_topic.name}-1 at offset {block.start_offset}"
+    ]
+    exported = [row for row in read_back(str(tmp_path / "out")) if row[1] == 0]
+    assert exported == [row for row in expected(mixed_topic) if row[1] == 0]
+
+
 def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="export source 'nowhere': one of kafka, objects"):
+    with pytest.raises(ValueError, match="export source 'nowhere': one of whole, kafka, objects"):
         ExportJob("t", "h:1", "/tmp/x", source="nowhere")
     with pytest.raises(ValueError, match="needs S3 settings"):
         ExportJob("t", "h:1", "s3://bucket/x")

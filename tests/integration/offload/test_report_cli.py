@@ -1,13 +1,14 @@
 """`tierproxy verify` and `tierproxy export` from a proxy's YAML, on the shared Kafka,
 MinIO and Spark session (the commands' own code; only the Spark session is the test's):
-export writes the files and prints a progress line and the summary; verify of a topic the
-fleet's metadata does not know as tiered reports every partition as an error, exit 1;
-bad settings exit 2 naming the setting."""
+export writes the files and prints progress lines (a bar on a terminal) and the summary;
+verify of a topic the fleet's metadata does not know as tiered reports every partition
+as an error, exit 1; bad settings exit 2 naming the setting."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import pty
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from offloadcopies import offload, state_of
 
 from offload_jobs import migrate_cli
-from offload_jobs.export import tiered_partitions, whole_topic_refusal
+from offload_jobs.export import tiered_partitions, whole_topic_note
 from offload_jobs.report_cli import add_parsers
 from proxy.devstack.paths import free_port
 
@@ -69,6 +70,9 @@ def test_export_and_verify_commands(kafka_cluster, s3_server, spark, mixed_topic
     assert args.func(args, spark) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == f"{mixed_topic.name}: exporting 2 partitions from kafka"
+    # not a terminal: plain progress lines (no bar), the last with the bytes and rate
+    assert printed[-2].startswith("  2/2 partitions exported, ") and "\r" not in "".join(printed)
+    assert printed[-2].endswith(" MiB/s)") and " 0.0 MiB in " not in printed[-2], printed
     visible = len(mixed_topic.visible())
     assert printed[-1].startswith(f"exported {mixed_topic.name} to {out}: ")
     assert f" {visible} records (" in printed[-1] and " files in " in printed[-1]
@@ -130,36 +134,54 @@ def test_a_wrong_peer_and_a_missing_topic_are_named_before_spark_starts(
     assert time.monotonic() - started < 60
 
 
-def test_export_without_from_refuses_a_tiered_topic_saying_what_each_source_leaves_out(
+def test_what_a_whole_topic_export_of_a_tiered_topic_reads_and_leaves_out(
     kafka_cluster, s3_server, mixed_topic
 ):
     topic_id, copies = offload(kafka_cluster, s3_server, mixed_topic)
     states = state_of(topic_id, copies)
     tiered = tiered_partitions(topic_id, mixed_topic.partitions, states, 1)
     assert [(p, first) for p, _, first, _ in tiered] == [(0, 0), (1, 0)]
-    text = whole_topic_refusal(mixed_topic.name, tiered)
-    assert f"topic {mixed_topic.name} is tiered (partition 0: cutover " in text
-    assert "--from kafka stops at each cutover and leaves out every record" in text
-    assert "--from objects leaves out offsets below the first object" in text
+    text = whole_topic_note(mixed_topic.name, tiered)
+    assert text.startswith(f"{mixed_topic.name} is tiered (partition 0: cutover ")
+    assert "the objects are read where they hold offsets, Kafka's log for the rest" in text
+    assert "records not uploaded yet (past each partition's objects) are left out" in text
 
 
 def test_a_cli_run_is_quiet_and_leaves_no_spark_folder(
     kafka_cluster, s3_server, mixed_topic, tmp_path
 ):
-    """The real command in a process of its own, with its own Spark session: no Spark
-    notice on stderr and no `tierproxy-spark-*` folder left in the temporary directory."""
+    """The real command in a process of its own, with its own Spark session and its
+    stdout on a terminal (a pty): a progress bar drawn in place, no Spark notice on
+    stderr and no `tierproxy-spark-*` folder left in the temporary directory."""
     metadata = _metadata_topic(kafka_cluster, f"{mixed_topic.name}-meta-{uuid.uuid4().hex[:6]}")
     config = write_config(tmp_path, kafka_cluster, s3_server, metadata)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = subprocess.run(
+    screen, terminal = pty.openpty()
+    proc = subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "export", mixed_topic.name, "--config",
          str(config), "--to", str(tmp_path / "out"), "--master", "local[2]"],
-        capture_output=True, text=True, timeout=400, env=os.environ | {"TMPDIR": str(scratch)},
+        stdout=terminal, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"TMPDIR": str(scratch)},
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1].endswith(" MiB/s)"), done.stdout
-    assert "2/2 partitions exported" in done.stdout
+    os.close(terminal)
+    shown = b""
+    while True:  # until the process closes the terminal (EIO once it is gone)
+        try:
+            chunk = os.read(screen, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(screen)
+    stderr = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(400) == 0, shown.decode() + stderr
+    stdout = shown.decode().replace("\r\n", "\n")  # the pty's newline
+    assert "\r[########################] 2/2 partitions exported  " in stdout, repr(stdout)
+    assert "\n  2/2 partitions exported, " in stdout and " MiB in " in stdout, repr(stdout)
+    assert stdout.rstrip("\n").splitlines()[-1].endswith(" MiB/s)"), repr(stdout)
     noise = ("log4j", "WARN", "incubator", "NativeCodeLoader", "Setting default log level")
-    assert [line for line in done.stderr.splitlines() if any(n in line for n in noise)] == []
+    assert [line for line in stderr.splitlines() if any(n in line for n in noise)] == []
     assert list(scratch.glob("tierproxy-spark-*")) == []
