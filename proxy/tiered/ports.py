@@ -7,7 +7,7 @@ and the metrics (metrics.py) are handed the service but see only the capabilitie
 port names, so each is checked by mypy and can be given a small twin in a test. The
 service in turn sees the proxy (server/app.py) only as a `TieringHost`: it imports
 nothing from proxy/server/. Ports whose types would import this module back live beside
-their consumer: `ReadsHost` (reads.py), `TxnHost` (txn_refusal.py), `StartHost`
+their consumer: `ReadsHost` (reads.py), `TxnHost` (txn.py), `StartHost`
 (startup.py), and the small ones of owners.py, shards.py and uploads.py.
 """
 
