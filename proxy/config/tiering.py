@@ -54,6 +54,10 @@ class TieringConfig:
     peer_bind_host: str = "127.0.0.1"
     peer_port: int = 0  # 0: any free port, told to the fleet in the heartbeat
     cutover_hold_ms: int = 30_000  # a produce to a partition being cut over waits this long
+    # KIP-890 (Kafka's transaction.partition.verification.enable): the owner asks the
+    # coordinator before the first transactional batch of a producer with no transaction
+    # open in a tiered partition (docs/tiering.md, "Transactions")
+    transaction_partition_verification: bool = True
     block_cache_bytes: int = 256 * MiB  # objects' blocks read by any proxy (LRU)
     log_cache_bytes: int = 256 * MiB  # the owned partitions' tail (only uploaded is evicted)
     retention_check_interval_s: float = 60.0  # how often owners apply retention.ms/bytes
@@ -124,6 +128,9 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         peer_bind_host=section.string("peer_bind_host", defaults.peer_bind_host),
         peer_port=section.port("peer_port", 0),
         cutover_hold_ms=section.integer("cutover_hold_ms", defaults.cutover_hold_ms, minimum=100),
+        transaction_partition_verification=section.boolean(
+            "transaction_partition_verification", defaults.transaction_partition_verification
+        ),
         block_cache_bytes=section.integer(
             "block_cache_bytes", defaults.block_cache_bytes, minimum=MiB
         ),

@@ -129,7 +129,7 @@ class FollowerMetrics:
                 self._registry.unregister(metric)
 
 
-class _Bootstrap:
+class ClientBootstrap:
     """aiokafka's client, started as `start_client` starts one (cancel-safe)."""
 
     def __init__(self, client: AIOKafkaClient) -> None:
@@ -163,7 +163,7 @@ class MarkerFollower:
         settings = dict(self._host.kafka_settings)
         settings["client_id"] = f"{settings.get('client_id', 'tierproxy')},markers"
         self._client = AIOKafkaClient(**settings)
-        await start_client(_Bootstrap(self._client))
+        await start_client(ClientBootstrap(self._client))
         self._task = asyncio.create_task(self._run(), name="marker-follower")
 
     async def close(self) -> None:

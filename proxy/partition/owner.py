@@ -46,6 +46,7 @@ from proxy.partition.sequencer import (
     PendingAppend,
     Rejected,
 )
+from proxy.partition.txn_gate import VerificationGate, Verify, producer_of
 from proxy.records.batches import BatchHeader
 from proxy.records.markers import Marker
 from proxy.wal.port import Log
@@ -108,6 +109,8 @@ class TieredPartition:
         self.holes: SequenceHoles | None = None
         # the queue: requests keep the order of their produce() calls
         self._inbox: deque[_Request] = deque()
+        # a producer's batches around a KIP-890 verification (txn_gate.py)
+        self._gate = VerificationGate()
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
         # owned by the task
         self._in_flight: deque[_InFlight] = deque()
@@ -199,20 +202,50 @@ class TieredPartition:
         return self._sequencer.snapshot()
 
     async def produce(
-        self, records: Records, acks: int, log_append_time: bool | None = None
+        self,
+        records: Records,
+        acks: int,
+        log_append_time: bool | None = None,
+        verify: Verify | None = None,
     ) -> ProduceResult | None:
         """Queue one partition's records and return the answer once they are durable (or
         refused). acks=0 returns None once queued; the write is the same. Waits while the
         queue is full, in call order: requests are sequenced in the order of the calls.
         `records` must not change until the request is sequenced. `log_append_time`: the
         topic's message.timestamp.type is LogAppendTime, read from Kafka with each request
-        (a topic config may change); None keeps `config.log_append_time`."""
+        (a topic config may change); None keeps `config.log_append_time`. `verify`: a
+        transactional batch of a producer with no transaction open here is verified with
+        the coordinator first (KIP-890, txn_gate.py); None: not verified. A producer's
+        batches keep their call order around a verification."""
         if not self._open:
             self._dropped(records)
             return None if acks == 0 else not_owner(self.stream_id)
         future = None if acks == 0 else asyncio.get_running_loop().create_future()
-        await self._enqueue(_Request(records, future, log_append_time))
+        request = _Request(records, future, log_append_time)
+        producer = producer_of(records) if verify is not None or self._gate.waiting else None
+        if producer is None or not self._gate.must_wait(
+            producer, verify, self._open_here(producer.producer_id)
+        ):
+            await self._enqueue(request)
+        else:
+
+            async def enqueue() -> ProduceResult | None:
+                if not self._open:
+                    return not_owner(self.stream_id)
+                await self._enqueue(request)
+                return None
+
+            refused = await self._gate.in_turn(producer, verify, self._open_here, enqueue)
+            if refused is not None:
+                if refused.error_code in DROP_CODES:
+                    self._dropped(records)
+                return None if future is None else refused
         return None if future is None else await future
+
+    def _open_here(self, producer_id: int) -> bool:
+        """The producer has a transaction open here (pending appends included)."""
+        entry = self._sequencer.producer_state(producer_id)
+        return entry is not None and entry.current_txn_first_offset is not None
 
     async def append_marker(self, marker: Marker) -> ProduceResult:
         """Append a transaction marker found in Kafka's log of the partition, through the
@@ -222,6 +255,7 @@ class TieredPartition:
         if not self._open:
             return not_owner(self.stream_id)
         future: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+        self._gate.marker_queued(marker.producer_id)
         await self._enqueue(_Request(b"", future, marker=marker))
         return await future
 
@@ -305,6 +339,7 @@ class TieredPartition:
         future = request.future
         result: AppendResult
         if request.marker is not None:
+            self._gate.marker_sequenced(request.marker.producer_id)
             result = self._sequencer.append_marker(request.marker, now)
             if isinstance(result, Rejected):
                 if result.error_code != ErrorCode.kafka_storage_error:

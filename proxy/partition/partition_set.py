@@ -19,6 +19,7 @@ from proxy.partition.recovered_tail import RecoveredTail, TailEntry
 from proxy.partition.recovery import ReadCommitted, read_wal_batches
 from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
 from proxy.partition.sequence_holes import SequenceHoles
+from proxy.partition.txn_gate import Verify
 from proxy.reads.logcache import LogCache
 from proxy.wal.port import Log
 
@@ -105,12 +106,17 @@ class PartitionSet:
         return list(self._partitions)
 
     async def produce(
-        self, stream_id: int, records: Records, acks: int, log_append_time: bool | None = None
+        self,
+        stream_id: int,
+        records: Records,
+        acks: int,
+        log_append_time: bool | None = None,
+        verify: Verify | None = None,
     ) -> ProduceResult | None:
         partition = self._partitions.get(stream_id)
         if partition is None:
             return None if acks == 0 else not_owner(stream_id)
-        return await partition.produce(records, acks, log_append_time)
+        return await partition.produce(records, acks, log_append_time, verify)
 
     async def remove(self, stream_id: int) -> None:
         """Give a partition up: close it (in-flight appends are answered) and forget it."""

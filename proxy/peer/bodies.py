@@ -12,6 +12,9 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      producer_epoch i16, first_sequence i32, last_sequence i32, hole i32
                      (-1: none; docs/sequencer.md, "Gaps the proxy made"), only to a
                      peer at protocol 2 or later (below)
+                     then, optionally (a transactional Produce, after the sequences):
+                     produce_version i16, transactional_id string, only to a peer at
+                     protocol 6 or later (the owner verifies the transaction, KIP-890)
     append response  error_code i16, base_offset i64, log_append_time_ms i64,
                      log_start_offset i64, error_message nullable string
     admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
@@ -131,6 +134,8 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
             trailer = _SEQUENCE.pack(
                 b.producer_id, b.producer_epoch, b.first_sequence, b.last_sequence, message.hole
             )
+            if message.transactional_id is not None:
+                trailer += _I16.pack(message.produce_version) + _string(message.transactional_id)
             if tail:
                 tail = (*tail, trailer)
             else:
@@ -250,11 +255,26 @@ def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
             f"append request payload kind {kind}: neither records (1) nor location (2)"
         )
     batch, hole = None, -1
+    transactional_id, produce_version = None, -1
     if cur.pos < cur.end:
         pid, epoch, first, last, hole = cur.fixed(_SEQUENCE, "append request sequences")
         batch = ProducerBatch(pid, epoch, first, last)
+    if cur.pos < cur.end:
+        (produce_version,) = cur.fixed(_I16, "append request produce version")
+        if produce_version < 0:
+            raise PeerProtocolError(f"append request produce version {produce_version}")
+        transactional_id = cur.string("append request transactional id")
     return AppendRequest(
-        cid, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole
+        cid,
+        stream_id,
+        acks,
+        timeout_ms,
+        records,
+        location,
+        batch=batch,
+        hole=hole,
+        transactional_id=transactional_id,
+        produce_version=produce_version,
     )
 
 

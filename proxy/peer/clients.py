@@ -263,6 +263,8 @@ class PeerClients:
         hole: Callable[[], int] | None = None,
         on_lost: Callable[[], None] | None = None,
         peer_protocol: int = PROTOCOL,
+        transactional_id: str | None = None,
+        produce_version: int = -1,
     ) -> ProduceResult | None:
         """The owner's answer to appending `records` (direct) or the batches at `location`
         (s3) to `stream_id`; None for acks=0, once the request is written. The default
@@ -270,11 +272,24 @@ class PeerClients:
         `hole()` (asked now, as the connection is picked) tell the owner whose batches
         these are and the sender's last drop before them, unless the owner's `peer_protocol`
         (its heartbeat's) predates them: `codec.for_peer`; `on_lost`:
-        `_PeerConnection.call`."""
+        `_PeerConnection.call`. `transactional_id` and `produce_version`: a transactional
+        Produce's, for the owner's verification (only with `batch`; dropped by `for_peer`
+        for an owner that predates it)."""
         hole_seq = -1 if hole is None or batch is None else hole()
+        if batch is None:
+            transactional_id, produce_version = None, -1
         request = for_peer(
             AppendRequest(
-                0, stream_id, acks, timeout_ms, records, location, batch=batch, hole=hole_seq
+                0,
+                stream_id,
+                acks,
+                timeout_ms,
+                records,
+                location,
+                batch=batch,
+                hole=hole_seq,
+                transactional_id=transactional_id,
+                produce_version=produce_version if transactional_id is not None else -1,
             ),
             peer_protocol,
         )

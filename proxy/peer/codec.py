@@ -49,7 +49,10 @@ trailer. 3: the ping (sent by offload jobs, not proxies: one older than 3 closes
 connection, which the job reports). 4: the catch-up request (sent only to an owner at 4
 or later; AddPartitionsToTxn answers a retriable error meanwhile). 5: the fetch request's
 flags (ask for the last stable offset) and the fetch response's last stable offset, which
-answers only a request that asked. A rolling upgrade therefore never breaks a hand-off
+answers only a request that asked. 6: the append request's transaction trailer (the
+transactional id and Produce version a transactional batch came with: the owner verifies
+it with the coordinator, KIP-890; an owner before 6 gets the append without it and does
+not verify). A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
 
@@ -79,6 +82,7 @@ __all__ = [
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
     "STABLE_PROTOCOL",
+    "TXN_PROTOCOL",
     "PeerFrameReader",
     "PeerProtocolError",
     "decode_frame",
@@ -90,10 +94,11 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 5  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 6  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
+TXN_PROTOCOL = 6  # the first level that reads the append request's transaction trailer
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc
@@ -119,10 +124,17 @@ def for_peer(request: AppendRequest, peer_protocol: int) -> AppendRequest:
     """`request` as a peer at `peer_protocol` can read it: without the sequences trailer
     for one older than `SEQUENCES_PROTOCOL` (it would refuse the frame, and drop the
     connection with every call on it). That owner then judges a sequence gap by its own
-    record of drops only, as it always did."""
-    if request.batch is None or peer_protocol >= SEQUENCES_PROTOCOL:
+    record of drops only, as it always did. Without the transaction trailer for one
+    older than `TXN_PROTOCOL`: that owner does not verify transactions (KIP-890)."""
+    if request.batch is None or peer_protocol >= TXN_PROTOCOL:
         return request
-    return dataclasses.replace(request, batch=None, hole=-1)
+    if peer_protocol >= SEQUENCES_PROTOCOL:
+        if request.transactional_id is None:
+            return request
+        return dataclasses.replace(request, transactional_id=None, produce_version=-1)
+    return dataclasses.replace(
+        request, batch=None, hole=-1, transactional_id=None, produce_version=-1
+    )
 
 
 def frame_size(message: PeerMessage) -> int:

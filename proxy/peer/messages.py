@@ -47,10 +47,22 @@ class AppendRequest:
     # dropped before them, -1 if none: docs/sequencer.md, "Gaps the proxy made"
     batch: ProducerBatch | None = None
     hole: int = -1
+    # a transactional Produce's transactional id and the client's Produce version: the
+    # owner verifies the transaction with the coordinator (KIP-890, docs/tiering.md,
+    # "Transactions"); only with `batch` (a transactional batch has a producer id)
+    transactional_id: str | None = None
+    produce_version: int = -1
 
     def __post_init__(self) -> None:
         check_range("correlation_id", self.correlation_id, 0, U32_MAX)
         check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        if self.transactional_id is not None:
+            if self.batch is None:
+                raise ValueError("an append names a transactional id only with its batch")
+            check_string("transactional_id", self.transactional_id, 0xFFFF)
+            check_range("produce_version", self.produce_version, 0, (1 << 15) - 1)
+        elif self.produce_version != -1:
+            raise ValueError("an append names a produce version only with a transactional id")
         if self.batch is not None:
             b = self.batch
             check_range("batch.producer_id", b.producer_id, 0, I64_MAX)

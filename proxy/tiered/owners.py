@@ -27,6 +27,7 @@ from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
+from proxy.partition.txn_gate import Verify
 from proxy.peer.clients import PeerClients, PeerUnavailable
 from proxy.peer.codec import for_peer, frame_size
 from proxy.peer.messages import AppendRequest, AppendResponse
@@ -49,6 +50,9 @@ class Part:
     acks: int
     timeout_ms: int
     rules: ProduceRules | None = None  # the topic's produce checks (produce_rules.py)
+    # a transactional Produce's, for the owner's verification (KIP-890); None: not one
+    transactional_id: str | None = None
+    produce_version: int = -1
 
 
 def not_owner(message: str) -> ProduceResult:
@@ -119,6 +123,8 @@ class ToOwner:
                     hole=lambda: holes.hole_before(stream, batch),
                     on_lost=lambda: holes.dropped(stream, batch),
                     peer_protocol=protocol,
+                    transactional_id=part.transactional_id,
+                    produce_version=part.produce_version,
                 )
             )
             await asyncio.sleep(0)  # its first step queues the request, before the next's
@@ -138,9 +144,18 @@ class ToOwner:
             started.set_result(None)
             if self._sends.get(stream) is started:
                 del self._sends[stream]
+        txn = part.transactional_id if batch is not None else None
         request = for_peer(
             AppendRequest(
-                0, stream, acks, timeout_ms, records=inline, location=location, batch=batch
+                0,
+                stream,
+                acks,
+                timeout_ms,
+                records=inline,
+                location=location,
+                batch=batch,
+                transactional_id=txn,
+                produce_version=part.produce_version if txn is not None else -1,
             ),
             protocol,
         )
@@ -192,6 +207,10 @@ class OwnerHost(Protocol):
 
     async def wait_for_partition(self, stream: int) -> None: ...
 
+    def verifier_for(
+        self, stream: int, transactional_id: str | None, produce_version: int
+    ) -> Verify | None: ...
+
 
 class AtOwner:
     def __init__(self, service: OwnerHost) -> None:
@@ -233,8 +252,9 @@ class AtOwner:
                     ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"
                 )
             append_time = rules.log_append_time
+            verify = service.verifier_for(stream, request.transactional_id, request.produce_version)
             call = asyncio.ensure_future(
-                partitions.produce(stream, records, request.acks, append_time)
+                partitions.produce(stream, records, request.acks, append_time, verify)
             )
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
         except BaseException:  # the S3-WAL read failed: a storage error, the batch not appended

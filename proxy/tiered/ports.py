@@ -114,6 +114,8 @@ class ProduceHost(Protocol):
         acks: int,
         timeout_ms: int,
         rules: ProduceRules | None = None,
+        transactional_id: str | None = None,
+        produce_version: int = -1,
     ) -> ProduceResult | None: ...
 
 

@@ -105,7 +105,14 @@ async def _one(
         if part.records is not None and tiering.bandwidth is not None:  # never waits
             await tiering.bandwidth.limiter.acquire(Priority.PRODUCE, len(part.records))
         answer = await tiering.produce(
-            part.topic, part.partition, part.records, view.acks, view.timeout_ms, rules
+            part.topic,
+            part.partition,
+            part.records,
+            view.acks,
+            view.timeout_ms,
+            rules,
+            view.transactional_id,
+            view.api_version,
         )
         result = answer if answer is not None else ProduceResult(0)
     return PartitionResult(

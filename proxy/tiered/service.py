@@ -21,6 +21,7 @@ takes the port it needs (ports.py here, upkeep/ports.py), which the service sati
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -35,6 +36,7 @@ from proxy.config.tiering import TieringConfig
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.lifecycle import start_or_undo
 from proxy.markers.follower import MarkerFollower
+from proxy.markers.verifier import TxnVerifier
 from proxy.metadata.group import ShardAssignment
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
@@ -46,6 +48,7 @@ from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
+from proxy.partition.txn_gate import Verify
 from proxy.peer.clients import PeerClients
 from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
@@ -135,6 +138,8 @@ class TieringService:
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # follows Kafka's log of the partitions owned here for transaction markers
         self.markers: MarkerFollower | None = None  # proxy/markers/
+        # asks the coordinator before a transaction starts in a partition owned here (KIP-890)
+        self.txn_verifier: TxnVerifier | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -317,12 +322,16 @@ class TieringService:
         acks: int,
         timeout_ms: int,
         rules: ProduceRules | None = None,
+        transactional_id: str | None = None,
+        produce_version: int = -1,
     ) -> ProduceResult | None:
         """One partition of a Produce request for a tiered topic, checked against `rules`
         (`produce_rules`) already; None for acks=0. The owner stamps the batch if the topic
         uses LogAppendTime: here by `rules`, elsewhere by the owner's own. Its answer is
         recorded in `holes` (a retriable error: a drop; success: holes filled) before
-        anything else runs: no later batch can be handed off without knowing it."""
+        anything else runs: no later batch can be handed off without knowing it.
+        `transactional_id` and `produce_version`: a transactional Produce's, for the
+        owner's verification with the coordinator (KIP-890, `verifier_for`)."""
         found = self.topics.topic(topic)
         if found is None:  # untiered since the split: the client retries through Kafka
             return not_owner(f"topic {topic} is no longer tiered")
@@ -331,7 +340,18 @@ class TieringService:
         stream = stream_of(found, partition)
         batch = ProducerBatch.of(records) if acks != 0 else None
         try:
-            part = Part(found, partition, stream, batch, records, acks, timeout_ms, rules)
+            part = Part(
+                found,
+                partition,
+                stream,
+                batch,
+                records,
+                acks,
+                timeout_ms,
+                rules,
+                transactional_id,
+                produce_version,
+            )
             result = await self._produce(part)
         except BaseException:
             self.holes.dropped(stream, batch)
@@ -355,8 +375,27 @@ class TieringService:
             await self.wait_for_partition(stream)  # cut over or taken over just now
         if self.partitions.get(stream) is not None:
             append_time = part.rules.log_append_time if part.rules is not None else None
-            return await self.partitions.produce(stream, part.records, part.acks, append_time)
+            verify = self.verifier_for(stream, part.transactional_id, part.produce_version)
+            return await self.partitions.produce(
+                stream, part.records, part.acks, append_time, verify
+            )
         return await self.to_owner.send(part)
+
+    def verifier_for(
+        self, stream: int, transactional_id: str | None, produce_version: int
+    ) -> Verify | None:
+        """How the owner verifies a transactional batch of `stream` with the coordinator
+        (KIP-890: txn_gate.py, markers/verifier.py); None: not verified (no transactional
+        id, verification turned off, or not started)."""
+        verifier = self.txn_verifier
+        if verifier is None or transactional_id is None or produce_version < 0:
+            return None
+        info = self.state(stream).stream(stream)
+        topic = None if info is None else self.topics.topic(info.topic_id)
+        if info is None or topic is None:
+            return None
+        key = (topic.name, info.partition)
+        return functools.partial(verifier.verify, transactional_id, produce_version, key)
 
     async def wait_for_partition(self, stream: int) -> None:
         """A stream of a shard owned here whose partition is being started (its cutover

@@ -35,6 +35,7 @@ from proxy.handoff.objects import writer_id_for
 from proxy.handoff.writer import S3WalMetrics, S3WalReader, S3WalWriter
 from proxy.lifecycle import settle
 from proxy.markers.follower import MarkerFollower
+from proxy.markers.verifier import TxnVerifier
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
@@ -95,6 +96,7 @@ class StartHost(
     compactor: Compactor | None
     orphans: OrphanSweep | None
     markers: MarkerFollower | None
+    txn_verifier: TxnVerifier | None
 
     def dirty_shards(self) -> list[int]: ...
 
@@ -168,6 +170,10 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
         wal, on_broken=shards.partition_broken, log_cache=service.log_cache, holes=service.holes
     )
     stack.push_async_callback(partitions.close)
+    if config.transaction_partition_verification:  # before a partition is owned here
+        verifier = service.txn_verifier = TxnVerifier(service.kafka_settings, registry)
+        stack.push_async_callback(verifier.close)
+        await verifier.start()
     cache = service.block_cache = BlockCache(
         store, capacity_bytes=config.block_cache_bytes, registry=registry
     )
