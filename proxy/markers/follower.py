@@ -27,7 +27,6 @@ from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.fetch import FetchRequest
-from aiokafka.protocol.offset import OffsetRequest
 from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -40,6 +39,7 @@ from proxy.markers.follow import (
     reset_position,
     step_for,
 )
+from proxy.markers.upstream_log import Bootstrap, list_offset
 from proxy.metadata.client_start import start_client
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex
@@ -129,16 +129,6 @@ class FollowerMetrics:
                 self._registry.unregister(metric)
 
 
-class ClientBootstrap:
-    """aiokafka's client, started as `start_client` starts one (cancel-safe)."""
-
-    def __init__(self, client: AIOKafkaClient) -> None:
-        self._client = client
-
-    async def start(self) -> None:
-        await self._client.bootstrap()
-
-
 class MarkerFollower:
     def __init__(
         self,
@@ -163,7 +153,7 @@ class MarkerFollower:
         settings = dict(self._host.kafka_settings)
         settings["client_id"] = f"{settings.get('client_id', 'tierproxy')},markers"
         self._client = AIOKafkaClient(**settings)
-        await start_client(ClientBootstrap(self._client))
+        await start_client(Bootstrap(self._client))
         self._task = asyncio.create_task(self._run(), name="marker-follower")
 
     async def close(self) -> None:
@@ -363,16 +353,8 @@ class MarkerFollower:
             f.position = position
 
     async def _list_offset(self, f: _Followed, timestamp: int) -> int:
-        client = self._client
-        assert client is not None and f.leader is not None
-        request = OffsetRequest(-1, READ_UNCOMMITTED, [(f.topic, [(f.partition, timestamp)])])
-        response = await client.send(f.leader, request)
-        for _, partitions in response.topics:
-            for partition, error_code, _timestamp, offset, *_ in partitions:
-                if error_code:
-                    raise KafkaError(f"ListOffsets of {f.topic}-{partition}: error {error_code}")
-                return int(offset)
-        raise KafkaError(f"ListOffsets of {f.topic}-{f.partition}: no answer")
+        assert self._client is not None and f.leader is not None
+        return await list_offset(self._client, f.leader, f.topic, f.partition, timestamp)
 
     # -- catch-up --------------------------------------------------------------------------
 

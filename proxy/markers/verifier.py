@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter
 from proxy.apis.api24_add_partitions_to_txn import Key
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.frames import FrameError
-from proxy.markers.follower import ClientBootstrap
+from proxy.markers.upstream_log import Bootstrap
 from proxy.markers.verify import (
     VERIFY_VERSION,
     Verification,
@@ -156,7 +156,7 @@ class TxnVerifier:
         settings = self._settings
         settings["client_id"] = f"{settings.get('client_id', 'tierproxy')},txn-verify"
         self._client = AIOKafkaClient(**settings)
-        await start_client(ClientBootstrap(self._client))
+        await start_client(Bootstrap(self._client))
 
     async def close(self) -> None:
         if self._flush is not None:

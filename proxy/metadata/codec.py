@@ -1,9 +1,11 @@
 """The bytes of metadata records (docs/metadata.md, "Records"): `encode` and `decode`.
 
 A key is ``[u8 key version = 1][u8 record type]`` then the type's key fields, a value
-``[u8 value version = 1]`` then its value fields, both laid out as `LAYOUTS`
-(metarecords.py) says. A null value is a tombstone. Pure: no I/O, no asyncio. `decode`
-raises nothing but `MetadataRecordError`, whatever the bytes.
+``[u8 value version]`` then its value fields, both laid out as `LAYOUTS`
+(metarecords.py) says. The value version is 1, or the version that added the newest of
+the type's `OPTIONAL_FIELDS` the record holds (they follow the others, in order). A null
+value is a tombstone. Pure: no I/O, no asyncio. `decode` raises nothing but
+`MetadataRecordError`, whatever the bytes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from uuid import UUID
 from proxy.metadata.records import (
     ENUMS,
     LAYOUTS,
+    OPTIONAL_FIELDS,
     RECORD_TYPES,
     MetadataRecordError,
     OffsetRange,
@@ -65,9 +68,16 @@ def encode(record: Record) -> tuple[bytes, bytes]:
     key = bytearray(_HEAD.pack(KEY_VERSION, record_type))
     for name, wire in key_fields:
         _put(key, wire, getattr(record, name))
-    value = bytearray((VALUE_VERSION,))
+    optional = OPTIONAL_FIELDS.get(record_type, ())
+    version = max(
+        (v for v, name, _ in optional if getattr(record, name) is not None), default=VALUE_VERSION
+    )
+    value = bytearray((version,))
     for name, wire in value_fields:
         _put(value, wire, getattr(record, name))
+    for added, name, wire in optional:
+        if added <= version:
+            _put(value, wire, getattr(record, name))
     return bytes(key), bytes(value)
 
 
@@ -165,12 +175,18 @@ def decode(key: Buffer, value: Buffer | None) -> Record | Tombstone:
     cls, _, value_fields = LAYOUTS[record_type]
     reader = _Reader(bytes(value), f"{record_type.name} value")
     version = reader.read("u8")
-    if version != VALUE_VERSION:
+    optional = OPTIONAL_FIELDS.get(record_type, ())
+    newest = max((v for v, _, _ in optional), default=VALUE_VERSION)
+    if not VALUE_VERSION <= version <= newest:
         raise MetadataRecordError(
-            f"unsupported value version {version} for {record_type.name}; this reader reads 1"
+            f"unsupported value version {version} for {record_type.name}; this reader reads "
+            f"{VALUE_VERSION} to {newest}"
         )
     for name, wire in value_fields:
         found[name] = reader.read(wire)
+    for added, name, wire in optional:
+        if added <= version:
+            found[name] = reader.read(wire)
     reader.finish()
     try:
         return cls(**found)

@@ -166,7 +166,14 @@ class StreamCutover:
     """A partition becomes a stream: offsets from `cutover_offset` on are the proxy's.
 
     Written at a cutover with end_offset == cutover_offset; a checkpoint writes the
-    stream's current log start and end instead."""
+    stream's current log start and end instead.
+
+    `last_stable_offset`: Kafka's last stable offset at the cutover, when a transaction
+    was open there (the first offset of the oldest one, below the cutover): the
+    partition's owner seeds its producer state from Kafka's log from there to the
+    cutover (docs/tiering.md, "Cutover"). None when none was open (it is then the
+    cutover offset, and stored so: value version 1), as in every record written before
+    the field existed. Value version 2 adds it (`OPTIONAL_FIELDS`)."""
 
     generation: int
     stream_id: int
@@ -178,11 +185,23 @@ class StreamCutover:
     cutover_offset: int  # the upstream log end at the cutover
     end_offset: int
     at_ms: int
+    last_stable_offset: int | None = None
 
     def __post_init__(self) -> None:
         _validate_stream(self)
         _check(self, "log_start_offset", 0, self.end_offset)
         _check(self, "cutover_offset", 0, self.end_offset)
+        if self.last_stable_offset is not None:
+            _check(self, "last_stable_offset", 0, self.cutover_offset)
+            if self.last_stable_offset == self.cutover_offset:  # nothing open: stored as v1
+                object.__setattr__(self, "last_stable_offset", None)
+
+    @property
+    def stable_offset(self) -> int:
+        """Kafka's last stable offset at the cutover (the cutover offset when none was
+        recorded: no transaction open, or a record of version 1)."""
+        lso = self.last_stable_offset
+        return self.cutover_offset if lso is None else lso
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +413,14 @@ LAYOUTS = {
         (_GEN, ("epoch", "u32"), ("owner", "str")),
         (("released_at_ms", "i64"),),
     ),
+}
+# Fields added to a record type's value after version 1, each with the value version that
+# added it: written (and that version with them) only when not None, read from records of
+# that version or later; a record of an earlier version reads them as None. So a record
+# without them stays readable by a reader that does not know them (docs/metadata.md,
+# "Versions and errors").
+OPTIONAL_FIELDS: dict[RecordType, tuple[tuple[int, str, str], ...]] = {
+    RecordType.STREAM_CUTOVER: ((2, "last_stable_offset", "i64"),),
 }
 RECORD_TYPES = {cls: record_type for record_type, (cls, _, _) in LAYOUTS.items()}
 _DOMAINS = {"u32": (0, U32_MAX), "u64": (0, U64_MAX), "i32": (0, I32_MAX), "i64": (0, I64_MAX)}

@@ -91,6 +91,9 @@ class StreamInfo:
     log_start_offset: int
     end_offset: int  # the next offset to be committed
     tiered_at_ms: int
+    # Kafka's last stable offset at the cutover (StreamCutover.stable_offset): below the
+    # cutover when a transaction was open there, carried across
+    cutover_stable_offset: int = 0
 
 
 @dataclass(slots=True)
@@ -116,6 +119,7 @@ class TieredStream:
             self.log_start,
             self.end,
             c.at_ms,
+            c.stable_offset,
         )
 
     def holding(self, offset: int) -> int:

@@ -28,7 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
-from proxy.partition.recovery import ReadCommitted, rebuild
+from proxy.partition.recovery import ReadCommitted, ReadUpstream, rebuild
 from proxy.partition.rules import (
     PartitionConfig,
     ProduceResult,
@@ -133,6 +133,7 @@ class TieredPartition:
         config: PartitionConfig | None = None,
         clock_ms: Callable[[], int] = now_ms,
         on_broken: OnBroken | None = None,
+        read_upstream: ReadUpstream | None = None,
     ) -> TieredPartition:
         """The partition at the stream's log end, not started, rebuilt from durable
         sources only (`recovery.rebuild`: which source wins where; RecoveryError on a gap
@@ -140,7 +141,7 @@ class TieredPartition:
         (`recovery.read_wal_batches`: one pass for many streams); None reads the WAL here."""
         config = config or PartitionConfig()
         sequencer, log_start_offset = await rebuild(
-            stream_id, wal, metadata, wal_batches, read_committed, config, clock_ms
+            stream_id, wal, metadata, wal_batches, read_committed, config, clock_ms, read_upstream
         )
         return cls(
             stream_id,

@@ -16,7 +16,7 @@ from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
 from proxy.partition.owner import OnBroken, Records, TieredPartition
 from proxy.partition.recovered_tail import RecoveredTail, TailEntry
-from proxy.partition.recovery import ReadCommitted, read_wal_batches
+from proxy.partition.recovery import ReadCommitted, ReadUpstream, read_wal_batches
 from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.partition.txn_gate import Verify
@@ -52,6 +52,7 @@ class PartitionSet:
         metadata: MetadataState,
         *,
         read_committed: ReadCommitted | None = None,
+        read_upstream: ReadUpstream | None = None,
     ) -> None:
         """Rebuild and start a partition per stream (`TieredPartition.recover`), reading
         the WAL once for all of them. The entries past each stream's committed end go to
@@ -72,6 +73,7 @@ class PartitionSet:
                 config=self.config,
                 clock_ms=self._clock_ms,
                 on_broken=self._broken_partition,
+                read_upstream=read_upstream,
             )
             self.add(partition, () if tail is None else tail.entries(stream))
 

@@ -138,10 +138,10 @@ def check_append(
     duplicate: None if it may be appended, else the error code and why.
 
     A producer id with no state (`empty_entry`) is accepted at any sequence, as Kafka has
-    done since 2.5 (KIP-360, KAFKA-8710): its state may have expired or been lost. So is
-    one the partition knows only from a marker, with no batch of its epoch (where Kafka
-    expects the sequence after its last batch): its batches may be in Kafka's log below
-    the cutover (a transaction carried across), whose sequences the stream never saw.
+    done since 2.5 (KIP-360, KAFKA-8710): its state may have expired or been lost. One
+    known with no batch of its epoch (seen only in a marker) starts at 0, as in Kafka: a
+    transaction carried across the cutover has its batches in the stream's seeded state
+    (carried.py), so its next one goes on from their sequence.
     """
     pid = entry.producer_id
     if producer_epoch < entry.producer_epoch:
@@ -156,9 +156,7 @@ def check_append(
                 f"{first_seq} (a new epoch starts at 0), {entry.producer_epoch} (current epoch)"
             )
         return None
-    if entry.producer_epoch == NO_PRODUCER_EPOCH or not entry.batches:
-        return None  # no sequence known: a producer seen only in a marker (below)
-    if in_sequence(entry.last_seq, first_seq):
+    if entry.producer_epoch == NO_PRODUCER_EPOCH or in_sequence(entry.last_seq, first_seq):
         return None
     return ErrorCode.out_of_order_sequence_number, (
         f"out of order sequence number for producer {pid}: {first_seq} (incoming seq. "

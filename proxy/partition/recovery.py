@@ -10,12 +10,15 @@ of a tiered partition", describes the recovery sources.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Callable, Collection, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Collection, Sequence
 
 from proxy.metadata.state import MetadataState
+from proxy.partition.carried import carried_producers
+from proxy.partition.producer_state import ProducerStateEntry
 from proxy.partition.recovered_tail import RecoveredTail
 from proxy.partition.rules import (
     PartitionConfig,
+    RecoveryError,
     RecoveryPoint,
     entry_batches,
     missing_committed,
@@ -25,10 +28,14 @@ from proxy.partition.sequencer import PartitionSequencer
 from proxy.records.batches import BatchHeader
 from proxy.wal.port import Log
 
-__all__ = ["ReadCommitted", "read_wal_batches", "rebuild"]
+__all__ = ["ReadCommitted", "ReadUpstream", "read_wal_batches", "rebuild"]
 
 # (stream, start, end) -> headers of the committed batches covering [start, end), in order
 ReadCommitted = Callable[[int, int, int], AsyncIterable[BatchHeader]]
+# (stream, start, end) -> headers of the batches of Kafka's log of the stream's partition
+# from the one holding `start` to `end` (the cutover), in order: the transactions carried
+# across the cutover (carried.py)
+ReadUpstream = Callable[[int, int, int], Awaitable[Sequence[BatchHeader]]]
 
 
 async def rebuild(
@@ -39,6 +46,7 @@ async def rebuild(
     read_committed: ReadCommitted | None,
     config: PartitionConfig,
     clock_ms: Callable[[], int],
+    read_upstream: ReadUpstream | None = None,
 ) -> tuple[PartitionSequencer, int]:
     """(the sequencer at the stream's log end, the stream's log start offset), from
     durable sources only (which wins where: `partition/rules.py`'s docstring). Below the
@@ -49,7 +57,10 @@ async def rebuild(
     no gap; the log end (= high watermark) is its last batch's end. A gap or a straddle
     raises RecoveryError. `wal_batches`: this stream's WAL batch headers in order
     (`read_wal_batches`: one pass for many streams); None reads the WAL here. `clock_ms`
-    is read once everything is read: the producer state expires from then."""
+    is read once everything is read: the producer state expires from then. A stream
+    that starts from a cutover with a transaction open (`RecoveryPoint.carried_from`)
+    is seeded with its producers from Kafka's log: `read_upstream(stream, lso, cutover)`
+    (RecoveryError without it)."""
     if wal_batches is None:
         wal_batches = (await read_wal_batches(wal, {stream_id})).get(stream_id, [])
     point = RecoveryPoint.from_metadata(metadata, stream_id)
@@ -57,7 +68,24 @@ async def rebuild(
     committed = None
     if gap is not None and read_committed is not None:
         committed = [header async for header in read_committed(stream_id, *gap)]
-    sequencer = rebuild_sequencer(point, committed, wal_batches, clock_ms(), config)
+    upstream = None
+    if point.carried_from is not None:
+        if read_upstream is None:
+            raise RecoveryError(
+                f"stream {stream_id}: a transaction was open at the cutover: its producers "
+                f"are in Kafka's log from offset {point.carried_from} (read_upstream)"
+            )
+        upstream = await read_upstream(stream_id, point.carried_from, point.cutover_offset)
+    now = clock_ms()
+    carried: list[ProducerStateEntry] = []
+    if point.carried_from is not None and upstream is not None:
+        try:
+            carried = carried_producers(upstream, point.carried_from, point.cutover_offset, now)
+        except ValueError as exc:
+            raise RecoveryError(
+                f"stream {stream_id}: Kafka's log below the cutover: {exc}"
+            ) from exc
+    sequencer = rebuild_sequencer(point, committed, wal_batches, now, config, carried)
     return sequencer, point.log_start_offset
 
 

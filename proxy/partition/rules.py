@@ -30,6 +30,14 @@ cutover, the first batch from S on may begin below S: it is replayed whole and t
 rebuild goes on from its end. A snapshot's offset and the cutover are batch boundaries,
 so a batch straddling them is still a RecoveryError.
 
+**A transaction carried across the cutover** (`carried.py`). With no snapshot and S the
+cutover, the state at S is not empty when a transaction was open in Kafka's log at the
+cutover (`RecoveryPoint.carried_from`: the last stable offset the cutover recorded): the
+producers open there, read from Kafka's log [carried_from, cutover), seed the sequencer
+before the replay from S. A snapshot holds them once one is written past the cutover;
+a log start above the cutover with no snapshot has no such seed (the batches between the
+cutover and the log start, which could hold their markers, are gone).
+
 Assumption: the WAL's entries of the stream were written under the ownership the
 metadata continues (a restart of the same owner, or a new owner whose WAL holds none).
 A proxy that gives a shard up uploads and trims its streams' entries first: batches carry
@@ -45,7 +53,10 @@ from kio.schema.errors import ErrorCode
 
 from proxy.metadata.state import MetadataState
 from proxy.partition.producer_snapshot import CorruptSnapshotError
-from proxy.partition.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from proxy.partition.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    ProducerStateEntry,
+)
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
 from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
@@ -168,6 +179,18 @@ class RecoveryPoint:
     state_offset: int  # S: the producer state (snapshot) covers every batch below
     snapshot: bytes | None  # PartitionSequencer.snapshot() bytes, or None: empty at S
     cutover_offset: int = 0
+    cutover_stable_offset: int | None = None  # Kafka's LSO at the cutover; None: the cutover
+
+    @property
+    def carried_from(self) -> int | None:
+        """Where Kafka's log holds the transactions open at the cutover that this rebuild
+        seeds the sequencer with (module docstring): the last stable offset the cutover
+        recorded, when below the cutover and the state starts at the cutover with no
+        snapshot; else None (nothing to read)."""
+        lso = self.cutover_stable_offset
+        if lso is None or lso >= self.cutover_offset or self.snapshot is not None:
+            return None
+        return lso if self.state_offset == self.cutover_offset else None
 
     @property
     def starts_at_log_start(self) -> bool:
@@ -193,7 +216,13 @@ class RecoveryPoint:
                 f"{info.end_offset}"
             )
         return cls(
-            stream, info.log_start_offset, info.end_offset, offset, data, info.cutover_offset
+            stream,
+            info.log_start_offset,
+            info.end_offset,
+            offset,
+            data,
+            info.cutover_offset,
+            info.cutover_stable_offset,
         )
 
 
@@ -227,8 +256,11 @@ def rebuild_sequencer(
     wal_batches: Sequence[BatchHeader],
     now_ms: int,
     config: PartitionConfig,
+    carried: Iterable[ProducerStateEntry] = (),
 ) -> PartitionSequencer:
-    """The sequencer at the stream's log end: the snapshot (or empty state at S), then
+    """The sequencer at the stream's log end: the snapshot (or, with none, the state at S:
+    empty, or `carried`: the producers of transactions open at the cutover, read from
+    Kafka's log for `point.carried_from`), then
     every batch from S on, from `committed` (read from the objects for
     `missing_committed`; None: not read) and then `wal_batches` (this stream's WAL
     batches in order), each offset taken once. A batch straddling a log start S is
@@ -245,8 +277,11 @@ def rebuild_sequencer(
         first = _first_batch_from(expected, end, committed or (), wal_batches)
         if first is not None and first.base_offset < expected:
             expected = first.base_offset  # the batch holding the log start: kept whole
+    carried = list(carried)
+    if carried and point.carried_from is None:
+        raise ValueError("producers carried across the cutover, for a rebuild that takes none")
     if point.snapshot is None:
-        sequencer = PartitionSequencer(expected, **options)
+        sequencer = PartitionSequencer(expected, carried, **options)
     else:
         try:
             sequencer = PartitionSequencer.restore(point.snapshot, point.state_offset, **options)

@@ -11,11 +11,14 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
+from proxy.markers.upstream_log import UpstreamLog
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
+from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_headers
 from proxy.partition.partition_set import PartitionSet
+from proxy.partition.rules import RecoveryError
 
 log = logging.getLogger("tierproxy.tiering")
 
@@ -31,6 +34,12 @@ class ShardsHost(Protocol):
 
     @property
     def store(self) -> ObjectStore | None: ...
+
+    @property
+    def kafka_settings(self) -> dict: ...
+
+    @property
+    def topics(self) -> TopicIndex: ...
 
     def is_sealed(self, stream: int) -> bool:
         """Whether an untier sealed the stream (upkeep/seals.py): it is not started."""
@@ -48,7 +57,9 @@ async def owned(service: ShardsHost, owner: ShardOwner) -> None:
 
 async def recover_streams(service: ShardsHost, state: MetadataState, streams: list[int]) -> None:
     """Rebuild and start partitions of one shard's streams: from the metadata, the WAL
-    and, for what the WAL no longer holds, the committed objects' batch headers."""
+    and, for what the WAL no longer holds, the committed objects' batch headers; a
+    stream cut over with a transaction open, from Kafka's log below its cutover too
+    (partition/carried.py)."""
     partitions, store = service.partitions, service.store
     assert partitions is not None and store is not None  # the service is started
     streams = [s for s in streams if not service.is_sealed(s)]  # until the untier is written
@@ -56,7 +67,21 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     def read_committed(stream: int, start: int, end: int):
         return committed_headers(store, state, stream, start, end)
 
-    await partitions.recover(streams, state, read_committed=read_committed)
+    upstream = UpstreamLog(service.kafka_settings)
+
+    async def read_upstream(stream: int, start: int, end: int):
+        info = state.stream(stream)
+        topic = None if info is None else service.topics.topic(info.topic_id)
+        if info is None or topic is None:
+            raise RecoveryError(f"stream {stream}: its topic is not tiered")
+        return await upstream.headers(topic.name, info.partition, start, end)
+
+    try:
+        await partitions.recover(
+            streams, state, read_committed=read_committed, read_upstream=read_upstream
+        )
+    finally:
+        await upstream.close()
     service.notify()
 
 

@@ -8,11 +8,10 @@
    Produce requests for T in flight are answered, its heartbeat lists T as drained.
 3. The owner of each stream's shard (this loop), once every live proxy reports T drained,
    reads the partition's upstream log end until it is stable (the high watermark reaches
-   the log end once nothing is in flight) and no transaction is open in it (the last
-   stable offset is the high watermark: else the coordinator would write the
-   transaction's marker to Kafka past the cutover), writes `StreamCutover` at that
-   offset, and starts the stream's partition there: offsets continue with no gap and no
-   duplicate.
+   the log end once nothing is in flight), writes `StreamCutover` at that offset with
+   Kafka's last stable offset (below it when a transaction is open: the transaction is
+   carried across, partition/carried.py), and starts the stream's partition there:
+   offsets continue with no gap and no duplicate.
 
 `untier` is refused while a partition holds offsets past its cutover: committed ones from
 the metadata, and those only in an owner's WAL too (upkeep/seals.py closes every partition
@@ -24,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -48,6 +48,18 @@ STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """One partition's cutover: where Kafka's log starts and ends (the cutover), and its
+    last stable offset (below the end while a transaction is open: carried across)."""
+
+    partition: int
+    stream: int
+    log_start: int
+    end: int
+    last_stable: int
 
 
 class CutoverHost(SealHost, Protocol):
@@ -148,29 +160,25 @@ class CutoverLoop:
             if not cutover_ready(topic, self._reports()):
                 waiting_for_reports = True
                 continue
-            ends = await self._stable_ends(topic.name, [p for p, _ in mine])
-            if ends is None:  # a transaction is open: its marker is still to come
-                waiting_for_reports = True
-                continue
+            ends, stable = await self._stable_ends(topic.name, [p for p, _ in mine])
             assert self._consumer is not None  # run() made it
             starts = await self._consumer.beginning_offsets(
                 [TopicPartition(topic.name, p) for p, _ in mine]
             )
-            by_shard: dict[int, list[tuple[int, int, int, int]]] = {}
+            by_shard: dict[int, list[Cut]] = {}
             for partition, stream in mine:
                 tp = TopicPartition(topic.name, partition)
                 shard = shard_of(stream, service.config.shard_count)
-                by_shard.setdefault(shard, []).append((partition, stream, starts[tp], ends[tp]))
+                cut = Cut(partition, stream, starts[tp], ends[tp], min(stable[tp], ends[tp]))
+                by_shard.setdefault(shard, []).append(cut)
             for shard, cuts in sorted(by_shard.items()):
                 await self._cut_over(topic, shard, cuts)
         return waiting_for_reports
 
-    async def _cut_over(
-        self, topic: TieredTopic, shard: int, cuts: list[tuple[int, int, int, int]]
-    ) -> None:
-        """Write the StreamCutover of every (partition, stream, log start, end) of one
-        shard in one transaction: produce to them waits until then, so one write instead
-        of one per partition keeps the hold short."""
+    async def _cut_over(self, topic: TieredTopic, shard: int, cuts: list[Cut]) -> None:
+        """Write the StreamCutover of every partition of one shard in one transaction:
+        produce to them waits until then, so one write instead of one per partition keeps
+        the hold short."""
         service = self.service
         owner = service.shard_owner(shard)
         if owner is None:
@@ -180,27 +188,31 @@ class CutoverLoop:
         records = [
             StreamCutover(
                 state.generation,
-                stream,
-                state.next_incarnation(stream),
+                cut.stream,
+                state.next_incarnation(cut.stream),
                 owner.epoch,
                 topic.topic_id,
-                partition,
-                min(log_start, end),
-                end,
-                end,
+                cut.partition,
+                min(cut.log_start, cut.end),
+                cut.end,
+                cut.end,
                 now,
+                cut.last_stable,
             )
-            for partition, stream, log_start, end in cuts
+            for cut in cuts
         ]
         verdicts = await owner.write(records)
-        for (partition, stream, _, end), verdict in zip(cuts, verdicts, strict=True):
-            if verdict.accepted:
-                log.info(
-                    "%s-%d is tiered from offset %d (stream %d)", topic.name, partition, end, stream
-                )
-                await service.start_stream(shard, stream)
-            else:
-                log.warning("cutover of %s-%d refused: %s", topic.name, partition, verdict.reason)
+        for cut, verdict in zip(cuts, verdicts, strict=True):
+            name, partition = topic.name, cut.partition
+            if not verdict.accepted:
+                log.warning("cutover of %s-%d refused: %s", name, partition, verdict.reason)
+                continue
+            carried = ""
+            if cut.last_stable < cut.end:
+                carried = f"; transactions open since offset {cut.last_stable} carried across"
+            log.info("%s-%d is tiered from offset %d (stream %d)%s", name, partition, cut.end,
+                     cut.stream, carried)  # fmt: skip
+            await service.start_stream(shard, cut.stream)
 
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them
@@ -238,16 +250,22 @@ class CutoverLoop:
 
     async def _stable_ends(
         self, topic: str, partitions: list[int]
-    ) -> dict[TopicPartition, int] | None:
-        """The log ends of the partitions, read until two reads in a row agree: with no
-        produce in flight the high watermark (what ListOffsets gives) reaches the log end.
-        None while a transaction is open in one of them (its last stable offset is below
-        its high watermark): the coordinator writes its marker to Kafka when it ends, and
-        that offset must be Kafka's, below the cutover. Produce to the topic is held
-        meanwhile (`cutover_hold_ms`), so the producer's commit or abort, or the
-        transaction's timeout, ends it."""
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """The log ends of the partitions, read until two reads in a row agree (with no
+        produce in flight the high watermark, what ListOffsets gives, reaches the log
+        end), and their last stable offsets (ListOffsets read_committed), read first.
+
+        A transaction open there is not waited for (produce is held, so a producer that
+        sends more records in it could not end it before the coordinator's timeout, which
+        fences it): it is carried across (partition/carried.py). Its marker lands in
+        Kafka's log past the cutover, where the marker follower finds it. The stream
+        seeds its producer state from Kafka's log from the last stable offset up to the
+        cutover; read before the ends, it is at most the one at the cutover (only markers
+        reach Kafka's log meanwhile, and they only move it up), so that read misses no
+        batch of a transaction open at the cutover."""
         assert self._consumer is not None and self._committed is not None
         tps = [TopicPartition(topic, p) for p in partitions]
+        stable = await self._committed.end_offsets(tps)
         last, same = None, 0
         while same < STABLE_READS:
             ends = await self._consumer.end_offsets(tps)
@@ -256,12 +274,7 @@ class CutoverLoop:
             if same < STABLE_READS:
                 await asyncio.sleep(READ_INTERVAL_S)
         assert last is not None
-        stable = await self._committed.end_offsets(tps)
-        if stable != last:
-            open_at = {tp.partition: stable[tp] for tp in tps if stable[tp] != last[tp]}
-            log.info("cutover of %s waits for open transactions at %s", topic, open_at)
-            return None
-        return last
+        return last, stable
 
     # -- the admin API ---------------------------------------------------------------------
 

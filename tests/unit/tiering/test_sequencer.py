@@ -209,9 +209,10 @@ def test_an_unknown_producer_id_is_accepted_at_any_sequence_as_kafka_does_since_
     assert appended(sequencer, idem(57, epoch=4)).base_offset == 0
     assert sequencer.producer_states[PID].last_seq == 59
     rejected(sequencer, idem(61, epoch=4), ErrorCode.out_of_order_sequence_number)
-    # a known producer with no retained batch (seen only in markers: a transaction carried
-    # across the cutover) is accepted at any sequence too, where Kafka expects 0
-    appended(sequencer, idem(5, pid=PID + 1))
+    # a known producer with no retained batch (seen only in markers) starts at 0, as in
+    # Kafka (a transaction carried across the cutover is seeded with its batches)
+    rejected(sequencer, idem(5, pid=PID + 1), ErrorCode.out_of_order_sequence_number)
+    appended(sequencer, idem(0, pid=PID + 1))
     rejected(sequencer, idem(9, pid=PID + 1), ErrorCode.out_of_order_sequence_number)
     # a new epoch still starts at 0
     rejected(sequencer, idem(5, pid=PID + 1, epoch=1), ErrorCode.out_of_order_sequence_number)

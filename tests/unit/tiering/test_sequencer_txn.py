@@ -201,13 +201,13 @@ def test_an_aborted_write_forgets_the_pending_marker_and_a_fenced_sequencer_refu
     assert sequencer.marker_position is None and sequencer.open_transactions == {A: 0}
 
 
-def test_a_producer_known_only_from_a_marker_goes_on_at_any_sequence():
-    """A transaction carried across the cutover: its batches (and sequences) are in
-    Kafka's log below it; the stream sees its marker first."""
+def test_a_producer_known_only_from_a_marker_starts_at_sequence_zero_as_in_kafka():
+    """A transaction carried across the cutover is seeded with its batches (carried.py):
+    no special case for a producer the stream saw only in a marker."""
     sequencer = PartitionSequencer(0)
     ended(sequencer, marker())
-    assert appended(sequencer, txn(57)).base_offset == 1
-    rejected(sequencer, txn(70), ErrorCode.out_of_order_sequence_number)  # now it is known
+    rejected(sequencer, txn(57), ErrorCode.out_of_order_sequence_number)
+    assert appended(sequencer, txn(0)).base_offset == 1
 
 
 def test_on_a_log_append_time_topic_the_marker_keeps_kafkas_append_time():

@@ -95,7 +95,7 @@ class Partitions:
     def __init__(self) -> None:
         self.recovered: list[list[int]] = []
 
-    async def recover(self, streams, state, *, read_committed) -> None:
+    async def recover(self, streams, state, *, read_committed, read_upstream) -> None:
         self.recovered.append(list(streams))
 
 
@@ -105,6 +105,8 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
         readers=[],
         partitions=partitions,
         store=object(),
+        kafka_settings={},  # Kafka's log is read only for a stream that carries a transaction
+        topics=None,
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),
     )

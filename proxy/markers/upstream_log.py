@@ -1,0 +1,144 @@
+"""Kafka's log of a partition below its cutover, read raw: the batch headers a stream
+that starts from its cutover seeds its producer state from, when a transaction was open
+there (partition/carried.py; docs/tiering.md, "Cutover").
+
+Read once per rebuild of such a stream (until a producer snapshot past the cutover holds
+the state): a raw Fetch (read_uncommitted, no wait) from the leader, from the last stable
+offset the cutover recorded up to the cutover, headers kept and bytes dropped. A short
+connection of its own (`UpstreamLog`, connected on first use): the marker follower's is
+not up yet when the group hands the proxy its shards at startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka import AIOKafkaClient, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.offset import OffsetRequest
+
+from proxy.markers.follow import Step, step_for
+from proxy.metadata.client_start import start_client
+from proxy.records.batches import BatchHeader, whole_batches
+
+log = logging.getLogger("tierproxy.transactions")
+
+PARTITION_MAX_BYTES = 1 << 20
+READ_UNCOMMITTED = 0
+EARLIEST = -2
+TIMEOUT_S = 30.0  # a rebuild waits this long for Kafka's log at most
+RETRY_S = 0.2
+
+
+class Bootstrap:
+    """aiokafka's client, started as `start_client` starts one (cancel-safe)."""
+
+    def __init__(self, client: AIOKafkaClient) -> None:
+        self._client = client
+
+    async def start(self) -> None:
+        await self._client.bootstrap()
+
+
+class UpstreamLog:
+    """Reads Kafka's log of partitions below their cutover; `close()` when done."""
+
+    def __init__(self, kafka_settings: dict) -> None:
+        self._settings = kafka_settings
+        self._client: AIOKafkaClient | None = None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def headers(
+        self, topic: str, partition: int, start: int, end: int, timeout_s: float = TIMEOUT_S
+    ) -> list[BatchHeader]:
+        """The headers of the batches of `topic`-`partition` from the one holding `start`
+        (or Kafka's log start, if retention or DeleteRecords moved it past `start`: logged)
+        up to `end`, in order. KafkaError when Kafka does not answer within `timeout_s`."""
+        client = await self._connect()
+        tp = TopicPartition(topic, partition)
+        found: list[BatchHeader] = []
+        position = start
+        deadline = time.monotonic() + timeout_s
+        await client.add_topic(topic)
+        while position < end:
+            if time.monotonic() > deadline:
+                raise KafkaError(f"{topic}-{partition}: Kafka's log [{position}, {end}) not read")
+            leader = client.cluster.leader_for_partition(tp)
+            if leader is None or leader < 0:
+                await self._refresh(client, topic)
+                continue
+            request = FetchRequest(
+                0, 1, PARTITION_MAX_BYTES, READ_UNCOMMITTED,
+                [(topic, [(partition, position, PARTITION_MAX_BYTES)])],
+            )  # fmt: skip
+            try:
+                response = await client.send(leader, request)
+            except (KafkaError, OSError) as exc:
+                log.info("%s-%d: reading Kafka's log below the cutover: %r", topic, partition, exc)
+                await self._refresh(client, topic)
+                continue
+            [(_, [(_, error_code, _, *rest)])] = response.topics
+            step = step_for(error_code)
+            if step is Step.RESET:
+                log_start = await list_offset(client, leader, topic, partition, EARLIEST)
+                if log_start <= position:
+                    raise KafkaError(f"{topic}-{partition}: offset {position} is out of range")
+                log.warning(
+                    "%s-%d: Kafka's log starts at %d, past %d: the transactions open at the "
+                    "cutover are read from there",
+                    topic, partition, log_start, position,
+                )  # fmt: skip
+                position = log_start
+                continue
+            if step is not Step.READ:
+                await self._refresh(client, topic)
+                continue
+            batches, _ = whole_batches(rest[-1] or b"")
+            if not batches:
+                raise KafkaError(f"{topic}-{partition}: no batch at {position}, below {end}")
+            for header, _batch in batches:
+                if header.base_offset >= end:
+                    return found
+                if header.next_offset > position:
+                    found.append(header)
+            position = batches[-1][0].next_offset
+        return found
+
+    async def _connect(self) -> AIOKafkaClient:
+        if self._client is None:
+            settings = dict(self._settings)
+            settings["client_id"] = f"{settings.get('client_id', 'tierproxy')},carried"
+            client = self._client = AIOKafkaClient(**settings)
+            await start_client(Bootstrap(client))
+        return self._client
+
+    @staticmethod
+    async def _refresh(client: AIOKafkaClient, topic: str) -> None:
+        await asyncio.sleep(RETRY_S)
+        try:
+            await client.add_topic(topic)
+            await client.force_metadata_update()
+        except KafkaError as exc:
+            log.info("metadata of %s not refreshed: %r", topic, exc)
+
+
+async def list_offset(
+    client: AIOKafkaClient, leader: int, topic: str, partition: int, timestamp: int
+) -> int:
+    """ListOffsets (read_uncommitted) of one partition at its leader: EARLIEST (-2), LATEST
+    (-1) or a timestamp. KafkaError for an error code or no answer."""
+    request = OffsetRequest(-1, READ_UNCOMMITTED, [(topic, [(partition, timestamp)])])
+    response = await client.send(leader, request)
+    for _, partitions in response.topics:
+        for _, error_code, _timestamp, offset, *_ in partitions:
+            if error_code:
+                raise KafkaError(f"ListOffsets of {topic}-{partition}: error {error_code}")
+            return int(offset)
+    raise KafkaError(f"ListOffsets of {topic}-{partition}: no answer")

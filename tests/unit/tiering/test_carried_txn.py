@@ -1,0 +1,165 @@
+"""Transactions carried across the cutover (docs/tiering.md, "Cutover"): the last stable
+offset the cutover records (StreamCutover, value version 2), and the producer state a
+stream starting from its cutover is seeded with, from the batch headers of Kafka's log
+below it (partition/carried.py, partition/rules.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from kio.schema.errors import ErrorCode
+from test_metadata import ACCEPTED, S, cutover, tiered
+from test_sequencer import NOW, PID, appended, idem, rejected
+from test_sequencer_txn import ended, marker, txn
+
+from proxy.metadata.codec import decode, encode
+from proxy.metadata.records import MetadataRecordError
+from proxy.partition.carried import carried_producers
+from proxy.partition.rules import PartitionConfig, RecoveryPoint, rebuild_sequencer
+from proxy.records.batches import BatchHeader, read_batch_header, with_base_offset
+from proxy.records.markers import Marker, marker_batch
+
+A, B, C = PID, PID + 1, PID + 2
+LSO, CUT = 10, 23
+
+
+def at(offset: int, records: bytes) -> BatchHeader:
+    """The header of `records` as Kafka's log holds it, at `offset`."""
+    return read_batch_header(with_base_offset(records, offset))
+
+
+def kafka_marker(offset: int, pid: int, *, commit: bool = True, epoch: int = 0) -> BatchHeader:
+    return read_batch_header(marker_batch(Marker(pid, epoch, 5, commit, NOW, offset), offset))
+
+
+def kafka_log() -> list[BatchHeader]:
+    """Kafka's log from its last stable offset (A's transaction, open at the cutover) to
+    past the cutover: B's transaction commits below the cutover, C is idempotent."""
+    return [
+        at(10, txn(0, pid=A)),  # A opens at 10: the last stable offset
+        at(13, txn(3, pid=A)),
+        at(16, txn(0, pid=B)),
+        kafka_marker(19, B),  # B's transaction ends below the cutover
+        at(20, idem(7, pid=C)),
+        kafka_marker(CUT, A),  # past the cutover: the follower's
+    ]
+
+
+# -- seeding from Kafka's batch headers ---------------------------------------------------
+
+
+def test_only_the_producers_open_at_the_cutover_are_carried_with_their_batches():
+    [entry] = carried_producers(kafka_log(), LSO, CUT, NOW + 1)
+    assert (entry.producer_id, entry.producer_epoch) == (A, 0)
+    assert entry.current_txn_first_offset == 10
+    assert entry.last_seq == 5 and [b.first_offset for b in entry.batches] == [10, 13]
+    assert entry.last_timestamp == NOW + 1
+
+
+def test_a_producer_fenced_below_the_cutover_is_not_carried_and_an_older_epoch_changes_nothing():
+    log = [
+        at(10, txn(0, pid=A)),
+        kafka_marker(13, A, commit=False, epoch=1),  # the coordinator aborts, fencing epoch 0
+        at(14, txn(3, pid=A)),  # a zombie's batch Kafka would have refused: no effect
+    ]
+    assert carried_producers(log, LSO, CUT, NOW) == []
+
+
+def test_nothing_read_or_nothing_open_carries_nothing():
+    assert carried_producers([], LSO, CUT, NOW) == []
+    assert carried_producers(kafka_log()[2:5], 16, CUT, NOW) == []
+
+
+def test_the_batch_holding_the_start_counts_whole_and_overlaps_are_refused():
+    log = kafka_log()
+    [entry] = carried_producers(log, 11, CUT, NOW)  # Kafka's Fetch answers from the batch at 10
+    assert entry.current_txn_first_offset == 10
+    with pytest.raises(ValueError, match="overlaps"):
+        carried_producers([log[0], at(12, txn(3, pid=A))], LSO, CUT, NOW)
+
+
+# -- the rebuild: seeded, then the stream's own batches and the marker ---------------------
+
+
+def point(**changes) -> RecoveryPoint:
+    base = RecoveryPoint(S, 0, CUT, CUT, None, CUT, LSO)
+    return replace(base, **changes)
+
+
+def test_the_rebuild_reads_kafkas_log_only_when_it_starts_at_a_cutover_with_a_transaction_open():
+    assert point().carried_from == LSO
+    assert point(cutover_stable_offset=None).carried_from is None
+    assert point(cutover_stable_offset=CUT).carried_from is None  # nothing was open
+    assert point(snapshot=b"x").carried_from is None  # the snapshot holds the state
+    # a log start past the cutover: its batches up to there (and the markers) are gone
+    assert point(log_start_offset=30, state_offset=30, committed_end=30).carried_from is None
+
+
+def test_a_seeded_stream_goes_on_with_the_transaction_and_its_marker_ends_it():
+    carried = carried_producers(kafka_log(), LSO, CUT, NOW)
+    sequencer = rebuild_sequencer(point(), None, [], NOW, PartitionConfig(), carried)
+    assert sequencer.high_watermark == CUT
+    assert sequencer.last_stable_offset == LSO  # Kafka's, below the cutover
+    assert sequencer.open_transactions == {A: LSO}
+    rejected(sequencer, txn(9), ErrorCode.out_of_order_sequence_number)  # a gap after 5
+    rejected(sequencer, idem(6), ErrorCode.invalid_txn_state)
+    assert appended(sequencer, txn(6)).base_offset == CUT
+    assert sequencer.last_stable_offset == LSO
+    done = ended(sequencer, marker(commit=False, epoch=1))  # a new instance fenced it
+    assert done.completed is not None and done.completed.first_offset == LSO
+    assert sequencer.last_stable_offset == sequencer.high_watermark == CUT + 4
+    rejected(sequencer, txn(9), ErrorCode.invalid_producer_epoch)  # the zombie
+    # the snapshot carries it from then on
+    restored = type(sequencer).restore(sequencer.snapshot(), sequencer.high_watermark)
+    assert restored.producer_states == sequencer.producer_states
+
+
+def test_producers_carried_for_a_rebuild_that_takes_none_are_a_bug():
+    carried = carried_producers(kafka_log(), LSO, CUT, NOW)
+    with pytest.raises(ValueError, match="carried across"):
+        rebuild_sequencer(
+            point(cutover_stable_offset=None), None, [], NOW, PartitionConfig(), carried
+        )
+
+
+# -- the metadata record -------------------------------------------------------------------
+
+
+def test_the_last_stable_offset_round_trips_in_value_version_2():
+    record = replace(cutover(at=500), last_stable_offset=420)
+    key, value = encode(record)
+    assert value[0] == 2 and len(value) == len(encode(cutover(at=500))[1]) + 8
+    assert decode(key, value) == record
+    assert record.stable_offset == 420
+
+
+def test_without_a_transaction_open_the_record_is_version_1_as_before():
+    record = cutover(at=500)
+    key, value = encode(record)
+    assert value[0] == 1
+    old = decode(key, value)  # what a proxy of the previous release wrote, read
+    assert old.last_stable_offset is None and old.stable_offset == 500
+    # the cutover offset itself means nothing open: stored as version 1
+    same = replace(record, last_stable_offset=500)
+    assert same.last_stable_offset is None and encode(same) == encode(record)
+
+
+def test_a_last_stable_offset_past_the_cutover_or_an_unknown_version_is_refused():
+    with pytest.raises(ValueError, match="last_stable_offset"):
+        replace(cutover(at=500), last_stable_offset=501)
+    key, value = encode(replace(cutover(at=500), last_stable_offset=420))
+    with pytest.raises(MetadataRecordError, match="unsupported value version 3"):
+        decode(key, b"\x03" + value[1:])
+    with pytest.raises(MetadataRecordError, match="ends inside a field"):
+        decode(key, value[:-8])  # version 2 without its field
+
+
+def test_the_state_and_a_checkpoint_keep_it():
+    p = tiered(partitions=())
+    assert p.write(replace(cutover(0), last_stable_offset=420)) == ACCEPTED
+    assert p.state.stream(S).cutover_stable_offset == 420
+    for key, value in p.state.checkpoint_records("proxy-a", 1, 10_000):
+        assert p.write_raw(key, value) == ACCEPTED
+    assert p.state.generation == 1
+    assert p.reread().stream(S).cutover_stable_offset == 420
