@@ -74,6 +74,7 @@ MODES = ("direct", "passthrough", "local", "s3")
 DEFAULT_MODES = ("direct", "local", "s3")
 LAG = "tierproxy_txn_marker_lag_seconds"
 FOLLOWER = ("tierproxy_txn_marker", "tierproxy_txn_catch_ups")
+FSYNC = "tierproxy_wal_fsync_seconds"  # the owner's WAL: what a marker's append waits for
 PCTS = ("p50", "p99")
 nan = float("nan")
 
@@ -147,7 +148,7 @@ class Bench:
             time.sleep(1.0)  # the owner starts each partition as it writes its cutover
 
     def follower_metrics(self) -> dict:
-        return scrape(self.fleet.owner.metrics_url, (LAG, *FOLLOWER))
+        return scrape(self.fleet.owner.metrics_url, (LAG, *FOLLOWER, FSYNC))
 
     def measure(self, client: str, mode: str, rnd: int, seconds: float, keep: bool = True):
         topic = f"tx-{self.run_id}-r{rnd}-{client}-{mode}" + ("" if keep else "-warmup")
@@ -195,6 +196,13 @@ class Bench:
                 for labels, v in now.items():
                     label = name + "".join(f"{{{k}={x}}}" for k, x in labels)
                     phase.follower[label] = v - then.get(labels, 0.0)
+            count, total = (
+                sum(after.get(FSYNC + k, {}).values()) - sum(before.get(FSYNC + k, {}).values())
+                for k in ("_count", "_sum")
+            )
+            if count:
+                phase.follower["owner WAL fsyncs"] = count
+                phase.follower["mean fsync ms"] = total / count * 1000
         self.phases.append(phase)
         print(f"  {describe(phase)}", flush=True)
 
@@ -376,7 +384,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--modes", default=",".join(DEFAULT_MODES), help=f"subset of {','.join(MODES)}")
     add("--java", action="store_true", help="ProducerPerformance with transactions too")
     add("--transaction-duration-ms", type=int, default=100, help="ProducerPerformance's")
-    add("--java-rate", type=int, default=3000, help="ProducerPerformance: records = rate × s")
+    add("--java-rate", type=int, default=500, help="ProducerPerformance: records = rate × s")
     add("--json", type=Path, help="also write every phase's figures here")
     args = parser.parse_args(argv)
     args.modes = [m for m in MODES if m in args.modes.split(",")]
