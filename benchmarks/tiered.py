@@ -742,6 +742,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def start_fleet(
+    stack: ExitStack, work_dir: Path, run_id: str, args, name: str
+) -> tuple[KafkaCluster, MinioServer, Cluster, TieredFleet]:
+    """Kafka (3 nodes, racks zone-a/b/c), MinIO and the three proxies, started; `stack`
+    stops them. `name` names the Kafka and MinIO processes (kafka-NAME, minio-NAME)."""
+    print("starting Kafka (3 nodes, racks zone-a/b/c) and MinIO...", flush=True)
+    extra = {"file.delete.delay.ms": "1000", "min.insync.replicas": "2"}
+    kafka = KafkaCluster(size=3, racks=list(ZONES), name=f"kafka-{name}", extra_config=extra)
+    stack.callback(kafka.stop)
+    kafka.start()
+    minio = MinioServer(base_dir=work_dir / "minio", name=f"minio-{name}")
+    minio.process.env["MINIO_PROMETHEUS_AUTH_TYPE"] = "public"  # its request counts
+    stack.callback(minio.stop)
+    minio.start()
+    cluster = Cluster(kafka)
+    stack.callback(cluster.close)
+    print("starting the proxies: a, then b and c once a owns the metadata shard...")
+    fleet = TieredFleet(kafka, minio, work_dir, run_id, args)
+    stack.callback(fleet.stop)
+    fleet.start()
+    return kafka, minio, cluster, fleet
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
@@ -749,21 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_description()
     run_id = os.urandom(3).hex()
     with tempfile.TemporaryDirectory(prefix="tierproxy-tiered-") as tmp, ExitStack() as stack:
-        print("starting Kafka (3 nodes, racks zone-a/b/c) and MinIO...", flush=True)
-        extra = {"file.delete.delay.ms": "1000", "min.insync.replicas": "2"}
-        kafka = KafkaCluster(size=3, racks=list(ZONES), name="kafka-tiered", extra_config=extra)
-        stack.callback(kafka.stop)
-        kafka.start()
-        minio = MinioServer(base_dir=Path(tmp) / "minio", name="minio-tiered")
-        minio.process.env["MINIO_PROMETHEUS_AUTH_TYPE"] = "public"  # its request counts
-        stack.callback(minio.stop)
-        minio.start()
-        cluster = Cluster(kafka)
-        stack.callback(cluster.close)
-        print("starting the proxies: a, then b and c once a owns the metadata shard...")
-        fleet = TieredFleet(kafka, minio, Path(tmp), run_id, args)
-        stack.callback(fleet.stop)
-        fleet.start()
+        kafka, minio, cluster, fleet = start_fleet(stack, Path(tmp), run_id, args, "tiered")
         proxy_code = git_state()  # what the proxies have just loaded
         bench = Bench(args, kafka, cluster, minio, fleet)
         stack.callback(bench.close)

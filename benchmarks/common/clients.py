@@ -103,6 +103,7 @@ class JavaTools:
         record_size: int,
         rate: int | None,
         config_file: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> list[str]:
         # --producer.config: --producer-props splits each setting at every "=", so a value
         # holding one (client.id=app,tierproxy_az=zone-b) only passes in a file
@@ -123,6 +124,7 @@ class JavaTools:
             "enable.idempotence=true",
             "--print-metrics",
             *extra,
+            *extra_args,
         )
 
     def produce(
@@ -133,8 +135,10 @@ class JavaTools:
         record_size: int,
         rate: int | None = None,
         settings: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> ProduceResult:
-        """`settings`: more producer settings (client.id, batch.size, ...), from a file."""
+        """`settings`: more producer settings (client.id, batch.size, ...), from a file;
+        `extra_args`: more of the tool's options (--transaction-duration-ms 100)."""
         config_file = None
         if settings:
             with tempfile.NamedTemporaryFile(
@@ -143,7 +147,9 @@ class JavaTools:
                 file.writelines(f"{key}={value}\n" for key, value in settings.items())
             config_file = Path(file.name)
         started = time.perf_counter()
-        argv = self.produce_argv(bootstrap, topic, records, record_size, rate, config_file)
+        argv = self.produce_argv(
+            bootstrap, topic, records, record_size, rate, config_file, extra_args
+        )
         try:
             out = run_tool(argv, timeout=max(600.0, records / 1000))
         finally:
