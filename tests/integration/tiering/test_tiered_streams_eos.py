@@ -41,7 +41,7 @@ from tieredfleet import TieredFleet, topic_id_of, wait_for_log
 
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.timeout(600)]
 
 PARTITIONS = 4
 GROUPS = 12
