@@ -2,6 +2,7 @@
 # Installs everything tierproxy needs on a fresh machine, into ignored folders:
 #   .venv/                 Python packages: proxy, offload jobs, dev tools (constraints.txt)
 #   .cache/kafka-<v>/libs  Apache Kafka's jars from Maven Central
+#   .cache/kafka-<v>/streams-libs  Kafka Streams' jar and RocksDB's, from Maven Central
 #   .cache/bin/minio       MinIO built from source at a pinned version (with --minio)
 # Each step is skipped when its stamp says it is already done, so second runs are fast.
 set -euo pipefail
@@ -68,6 +69,21 @@ if [ ! -f "$kafka_home/.done" ]; then
     exit 1
   fi
   touch "$kafka_home/.done"
+fi
+
+# --- Kafka Streams jars (the exactly-once Streams test compiles an application on them) ---
+streams_libs=$kafka_home/streams-libs
+if [ ! -f "$streams_libs/.done" ]; then
+  say "fetching Kafka Streams $KAFKA_VERSION jars from Maven Central into $streams_libs"
+  rm -rf "$streams_libs"
+  if ! mvn -q -B --no-transfer-progress -Dstyle.color=never -f scripts/kafka-streams/pom.xml \
+    -Dmaven.repo.local="$cache/m2" -Dkafka.version="$KAFKA_VERSION" \
+    dependency:copy-dependencies -DoutputDirectory="$streams_libs" >"$cache/mvn.log" 2>&1; then
+    cat "$cache/mvn.log" >&2
+    echo "setup.sh: fetching Kafka Streams' jars failed (log above, also in $cache/mvn.log)" >&2
+    exit 1
+  fi
+  touch "$streams_libs/.done"
 fi
 
 # --- MinIO -----------------------------------------------------------------------------

@@ -47,6 +47,15 @@ def kafka_libs() -> Path:
     return libs
 
 
+def kafka_streams_libs() -> Path:
+    """Kafka Streams' jar and RocksDB's, beside Kafka's own (scripts/kafka-streams/pom.xml):
+    run with `kafka_libs()` on the class path."""
+    libs = cache_dir() / f"kafka-{versions()['KAFKA_VERSION']}" / "streams-libs"
+    if not any(libs.glob("kafka-streams-*.jar")):
+        raise DevstackError(f"Kafka Streams jars not found in {libs}: run `scripts/setup.sh` first")
+    return libs
+
+
 def minio_binary() -> Path:
     binary = cache_dir() / "bin" / "minio"
     if not binary.exists():
