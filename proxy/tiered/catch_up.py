@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from kio.schema.errors import ErrorCode
@@ -27,6 +28,43 @@ from proxy.peer.messages import CatchUpRequest
 log = logging.getLogger("tierproxy.transactions")
 
 CATCH_UP_TIMEOUT_S = 5.0  # well inside a client's request timeout (30 s by default)
+WARN_INTERVAL_S = 10.0  # a stream's failed catch-ups are logged at most this often
+
+
+class _Warnings:
+    """One WARNING per stream per WARN_INTERVAL_S: while an owner is away every client's
+    retried AddPartitionsToTxn fails its catch-up (10+ a second), and the first line of
+    each interval, with the count of those left out, says all there is to say."""
+
+    def __init__(self, interval_s: float = WARN_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._last: dict[int, tuple[float, int]] = {}  # stream -> (last logged, left out)
+
+    def warn(self, streams: list[int], reason: str) -> None:
+        now = time.monotonic()
+        due = []
+        for stream in streams:
+            last, left_out = self._last.get(stream, (-self._interval_s, 0))
+            if now - last < self._interval_s:
+                self._last[stream] = (last, left_out + 1)
+            else:
+                self._last[stream] = (now, 0)
+                due.append((stream, left_out))
+        if len(self._last) > 10_000:  # streams that failed once long ago
+            self._last = {k: v for k, v in self._last.items() if now - v[0] < self._interval_s}
+        if due:
+            left_out = sum(n for _, n in due)
+            log.warning(
+                "catch-up of streams %s failed: %s%s",
+                [stream for stream, _ in due],
+                reason,
+                f" ({left_out} more failures not logged in the last {self._interval_s:g} s)"
+                if left_out
+                else "",
+            )
+
+
+_warnings = _Warnings()
 
 
 class CatchUpHost(Protocol):
@@ -88,8 +126,7 @@ async def _here(host: CatchUpHost, streams: list[int], timeout_s: float) -> list
                 raise CatchUpFailed("the marker follower is not running")
             await markers.catch_up(streams)
     except (CatchUpFailed, TimeoutError) as exc:
-        reason = str(exc) or f"not done within {timeout_s} s"
-        log.warning("catch-up of streams %s failed: %s", streams, reason)
+        _warnings.warn(streams, str(exc) or f"not done within {timeout_s} s")
         return streams
     return []
 
@@ -119,7 +156,7 @@ async def _at_owner(host: CatchUpHost, stream: int, timeout_s: float) -> list[in
         if code == 0:
             return []
         reason = f"owner {owner} answered {code}: {message}"
-    log.warning("catch-up of stream %d failed: %s", stream, reason)
+    _warnings.warn([stream], reason)
     return [stream]
 
 
