@@ -393,7 +393,9 @@ class TieredReads:
         at = read_batch_header(batches[-1]).next_offset if batches else offset
         tail = False
         if size < limit and (not batches or at >= self._committed_end(stream)):
-            tail = True
+            # the bandwidth priority: catch-up whenever objects were read, as for
+            # read_uncommitted (whose answer stops at the objects' records)
+            tail = not batches
             if partition is not None:
                 batches += await self._tail(stream, at, limit - size)
             else:
