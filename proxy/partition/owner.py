@@ -272,8 +272,12 @@ class TieredPartition:
 
     @property
     def last_stable_offset(self) -> int:
-        """Kafka's LSO: read_committed consumers read below it (sequencer.last_stable_offset)."""
-        return self._sequencer.last_stable_offset
+        """Kafka's LSO: read_committed consumers read below it (sequencer.last_stable_offset).
+        As in Kafka, the first offset of the oldest open transaction counts as no lower
+        than the log start: records deleted (DeleteRecords, retention) hold nothing a
+        read_committed consumer could wait for (UnifiedLog.maybeIncrementFirstUnstableOffset)."""
+        stable = max(self._sequencer.last_stable_offset, self.log_start_offset)
+        return min(stable, self._sequencer.high_watermark)
 
     def marker_resume(self) -> tuple[int | None, tuple[tuple[int, int, int], ...]]:
         """(where to read Kafka's log of the partition from, None: the cutover; the

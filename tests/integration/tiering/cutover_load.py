@@ -110,6 +110,16 @@ def tiered_topic_id(proxy, topic: str, timeout_s: float = 30.0) -> uuid.UUID:
     return topics.topic(topic).topic_id
 
 
+def started(tiering, stream: int) -> bool:
+    """The stream's partition is started by its owner here and this proxy's own metadata
+    readers (the ones Fetch and ListOffsets use) have read its cutover: the owner's
+    reader may read the StreamCutover a little before them."""
+    return (
+        tiering.partitions.get(stream) is not None
+        and tiering.state(stream).stream(stream) is not None
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Ack:
     partition: int

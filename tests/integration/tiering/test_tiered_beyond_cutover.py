@@ -24,7 +24,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned
+from cutover_load import proxy_config, started, tiered_topic_id, topics_command, wait_owned
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
@@ -121,7 +121,7 @@ def _tiered(cluster, tmp_path, suffix: str, topic: str, config: dict | None = No
         acked = _produce(proxy.bootstrap, topic, "before", BEFORE)
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "partition started")
+        wait_until(lambda: started(tiering, stream), 30, "partition started")
         cutover = tiering.state(stream).cutover(stream)
         assert cutover == BEFORE
         acked += _produce(proxy.bootstrap, topic, "after", AFTER)

@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from cutover_load import (
     create_topic,
     one_proxy,
+    started,
     tiered_topic_id,
     topics_command,
 )
@@ -212,7 +213,7 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
         _produce(proxy.bootstrap, [plain, tiered], KAFKA_PART)
         assert topics_command("tier", tiered, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, tiered), 0)
-        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "owned")
+        wait_until(lambda: started(tiering, stream), 30, "owned")
         assert tiering.state(stream).cutover(stream) == CUTOVER
         _produce(proxy.bootstrap, [plain, tiered], OBJECTS)
         proxy.run(lambda: tiering.uploader.flush())
@@ -266,7 +267,7 @@ def test_kafka_answers_past_the_cutover_are_clamped_and_noted(kafka_cluster, tmp
         _produce(proxy.bootstrap, [topic], [("gzip", (10, 30, 20, 50, 40))])  # offsets 0-4
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "owned")
+        wait_until(lambda: started(tiering, stream), 30, "owned")
         assert tiering.state(stream).cutover(stream) == 5
         _produce(proxy.bootstrap, [topic], [("zstd", (100, 110, 120, 130, 140))])  # 5-9
         _produce(kafka_cluster.bootstrap, [topic], [("none", (10_000, 10_001))])  # Kafka's 5-6
@@ -324,7 +325,7 @@ def test_migrated_ranges_answer_from_the_objects_once_kafkas_copy_is_gone(kafka_
         _produce(proxy.bootstrap, [topic], migrated)
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        wait_until(lambda: tiering.partitions.get(stream) is not None, 30, "owned")
+        wait_until(lambda: started(tiering, stream), 30, "owned")
         assert tiering.state(stream).cutover(stream) == cutover
         _produce(proxy.bootstrap, [topic], [("zstd", (330, 310, 350))])  # the stream's
         stamps = sorted({T0 + t + d for _, ts in migrated for t in ts for d in (-1, 0, 1)})

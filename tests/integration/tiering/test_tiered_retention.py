@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
 )
-from cutover_load import proxy_config, tiered_topic_id, topics_command, wait_owned
+from cutover_load import proxy_config, started, tiered_topic_id, topics_command, wait_owned
 
 from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
 from offload_jobs.migrate import MigrateJob, StoreSpec, plan, run_task
@@ -163,7 +163,7 @@ class TieredTopic:
             self.before += _produce(proxy.bootstrap, topic, f"before{n}", count)
         assert topics_command("tier", topic, self.tiering.peer_port).returncode == 0
         self.stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        wait_until(lambda: self.tiering.partitions.get(self.stream) is not None, 30, "started")
+        wait_until(lambda: started(self.tiering, self.stream), 30, "started")
         assert self.state.cutover(self.stream) == BEFORE
 
     @property

@@ -32,6 +32,7 @@ from cutover_load import (
     create_topic,
     metadata_states,
     proxy_config,
+    started,
     tiered_topic_id,
     topics_command,
     wait_owned,
@@ -168,7 +169,7 @@ def test_object_store_outage_fills_the_wal_then_catches_up(kafka_cluster, tmp_pa
             topic_id = tiered_topic_id(proxy, topic)
             streams = [stream_id(topic_id, p) for p in range(PARTITIONS)]
             wait_until(
-                lambda: all(tiering.partitions.get(s) is not None for s in streams),
+                lambda: all(started(tiering, s) for s in streams),
                 30,
                 "cutover of every partition",
             )

@@ -11,7 +11,7 @@ import uuid
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from cutover_load import tiered_topic_id, topics_command
+from cutover_load import started, tiered_topic_id, topics_command
 from tieredfleet import topic_id_of
 
 from proxy.devstack.proxy_thread import ProxyThread
@@ -104,7 +104,7 @@ class TieredTopic:
         topic_id = tiered_topic_id(proxy, topic)
         self.streams = [stream_id(topic_id, p) for p in range(partitions)]
         for s in self.streams:
-            wait_until(lambda s=s: self.tiering.partitions.get(s) is not None, 30, "started")
+            wait_until(lambda s=s: started(self.tiering, s), 30, "started")
             assert self.tiering.state(s).cutover(s) == per_round
 
     def produce(self, prefix: str) -> None:
