@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections import Counter
@@ -122,6 +123,22 @@ def _longest_ack_gaps(acks, start: float, end: float) -> int:
     return round(1000 * longest)
 
 
+def _not_ended(proxies, topic: str, mode_seen, cut_seen, started) -> str:
+    """What the cutover still waited for at the deadline, per proxy: whether it read the
+    topic's mode, its drained topics, the partitions whose cutover it had not read or
+    not started, and the machine's load."""
+    lines = [f"the cutover did not end (load average {os.getloadavg()})"]
+    for n, proxy in enumerate(proxies):
+        tiering = proxy.proxy.tiering
+        lines.append(
+            f"proxy {n}: mode read {n in mode_seen}, drained {sorted(tiering.drained())}, "
+            f"cut seen {sorted(p for m, p in cut_seen if m == n)}, "
+            f"started here {sorted(tiering.partitions.streams()) if tiering.partitions else None}"
+        )
+    lines.append(f"started anywhere: {sorted(started)}")
+    return "\n".join(lines)
+
+
 def _watch_cutover(proxies, topic: str, partitions: int, timeout_s: float) -> list[float]:
     """Polls the proxies (every ~5 ms) while a cutover runs; returns, per (proxy,
     partition), how long produce there was held: from the proxy reading the topic's
@@ -133,7 +150,8 @@ def _watch_cutover(proxies, topic: str, partitions: int, timeout_s: float) -> li
     started: dict[int, float] = {}
     topic_id = None
     while len(cut_seen) < len(proxies) * partitions or len(started) < partitions:
-        assert time.monotonic() < deadline, "the cutover did not end"
+        if time.monotonic() >= deadline:
+            raise AssertionError(_not_ended(proxies, topic, mode_seen, cut_seen, started))
         now = time.monotonic()
         for n, proxy in enumerate(proxies):
             tiering = proxy.proxy.tiering
