@@ -123,6 +123,14 @@ def _longest_ack_gaps(acks, start: float, end: float) -> int:
     return round(1000 * longest)
 
 
+def _reap(command) -> None:
+    """Kill the command if it still runs and close its pipes: left to the garbage
+    collector, they fail the next test with ResourceWarnings (unraisable exceptions)."""
+    if command.poll() is None:
+        command.kill()
+    command.communicate()
+
+
 def _not_ended(proxies, topic: str, mode_seen, cut_seen, started) -> str:
     """What the cutover still waited for at the deadline, per proxy: whether it read the
     topic's mode, its drained topics, the partitions whose cutover it had not read or
@@ -192,6 +200,7 @@ def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path)
             assert all(p.acked_count() > 0 for p in producers), "no passthrough acks"
             tier_at = time.monotonic()
             command = start_topics_command("tier", topic, a.proxy.tiering.peer_port)
+            proxies.callback(_reap, command)  # if the test fails before communicate()
             held = _watch_cutover([a, b], topic, PARTITIONS, 60)
             cut_at = time.monotonic()
             out, err = command.communicate(timeout=60)
