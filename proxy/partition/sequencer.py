@@ -116,7 +116,12 @@ class PartitionSequencer:
             )
         self.log_append_time = log_append_time  # the topic's message.timestamp.type
         self.producer_id_expiration_ms = producer_id_expiration_ms
-        self._producers = {entry.producer_id: entry for entry in producer_states}
+        self._producers: dict[int, ProducerStateEntry] = {}
+        # producer id -> first offset of its open transaction (committed state): the LSO
+        # is its least value, read by every read_committed fetch, so it is kept, not scanned
+        self._open: dict[int, int] = {}
+        for entry in producer_states:
+            self._set(entry.producer_id, entry)
         self._high_watermark = log_end_offset  # end of the committed appends
         self._state_end = log_end_offset  # the committed producer state covers offsets below
         self._log_end = log_end_offset  # the next offset to assign
@@ -147,17 +152,12 @@ class PartitionSequencer:
     def last_stable_offset(self) -> int:
         """Kafka's LSO: the first offset of the oldest open transaction (committed state),
         at most the high watermark. read_committed consumers read below it."""
-        firsts = (e.current_txn_first_offset for e in self._producers.values())
-        return min((f for f in firsts if f is not None), default=self._high_watermark)
+        return min(self._open.values(), default=self._high_watermark)
 
     @property
     def open_transactions(self) -> Mapping[int, int]:
         """Producer id -> first offset of its open transaction (committed state)."""
-        return {
-            pid: entry.current_txn_first_offset
-            for pid, entry in self._producers.items()
-            if entry.current_txn_first_offset is not None
-        }
+        return MappingProxyType(self._open)
 
     @property
     def marker_position(self) -> int | None:
@@ -283,6 +283,16 @@ class PartitionSequencer:
         self._log_end = base + 1
         return pending
 
+    def _set(self, pid: int, entry: ProducerStateEntry) -> None:
+        """The committed state of producer `pid` is `entry` (the open-transaction index
+        follows it)."""
+        self._producers[pid] = entry
+        first = entry.current_txn_first_offset
+        if first is None:
+            self._open.pop(pid, None)
+        else:
+            self._open[pid] = first
+
     def commit(self, pending: PendingAppend) -> ErrorCode:
         """`pending` is durable: apply it. Returns the code to answer its producer with:
         NONE, or KAFKA_STORAGE_ERROR if the sequencer was fenced meanwhile."""
@@ -292,7 +302,7 @@ class PartitionSequencer:
             raise ValueError("commit takes the oldest pending append of this sequencer")
         self._pending.popleft()
         for pid, entry in pending.producer_states.items():
-            self._producers[pid] = entry
+            self._set(pid, entry)
             if self._pending_states.get(pid) is entry:
                 del self._pending_states[pid]
         self._high_watermark = self._state_end = pending.next_offset
@@ -335,12 +345,12 @@ class PartitionSequencer:
                 # in the record, not the header, so the known one is kept
                 self._markers.replayed.append((pid, epoch, header.max_timestamp))
                 if epoch >= entry.producer_epoch:
-                    self._producers[pid] = entry.with_marker(epoch, None, used)
+                    self._set(pid, entry.with_marker(epoch, None, used))
             elif epoch >= entry.producer_epoch:  # an older epoch's batch changes nothing
                 delta = header.last_offset_delta
                 last_seq = increment_sequence(header.base_sequence, delta)
                 batch = BatchMetadata(last_seq, header.last_offset, delta, header.max_timestamp)
-                self._producers[pid] = entry.with_batch(epoch, batch, used, header.is_transactional)
+                self._set(pid, entry.with_batch(epoch, batch, used, header.is_transactional))
         self._state_end = header.next_offset
         self._high_watermark = self._log_end = max(self._high_watermark, header.next_offset)
         return True
