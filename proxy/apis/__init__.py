@@ -32,6 +32,7 @@ from proxy.apis import (
     api03_metadata,
     api10_find_coordinator,
     api21_delete_records,
+    api22_init_producer_id,
     api23_offset_for_leader_epoch,
     api24_add_partitions_to_txn,
     api60_describe_cluster,
@@ -45,8 +46,9 @@ class Tiered(enum.Enum):
     # The tiered partitions are answered here; the rest, if any, goes upstream as a
     # smaller request, and the two answers are merged in the request's order.
     SPLIT = "split"
-    # Refused here whole (its answer says why per partition); nothing goes upstream.
-    REFUSE = "refuse"
+    # Forwarded whole; once Kafka answered, the tiered partitions it concerns are caught
+    # up (their transaction markers) before the client has the answer, as it came.
+    AFTER_UPSTREAM = "after_upstream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +95,18 @@ HANDLING: dict[int, ApiHandling] = {
             api10_find_coordinator.rewrite_response,
         ),
         ApiHandling(api21_delete_records.API_KEY, "DeleteRecords", tiered=Tiered.SPLIT),
+        # No topic named: a transactional producer's epoch bump may have fenced a
+        # transaction open in tiered partitions (tiered/fencing.py)
+        ApiHandling(api22_init_producer_id.API_KEY, "InitProducerId", tiered=Tiered.AFTER_UPSTREAM),
         # Answered from the tiered partitions' own epochs; the request still goes
         # upstream whole (the broker's answer is rewritten for those partitions).
         ApiHandling(
             api23_offset_for_leader_epoch.API_KEY, "OffsetForLeaderEpoch", tiered=Tiered.SPLIT
         ),
         ApiHandling(
-            api24_add_partitions_to_txn.API_KEY, "AddPartitionsToTxn", tiered=Tiered.REFUSE
+            api24_add_partitions_to_txn.API_KEY,
+            "AddPartitionsToTxn",
+            tiered=Tiered.AFTER_UPSTREAM,
         ),
         ApiHandling(
             api60_describe_cluster.API_KEY,

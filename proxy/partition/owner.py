@@ -248,6 +248,12 @@ class TieredPartition:
         entry = self._sequencer.producer_state(producer_id)
         return entry is not None and entry.current_txn_first_offset is not None
 
+    def has_transaction_of(self, producer_id: int) -> bool:
+        """The producer has a transaction open here (pending appends included) or a batch
+        waiting for its verification: a marker that fenced it may be in Kafka's log of
+        the partition (InitProducerId's catch-up, tiered/fencing.py)."""
+        return self._open_here(producer_id) or self._gate.waits_for(producer_id)
+
     async def append_marker(self, marker: Marker) -> ProduceResult:
         """Append a transaction marker found in Kafka's log of the partition, through the
         produce FIFO; answered once durable. An error code other than

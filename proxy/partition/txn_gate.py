@@ -74,6 +74,10 @@ class VerificationGate:
         """Some producer's batch is waiting for a verification (or behind one)."""
         return bool(self._tails)
 
+    def waits_for(self, producer_id: int) -> bool:
+        """A batch of the producer is waiting for its verification (or behind one)."""
+        return producer_id in self._tails
+
     def marker_queued(self, producer_id: int) -> None:
         self._markers[producer_id] = self._markers.get(producer_id, 0) + 1
         for watch in self._watches.get(producer_id, ()):

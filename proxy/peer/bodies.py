@@ -34,6 +34,9 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
     ping response    name string (the proxy's fleet.name), version string
     catch-up request stream_id u64, timeout_ms i32 (>= 0); answered by an admin response
                      (protocol level 4)
+    producer catch-up request
+                     producer_id i64 (>= 0), timeout_ms i32 (>= 0); answered by an admin
+                     response (protocol level 7)
 
 A new message is a new type, with a body of its own here and a protocol level in
 `codec.py` ("Protocol levels"); an optional trailer goes only to peers known to read it.
@@ -62,6 +65,7 @@ from proxy.peer.messages import (
     PeerMessage,
     PingRequest,
     PingResponse,
+    ProducerCatchUpRequest,
     TrimRequest,
     TrimResponse,
     buffer_size,
@@ -83,6 +87,7 @@ _BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset,
 _TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
 _TRIMMED = struct.Struct(">hq")  # error_code, log_start_offset
 _CATCH_UP = struct.Struct(">Qi")  # stream_id, timeout_ms
+_PRODUCER_CATCH_UP = struct.Struct(">qi")  # producer_id, timeout_ms
 
 DIRECT = 1
 S3 = 2
@@ -93,6 +98,7 @@ BACKFILL_REQUEST = 7
 TRIM_REQUEST, TRIM_RESPONSE = 8, 9
 PING_REQUEST, PING_RESPONSE = 10, 11
 CATCH_UP_REQUEST = 12
+PRODUCER_CATCH_UP_REQUEST = 13
 
 
 class PeerProtocolError(ValueError):
@@ -188,6 +194,9 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
     elif isinstance(message, CatchUpRequest):
         kind = CATCH_UP_REQUEST
         body = _CATCH_UP.pack(message.stream_id, message.timeout_ms)
+    elif isinstance(message, ProducerCatchUpRequest):
+        kind = PRODUCER_CATCH_UP_REQUEST
+        body = _PRODUCER_CATCH_UP.pack(message.producer_id, message.timeout_ms)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return kind, body, tail
@@ -343,6 +352,10 @@ def _catch_up_request(cur: _Cursor, cid: int) -> CatchUpRequest:
     return CatchUpRequest(cid, *cur.fixed(_CATCH_UP, "catch-up request"))
 
 
+def _producer_catch_up_request(cur: _Cursor, cid: int) -> ProducerCatchUpRequest:
+    return ProducerCatchUpRequest(cid, *cur.fixed(_PRODUCER_CATCH_UP, "producer catch-up request"))
+
+
 DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
@@ -356,6 +369,7 @@ DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     PING_REQUEST: _ping_request,
     PING_RESPONSE: _ping_response,
     CATCH_UP_REQUEST: _catch_up_request,
+    PRODUCER_CATCH_UP_REQUEST: _producer_catch_up_request,
 }
 
 

@@ -42,6 +42,7 @@ from proxy.peer.messages import (
     PeerMessage,
     PingRequest,
     PingResponse,
+    ProducerCatchUpRequest,
     TrimRequest,
     TrimResponse,
 )
@@ -360,6 +361,18 @@ class PeerClients:
         transaction markers in Kafka's log of its partition up to the high watermark as of
         now (only to an owner at `codec.CATCH_UP_PROTOCOL` or later)."""
         request = CatchUpRequest(0, stream_id, timeout_ms)
+        timeout = timeout_ms / 1000 + self.timeout_margin_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    async def catch_up_producer(
+        self, address: Address, producer_id: int, timeout_ms: int
+    ) -> tuple[int, str]:
+        """(error code, message) from a member of the fleet, asked to catch up every tiered
+        partition it owns where `producer_id` has a transaction open (only to a member at
+        `codec.PRODUCER_CATCH_UP_PROTOCOL` or later)."""
+        request = ProducerCatchUpRequest(0, producer_id, timeout_ms)
         timeout = timeout_ms / 1000 + self.timeout_margin_s
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)

@@ -24,8 +24,8 @@ Every message is one frame, big-endian::
                                       7 backfill request (answered by an admin response),
                                       8 trim request, 9 trim response,
                                       10 ping request, 11 ping response,
-                                      12 catch-up request (answered by an admin
-                                      response)
+                                      12 catch-up request, 13 producer catch-up
+                                      request (both answered by an admin response)
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -52,7 +52,9 @@ flags (ask for the last stable offset) and the fetch response's last stable offs
 answers only a request that asked. 6: the append request's transaction trailer (the
 transactional id and Produce version a transactional batch came with: the owner verifies
 it with the coordinator, KIP-890; an owner before 6 gets the append without it and does
-not verify). A rolling upgrade therefore never breaks a hand-off
+not verify). 7: the producer catch-up request (sent only to a member at 7 or later:
+InitProducerId is answered without an older member's partitions caught up, as before).
+A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
 
@@ -78,6 +80,7 @@ from proxy.peer.messages import (
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "CATCH_UP_PROTOCOL",
+    "PRODUCER_CATCH_UP_PROTOCOL",
     "HEADER_SIZE",
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
@@ -94,11 +97,12 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 6  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 7  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
 TXN_PROTOCOL = 6  # the first level that reads the append request's transaction trailer
+PRODUCER_CATCH_UP_PROTOCOL = 7  # the first level that reads the producer catch-up request
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

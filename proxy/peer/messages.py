@@ -346,6 +346,24 @@ class CatchUpRequest:
         check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerCatchUpRequest:
+    """Before InitProducerId is answered (docs/tiering.md, "Transactions": fencing): the
+    proxy catches up every tiered partition it owns where `producer_id` has a
+    transaction open or a batch waiting for its verification, as a `CatchUpRequest`
+    does one stream, within `timeout_ms`. Answered by an `AdminResponse`: error code 0
+    once done (also when no partition concerned it)."""
+
+    correlation_id: int
+    producer_id: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("producer_id", self.producer_id, 0, I64_MAX)
+        check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
+
+
 PeerMessage = (
     AppendRequest
     | AppendResponse
@@ -359,6 +377,7 @@ PeerMessage = (
     | PingRequest
     | PingResponse
     | CatchUpRequest
+    | ProducerCatchUpRequest
 )
 
 

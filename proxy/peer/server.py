@@ -43,6 +43,7 @@ from proxy.peer.messages import (
     FetchResult,
     PingRequest,
     PingResponse,
+    ProducerCatchUpRequest,
     TrimRequest,
     TrimResponse,
 )
@@ -57,7 +58,7 @@ OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
 OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
 OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
-OnCatchUp = Callable[[CatchUpRequest], Awaitable[tuple[int, str]]]
+OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[int, str]]]
 
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
@@ -77,6 +78,7 @@ Request = (
     | TrimRequest
     | PingRequest
     | CatchUpRequest
+    | ProducerCatchUpRequest
 )
 Answer = AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse
 READ_BYTES = 256 * 1024
@@ -95,7 +97,8 @@ class PeerServer:
     """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
     fetches to other proxies, given `on_backfill`, offload jobs' commits, given
     `on_trim`, DeleteRecords on tiered partitions, given `on_catch_up`, the catch-up of
-    a tiered partition's transaction markers before AddPartitionsToTxn is answered;
+    a tiered partition's transaction markers before AddPartitionsToTxn is answered (and
+    of a producer's partitions before InitProducerId is);
     without a handler such a request is answered UNSUPPORTED_VERSION. A ping is answered
     with `name` (the proxy's fleet.name) and this code's version, without any handler.
 
@@ -226,7 +229,7 @@ class PeerServer:
             response = await self._backfill(request, peer)
         elif isinstance(request, TrimRequest):
             response = await self._trim(request, peer)
-        elif isinstance(request, CatchUpRequest):
+        elif isinstance(request, CatchUpRequest | ProducerCatchUpRequest):
             response = await self._catch_up(request, peer)
         else:
             response = await self._admin(request, peer)
@@ -288,13 +291,18 @@ class PeerServer:
             log.exception("trim of stream %d from %s failed", request.stream_id, peer)
             return TrimResponse(cid, ErrorCode.unknown_server_error, -1, _describe(exc))
 
-    async def _catch_up(self, request: CatchUpRequest, peer: str) -> AdminResponse:
-        what = f"catch-up of stream {request.stream_id} from {peer}"
+    async def _catch_up(
+        self, request: CatchUpRequest | ProducerCatchUpRequest, peer: str
+    ) -> AdminResponse:
+        if isinstance(request, CatchUpRequest):
+            what = f"catch-up of stream {request.stream_id} from {peer}"
+        else:
+            what = f"catch-up of producer id {request.producer_id}'s streams from {peer}"
         return await self._coded(request, self._on_catch_up, "this proxy catches up nothing", what)
 
     async def _coded(
         self,
-        request: BackfillRequest | CatchUpRequest,
+        request: BackfillRequest | CatchUpRequest | ProducerCatchUpRequest,
         handler: Callable[[Any], Awaitable[tuple[int, str]]] | None,
         refusal: str,
         what: str,

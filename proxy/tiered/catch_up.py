@@ -1,10 +1,13 @@
 """The catch-up of tiered partitions' transaction markers, wherever they are owned
-(docs/tiering.md, "Transactions"; the plan that asks for it is txn.py).
+(docs/tiering.md, "Transactions"; the plans that ask for it are txn.py and fencing.py).
 
 `catch_up(keys)` asks each partition's owner: this proxy's marker follower for the
 partitions owned here, the owner's (a `CatchUpRequest` over the peer protocol) for the
 others, all at once and within `CATCH_UP_TIMEOUT_S`; it returns the partitions whose
-catch-up failed. `catch_up_here` is the owner's side of the peer request.
+catch-up failed. `catch_up_producer(producer_id)` does the same for every tiered
+partition where a producer has a transaction open, which no one but their owners knows:
+this proxy's, and every live member's of the fleet (a `ProducerCatchUpRequest`); it
+returns what failed. `catch_up_here` is the owner's side of both peer requests.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex, stream_of
 from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients, PeerUnavailable
-from proxy.peer.codec import CATCH_UP_PROTOCOL
-from proxy.peer.messages import CatchUpRequest
+from proxy.peer.codec import CATCH_UP_PROTOCOL, PRODUCER_CATCH_UP_PROTOCOL
+from proxy.peer.messages import CatchUpRequest, ProducerCatchUpRequest
 
 log = logging.getLogger("tierproxy.transactions")
 
@@ -89,6 +92,10 @@ class CatchUpHost(Protocol):
     def owner_address(self, stream: int) -> tuple[str, int] | None: ...
 
     def peer_protocol(self, member: str) -> int: ...
+
+    def live_peers(self) -> list[str]: ...
+
+    def peer_address(self, member: str) -> tuple[str, int] | None: ...
 
     async def wait_for_partition(self, stream: int) -> None: ...
 
@@ -160,8 +167,67 @@ async def _at_owner(host: CatchUpHost, stream: int, timeout_s: float) -> list[in
     return [stream]
 
 
-async def catch_up_here(host: CatchUpHost, request: CatchUpRequest) -> tuple[int, str]:
-    """A peer's `CatchUpRequest` for a stream owned here: (error code, message)."""
+async def catch_up_producer(
+    host: CatchUpHost, producer_id: int, timeout_s: float = CATCH_UP_TIMEOUT_S
+) -> list[str]:
+    """Catch up every tiered partition where `producer_id` has a transaction open (or a
+    batch waiting for its verification), here and at every live member of the fleet;
+    what failed (one line each, for the log)."""
+    calls = [_producer_here(host, producer_id, timeout_s)]
+    calls.extend(_producer_at(host, member, producer_id, timeout_s) for member in host.live_peers())
+    return [failure for failures in await asyncio.gather(*calls) for failure in failures]
+
+
+def producer_streams(host: CatchUpHost, producer_id: int) -> list[int]:
+    """The streams owned here where `producer_id` has a transaction open or a batch
+    waiting for its verification."""
+    partitions = host.partitions
+    if partitions is None:
+        return []
+    return [
+        stream
+        for stream in partitions.streams()
+        if (partition := partitions.get(stream)) is not None
+        and partition.has_transaction_of(producer_id)
+    ]
+
+
+async def _producer_here(host: CatchUpHost, producer_id: int, timeout_s: float) -> list[str]:
+    streams = producer_streams(host, producer_id)
+    if not streams:
+        return []
+    failed = await _here(host, streams, timeout_s)
+    return [f"streams {failed} here"] if failed else []
+
+
+async def _producer_at(
+    host: CatchUpHost, member: str, producer_id: int, timeout_s: float
+) -> list[str]:
+    if host.peer_protocol(member) < PRODUCER_CATCH_UP_PROTOCOL:
+        return []  # an older member is not asked: its partitions wait for its follow
+    address = host.peer_address(member)
+    if address is None:
+        return []  # not live any more, or without tiering: it owns nothing
+    try:
+        code, message = await host.peers.catch_up_producer(
+            address, producer_id, int(timeout_s * 1000)
+        )
+    except (PeerUnavailable, TimeoutError, OSError) as exc:
+        code, message = -1, str(exc) or type(exc).__name__
+    return [] if code == 0 else [f"member {member} answered {code}: {message}"]
+
+
+async def catch_up_here(
+    host: CatchUpHost, request: CatchUpRequest | ProducerCatchUpRequest
+) -> tuple[int, str]:
+    """A peer's `CatchUpRequest` for a stream owned here, or `ProducerCatchUpRequest`
+    for the streams owned here where a producer has a transaction open: (error code,
+    message)."""
+    if isinstance(request, ProducerCatchUpRequest):
+        failures = await _producer_here(host, request.producer_id, request.timeout_ms / 1000)
+        if failures:
+            return ErrorCode.request_timed_out.value, f"not caught up: {failures[0]}"
+        return 0, ""
     stream = request.stream_id
     if not host.owned_here(stream):
         return ErrorCode.not_leader_or_follower.value, f"stream {stream} is not owned here"

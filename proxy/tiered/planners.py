@@ -15,12 +15,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from proxy.apis import TIERED_API_KEYS, api00_produce, api01_fetch, api02_list_offsets
 from proxy.apis import api21_delete_records as api21
+from proxy.apis import api22_init_producer_id as api22
 from proxy.apis import api23_offset_for_leader_epoch as api23
 from proxy.apis import api24_add_partitions_to_txn as api24
 from proxy.apis.api00_produce import TopicKey
 from proxy.kafka.frames import framed
 from proxy.tiered.deletes import plan_delete_records
 from proxy.tiered.epochs import plan_offset_for_leader_epoch
+from proxy.tiered.fencing import plan_init_producer_id
 from proxy.tiered.fetch import plan_fetch
 from proxy.tiered.offsets import plan_list_offsets
 from proxy.tiered.produce import plan_produce
@@ -49,7 +51,7 @@ class Plan(Protocol):
 
 @runtime_checkable
 class AfterUpstream(Protocol):
-    """A plan whose `local` part starts once upstream answered (txn.py)."""
+    """A plan whose `local` part starts once upstream answered (txn.py, fencing.py)."""
 
     def upstream_answered(self, api_version: int, upstream: memoryview) -> None:
         """Upstream's answer body (no header), before `local` is awaited and merged."""
@@ -83,6 +85,10 @@ async def _delete_records(tiering, r: TieredRequest) -> Plan | None:
     return await plan_delete_records(tiering, r.head, r.body, r.api_version)
 
 
+async def _init_producer_id(tiering, r: TieredRequest) -> Plan | None:
+    return plan_init_producer_id(tiering, framed(r.head, r.body), r.body, r.api_version)
+
+
 async def _offset_for_leader_epoch(tiering, r: TieredRequest) -> Plan | None:
     return plan_offset_for_leader_epoch(tiering, r.head, r.body, r.api_version)
 
@@ -100,6 +106,7 @@ PLANNERS: dict[int, Planner] = {
     api01_fetch.API_KEY: _fetch,
     api02_list_offsets.API_KEY: _list_offsets,
     api21.API_KEY: _delete_records,
+    api22.API_KEY: _init_producer_id,
     api23.API_KEY: _offset_for_leader_epoch,
     api24.API_KEY: _add_partitions_to_txn,
 }

@@ -57,7 +57,7 @@ from proxy.reads.logcache import LogCache
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.tiered import shards
 from proxy.tiered.beyond_cutover import BeyondCutover
-from proxy.tiered.catch_up import catch_up
+from proxy.tiered.catch_up import catch_up, catch_up_producer
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner
 from proxy.tiered.ports import TieringHost
@@ -260,6 +260,10 @@ class TieringService:
             return None
         return live[member].host, heartbeat.peer_port
 
+    def live_peers(self) -> list[str]:
+        """The live members of the fleet but this proxy."""
+        return [m.name for m in self.fleet.live() if m.name != self.name]
+
     def peer_protocol(self, member: str) -> int:
         """The peer protocol level of `member`, from its last heartbeat; a member not heard
         from counts as the oldest, so nothing it might refuse is sent to it."""
@@ -278,6 +282,11 @@ class TieringService:
         """Before AddPartitionsToTxn is answered: these tiered partitions' transaction
         markers caught up at their owners (catch_up.py); those that failed."""
         return await catch_up(self, keys)
+
+    async def catch_up_producer(self, producer_id: int) -> list[str]:
+        """Before InitProducerId is answered: every tiered partition where the producer
+        has a transaction open caught up at its owner (catch_up.py); what failed."""
+        return await catch_up_producer(self, producer_id)
 
     # -- metadata changes ----------------------------------------------------------------
 

@@ -8,7 +8,11 @@ offsets in the stream as in Kafka's log).
   all of them; Kafka's log of the tiered partition past the cutover holds only the
   markers the coordinator wrote there;
 - fencing: a second producer with the same transactional.id fences the first, whose
-  next send and commit fail as Kafka fails them; the fenced transaction is aborted;
+  next send and commit fail as Kafka fails them; the fenced transaction is aborted. Also
+  on a proxy whose background marker follow is stopped: the abort marker Kafka's
+  coordinator wrote before it answered the second InitProducerId is in the stream before
+  that answer reaches the client (the catch-up after InitProducerId, not the follow's
+  luck), so the first producer's next send is refused as Kafka refuses it;
 - read-process-write: a tiered input, a tiered and a passthrough output and the
   group's offsets (sendOffsetsToTransaction) commit all or nothing;
 - a transaction left open past transaction.timeout.ms is aborted by the coordinator:
@@ -82,6 +86,17 @@ class Proxied:
 def proxied(kafka_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("txn")
     with one_proxy(kafka_cluster, tmp, f"txn-{uuid.uuid4().hex[:8]}") as proxy:
+        yield Proxied(kafka_cluster, proxy)
+
+
+@pytest.fixture(scope="module")
+def unfollowed(kafka_cluster, tmp_path_factory):
+    """A proxy of its own whose marker follower does not follow in the background: only
+    catch-ups (after AddPartitionsToTxn, after InitProducerId) put markers in streams."""
+    tmp = tmp_path_factory.mktemp("txn-unfollowed")
+    with one_proxy(kafka_cluster, tmp, f"txnu-{uuid.uuid4().hex[:8]}") as proxy:
+        markers = proxy.proxy.tiering.markers
+        proxy.run(lambda: markers.stop_following())
         yield Proxied(kafka_cluster, proxy)
 
 
@@ -176,13 +191,36 @@ def test_commits_and_aborts_read_as_on_kafka(proxied, client, tmp_path):
 @pytest.mark.parametrize("client", txn_clients.CLIENTS)
 def test_a_second_producer_fences_the_first_as_on_kafka(proxied, client, tmp_path):
     pair = proxied.pair(f"fence-{client[:4]}")
+    _fence(proxied, pair, client, tmp_path)
+
+
+@pytest.mark.parametrize("client", txn_clients.CLIENTS)
+def test_a_fenced_producer_is_refused_before_the_follow_sees_the_abort(
+    unfollowed, client, tmp_path
+):
+    """The background follow is stopped: the abort marker the coordinator wrote when the
+    second producer's InitProducerId fenced the first is in the stream only because that
+    InitProducerId was answered after the owner caught the partition up (without that,
+    the first producer's next send was accepted every time; Kafka refuses it)."""
+    pair = unfollowed.pair(f"fenceu-{client[:4]}")
+    _fence(unfollowed, pair, client, tmp_path, unfollowed=True)
+
+
+def _fence(proxied: Proxied, pair: Pair, client: str, tmp_path, unfollowed: bool = False) -> None:
     steps = {
         t: txn_clients.fence(client, proxied.bootstrap, f"{t}-tx", t, tmp_path) for t in pair.topics
     }
     assert steps[pair.tiered] == steps[pair.passthrough], steps
     kafka = steps[pair.passthrough]
     assert (kafka["first_send"], kafka["second_init"], kafka["second_commit"]) == (None,) * 3
-    assert kafka["first_commit"] is not None, kafka  # fenced: Kafka refuses it
+    assert kafka["first_next_send"] is not None, kafka  # fenced: Kafka refuses it
+    assert kafka["first_commit"] is not None, kafka
+    if unfollowed:  # the second producer's commit marker: no AddPartitionsToTxn after it
+        tiering = proxied.proxy.proxy.tiering
+        stream = stream_id(tiered_topic_id(proxied.proxy, pair.tiered), 0)
+        marks = lambda: watermarks(proxied.cluster.bootstrap, pair.tiered)  # noqa: E731
+        wait_until(lambda: marks() == (0, pair.cutover + 2), TIMEOUT_S, "the commit marker")
+        proxied.proxy.run(lambda: tiering.markers.catch_up([stream]))
     for topic in pair.topics:
         wait_decided(proxied.bootstrap, topic)
     rc = same_shape(pair, {t: read(proxied.bootstrap, t, "read_committed") for t in pair.topics})

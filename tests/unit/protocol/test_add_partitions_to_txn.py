@@ -19,6 +19,7 @@ from proxy.apis.api24_add_partitions_to_txn import (
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
 from proxy.tiered.txn import RETRY_ERROR, plan_add_partitions_to_txn
+from tests.support.after_upstream import run_after_upstream
 from tests.support.kio_types import mod, served
 
 REQUESTS, RESPONSES, VERSIONS = served(24)
@@ -243,21 +244,8 @@ class _Tiering:
 def _run(tiering, version: int, request: bytes, answer: bytes):
     """(the plan's upstream frame, what it asked before upstream answered, the client's
     answer); None if the request goes upstream with nothing after."""
-
-    async def run():
-        head = b"H" * 10
-        plan = plan_add_partitions_to_txn(
-            tiering, (b"S", head, request), memoryview(request), version
-        )
-        if plan is None:
-            return None
-        await asyncio.sleep(0)
-        asked_before = list(tiering.asked)
-        plan.upstream_answered(version, memoryview(answer))
-        local = await plan.local
-        return plan.upstream_frame, asked_before, plan.merge(version, memoryview(answer), local)
-
-    return asyncio.run(run())
+    make = lambda frame, body: plan_add_partitions_to_txn(tiering, frame, body, version)  # noqa: E731
+    return run_after_upstream(make, tiering.asked, version, request, answer)
 
 
 def test_a_request_naming_no_tiered_topic_goes_to_kafka_as_it_came():

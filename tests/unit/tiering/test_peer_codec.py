@@ -37,6 +37,7 @@ from proxy.peer.messages import (
     FetchResponse,
     PingRequest,
     PingResponse,
+    ProducerCatchUpRequest,
     TrimRequest,
     TrimResponse,
 )
@@ -70,6 +71,8 @@ MESSAGES = [
     PingResponse(0xFFFF_FFFF, "", ""),
     CatchUpRequest(21, 42, 5000),
     CatchUpRequest(0xFFFF_FFFF, (1 << 64) - 1, (1 << 31) - 1),
+    ProducerCatchUpRequest(22, 1001, 5000),
+    ProducerCatchUpRequest(0xFFFF_FFFF, (1 << 63) - 1, (1 << 31) - 1),
 ]
 # with the optional trailers of protocol 5 (a cut trailer leaves an older, valid frame)
 WITH_TRAILERS = [
@@ -256,7 +259,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 13, 255])
+@pytest.mark.parametrize("kind", [0, 14, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -403,7 +406,8 @@ def test_ping_layout():
 def test_frames_of_the_older_messages_are_unchanged():
     """Adding a message type never changes another's frame: a proxy of an older version
     reads these, and this code reads theirs (the digest is of the frames before pings)."""
-    older = [m for m in MESSAGES if not isinstance(m, PingRequest | PingResponse | CatchUpRequest)]
+    newer = PingRequest | PingResponse | CatchUpRequest | ProducerCatchUpRequest
+    older = [m for m in MESSAGES if not isinstance(m, newer)]
     frames = b"".join(encode_frame(m) for m in older)
     assert hashlib.sha256(frames).hexdigest() == OLDER_FRAMES_SHA256
     assert [decode_frame(encode_frame(m)) for m in older] == older
@@ -427,3 +431,11 @@ def test_an_append_may_name_its_producer_batch_and_the_senders_hole():
     struct.pack_into(">I", frame, 4, crc32c(bytes(frame[8:])))
     with pytest.raises(PeerProtocolError, match="append request sequences"):
         decode_frame(bytes(frame))
+
+
+def test_the_producer_catch_up_request_is_type_13():
+    frame = encode_frame(ProducerCatchUpRequest(5, 1001, 5000))
+    assert frame[8:14] == b"\x01\x0d\x00\x00\x00\x05"  # version 1, type 13
+    assert frame[14:] == (1001).to_bytes(8, "big") + (5000).to_bytes(4, "big")
+    with pytest.raises(PeerProtocolError, match="producer_id"):
+        decode_frame(reframe(frame[8:14] + (-1).to_bytes(8, "big", signed=True) + frame[22:]))

@@ -258,3 +258,20 @@ async def test_a_cancelled_call_lets_the_next_one_go():
     await turns_until(lambda: len(coordinator.asked) == 2)
     coordinator.answers[1].set_result(None)
     assert await second is None and queued == [1]
+
+
+async def test_the_gate_knows_whose_batches_wait_for_a_verification():
+    """InitProducerId's catch-up (tiered/fencing.py) takes a partition where the producer
+    has a batch waiting: the coordinator may have vouched for it before it fenced."""
+    gate, coordinator = VerificationGate(), Coordinator()
+    assert not gate.waits_for(4000)
+
+    async def enqueue() -> None:
+        return None
+
+    call = asyncio.ensure_future(gate.in_turn(P, coordinator.verify, lambda _: False, enqueue))
+    await turns_until(lambda: coordinator.answers)
+    assert gate.waits_for(4000) and not gate.waits_for(4001)
+    coordinator.answers[0].set_result(None)
+    assert await call is None
+    assert not gate.waits_for(4000)
