@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.client import ConnectionGroup
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.offset import OffsetRequest
 from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -39,7 +39,7 @@ from proxy.markers.follow import (
     reset_position,
     step_for,
 )
-from proxy.markers.upstream_log import Bootstrap, list_offset
+from proxy.markers.upstream_log import Bootstrap, LeaderFetchRequest, list_offset
 from proxy.metadata.client_start import start_client
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex
@@ -280,13 +280,17 @@ class MarkerFollower:
         self, node: int, group: list[_Followed], max_wait_ms: int, connection: Any
     ) -> dict[tuple[str, int], tuple[int, int, bytes]]:
         """One raw Fetch to `node` for `group` at their positions: (topic, partition) ->
-        (error code, high watermark, records)."""
+        (error code, high watermark, records). Answered by the leader only (a follower
+        answers NOT_LEADER_OR_FOLLOWER: `LeaderFetchRequest`), so the high watermark is
+        the leader's and a catch-up up to it sees every marker written before it asked."""
         client = self._client
         assert client is not None
         by_topic: dict[str, list[tuple[int, int, int]]] = {}
         for f in group:
             by_topic.setdefault(f.topic, []).append((f.partition, f.position, PARTITION_MAX_BYTES))
-        request = FetchRequest(max_wait_ms, 1, MAX_BYTES, READ_UNCOMMITTED, list(by_topic.items()))
+        request = LeaderFetchRequest(
+            max_wait_ms, 1, MAX_BYTES, READ_UNCOMMITTED, list(by_topic.items())
+        )
         response = await client.send(node, request, group=connection)
         answers = {}
         for topic, partitions in response.topics:
@@ -394,16 +398,49 @@ class MarkerFollower:
                 await self._locate(unknown, refresh=True)
                 continue
             for node, group in groups.items():
-                answers = await self._fetch(node, group, 0, ConnectionGroup.COORDINATION)
+                # the target and the read in one round trip (pipelined on one connection)
+                latest, answers = await asyncio.gather(
+                    self._latest(node, [f for f in group if f.stream not in targets]),
+                    self._fetch(node, group, 0, ConnectionGroup.COORDINATION),
+                )
                 for f in group:
                     answer = answers.get(f.key)
                     if answer is None:
                         continue
                     step = await self._handle(f, *answer)
+                    if step is Step.READ and f.stream not in targets:
+                        error_code, offset = latest.get(f.key, (-1, -1))
+                        if error_code == 0:
+                            targets[f.stream] = offset
+                        else:
+                            step = step_for(error_code)
                     if step is Step.READ:
-                        target = targets.setdefault(f.stream, answer[1])
-                        if f.position >= target:
+                        if f.stream in targets and f.position >= targets[f.stream]:
                             del pending[f.stream]
                     elif step is not Step.RESET:
                         await asyncio.sleep(RETRY_S / 10)
                         await self._locate([f], refresh=True)
+
+    async def _latest(self, node: int, group: list[_Followed]) -> dict[tuple[str, int], tuple]:
+        """Kafka's high watermark of each partition of `group` as its leader `node` answers
+        ListOffsets LATEST (read_uncommitted) now: (topic, partition) -> (error code,
+        offset). The catch-up's target, rather than a Fetch's high watermark: a leader just
+        elected may still hold a high watermark below its predecessor's (it learns the
+        real one from its followers' next fetches), below markers the coordinator had
+        written and been answered for; ListOffsets answers it OFFSET_NOT_AVAILABLE until
+        the high watermark reaches the start of its leader epoch (KIP-207), a Fetch
+        answers the lower high watermark."""
+        if not group:
+            return {}
+        client = self._client
+        assert client is not None
+        by_topic: dict[str, list[tuple[int, int]]] = {}
+        for f in group:
+            by_topic.setdefault(f.topic, []).append((f.partition, LATEST))
+        request = OffsetRequest(-1, READ_UNCOMMITTED, list(by_topic.items()))
+        response = await client.send(node, request, group=ConnectionGroup.COORDINATION)
+        return {
+            (topic, partition): (error_code, offset)
+            for topic, partitions in response.topics
+            for partition, error_code, _timestamp, offset, *_ in partitions
+        }

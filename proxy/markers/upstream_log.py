@@ -33,6 +33,20 @@ TIMEOUT_S = 30.0  # a rebuild waits this long for Kafka's log at most
 RETRY_S = 0.2
 
 
+class LeaderFetchRequest(FetchRequest):
+    """aiokafka's FetchRequest, at version 10 at most: only the partition's leader answers
+    it. From version 11 (KIP-392, fetch from the closest replica) Kafka serves a consumer's
+    Fetch from a follower as well, up to the follower's own high watermark, which lags the
+    leader's; a follower answers version 10 NOT_LEADER_OR_FOLLOWER. Reading Kafka's log of
+    a tiered partition for its markers must see every marker the coordinator has written:
+    after a leader moved, metadata that still names the old leader (a follower now) would
+    read an old copy of the log, and a catch-up would say "done" without the marker that
+    AddPartitionsToTxn waits for (docs/tiering.md, "Transactions")."""
+
+
+LeaderFetchRequest._CLASSES = tuple(c for c in FetchRequest._CLASSES if c.API_VERSION <= 10)
+
+
 class Bootstrap:
     """aiokafka's client, started as `start_client` starts one (cancel-safe)."""
 
@@ -74,7 +88,7 @@ class UpstreamLog:
             if leader is None or leader < 0:
                 await self._refresh(client, topic)
                 continue
-            request = FetchRequest(
+            request = LeaderFetchRequest(
                 0, 1, PARTITION_MAX_BYTES, READ_UNCOMMITTED,
                 [(topic, [(partition, position, PARTITION_MAX_BYTES)])],
             )  # fmt: skip

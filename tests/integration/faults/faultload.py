@@ -171,10 +171,12 @@ class FleetConsumer:
         zone: str,
         log_path: Path | None = None,
         debug: str | None = None,
+        isolation: str = "read_committed",
     ) -> None:
         """`log_path`: its log lines also go there; `debug`: librdkafka's `debug` contexts
         (e.g. "fetch,broker,protocol"), their lines to `log_path` only."""
         self.bootstrap, self.topic, self.starts, self.zone = bootstrap, topic, starts, zone
+        self.isolation = isolation
         self.log_path, self.debug = log_path, debug
         self.records: dict[int, list[tuple[int, bytes]]] = {p: [] for p in starts}
         self.position: dict[int, int] = dict(starts)  # the next offset expected
@@ -222,6 +224,7 @@ class FleetConsumer:
             "bootstrap.servers": self.bootstrap,
             "client.id": f"fault-consumer,tierproxy_az={self.zone}",
             "group.id": f"faults-{uuid.uuid4().hex[:8]}",  # assign() only: never joins
+            "isolation.level": self.isolation,
             "enable.auto.commit": False,
             "auto.offset.reset": "error",  # a reset would hide a lost or repeated range
             "fetch.error.backoff.ms": 100,

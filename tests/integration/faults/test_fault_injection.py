@@ -3,7 +3,9 @@
 A tiered fleet of two `tierproxy run` processes (zone-a, zone-b; tieredfleet.py) on a
 Kafka cluster and a MinIO of its own. An idempotent librdkafka producer (acks=all) in
 each zone writes a steady load through the fleet to a tiered topic of a few partitions,
-and a consumer reads every partition through the fleet. In sequence, each followed by a
+and a consumer reads every partition through the fleet. Beside it, a transactional
+librdkafka producer commits and aborts small transactions on a second tiered topic and a
+read_committed consumer reads it (txnload.py). In sequence, each followed by a
 wait for recovery (faultsteps.py says what that is) whose time is measured:
 
 1. 20 times, a random proxy killed with SIGKILL at a random moment and restarted after a
@@ -23,6 +25,11 @@ no object nothing names (an orphan: uploaded, never committed) nor S3-WAL object
 older than its grace (the orphan sweep, shard 0's owner, deletes them; the S3-WAL
 writers delete theirs once answered); no process of the suite is left. No record is in
 the log twice: a sequence gap the proxy made is never answered 45 (docs/sequencer.md).
+Of the transactional load (issue 17): every record of every committed transaction is
+read once with read_committed, none of an aborted one (some are in the log, read
+uncommitted), a transaction of unknown outcome all or nothing; the live read_committed
+consumer read nothing the final read does not hold at the same offset; the load
+commits again after the last fault.
 The figures go to fault-figures.json in the test's tmp dir.
 """
 
@@ -40,6 +47,7 @@ from cutover_load import Ack, LoadProducer
 from faultload import BATCH_BYTES, Figures, FleetConsumer, Progress
 from faultsteps import Injector
 from tieredfleet import TieredFleet, parse_value, wal_backlog
+from txnload import TxnLoad, check, read_all, tiered_txn_topic
 
 from proxy.devstack import KafkaCluster, MinioServer
 from proxy.devstack.process import ManagedProcess
@@ -52,6 +60,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 
 MiB = 1024 * 1024
 PARTITIONS = 4
+TXN_PARTITIONS = 3  # the transactional load's topic
 RATE = 150  # records a second, per producer
 VALUE_BYTES = 128
 KILLS = 20
@@ -251,6 +260,8 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
     producers: list[LoadProducer] = []
     consumer = None
     injector = None
+    txn_load: TxnLoad | None = None
+    txn_consumer = None
     try:
         kafka.start()
         minio.start()
@@ -260,6 +271,7 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
         topic, topic_id = fleet.create_spread_topic(PARTITIONS)
         fleet.tier(topic)
         starts = fleet.wait_for_cutover(topic_id, PARTITIONS)
+        txn_topic, txn_starts = tiered_txn_topic(fleet, TXN_PARTITIONS)
         progress = Progress(PARTITIONS)
         for zone in fleet.proxies:
             producer = LoadProducer(
@@ -282,6 +294,9 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
             log_path=tmp_path / "consumer.log",
             debug=os.environ.get("TIERPROXY_FAULT_CONSUMER_DEBUG"),
         ).start()
+        txn_load = TxnLoad(fleet.bootstrap(), txn_topic, TXN_PARTITIONS, "zone-a", seed=seed)
+        txn_load.start()
+        txn_consumer = FleetConsumer(fleet.bootstrap(), txn_topic, txn_starts, "zone-b").start()
         injector = Injector(fleet, topic, topic_id, progress, consumer, figures, rng)
         injector.settled(time.monotonic(), 60)
         figures.notes["setup_s"] = round(time.monotonic() - began, 1)
@@ -291,6 +306,14 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
         injector.restart_broker(kafka)
         fill = injector.object_store_outage(minio, fleet["zone-b"], WAL_CAPACITY, MINIO_DOWN_S)
         figures.notes["wal_fill"] = vars(fill)
+        faults_over = time.monotonic()
+        wait_for(
+            lambda: txn_load.committed_since(faults_over),
+            lambda count: count >= 3,
+            "transactions committed after the last fault",
+            60,
+        )
+        txn_load.stop()
 
         for producer in producers:
             producer.stop(flush_timeout_s=120)
@@ -321,11 +344,26 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
         figures.notes["committed_differs_from_consumed"] = sum(
             1 for at, value in consumed.items() if from_objects.get(at) != value
         ) + len(set(from_objects) - set(consumed))
+
+        committed_read = read_all(fleet.bootstrap(), txn_topic, txn_starts, "read_committed")
+        everything = read_all(fleet.bootstrap(), txn_topic, txn_starts, "read_uncommitted")
+        wait_for(
+            lambda: sum(map(len, txn_consumer.records.values())),
+            lambda count: count >= len(committed_read),
+            "the live read_committed consumer at the end",
+            60,
+        )
+        txn_consumer.stop()
+        figures.notes.update(check(txn_load, committed_read, everything, txn_consumer.records))
     finally:
-        for stoppable in [*producers, consumer, getattr(injector, "burst", None)]:
+        stoppables = [*producers, consumer, getattr(injector, "burst", None), txn_consumer]
+        for stoppable in stoppables:
             if stoppable is not None:  # a failed run: quickly, whatever is left unsent
                 with contextlib.suppress(AssertionError):
                     stoppable.stop(flush_timeout_s=5)
+        if txn_load is not None:
+            with contextlib.suppress(AssertionError):
+                txn_load.stop(flush_timeout_s=5)
         try:
             if fleet is not None:
                 fleet.close()
@@ -366,3 +404,14 @@ def test_fleet_under_faults_loses_and_repeats_nothing(tmp_path):
         f"e.g. {figures.notes['duplicate_examples'][:2]}"
     )
     assert figures.duplicates == 0
+    # The transactional load (txnload.py)
+    notes = figures.notes
+    assert notes["txn_committed"] >= 100, f"too few transactions: {notes['txn_client_errors']}"
+    assert notes["txn_committed_lost"] == [], "committed transactions not (all) read"
+    assert notes["txn_aborted_visible"] == [], "aborted transactions read with read_committed"
+    assert notes["txn_aborted_records_written"] > 0, "no aborted record in the log"
+    assert notes["txn_unknown_partial"] == [], "a transaction read in part"
+    assert notes["txn_records_twice"] == 0, "a transactional record read twice"
+    assert notes["txn_never_sent_visible"] == []
+    assert notes["txn_live_differs"] == [], "the live consumer read what is not committed"
+    assert notes["txn_live_twice"] == 0

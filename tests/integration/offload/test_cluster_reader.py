@@ -5,25 +5,19 @@ requests fail naming the partition and offset."""
 
 from __future__ import annotations
 
-import datetime
 import logging
-import socket
 import time
 import uuid
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatch
-from confluent_kafka import ElectionType, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from kio.schema.alter_partition_reassignments.v0 import request as reassign
-from kio.schema.alter_partition_reassignments.v0.response import (
-    AlterPartitionReassignmentsResponse,
-)
 from offloaddata import segment_bytes
 
 from offload_jobs.cluster_reader import ClusterReadError, read_batches
-from proxy.kafka.messages import decode_response, encode_request
 from proxy.records.batches import Compression, iter_batches, read_batch_header
+from tests.support.leaders import leader_of, move_leader
 
 pytestmark = [pytest.mark.kafka]
 
@@ -128,29 +122,6 @@ def test_compacted_topic_reads_byte_exact_with_gaps_allowed(kafka_cluster, compa
     assert latest == expected
 
 
-def _reassign(kafka_cluster, topic: str, replicas: list[int]) -> None:
-    """Partition 0's replicas in this order (AlterPartitionReassignments, as
-    kafka-reassign-partitions.sh sends it)."""
-    request = reassign.AlterPartitionReassignmentsRequest(
-        timeout=reassign.i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        topics=(reassign.ReassignableTopic(name=topic, partitions=(
-            reassign.ReassignablePartition(partition_index=0, replicas=tuple(replicas)),
-        )),),
-    )  # fmt: skip
-    host, port = kafka_cluster.nodes[0].address.split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(encode_request(request, correlation_id=1))
-        size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
-        frame = sock.recv(size, socket.MSG_WAITALL)
-    _, answer = decode_response(frame, AlterPartitionReassignmentsResponse)
-    assert answer.error_code == 0, answer
-    assert all(p.error_code == 0 for t in answer.responses for p in t.partitions), answer
-
-
-def _leader(admin: AdminClient, topic: str) -> int:
-    return admin.list_topics(topic, timeout=30).topics[topic].partitions[0].leader
-
-
 def test_a_leader_change_mid_read_is_followed(kafka_cluster, caplog):
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     topic = f"offload-leader-{uuid.uuid4().hex[:8]}"
@@ -161,18 +132,13 @@ def test_a_leader_change_mid_read_is_followed(kafka_cluster, caplog):
         producer.produce(topic, b"value %d" % n, partition=0)
         producer.poll(0)
     assert producer.flush(30) == 0
-    first = _leader(admin, topic)
+    first = leader_of(admin, topic)
     then = first % 3 + 1  # another broker
 
     caplog.set_level(logging.INFO, logger="tierproxy.offload")
     reader = read_batches(kafka_cluster.bootstrap, topic, 0, 0, fetch_max_bytes=512)
     head = [next(reader) for _ in range(5)]
-    _reassign(kafka_cluster, topic, [then] + [n for n in (1, 2, 3) if n != then])
-    admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, 0)]).result(30)
-    deadline = time.monotonic() + 30
-    while _leader(admin, topic) != then:
-        assert time.monotonic() < deadline, f"the leader did not move to broker {then}"
-        time.sleep(0.2)
+    move_leader(kafka_cluster, topic, 0, then)
     rest = list(reader)
     assert b"".join(b.data for b in head + rest) == segment_bytes(kafka_cluster, topic, 0)
     assert f"{topic}-0: " in caplog.text and "finding the leader again" in caplog.text

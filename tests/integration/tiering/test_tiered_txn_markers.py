@@ -25,6 +25,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from confluent_kafka import Producer
 from cutover_load import create_topic, one_proxy
 from tiered_topic import TieredTopic
+from txn_clients import transaction
 
 from proxy.records.batches import BatchHeader, whole_batches
 from proxy.records.markers import read_marker
@@ -65,17 +66,6 @@ async def _read_stream(bootstrap: str, topic: str, end: int) -> list[tuple[Batch
         await client.close()
 
 
-def _transaction(producer: Producer, topic: str, values: list[bytes], commit: bool) -> None:
-    producer.begin_transaction()
-    for value in values:
-        producer.produce(topic, value, partition=0)
-    assert producer.flush(TIMEOUT_S) == 0
-    if commit:
-        producer.commit_transaction(TIMEOUT_S)
-    else:
-        producer.abort_transaction(TIMEOUT_S)
-
-
 @pytest.fixture
 def tiered(kafka_cluster, tmp_path):
     suffix = uuid.uuid4().hex[:8]
@@ -94,9 +84,9 @@ def test_markers_land_in_the_stream_dense_and_in_order(kafka_cluster, tiered):
          "linger.ms": 5, "message.timeout.ms": int(TIMEOUT_S * 1000)}
     )  # fmt: skip
     producer.init_transactions(TIMEOUT_S)
-    _transaction(producer, topic, [b"one-a", b"one-b", b"one-c"], commit=True)
-    _transaction(producer, topic, [b"two-a", b"two-b"], commit=False)
-    _transaction(producer, topic, [b"three-a"], commit=True)
+    transaction(producer, topic, [b"one-a", b"one-b", b"one-c"], commit=True)
+    transaction(producer, topic, [b"two-a", b"two-b"], commit=False)
+    transaction(producer, topic, [b"three-a"], commit=True)
 
     # Kafka's log of the partition past the cutover: the three markers and nothing else
     # (EndTxn is answered before the coordinator writes the markers: the last one comes)
@@ -125,7 +115,7 @@ def test_markers_land_in_the_stream_dense_and_in_order(kafka_cluster, tiered):
     producer.flush(TIMEOUT_S)
 
 
-def test_the_catch_up_alone_puts_each_marker_before_the_next_transaction(tiered):
+def test_the_catch_up_alone_puts_each_marker_before_the_nexttransaction(tiered):
     proxy, topic = tiered.proxy, tiered.topic
     markers = tiered.tiering.markers
     proxy.run(lambda: markers.stop_following())
@@ -135,9 +125,9 @@ def test_the_catch_up_alone_puts_each_marker_before_the_next_transaction(tiered)
          "linger.ms": 5, "message.timeout.ms": int(TIMEOUT_S * 1000)}
     )  # fmt: skip
     producer.init_transactions(TIMEOUT_S)
-    _transaction(producer, topic, [b"one-a", b"one-b"], commit=True)
-    _transaction(producer, topic, [b"two-a"], commit=False)
-    _transaction(producer, topic, [b"three-a"], commit=True)
+    transaction(producer, topic, [b"one-a", b"one-b"], commit=True)
+    transaction(producer, topic, [b"two-a"], commit=False)
+    transaction(producer, topic, [b"three-a"], commit=True)
     # the last marker has no AddPartitionsToTxn after it: not in the stream without the follow
     end = start + 2 + 1 + 1 + 1 + 1
     assert watermarks(proxy.bootstrap, topic)[1] == end

@@ -37,6 +37,19 @@ def values(txn_id: str, txn: int, count: int) -> list[bytes]:
     return [f"{txn_id}-{txn}-{n}".encode() for n in range(count)]
 
 
+def transaction(producer: Producer, topic: str, values: list[bytes], commit: bool) -> None:
+    """One librdkafka transaction on partition 0: the records flushed, then committed or
+    aborted (raises what the client raises)."""
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(TIMEOUT_S) == 0
+    if commit:
+        producer.commit_transaction(TIMEOUT_S)
+    else:
+        producer.abort_transaction(TIMEOUT_S)
+
+
 def plan(client: str, bootstrap: str, txn_id: str, topic: str, txns: Plan, workdir: Path):
     if client == "java":
         spec = ",".join(f"{end}:{count}" for end, count in txns)

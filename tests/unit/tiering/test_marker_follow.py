@@ -15,6 +15,7 @@ from proxy.markers.follow import (
     reset_position,
     step_for,
 )
+from proxy.markers.upstream_log import LeaderFetchRequest
 from proxy.records.batches import with_base_offset
 from tests.support.batches import control_batch, seeded_batch
 
@@ -111,3 +112,12 @@ def test_group_by_leader() -> None:
     groups, unknown = group_by_leader(leaders, leaders.get)
     assert groups == {1: [("t", 0), ("u", 0)], 2: [("t", 1)]}
     assert unknown == [("u", 1), ("u", 2)]
+
+
+def test_the_follow_fetches_at_a_version_only_the_leader_answers() -> None:
+    """Fetch v11+ is served by followers too (KIP-392), up to their lagging high
+    watermark: the follow asks v10 at most, which a follower refuses."""
+    request = LeaderFetchRequest(0, 1, 1 << 20, 0, [("t", [(0, 5, 1 << 20)])])
+    built = request.prepare({LeaderFetchRequest.API_KEY: (4, 17)})
+    assert built.API_VERSION == 10
+    assert request.prepare({LeaderFetchRequest.API_KEY: (4, 8)}).API_VERSION == 8

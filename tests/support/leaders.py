@@ -1,0 +1,56 @@
+"""Moving a partition's leader on a live Kafka cluster without stopping a broker, as an
+operator does: reorder its replicas (AlterPartitionReassignments, what
+kafka-reassign-partitions.sh sends) and elect the preferred one. The old leader stays a
+follower of the partition, in its ISR: a client whose metadata still names it reaches a
+broker that answers, not a dead one."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+
+from confluent_kafka import ElectionType, TopicPartition
+from confluent_kafka.admin import AdminClient
+from kio.schema.alter_partition_reassignments.v0 import request as reassign
+from kio.schema.alter_partition_reassignments.v0.response import (
+    AlterPartitionReassignmentsResponse,
+)
+
+from proxy.kafka.messages import decode_response, encode_request
+
+
+def reassign_replicas(address: str, topic: str, partition: int, replicas: list[int]) -> None:
+    """The partition's replicas in this order (AlterPartitionReassignments v0, sent to
+    the broker at `address`)."""
+    request = reassign.AlterPartitionReassignmentsRequest(
+        timeout=reassign.i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topics=(reassign.ReassignableTopic(name=topic, partitions=(
+            reassign.ReassignablePartition(partition_index=partition, replicas=tuple(replicas)),
+        )),),
+    )  # fmt: skip
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(encode_request(request, correlation_id=1))
+        size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
+        frame = sock.recv(size, socket.MSG_WAITALL)
+    _, answer = decode_response(frame, AlterPartitionReassignmentsResponse)
+    assert answer.error_code == 0, answer
+    assert all(p.error_code == 0 for t in answer.responses for p in t.partitions), answer
+
+
+def leader_of(admin: AdminClient, topic: str, partition: int = 0) -> int:
+    return admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
+
+
+def move_leader(cluster, topic: str, partition: int, to: int, timeout_s: float = 30.0) -> None:
+    """Make broker `to` the partition's leader (its replicas reordered, the preferred one
+    elected) and wait until the cluster's metadata says so."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    others = [n for n in (1, 2, 3) if n != to]
+    reassign_replicas(cluster.bootstrap.split(",")[0], topic, partition, [to, *others])
+    admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, partition)]).result(30)
+    deadline = time.monotonic() + timeout_s
+    while leader_of(admin, topic, partition) != to:
+        assert time.monotonic() < deadline, f"the leader did not move to broker {to}"
+        time.sleep(0.2)
