@@ -14,7 +14,8 @@ offsets in the stream as in Kafka's log).
   that answer reaches the client (the catch-up after InitProducerId, not the follow's
   luck), so the first producer's next send is refused as Kafka refuses it;
 - read-process-write: a tiered input, a tiered and a passthrough output and the
-  group's offsets (sendOffsetsToTransaction) commit all or nothing;
+  group's offsets (sendOffsetsToTransaction) commit all or nothing, and a new instance
+  of the group resumes past what was committed (nothing processed twice);
 - a transaction left open past transaction.timeout.ms is aborted by the coordinator:
   read_committed consumers never see it and move on to what was committed after it.
 """
@@ -228,56 +229,60 @@ def _fence(proxied: Proxied, pair: Pair, client: str, tmp_path, unfollowed: bool
     same_shape(pair, {t: read(proxied.bootstrap, t, "read_uncommitted") for t in pair.topics})
 
 
-def test_read_process_write_commits_all_or_nothing(proxied):
-    """librdkafka: input tiered, outputs tiered and passthrough, the group's offsets in
-    the transaction; aborted once (nothing of it anywhere), then committed (all of it)."""
-    source, out_tiered, out_plain = (proxied.topic(n) for n in ("rpw-in", "rpw-out-t", "rpw-out-p"))
-    for topic in (source, out_tiered):
-        proxied.tier(topic)
-    inputs = [b"in-%d" % n for n in range(20)]
-    produce(proxied.bootstrap, source, inputs)
-    group = f"rpw-{uuid.uuid4().hex[:8]}"
+@pytest.mark.parametrize("client", txn_clients.CLIENTS)
+def test_read_process_write_commits_all_or_nothing(proxied, client, tmp_path):
+    """Input tiered, outputs tiered and passthrough, the group's offsets in the
+    transaction, each round a new instance of the application (txn_clients.Round): aborted
+    once (nothing of it anywhere), then committed (all of it), then nothing left to
+    process (exactly once). The tiered output reads as its passthrough twin."""
+    source = proxied.topic(f"rpw-in-{client[:4]}")
+    outs = (proxied.topic(f"rpw-out-p-{client[:4]}"), proxied.topic(f"rpw-out-t-{client[:4]}"))
+    pair = Pair(*outs, cutover=proxied.tier(outs[1]))
+    proxied.tier(source)
+    inputs = [f"in-{n}" for n in range(20)]
+    produce(proxied.bootstrap, source, [v.encode() for v in inputs])
+    outputs = [f"out-{v}".encode() for v in inputs]
+    group = f"rpw-{client[:4]}-{uuid.uuid4().hex[:8]}"
+
+    def run(ending: str) -> txn_clients.Round:
+        return txn_clients.read_process_write(
+            client, proxied.bootstrap, group, source, len(inputs), pair.topics, ending, tmp_path
+        )
+
+    def reads(isolation: str) -> Read:
+        return same_shape(pair, {t: read(proxied.bootstrap, t, isolation) for t in pair.topics})
+
+    assert run("abort") == txn_clients.Round(inputs)
+    for topic in pair.topics:  # each transaction: its records, a marker
+        wait_decided(proxied.bootstrap, topic, len(outputs) + 1)
+    assert reads("read_committed")[0] == []
+    assert committed(proxied.bootstrap, group, source) == -1001  # none
+    # a new instance resumes where the group committed: nowhere, so from the start
+    assert run("commit") == txn_clients.Round(inputs)
+    for topic in pair.topics:
+        wait_decided(proxied.bootstrap, topic, 2 * (len(outputs) + 1))
+    rc = reads("read_committed")
+    assert rc[0] == list(enumerate(outputs, start=len(outputs) + 1))
+    assert [v for _, v in reads("read_uncommitted")[0]] == outputs * 2  # aborted: filtered
+    assert committed(proxied.bootstrap, group, source) == len(inputs)
+    # exactly once: the next instance finds nothing left to process
+    assert run("commit") == txn_clients.Round([])
+    assert committed(proxied.bootstrap, group, source) == len(inputs)
+    assert reads("read_committed") == rc
+    # Kafka's log of the tiered output: the cutover, then the coordinator's two markers
+    assert watermarks(proxied.cluster.bootstrap, pair.tiered) == (0, pair.cutover + 2)
+
+
+def committed(bootstrap: str, group: str, topic: str) -> int:
+    """The group's committed offset of partition 0 (OffsetFetch, stable offsets only)."""
     consumer = Consumer(
-        {"bootstrap.servers": proxied.bootstrap, "group.id": group,
-         "isolation.level": "read_committed", "enable.auto.commit": False,
-         "auto.offset.reset": "earliest"}
-    )  # fmt: skip
-    producer = Producer(
-        {"bootstrap.servers": proxied.bootstrap, "transactional.id": f"{group}-tx", "log_level": 0}
+        {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"}
     )
-    producer.init_transactions(30)
     try:
-        consumer.assign([TopicPartition(source, 0, 0)])
-        read_in: list = []
-        wait_until(lambda: _take(consumer, read_in) >= len(inputs), TIMEOUT_S, "the input")
-        assert [m.value() for m in read_in] == inputs
-        outputs = [b"out-" + v for v in inputs]
-        for commit in (False, True):
-            producer.begin_transaction()
-            for value in outputs:
-                producer.produce(out_tiered, value, partition=0)
-                producer.produce(out_plain, value, partition=0)
-            producer.send_offsets_to_transaction(
-                [TopicPartition(source, 0, len(inputs))], consumer.consumer_group_metadata(), 30
-            )
-            (producer.commit_transaction if commit else producer.abort_transaction)(30)
-            for topic in (out_tiered, out_plain):  # each transaction: its records, a marker
-                wait_decided(proxied.bootstrap, topic, (len(outputs) + 1) * (1 + commit))
-                values = [v for _, v in read(proxied.bootstrap, topic, "read_committed")[0]]
-                assert values == (outputs if commit else []), (topic, commit)
-            [at] = consumer.committed([TopicPartition(source, 0)], timeout=30)
-            assert at.offset == (len(inputs) if commit else -1001), commit  # -1001: none
-        ru = [v for _, v in read(proxied.bootstrap, out_tiered, "read_uncommitted")[0]]
-        assert ru == outputs * 2  # the aborted ones are in the log, filtered
+        [at] = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+        return at.offset
     finally:
         consumer.close()
-
-
-def _take(consumer: Consumer, got: list) -> int:
-    msg = consumer.poll(0.2)
-    if msg is not None and msg.error() is None:
-        got.append(msg)
-    return len(got)
 
 
 def test_a_timed_out_transaction_is_aborted_and_read_committed_moves_on(proxied, tmp_path):

@@ -11,6 +11,13 @@ run can be set against a passthrough topic's: Kafka is the oracle.
   first; the first sends again (`first_next_send`) and commits (`first_commit`), both
   refused as Kafka refuses them; the second commits a record of its own
   (`second_commit`). Values `<txn_id>-first-0`, `-first-1`, `-second-0`.
+- `read_process_write`: one round of a read-process-write application, a new instance
+  of it: a read_committed consumer in a group (subscribed) reads partition 0 of the
+  input from the group's committed offset to its end; if it read anything, one
+  transaction writes `out-<value>` of each record to partition 0 of every output
+  (flushed: written before the end, which an abort would purge otherwise), sends the
+  group's offsets (the client's sendOffsetsToTransaction) and commits or aborts.
+  The answer: the values read and the error ending the transaction surfaced.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-from confluent_kafka import KafkaException, Producer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from proxy.devstack.paths import kafka_libs
 
@@ -65,6 +75,33 @@ def fence(client: str, bootstrap: str, txn_id: str, topic: str, workdir: Path) -
     if client == "librdkafka":
         return _librdkafka_fence(bootstrap, txn_id, topic)
     return asyncio.run(asyncio.wait_for(_aiokafka_fence(bootstrap, txn_id, topic), 180))
+
+
+@dataclass(frozen=True)
+class Round:
+    """One read-process-write round: the input values read, and the error the client
+    surfaced for its transaction (None: none, or no transaction: nothing was read)."""
+
+    read: list[str]
+    error: str | None = None
+
+
+def read_process_write(
+    client: str, bootstrap: str, group: str, source: str, end: int, outputs: tuple[str, ...],
+    ending: str, workdir: Path,
+) -> Round:  # fmt: skip
+    """A round of the group's application (transactional id `<group>-tx`): the input
+    `source` read up to `end`, processed into `outputs`, ended by `ending`."""
+    txn_id = f"{group}-tx"
+    if client == "java":
+        more = (",".join(outputs), group, str(end), ending)
+        events = _java_events("rpw", bootstrap, txn_id, source, workdir, *more)
+        [read] = [e["read"] for e in events if "read" in e]
+        return Round(read, *(e["error"] for e in events if e.get("step") == "end"))
+    if client == "librdkafka":
+        return _librdkafka_rpw(bootstrap, txn_id, group, source, end, outputs, ending)
+    rpw = _aiokafka_rpw(bootstrap, txn_id, group, source, end, outputs, ending)
+    return asyncio.run(asyncio.wait_for(rpw, 180))
 
 
 # -- librdkafka ----------------------------------------------------------------------
@@ -135,6 +172,52 @@ def _librdkafka_fence(bootstrap: str, txn_id: str, topic: str) -> Steps:
     return steps
 
 
+def _librdkafka_rpw(
+    bootstrap: str, txn_id: str, group: str, source: str, end: int, outputs: tuple[str, ...],
+    ending: str,
+) -> Round:  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed",
+         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+         "enable.partition.eof": True, "log_level": 0}
+    )  # fmt: skip
+    producer = _producer(bootstrap, txn_id)
+    producer.init_transactions(TIMEOUT_S)
+    consumer.subscribe([source])
+    read: list[str] = []
+    position, deadline = -1, time.monotonic() + 2 * TIMEOUT_S
+    try:
+        while position < end:  # an EOF event names the position at the end
+            assert time.monotonic() < deadline, f"read {len(read)} of the input"
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+            else:
+                read.append(msg.value().decode())
+            position = msg.offset() + (msg.error() is None)
+        if not read:
+            return Round(read)
+
+        def process() -> None:
+            producer.begin_transaction()
+            for value in read:
+                for output in outputs:
+                    producer.produce(output, f"out-{value}".encode(), partition=0)
+            assert producer.flush(TIMEOUT_S) == 0  # written: an abort purges what is not
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, 0, position)], consumer.consumer_group_metadata(),
+                TIMEOUT_S,
+            )  # fmt: skip
+            ends = producer.commit_transaction if ending == "commit" else producer.abort_transaction
+            ends(TIMEOUT_S)
+
+        return Round(read, _confluent(process))
+    finally:
+        consumer.close()
+
+
 # -- aiokafka ------------------------------------------------------------------------
 
 
@@ -193,11 +276,52 @@ async def _aiokafka_fence(bootstrap: str, txn_id: str, topic: str) -> Steps:
     return steps
 
 
+async def _aiokafka_rpw(
+    bootstrap: str, txn_id: str, group: str, source: str, end: int, outputs: tuple[str, ...],
+    ending: str,
+) -> Round:  # fmt: skip
+    consumer = AIOKafkaConsumer(
+        source, bootstrap_servers=bootstrap, group_id=group, isolation_level="read_committed",
+        enable_auto_commit=False, auto_offset_reset="earliest",
+    )  # fmt: skip
+    producer = _aio_producer(bootstrap, txn_id)
+    await consumer.start()
+    try:
+        await producer.start()
+        tp, read = AioTopicPartition(source, 0), []
+        while tp not in consumer.assignment() or await consumer.position(tp) < end:
+            batches = await consumer.getmany(timeout_ms=200)
+            read += [r.value.decode() for r in batches.get(tp, [])]
+        if not read:
+            return Round(read)
+        position = await consumer.position(tp)
+
+        async def process() -> None:
+            await producer.begin_transaction()
+            sent = [await producer.send(o, f"out-{v}".encode(), partition=0)
+                    for v in read for o in outputs]  # fmt: skip
+            await asyncio.gather(*sent)
+            await producer.send_offsets_to_transaction({tp: position}, group)
+            ends = producer.commit_transaction if ending == "commit" else producer.abort_transaction
+            await ends()
+
+        return Round(read, await _aio(process()))
+    finally:
+        await _aio(producer.stop())
+        await consumer.stop()
+
+
 # -- Kafka's Java producer -----------------------------------------------------------
 
 
 def _java(mode: str, bootstrap: str, txn_id: str, topic: str, workdir: Path, *more: str):
-    """TxnSteps.java, run as a single source file against Kafka's jars."""
+    """TxnSteps.java's steps."""
+    events = _java_events(mode, bootstrap, txn_id, topic, workdir, *more)
+    return {event["step"]: event["error"] for event in events if "step" in event}
+
+
+def _java_events(mode: str, bootstrap: str, txn_id: str, topic: str, workdir: Path, *more: str):
+    """TxnSteps.java, run as a single source file against Kafka's jars: its JSON lines."""
     argv = [
         shutil.which("java") or "java",
         *("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"),
@@ -210,9 +334,4 @@ def _java(mode: str, bootstrap: str, txn_id: str, topic: str, workdir: Path, *mo
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
                               text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, errors.read_text(errors="replace")[-3000:]
-    steps: Steps = {}
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            event = json.loads(line)
-            steps[event["step"]] = event["error"]
-    return steps
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
