@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from cutover_load import create_topic, one_proxy, tiered_topic_id, topics_command
+from cutover_load import create_topic, one_proxy, started, tiered_topic_id, topics_command
 
 from proxy.metadata.streams import stream_id
 from tests.support.clients import watermarks
@@ -47,7 +47,7 @@ def test_a_transaction_open_at_the_cutover_ends_whole(kafka_cluster, tmp_path, e
 
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(proxy, topic), 0)
-        wait_until(lambda: tiering.state(stream).stream(stream) is not None, 60,
+        wait_until(lambda: started(tiering, stream), 60,
                    "cut over with the transaction open")  # fmt: skip
         cutover = tiering.state(stream).cutover(stream)
         assert cutover == BELOW

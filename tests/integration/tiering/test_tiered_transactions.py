@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pytest
 import txn_clients
 from confluent_kafka import Consumer, Producer, TopicPartition
-from cutover_load import create_topic, one_proxy, tiered_topic_id, topics_command
+from cutover_load import create_topic, one_proxy, started, tiered_topic_id, topics_command
 
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
@@ -71,7 +71,7 @@ class Proxied:
         tiering = self.proxy.proxy.tiering
         assert topics_command("tier", topic, tiering.peer_port).returncode == 0
         stream = stream_id(tiered_topic_id(self.proxy, topic), 0)
-        wait_until(lambda: tiering.state(stream).stream(stream) is not None, 60, "cut over")
+        wait_until(lambda: started(tiering, stream), 60, "cut over")
         return tiering.state(stream).cutover(stream)
 
     def pair(self, name: str) -> Pair:
