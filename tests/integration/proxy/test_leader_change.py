@@ -42,7 +42,7 @@ def test_clients_survive_a_leader_change_with_no_lost_acknowledged_record(
     conf = {"bootstrap.servers": proxy.bootstrap}
     topic = compat.create_topic(conf, PARTITIONS)
     admin = AdminClient(conf)
-    leader = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+    leader = _leader(admin, topic, 0)
 
     reader = GroupReader(conf, topic)
     reader.start()
@@ -83,6 +83,20 @@ def test_clients_survive_a_leader_change_with_no_lost_acknowledged_record(
     finally:
         reader.stop()
         cluster.start_node(leader)  # the next test wants three brokers again
+
+
+def _leader(admin: AdminClient, topic: str, partition: int, timeout_s: float = 30.0) -> int:
+    """The partition's leader as metadata names it. A broker the test before restarted
+    may answer metadata before it has read the topic's creation from KRaft's log (it then
+    names the topic without partitions), as it would to any client: asked again."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = admin.list_topics(topic, timeout=10).topics[topic]
+        found = answer.partitions.get(partition)
+        if answer.error is None and found is not None and found.leader >= 0:
+            return found.leader
+        assert time.monotonic() < deadline, f"{topic}-{partition} has no leader: {answer}"
+        time.sleep(0.2)
 
 
 def produce(producer: Producer, topic: str, key: bytes, value: bytes) -> None:
