@@ -185,10 +185,13 @@ def test_a_worker_lost_mid_migration_changes_nothing(
                  "--peer", _peer(fleet), "--from-cluster")  # fmt: skip
     worker = None
     try:
-        worker, executor = wait_for(
-            lambda: _busy_worker(spark_cluster, job), lambda found: found is not None,
+        found = wait_for(
+            lambda: _busy_worker(spark_cluster, job),
+            lambda found: found is not None or job.proc.poll() is not None,
             "a task running on a worker's executor", timeout=240, interval=0.05,
         )  # fmt: skip
+        assert found is not None, job.wait()  # the job ended before any task ran
+        worker, executor = found
         spark_cluster.kill_worker(worker)
         code, out = job.wait()
     finally:
