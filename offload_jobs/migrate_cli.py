@@ -1,7 +1,11 @@
 """`tierproxy migrate`, and the same job under spark-submit:
 
-    spark-submit --py-files tierproxy.zip offload_jobs/migrate_cli.py TOPIC --config ... \\
-        --peer HOST:PORT --from-segments /path/to/log-dir
+    spark-submit --master spark://... --py-files dist/tierproxy-offload.zip \\
+        --conf spark.pyspark.python=... --conf spark.pyspark.driver.python=... \\
+        offload_jobs/migrate_cli.py TOPIC --config ... --peer HOST:PORT --from-cluster
+
+(`make offload-zip` builds the zip; docs/offload.md, "On a Spark cluster", says what
+each side needs.)
 
 Settings come from a proxy's YAML (`--config`): the upstream bootstrap, the metadata
 topic, the shard count and the object store, so the job writes exactly where the fleet

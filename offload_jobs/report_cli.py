@@ -1,8 +1,10 @@
 """`tierproxy verify` and `tierproxy export`, and the same jobs under spark-submit:
 
-    spark-submit --py-files tierproxy.zip offload_jobs/report_cli.py verify TOPIC --config ...
-    spark-submit --py-files tierproxy.zip offload_jobs/report_cli.py export TOPIC \\
-        --config ... --to s3://bucket/prefix
+    spark-submit ... offload_jobs/report_cli.py verify TOPIC --config ...
+    spark-submit ... offload_jobs/report_cli.py export TOPIC --config ... --to s3://bucket/prefix
+
+with the options of docs/offload.md ("On a Spark cluster": the zip of `make offload-zip`
+and the Pythons of the workers and of the driver).
 
 Settings come from a proxy's YAML (`--config`): the upstream bootstrap, the metadata
 topic, the shard count and the object store (whose S3 endpoint and credentials an

@@ -1,4 +1,5 @@
-"""Session-wide real components: one 3-broker Kafka (racks zone-a/b/c), one MinIO, one Spark.
+"""Session-wide real components: one 3-broker Kafka (racks zone-a/b/c), one MinIO, one Spark
+session, and a Spark standalone cluster (a master and two 1-core workers).
 
 Each is started once per test session, on first use, and stopped at the end whatever
 happened. A failing test gets the tail of every running component's log in its report.
@@ -21,7 +22,7 @@ from proxy.devstack.external import external_kafka, external_s3
 from proxy.devstack.process import tracked_processes
 
 ZONES = ["zone-a", "zone-b", "zone-c"]
-SESSION_SERVICES = {"kafka_cluster", "s3_server", "spark"}
+SESSION_SERVICES = {"kafka_cluster", "s3_server", "spark", "spark_cluster"}
 
 
 def pytest_addoption(parser):
@@ -80,6 +81,17 @@ def spark():
     session = spark_session("tierproxy-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A master and two workers of one core (proxy/devstack/sparkcluster.py), for the
+    jobs that run through spark-submit as users run them. A test that kills a worker
+    restarts it (`restart_worker`) before it ends."""
+    from proxy.devstack.sparkcluster import SparkCluster
+
+    with SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, cores=1) as cluster:
+        yield cluster
 
 
 @pytest.hookimpl(hookwrapper=True)

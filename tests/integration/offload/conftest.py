@@ -1,5 +1,5 @@
-"""Session fixtures of the offload tests: topics produced once into the shared Kafka
-(see offloaddata.py for what they hold)."""
+"""Fixtures of the offload tests: topics produced once per session into the shared Kafka
+(see offloaddata.py for what they hold), and a proxy fleet per test module."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import uuid
 
 import pytest
 from offloaddata import CODECS, PARTITIONS, Topic, create_topic, position, produce
+
+from tests.integration.tiering.tieredfleet import TieredFleet
 
 
 @pytest.fixture(scope="session")
@@ -32,3 +34,13 @@ def compacted_topic(kafka_cluster) -> Topic:
     produce(bootstrap, topic, "none", 600, keyed=True)
     topic.records.sort(key=position)
     return topic
+
+
+@pytest.fixture(scope="module")
+def fleet(kafka_cluster, s3_server, tmp_path_factory):
+    """One `tierproxy run` proxy (zone-a) over the shared Kafka and MinIO, 2 shards."""
+    base = tmp_path_factory.mktemp("fleet")
+    with TieredFleet(
+        kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",), shard_count=2
+    ) as fleet:
+        yield fleet

@@ -49,15 +49,6 @@ PER_CODEC = 200
 AFTER = 40  # records through the proxy, past the cutover
 
 
-@pytest.fixture(scope="module")
-def fleet(kafka_cluster, s3_server, tmp_path_factory):
-    base = tmp_path_factory.mktemp("fleet")
-    with TieredFleet(
-        kafka_cluster.bootstrap, s3_server, base, zones=("zone-a",), shard_count=2
-    ) as fleet:
-        yield fleet
-
-
 def _config(fleet: TieredFleet) -> str:
     return str(fleet.base_dir / f"{fleet['zone-a'].name}.yaml")
 
