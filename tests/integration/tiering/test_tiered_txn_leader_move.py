@@ -30,8 +30,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from cutover_load import create_topic, one_proxy
-from tiered_topic import TieredTopic
+from cutover_load import create_topic
+from tiered_topic import one_partition_tiered
 from txn_clients import transaction
 
 from tests.support.leaders import leader_of, move_leader
@@ -76,14 +76,11 @@ def _read_committed(bootstrap: str, topic: str) -> list[bytes]:
 
 @pytest.fixture
 def tiered(kafka_cluster, tmp_path):
-    suffix = uuid.uuid4().hex[:8]
-    topic = f"txn-leader-{suffix}"
-    create_topic(kafka_cluster, topic, 1)
-    with one_proxy(kafka_cluster, tmp_path, f"txnl-{suffix}", upload_interval_s=3600.0) as proxy:
-        yield TieredTopic(proxy, topic, 1, 5)
+    with one_partition_tiered(kafka_cluster, tmp_path, "txn-leader", 5) as topic:
+        yield topic
 
 
-def test_a_moved_leader_keeps_each_marker_before_the_nexttransaction(kafka_cluster, tiered):
+def test_a_moved_leader_keeps_each_marker_before_the_next_transaction(kafka_cluster, tiered):
     proxy, topic = tiered.proxy, tiered.topic
     twin = f"{topic}-twin"
     create_topic(kafka_cluster, twin, 1)

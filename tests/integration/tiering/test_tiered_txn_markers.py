@@ -23,8 +23,7 @@ import pytest
 from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.protocol.fetch import FetchRequest
 from confluent_kafka import Producer
-from cutover_load import create_topic, one_proxy
-from tiered_topic import TieredTopic
+from tiered_topic import one_partition_tiered
 from txn_clients import transaction
 
 from proxy.records.batches import BatchHeader, whole_batches
@@ -68,11 +67,8 @@ async def _read_stream(bootstrap: str, topic: str, end: int) -> list[tuple[Batch
 
 @pytest.fixture
 def tiered(kafka_cluster, tmp_path):
-    suffix = uuid.uuid4().hex[:8]
-    topic = f"txn-markers-{suffix}"
-    create_topic(kafka_cluster, topic, 1)
-    with one_proxy(kafka_cluster, tmp_path, f"txnm-{suffix}", upload_interval_s=3600.0) as proxy:
-        yield TieredTopic(proxy, topic, 1, PER_ROUND)
+    with one_partition_tiered(kafka_cluster, tmp_path, "txn-markers", PER_ROUND) as topic:
+        yield topic
 
 
 def test_markers_land_in_the_stream_dense_and_in_order(kafka_cluster, tiered):
@@ -115,7 +111,7 @@ def test_markers_land_in_the_stream_dense_and_in_order(kafka_cluster, tiered):
     producer.flush(TIMEOUT_S)
 
 
-def test_the_catch_up_alone_puts_each_marker_before_the_nexttransaction(tiered):
+def test_the_catch_up_alone_puts_each_marker_before_the_next_transaction(tiered):
     proxy, topic = tiered.proxy, tiered.topic
     markers = tiered.tiering.markers
     proxy.run(lambda: markers.stop_following())

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from cutover_load import started, tiered_topic_id, topics_command
+from cutover_load import create_topic, one_proxy, started, tiered_topic_id, topics_command
 from tieredfleet import topic_id_of
 
 from proxy.devstack.proxy_thread import ProxyThread
@@ -144,3 +146,14 @@ class TieredTopic:
 
     def read_matches_acked(self) -> None:
         assert self.read_all() == self.acked
+
+
+@contextmanager
+def one_partition_tiered(cluster, tmp_path, prefix: str, per_round: int) -> Iterator[TieredTopic]:
+    """A proxy of its own that never uploads on its own, and a one-partition topic named
+    `prefix`-something, `per_round` records through Kafka, then tiered."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"{prefix}-{suffix}"
+    create_topic(cluster, topic, 1)
+    with one_proxy(cluster, tmp_path, f"{prefix}-{suffix}", upload_interval_s=3600.0) as proxy:
+        yield TieredTopic(proxy, topic, 1, per_round)
