@@ -24,13 +24,17 @@ logs=$(mktemp -d "${TMPDIR:-/tmp}/tierproxy-test.XXXXXX")
 trap 'rm -rf "$logs"' EXIT
 color=()
 [ -t 1 ] && color=(--color=yes)
+# Each test's time, for finding what makes the suite slow: .cache/test-times/*.xml
+mkdir -p "$cache/test-times"
 
 start=$(date +%s)
-.venv/bin/python -m pytest --part pure -n "$workers" --dist worksteal "${color[@]}" "$@" | tee "$logs/pure"
+.venv/bin/python -m pytest --part pure -n "$workers" --dist worksteal "${color[@]}" \
+  --junitxml="$cache/test-times/pure.xml" "$@" | tee "$logs/pure"
 pure=${PIPESTATUS[0]}
 shared=$pure  # interrupted (2), an internal (3) or usage error (4): no second run
 if [ "$pure" = 0 ] || [ "$pure" = 1 ] || [ "$pure" = 5 ]; then
-  .venv/bin/python -m pytest --part shared "${color[@]}" "$@" | tee "$logs/shared"
+  .venv/bin/python -m pytest --part shared "${color[@]}" \
+    --junitxml="$cache/test-times/shared.xml" "$@" | tee "$logs/shared"
   shared=${PIPESTATUS[0]}
 fi
 took=$(( $(date +%s) - start ))
