@@ -28,6 +28,8 @@ color=()
 mkdir -p "$cache/test-times"
 
 start=$(date +%s)
+# Every process the suite starts inherits this mark (see the leftover check below).
+export TIERPROXY_SUITE_RUN="suite-$$-$start"
 .venv/bin/python -m pytest --part pure -n "$workers" --dist worksteal "${color[@]}" \
   --junitxml="$cache/test-times/pure.xml" "$@" | tee "$logs/pure"
 pure=${PIPESTATUS[0]}
@@ -39,7 +41,11 @@ if [ "$pure" = 0 ] || [ "$pure" = 1 ] || [ "$pure" = 5 ]; then
 fi
 took=$(( $(date +%s) - start ))
 
-leftover=$(pgrep -f -- "$cache/(kafka-|bin/minio)" || true)
+# Only what this run started (it inherited TIERPROXY_SUITE_RUN): a `make run` or another
+# checkout's services using the same cache are not the suite's to kill.
+leftover=$(for pid in $(pgrep -f -- "$cache/(kafka-|bin/minio)"); do
+  grep -qzx "TIERPROXY_SUITE_RUN=$TIERPROXY_SUITE_RUN" "/proc/$pid/environ" 2>/dev/null && echo "$pid"
+done)
 if [ -n "$leftover" ]; then
   echo "[test] processes left behind by the suite (killing them):" >&2
   ps -o pid,args -p "$(echo "$leftover" | paste -sd,)" >&2 || true
