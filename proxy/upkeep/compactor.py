@@ -206,6 +206,12 @@ class Compactor:
 
     # -- what callers see ----------------------------------------------------------------
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by a pass; the log cleaner takes it too, so the two never rewrite the same
+        ranges at once (either would be refused, its objects written for nothing)."""
+        return self._lock
+
     async def run_once(self) -> list[CompactionResult]:
         """Compact every shard owned here now, whatever the schedule."""
         async with self._lock:
