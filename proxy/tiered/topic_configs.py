@@ -64,21 +64,21 @@ class TopicConfigs:
         self, topics: Collection[str], *, refresh: bool = False
     ) -> dict[str, RetentionConfig]:
         """Each topic's retention config; a topic Kafka does not describe is left out."""
-        now = time.monotonic()
-        stale = [t for t in topics if refresh or self._stale(t, now)]
-        if stale:
-            await self._describe(stale)
-        return {t: self._cache[t].retention for t in topics if t in self._cache}
+        return {t: entry.retention for t, entry in (await self._fresh(topics, refresh)).items()}
 
     async def cleaner(
         self, topics: Collection[str], *, refresh: bool = False
     ) -> dict[str, CleanerConfig]:
         """Each topic's log cleaner config, read as `get` reads retention's."""
+        return {t: entry.cleaner for t, entry in (await self._fresh(topics, refresh)).items()}
+
+    async def _fresh(self, topics: Collection[str], refresh: bool) -> dict[str, _Entry]:
+        """The topics' entries, the stale ones (all with `refresh`) read again first."""
         now = time.monotonic()
         stale = [t for t in topics if refresh or self._stale(t, now)]
         if stale:
             await self._describe(stale)
-        return {t: self._cache[t].cleaner for t in topics if t in self._cache}
+        return {t: self._cache[t] for t in topics if t in self._cache}
 
     async def produce_rules(self, topic: str) -> ProduceRules | None:
         """The topic's produce rules: cached ones at once (a stale entry is refreshed in

@@ -43,7 +43,7 @@ from proxy.cleaner.plan import (
 )
 from proxy.cleaner.transactions import scan_log
 from proxy.clock import now_ms
-from proxy.metadata.records import ObjectCommit, OffsetRange, Record
+from proxy.metadata.records import OffsetRange
 from proxy.metadata.rules import Outcome
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
@@ -54,7 +54,7 @@ from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches, read_batch_header
 from proxy.upkeep.compaction_plan import blocks_for
-from proxy.upkeep.object_gc import discard, read_index, write_through
+from proxy.upkeep.object_gc import discard, read_index, stream_commits, write_through
 from proxy.upkeep.ports import CleanerHost
 from proxy.upload.plan import ObjectIdAllocator
 
@@ -259,20 +259,14 @@ class LogCleaner:
         except BaseException:
             await asyncio.shield(discard(store, [b.key for b in built]))
             raise
-        state, at = owner.state, self._clock_ms()
-        records: list[Record] = [
-            ObjectCommit(
-                state.generation,
-                obj.footer.object_id,
-                ObjectKind.STREAM,
-                obj.size,
-                owner.epoch,
-                at,
-                (OffsetRange(group.stream, group.start, group.end),),
-                group.replaces,
-            )
-            for (group, _), obj in zip(planned, built, strict=True)
-        ]
+        records = stream_commits(
+            owner,
+            [
+                (obj, OffsetRange(group.stream, group.start, group.end), group.replaces)
+                for (group, _), obj in zip(planned, built, strict=True)
+            ],
+            self._clock_ms(),
+        )
         try:
             verdicts = await write_through(owner, records)
         except Exception as exc:
