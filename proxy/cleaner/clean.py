@@ -9,9 +9,10 @@
      is a tombstone whose batch has no delete horizon yet or one still in the future;
      a record with no key goes (Kafka refuses them on compacted topics);
    - transactions: see transactions.py (aborted batches go, markers later);
-   - a batch that holds its producer's last data offset (or, for a producer with none,
-     its last marker) stays as an empty header when all its records go, so its
-     producer's last sequence and epoch survive (Kafka's BatchRetention.RETAIN_EMPTY);
+   - a batch that holds its producer's last data offset stays as an empty header when all
+     its records go, so its producer's last sequence and epoch survive (Kafka's
+     BatchRetention.RETAIN_EMPTY); a producer with no data batch keeps its last marker,
+     whole (Kafka keeps its header only; the read side reads each marker's record);
    - a batch with all records kept and no horizon to set stays byte for byte; a batch
      keeping a tombstone or a marker that may go, and with no horizon, gets one:
      now + delete.retention.ms (KIP-534: Kafka 3.1+ keeps it in the batch too, not in the
@@ -99,6 +100,12 @@ class LogClean:
         keep_empty = self._producer_last(header)
         if drop_records and not keep_empty:
             return None
+        if drop_records and header.is_control:
+            # Kafka would keep an empty control batch; the marker is kept whole instead:
+            # the read side decides transactions by each marker's record
+            stats.batches_kept += 1
+            stats.bytes_kept += len(batch)
+            return batch
         records = [] if drop_records else read_records(header, batch)
         stats.records_read += header.record_count
         if header.is_control or not records:

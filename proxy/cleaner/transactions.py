@@ -57,9 +57,11 @@ def scan_log(batches: Iterable[tuple[BatchHeader, memoryview]]) -> LogScan:
         if pid >= 0:
             epochs[pid] = header.producer_epoch
         if header.is_control:
+            if header.record_count == 0:
+                continue  # an empty control batch a clean left
             try:
                 kind = marker_type(batch)
-            except ControlRecordError:
+            except (ControlRecordError, IndexError):
                 continue  # not a transaction marker (none is expected in a data topic)
             members = pending.pop(pid, [])
             if kind == ABORT:
@@ -99,7 +101,7 @@ class CleaningTransactions:
             return True  # an empty control batch a clean left: nothing to keep
         try:
             kind = marker_type(batch)
-        except ControlRecordError:
+        except (ControlRecordError, IndexError):
             return False
         pid = header.producer_id
         if kind == ABORT:

@@ -104,6 +104,7 @@ class LogCleaner:
         # stream -> where this proxy's last clean of it ended (Kafka's cleaner checkpoint);
         # kept in memory: after a restart or a hand-over the whole log is dirty once more
         self._checkpoints: dict[int, int] = {}
+        self._indexes: dict[int, tuple[IndexEntry, ...]] = {}  # object id -> its index
         bandwidth = service.bandwidth
         self._bandwidth = bandwidth.limiter if bandwidth is not None else BandwidthLimiter(None)
 
@@ -122,8 +123,16 @@ class LogCleaner:
         now = self._clock_ms() if now_ms is None else now_ms
         report = CleanReport()
         async with self._lock:
+            live: set[int] = set()
             for owner in self.service.owned_shards().values():
                 await self._clean_shard(owner, now, refresh_configs, report)
+                live.update(
+                    r.object_id
+                    for s in owner.state.stream_ids()
+                    for r in owner.state.committed_ranges(s)
+                )
+            for number in set(self._indexes) - live:
+                del self._indexes[number]
         return report
 
     async def _clean_shard(
@@ -161,8 +170,17 @@ class LogCleaner:
         ranges = list(owner.state.committed_ranges(stream))
         if not ranges:
             return
-        sizes = [await self._blocks(r) for r in ranges]
-        total = sum(entries[-1].end_position - entries[0].position for entries in sizes)
+        entries = [await self._blocks(r) for r in ranges]
+        dirty = first_dirty_index(
+            [Segment(r.start_offset, r.end_offset, 0, -1) for r in ranges],
+            self._checkpoints.get(stream),
+        )
+        # first from the indexes alone (cached: objects never change), so a pass over a
+        # stream with nothing to clean reads no data
+        guess = [_segment_of(r, e) for r, e in zip(ranges, entries, strict=True)]
+        if not should_clean(guess, dirty, cleanable_count(guess, now, config, None), now, config):
+            return
+        total = sum(e[-1].end_position - e[0].position for e in entries)
         if total > self.max_bytes:
             log.warning(
                 "log cleaner: stream %d holds %d committed bytes, above "
@@ -170,7 +188,7 @@ class LogCleaner:
                 *(stream, total, self.max_bytes),
             )
             return
-        data = [await self._read(r, entries) for r, entries in zip(ranges, sizes, strict=True)]
+        data = [await self._read(r, e) for r, e in zip(ranges, entries, strict=True)]
         segments = [
             Segment(
                 r.start_offset,
@@ -182,7 +200,6 @@ class LogCleaner:
         ]
         scan = scan_log(b for batches in data for b in batches)
         count = cleanable_count(segments, now, config, scan.open_from)
-        dirty = first_dirty_index(segments, self._checkpoints.get(stream))
         if not should_clean(segments, dirty, count, now, config):
             return
         omap = OffsetMap(self.map_keys)
@@ -221,7 +238,10 @@ class LogCleaner:
         )
 
     async def _blocks(self, r: StreamRange) -> tuple[IndexEntry, ...]:
-        index = await read_index(self._require_store(), r.object_key, r.object_size)
+        index = self._indexes.get(r.object_id)
+        if index is None:
+            index = await read_index(self._require_store(), r.object_key, r.object_size)
+            self._indexes[r.object_id] = index
         return blocks_for(index, r)
 
     async def _read(self, r: StreamRange, entries: tuple[IndexEntry, ...]) -> Batches:
@@ -288,6 +308,16 @@ class LogCleaner:
         for start, end, count, data in blocks(pieces, group.start, group.end, MAX_BLOCK_BYTES):
             writer.add_block(group.stream, data, start, end, count)
         return writer.build()
+
+
+def _segment_of(r: StreamRange, entries: tuple[IndexEntry, ...]) -> Segment:
+    """A range as its object's index tells it: its blocks' bytes and largest max
+    timestamp (-1 in a version 1 object, which records none: the guess then counts it as
+    old enough, and the batches read decide)."""
+    stamps = [e.max_timestamp for e in entries if e.max_timestamp is not None]
+    return Segment(
+        r.start_offset, r.end_offset, sum(e.size for e in entries), max(stamps, default=-1)
+    )
 
 
 def _clean_group(run: LogClean, ranges: list[Batches]) -> tuple[list[Piece], bool]:

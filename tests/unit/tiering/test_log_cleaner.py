@@ -215,3 +215,14 @@ def test_cleaned_log_is_the_latest_per_key(spec) -> None:
     assert [(o, k, v) for o, k, v, _, _ in records(later)] == [
         e for e in expected if e[2] is not None
     ]
+
+
+def test_marker_of_a_producer_with_no_data_is_kept_whole() -> None:
+    """Kafka keeps such a marker as an empty control batch (the producer's epoch, for
+    fencing); the read side here reads each marker's record, so it stays whole."""
+    log = log_of(control_batch(5, 3, COMMIT), build_batch([b"v"], keys=[b"k"]))
+    once, _ = clean(log)  # may go: its horizon is stamped
+    later, _ = clean(once, NOW_MS + RETENTION)
+    [(marker, batch), _] = list(iter_batches(later))
+    assert marker.is_control and marker.record_count == 1 and marker.producer_epoch == 3
+    assert bytes(batch) == bytes(list(iter_batches(once))[0][1])
