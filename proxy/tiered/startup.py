@@ -219,6 +219,7 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     run_task(stack, service.cutover.run(), "cutover")
     run_task(stack, service.retention.run(), "retention")
     log_cleaner = service.log_cleaner = LogCleaner(service, service.allocate, compactor.lock)
+    stack.callback(log_cleaner.close)
     run_task(stack, log_cleaner.run(), "log-cleaner")
     orphans = service.orphans = OrphanSweep.for_service(service)
     run_task(stack, orphans.run(), "orphan-sweep")

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from proxy.cleaner.batch_codec import empty_batch
 from proxy.cleaner.clean import LogClean, Piece, blocks, index_dirty
@@ -74,6 +75,18 @@ class CleanReport:
     records_kept: int = 0
 
 
+@dataclass(slots=True)
+class CleanerStats:
+    """Totals since start, read by /metrics."""
+
+    cleans: int = 0  # streams cleaned (one per stream and pass that cleaned it)
+    records_read: int = 0
+    records_kept: int = 0
+    objects_written: int = 0
+    bytes_written: int = 0
+    failures: int = 0  # commits refused or of unknown outcome, streams that failed
+
+
 @dataclass(frozen=True, slots=True)
 class _Group:
     stream: int
@@ -107,6 +120,14 @@ class LogCleaner:
         self._indexes: dict[int, tuple[IndexEntry, ...]] = {}  # object id -> its index
         bandwidth = service.bandwidth
         self._bandwidth = bandwidth.limiter if bandwidth is not None else BandwidthLimiter(None)
+        self.stats = CleanerStats()
+        self._registry = service.registry
+        self._collector = _Collector(self.stats)
+        self._registry.register(self._collector)
+
+    def close(self) -> None:
+        """Take the metrics off /metrics (the task is cancelled by its starter)."""
+        self._registry.unregister(self._collector)
 
     async def run(self) -> None:
         while True:
@@ -151,6 +172,7 @@ class LogCleaner:
             try:
                 await self._clean_stream(owner, info, config, now, report)
             except (ObjectFormatError, CorruptBatchError, ValueError) as exc:
+                self.stats.failures += 1
                 log.error("log cleaner: stream %d: %s", info.stream_id, exc)
 
     def _topic_name(self, info: StreamInfo) -> str | None:
@@ -229,7 +251,11 @@ class LogCleaner:
         report.records_read += run.stats.records_read
         report.records_kept += run.stats.records_kept
         if planned and not await self._commit(owner, planned, report):
+            self.stats.failures += 1
             return
+        self.stats.cleans += 1
+        self.stats.records_read += run.stats.records_read
+        self.stats.records_kept += run.stats.records_kept
         self._checkpoints[stream] = report.cleaned[stream] = segments[end - 1].end
         log.info(
             "log cleaner: stream %d cleaned to %d: %d of %d records kept, %d objects written",
@@ -301,6 +327,8 @@ class LogCleaner:
                 log.warning("log cleaner: commit refused: %s", verdict.reason)
         await discard(store, refused)
         report.objects_written += len(built) - len(refused)
+        self.stats.objects_written += len(built) - len(refused)
+        self.stats.bytes_written += sum(o.size for o in built if o.key not in refused)
         return not refused
 
     def _build(self, group: _Group, pieces: list[Piece]) -> BuiltObject:
@@ -339,3 +367,24 @@ def _clean_group(run: LogClean, ranges: list[Batches]) -> tuple[list[Piece], boo
     if not pieces and last is not None:
         pieces.append((last.base_offset, last.next_offset, 0, empty_batch(last)))
     return pieces, changed
+
+
+class _Collector:
+    """The cleaner's counters, read when scraped (plain integers)."""
+
+    def __init__(self, stats: CleanerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats
+        for name, documentation, value in (
+            ("log_cleaner_cleans", "Compacted streams cleaned", s.cleans),
+            ("log_cleaner_records_read", "Records the log cleaner read", s.records_read),
+            ("log_cleaner_records_kept", "Records the log cleaner kept", s.records_kept),
+            ("log_cleaner_objects_written", "Stream objects the log cleaner committed",
+             s.objects_written),
+            ("log_cleaner_bytes_written", "Bytes of the stream objects the log cleaner committed",
+             s.bytes_written),
+            ("log_cleaner_failures", "Cleans failed or refused", s.failures),
+        ):  # fmt: skip
+            yield CounterMetricFamily(f"tierproxy_{name}", documentation, value=value)

@@ -226,3 +226,12 @@ def test_marker_of_a_producer_with_no_data_is_kept_whole() -> None:
     [(marker, batch), _] = list(iter_batches(later))
     assert marker.is_control and marker.record_count == 1 and marker.producer_epoch == 3
     assert bytes(batch) == bytes(list(iter_batches(once))[0][1])
+
+
+def test_compact_delete_is_both_retention_and_cleaning() -> None:
+    from proxy.upkeep.retention_plan import retention_config
+
+    values = {"cleanup.policy": "compact,delete", "retention.ms": "1000"}
+    assert retention_config(values).delete and cleaner_config(values).compact
+    only = {"cleanup.policy": "compact"}
+    assert not retention_config(only).delete and cleaner_config(only).compact
