@@ -136,6 +136,9 @@ class LogCleaner:
                 await self.run_once()
             except (KafkaError, ShardFenced, ObjectStoreError, OSError) as exc:
                 log.warning("log cleaner: %r; trying again in %s s", exc, self.interval_s)
+            except Exception:  # a bug must not stop cleaning for good
+                self.stats.failures += 1
+                log.exception("log cleaner: pass failed; trying again in %s s", self.interval_s)
 
     async def run_once(
         self, now_ms: int | None = None, *, refresh_configs: bool = False
@@ -349,23 +352,26 @@ def _segment_of(r: StreamRange, entries: tuple[IndexEntry, ...]) -> Segment:
 
 
 def _clean_group(run: LogClean, ranges: list[Batches]) -> tuple[list[Piece], bool]:
-    """The group's batches as the clean leaves them, and whether any changed. A group
-    left with no batch keeps its last one as an empty header: an object holds at least
-    one block, and an empty batch is one Kafka writes too."""
+    """The group's batches as the clean leaves them, and whether any changed. The group's
+    last batch always stays, as an empty header when the clean dropped it: the new
+    range then ends with a batch, as every range does (a rebuild of the partition's
+    producer state from the objects takes holes inside ranges, not at their end), and an
+    object holds at least one block. Kafka keeps no such batch; a reader skips it."""
     pieces: list[Piece] = []
     changed = False
-    last: BatchHeader | None = None
+    last: tuple[BatchHeader, memoryview | bytes | None] | None = None
     for batches in ranges:
         for header, batch in batches:
-            last = header
             out = run.clean_batch(header, batch)
+            last = header, out
             if out is not batch:
                 changed = True
             if out is not None:
                 count = header.record_count if out is batch else read_batch_header(out).record_count
                 pieces.append((header.base_offset, header.next_offset, count, out))
-    if not pieces and last is not None:
-        pieces.append((last.base_offset, last.next_offset, 0, empty_batch(last)))
+    if last is not None and last[1] is None:
+        header = last[0]
+        pieces.append((header.base_offset, header.next_offset, 0, empty_batch(header)))
     return pieces, changed
 
 
