@@ -72,6 +72,12 @@ class TieringConfig:
     compaction_small_object_bytes: int = 32 * MiB  # objects below this are rewritten
     stream_object_bytes: int = 64 * MiB  # the stream objects compaction writes, at most
     compaction_max_bytes: int = 1024 * MiB  # source objects one pass reads, at most
+    # the log cleaner of compacted topics (docs/tiering.md, "Compacted topics"): how often
+    # owners look at their compacted streams (Kafka's log.cleaner.backoff.ms is 15 s), the
+    # committed bytes of a stream one clean reads at most, the keys its offset map holds
+    log_cleaner_interval_s: float = 15.0
+    log_cleaner_max_bytes: int = 1024 * MiB
+    log_cleaner_map_keys: int = 250_000
     # bytes per second shared, by priority, by produce (never waits), tail reads, compaction
     # and catch-up reads (docs/tiering.md, "Bandwidth"); 0: unlimited
     bandwidth_bytes_per_s: int = 0
@@ -183,6 +189,15 @@ def _compaction(section: Section, defaults: TieringConfig) -> dict:
         ),
         "compaction_max_bytes": section.integer(
             "compaction_max_bytes", defaults.compaction_max_bytes, minimum=1024
+        ),
+        "log_cleaner_interval_s": section.number(
+            "log_cleaner_interval_s", defaults.log_cleaner_interval_s, minimum=0.1
+        ),
+        "log_cleaner_max_bytes": section.integer(
+            "log_cleaner_max_bytes", defaults.log_cleaner_max_bytes, minimum=1024
+        ),
+        "log_cleaner_map_keys": section.integer(
+            "log_cleaner_map_keys", defaults.log_cleaner_map_keys, minimum=1
         ),
     }
     for name, at_least in (

@@ -67,6 +67,7 @@ from proxy.tiered.topic_configs import TopicConfigs
 from proxy.tiered.uploads import UploadLoop
 from proxy.upkeep.compactor import Compactor
 from proxy.upkeep.cutover import CutoverLoop
+from proxy.upkeep.log_cleaner import LogCleaner
 from proxy.upkeep.orphan_sweep import OrphanSweep
 from proxy.upkeep.retention import Retention
 from proxy.upkeep.seals import Seals
@@ -135,6 +136,7 @@ class TieringService:
         self.uploads: UploadLoop | None = None
         self.assignment: ShardAssignment | None = None
         self.compactor: Compactor | None = None  # compactor.py; started once shards are owned
+        self.log_cleaner: LogCleaner | None = None  # log_cleaner.py; compacted topics
         self.orphans: OrphanSweep | None = None  # orphan_sweep.py; runs on shard 0's owner
         # follows Kafka's log of the partitions owned here for transaction markers
         self.markers: MarkerFollower | None = None  # proxy/markers/

@@ -57,6 +57,7 @@ from proxy.tiered.uploads import UploadLoop, UploadsHost
 from proxy.upkeep.backfill import commit_backfill
 from proxy.upkeep.compactor import Compactor
 from proxy.upkeep.cutover import CutoverLoop
+from proxy.upkeep.log_cleaner import LogCleaner
 from proxy.upkeep.orphan_sweep import OrphanSweep
 from proxy.upkeep.ports import BackfillHost, TrimHost, UpkeepHost
 from proxy.upkeep.retention import Retention
@@ -94,6 +95,7 @@ class StartHost(
     uploads: UploadLoop | None
     assignment: ShardAssignment | None
     compactor: Compactor | None
+    log_cleaner: LogCleaner | None
     orphans: OrphanSweep | None
     markers: MarkerFollower | None
     txn_verifier: TxnVerifier | None
@@ -216,6 +218,9 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     compactor.start()
     run_task(stack, service.cutover.run(), "cutover")
     run_task(stack, service.retention.run(), "retention")
+    log_cleaner = service.log_cleaner = LogCleaner(service, service.allocate, compactor.lock)
+    stack.callback(log_cleaner.close)
+    run_task(stack, log_cleaner.run(), "log-cleaner")
     orphans = service.orphans = OrphanSweep.for_service(service)
     run_task(stack, orphans.run(), "orphan-sweep")
 

@@ -1,12 +1,13 @@
 """Tiered topics' configs, read from Kafka: one reader for retention and produce.
 
-Kafka stays the control plane: a tiered topic's `retention.ms`, `message.timestamp.type`,
+Kafka stays the control plane: a tiered topic's `retention.ms`, `cleanup.policy` and the
+log cleaner's configs, `message.timestamp.type`,
 `max.message.bytes`... are the upstream topic's, as DescribeConfigs resolves them (the
 topic's override, else the broker's default). Each proxy reads them with one admin
 client and keeps them `max_age_s`:
 
-- retention (`retention.py`) asks for its topics on every pass (`get`), refreshing the
-  stale ones first;
+- retention (`retention.py`) and the log cleaner (`log_cleaner.py`) ask for their topics
+  on every pass (`get`, `cleaner`), refreshing the stale ones first;
 - the produce path (`produce_rules`) must not wait for Kafka on every request: it takes
   the cached rules at once and refreshes stale ones in the background; only a topic's
   first produce on this proxy waits for one DescribeConfigs (shared by the requests that
@@ -26,6 +27,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from proxy.cleaner.plan import CONFIG_KEYS as CLEANER_KEYS
+from proxy.cleaner.plan import CleanerConfig, cleaner_config
 from proxy.partition.produce_rules import CONFIG_KEYS as PRODUCE_KEYS
 from proxy.partition.produce_rules import ProduceRules, produce_rules
 from proxy.upkeep.retention_plan import CONFIG_KEYS as RETENTION_KEYS
@@ -34,7 +37,7 @@ from proxy.upkeep.retention_plan import RetentionConfig, retention_config
 log = logging.getLogger("tierproxy.topic_configs")
 
 CONFIG_MAX_AGE_S = 60.0  # topic configs are read again after this long
-CONFIG_KEYS = tuple(dict.fromkeys(RETENTION_KEYS + PRODUCE_KEYS))
+CONFIG_KEYS = tuple(dict.fromkeys(RETENTION_KEYS + PRODUCE_KEYS + CLEANER_KEYS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,7 @@ class _Entry:
     read_at: float  # time.monotonic()
     retention: RetentionConfig
     produce: ProduceRules
+    cleaner: CleanerConfig
 
 
 class TopicConfigs:
@@ -60,11 +64,21 @@ class TopicConfigs:
         self, topics: Collection[str], *, refresh: bool = False
     ) -> dict[str, RetentionConfig]:
         """Each topic's retention config; a topic Kafka does not describe is left out."""
+        return {t: entry.retention for t, entry in (await self._fresh(topics, refresh)).items()}
+
+    async def cleaner(
+        self, topics: Collection[str], *, refresh: bool = False
+    ) -> dict[str, CleanerConfig]:
+        """Each topic's log cleaner config, read as `get` reads retention's."""
+        return {t: entry.cleaner for t, entry in (await self._fresh(topics, refresh)).items()}
+
+    async def _fresh(self, topics: Collection[str], refresh: bool) -> dict[str, _Entry]:
+        """The topics' entries, the stale ones (all with `refresh`) read again first."""
         now = time.monotonic()
         stale = [t for t in topics if refresh or self._stale(t, now)]
         if stale:
             await self._describe(stale)
-        return {t: self._cache[t].retention for t in topics if t in self._cache}
+        return {t: self._cache[t] for t in topics if t in self._cache}
 
     async def produce_rules(self, topic: str) -> ProduceRules | None:
         """The topic's produce rules: cached ones at once (a stale entry is refreshed in
@@ -135,7 +149,9 @@ class TopicConfigs:
                     self._cache.pop(name, None)
                     continue
                 values = {entry[0]: entry[1] for entry in entries}
-                self._cache[name] = _Entry(now, retention_config(values), produce_rules(values))
+                self._cache[name] = _Entry(
+                    now, retention_config(values), produce_rules(values), cleaner_config(values)
+                )
 
     async def close(self) -> None:
         reading, self._reading = list(self._reading.values()), {}

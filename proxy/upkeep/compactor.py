@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from proxy.clock import now_ms
-from proxy.metadata.records import ObjectCommit, OffsetRange, Record
+from proxy.metadata.records import ObjectCommit, OffsetRange
 from proxy.metadata.rules import Outcome
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner
@@ -52,7 +52,13 @@ from proxy.upkeep.compaction_plan import (
     pick_sources,
     plan_compaction,
 )
-from proxy.upkeep.object_gc import GarbageCollector, discard, read_index, write_through
+from proxy.upkeep.object_gc import (
+    GarbageCollector,
+    discard,
+    read_index,
+    stream_commits,
+    write_through,
+)
 from proxy.upkeep.orphan_plan import commit_age_limit
 from proxy.upkeep.ports import UpkeepHost
 from proxy.upload.plan import ObjectIdAllocator
@@ -206,6 +212,12 @@ class Compactor:
 
     # -- what callers see ----------------------------------------------------------------
 
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by a pass; the log cleaner takes it too, so the two never rewrite the same
+        ranges at once (either would be refused, its objects written for nothing)."""
+        return self._lock
+
     async def run_once(self) -> list[CompactionResult]:
         """Compact every shard owned here now, whatever the schedule."""
         async with self._lock:
@@ -350,20 +362,15 @@ class Compactor:
     async def _commit(
         self, shard: int, owner: ShardOwner, plan: CompactionPlan, built: list[BuiltObject]
     ) -> CompactionResult:
-        state, at = owner.state, self._clock_ms()
-        records: list[Record] = [
-            ObjectCommit(
-                state.generation,
-                obj.footer.object_id,
-                ObjectKind.STREAM,
-                obj.size,
-                owner.epoch,
-                at,
-                (OffsetRange(new.stream_id, new.start_offset, new.end_offset),),
-                new.replaces,
-            )
-            for new, obj in zip(plan.objects, built, strict=True)
-        ]
+        state = owner.state
+        records = stream_commits(
+            owner,
+            [
+                (obj, OffsetRange(new.stream_id, new.start_offset, new.end_offset), new.replaces)
+                for new, obj in zip(plan.objects, built, strict=True)
+            ],
+            self._clock_ms(),
+        )
         try:
             verdicts = await write_through(owner, records)
         except Exception as exc:

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from proxy.clock import now_ms
-from proxy.metadata.records import ObjectCommit, ObjectDelete, Record
+from proxy.metadata.records import ObjectCommit, ObjectDelete, OffsetRange, Record
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner
@@ -43,6 +43,8 @@ from proxy.objects.format import (
     parse_footer,
     parse_index,
 )
+from proxy.objects.format_writer import BuiltObject
+from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 
 log = logging.getLogger("tierproxy.compaction")
@@ -73,6 +75,27 @@ async def write_through(owner: ShardOwner, records: list[Record]) -> list[Verdic
         with contextlib.suppress(Exception):
             await write
         raise
+
+
+def stream_commits(
+    owner: ShardOwner, objects: list[tuple[BuiltObject, OffsetRange, tuple[int, ...]]], at_ms: int
+) -> list[Record]:
+    """The ObjectCommits of new stream objects (compaction's, the log cleaner's), each
+    holding one range and naming in `replaces` the objects whose ranges it takes over."""
+    state = owner.state
+    return [
+        ObjectCommit(
+            state.generation,
+            obj.footer.object_id,
+            ObjectKind.STREAM,
+            obj.size,
+            owner.epoch,
+            at_ms,
+            (r,),
+            replaces,
+        )
+        for obj, r, replaces in objects
+    ]
 
 
 async def discard(store: ObjectStore, keys: list[str]) -> None:

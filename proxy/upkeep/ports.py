@@ -16,6 +16,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from proxy.cleaner.plan import CleanerConfig
 from proxy.config.tiering import TieringConfig
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
@@ -145,3 +146,20 @@ class SealHost(ShardsAndPeers, OwnedPartitions, Protocol):
     def topics(self) -> TopicIndex: ...
 
     async def recover_streams(self, state: MetadataState, streams: list[int]) -> None: ...
+
+
+class CleanerConfigsPort(Protocol):
+    """Kafka's log cleaner configs of tiered topics (proxy/tiered/topic_configs.py)."""
+
+    async def cleaner(
+        self, topics: Collection[str], *, refresh: bool = False
+    ) -> dict[str, CleanerConfig]:
+        """Each topic's cleaner config; a topic Kafka does not describe is left out."""
+        ...
+
+
+class CleanerHost(UpkeepHost, Protocol):
+    """The log cleaner of compacted topics (log_cleaner.py)."""
+
+    @property
+    def topic_configs(self) -> CleanerConfigsPort: ...

@@ -173,3 +173,17 @@ def _snapshot(headers: list[BatchHeader]) -> bytes:
     for header in headers:
         sequencer.replay(header, NOW)
     return sequencer.snapshot()
+
+
+def test_holes_a_log_cleaner_left_in_the_objects_are_rebuilt_over():
+    """A compacted stream's objects hold batches with holes between them (the log
+    cleaner drops batches, keeping each range's last one): the objects are the log
+    there, so a rebuild from them takes the holes; the WAL still may not have any."""
+    batches, headers = written([10, 10, 10, 10])
+    cleaned = [headers[0], headers[3]]  # the two middle batches cleaned away
+    sequencer = rebuilt(point(CUTOVER, CUTOVER + 40), cleaned, [])
+    assert sequencer.high_watermark == sequencer.log_end_offset == CUTOVER + 40
+    assert sequencer.producer_states[PID].last_seq == 39
+    assert sequencer.append(batches[3], NOW) == Duplicate(CUTOVER + 30, CUTOVER + 39, -1, None)
+    with pytest.raises(RecoveryError, match=r"offsets \[1010, 1030\) are missing"):
+        rebuilt(point(CUTOVER, CUTOVER + 10), [headers[0]], headers[3:])
