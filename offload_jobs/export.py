@@ -131,7 +131,7 @@ def _filesystem(job: ExportJob):
     return filesystem, f"{target.netloc}/{target.path.strip('/')}".rstrip("/")
 
 
-def _batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
+def task_batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
     if job.source == "kafka":
         yield from _kafka(job, task.partition, task.start, task.end)
         return
@@ -183,7 +183,7 @@ def export_partition(job: ExportJob, task: PartitionExport) -> PartitionResult:
             pq.write_table(to_table(rows), path, filesystem=filesystem)
             result.files.append(path)
 
-        for batch in _batches(job, task):
+        for batch in task_batches(job, task):
             decoder.add(batch)
             for date, rows in decoder.drain(job.rows_per_file):
                 write(date, rows)
