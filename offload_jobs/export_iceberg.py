@@ -22,12 +22,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from offload_jobs import iceberg_offsets
-from offload_jobs.cluster_reader import ClusterReadError
-from offload_jobs.export import ExportJob, PartitionExport, plan, task_batches, tiered_partitions
-from offload_jobs.export_records import ExportDecodeError, RecordDecoder, Resume
+from offload_jobs.export import (
+    ExportJob,
+    ExportSummary,
+    PartitionExport,
+    PartitionResult,
+    add_up,
+    plan,
+    run_task,
+    tiered_partitions,
+)
+from offload_jobs.export_records import RecordDecoder, Resume
 from offload_jobs.iceberg_table import (
     CatalogSpec,
     FileWriter,
@@ -37,7 +44,6 @@ from offload_jobs.iceberg_table import (
     snapshot_summaries,
 )
 from offload_jobs.kafka_client import describe_topic
-from offload_jobs.object_source import ObjectReadError
 from offload_jobs.progress import TaskProgress
 from proxy.metadata.state import MetadataState
 
@@ -67,93 +73,49 @@ def read_end(task: PartitionExport) -> int:
 
 
 @dataclass
-class IcebergPartitionResult:
-    partition: int
+class IcebergPartitionResult(PartitionResult):
+    """`files`: pyiceberg DataFiles; `end` and `open`: where the partition's next run
+    resumes (`Resume`)."""
+
     end: int = 0
     open: dict[int, int] = field(default_factory=dict)
-    batches: int = 0
-    bytes: int = 0
-    records: int = 0
-    aborted: int = 0
-    markers: int = 0
-    undecided: int = 0
-    files: list = field(default_factory=list)  # pyiceberg DataFiles
-    error: str | None = None
 
 
 def export_partition(
     job: ExportJob, metadata, io_properties: dict[str, str], resumes: Mapping[int, Resume],
     task: PartitionExport,
 ) -> IcebergPartitionResult:  # fmt: skip
-    """One task, on an executor: read, decode, write data files (a file per day, or per
-    `rows_per_file` rows of a day, each in offset order)."""
+    """One task, on an executor: read, decode (resuming where the last snapshot stopped),
+    write data files (a file per day, or per `rows_per_file` rows of a day, each in
+    offset order)."""
     result = IcebergPartitionResult(task.partition, end=read_end(task))
-    where = f"{job.topic}-{task.partition}"
+
+    def writer() -> Callable[[str, list], None]:
+        files = FileWriter(metadata, io_properties)
+        return lambda date, rows: result.files.append(
+            files.write(job.topic, task.partition, date, rows)
+        )
+
     decoder = RecordDecoder(resumes.get(task.partition))
-    try:
-        writer = FileWriter(metadata, io_properties)
-
-        def write(date: str, rows) -> None:
-            rows.sort(key=lambda row: row[0])  # committed transactions come at their marker
-            result.files.append(writer.write(job.topic, task.partition, date, rows))
-
-        for batch in task_batches(job, task):
-            decoder.add(batch)
-            for date, rows in decoder.drain(job.rows_per_file):
-                write(date, rows)
-        decoded = decoder.finish()
-        for date, rows in sorted(decoded.by_date.items()):
-            write(date, rows)
-    except ClusterReadError as exc:
-        result.error = str(exc)
-        return result
-    except (ExportDecodeError, ObjectReadError) as exc:
-        result.error = f"{where} at {exc}"
-        return result
-    except OSError as exc:
-        result.error = f"{where}: writing to the table's location: {exc}"
-        return result
-    for name in ("batches", "bytes", "records", "aborted", "markers", "undecided", "open"):
-        setattr(result, name, getattr(decoded, name))
+    decoded = run_task(job, task, decoder, result, writer, "the table's location")
+    if decoded is not None:
+        result.open = decoded.open
     return result
 
 
 @dataclass
-class IcebergSummary:
-    topic: str
-    table: str
-    partitions: int = 0
-    batches: int = 0
-    bytes: int = 0
-    records: int = 0
-    aborted: int = 0
-    markers: int = 0
-    undecided: int = 0
-    files: int = 0
+class IcebergSummary(ExportSummary):
+    """`destination`: the table's name."""
+
     snapshot_id: int | None = None
     offsets: dict[int, Resume] = field(default_factory=dict)
-    seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    def line(self) -> str:
-        mib = self.bytes / (1 << 20)
-        rate = mib / self.seconds if self.seconds > 0 else 0.0
+    def head(self) -> str:
         if self.errors:
-            head = f"exported nothing of {self.topic} to {self.table} (nothing committed)"
-        elif self.snapshot_id is None:
-            head = f"{self.topic}: nothing new for {self.table} (no snapshot)"
-        else:
-            head = f"exported {self.topic} to {self.table} (snapshot {self.snapshot_id})"
-        text = (
-            f"{head}: {mib:.1f} MiB, {self.batches} batches, {self.records} records "
-            f"({self.aborted} aborted and {self.undecided} undecided left out, {self.markers} "
-            f"transaction markers), {self.files} files in {self.seconds:.1f} s ({rate:.1f} MiB/s)"
-        )
-        return text + "".join(f"\n  FAILED: {error}" for error in self.errors)
+            return f"exported nothing of {self.topic} to {self.destination} (nothing committed)"
+        if self.snapshot_id is None:
+            return f"{self.topic}: nothing new for {self.destination} (no snapshot)"
+        return f"exported {self.topic} to {self.destination} (snapshot {self.snapshot_id})"
 
 
 def export_iceberg(
@@ -197,18 +159,9 @@ def export_iceberg(
         finally:
             watcher.stop()
     summary = IcebergSummary(job.topic, name, partitions=len(tasks), offsets=before)
-    files: list[Any] = []
-    runs = {}
-    for r in sorted(results, key=lambda r: r.partition):
-        if r.error:
-            summary.errors.append(r.error)
-            continue
-        for key in ("batches", "bytes", "records", "aborted", "markers", "undecided"):
-            setattr(summary, key, getattr(summary, key) + getattr(r, key))
-        files += r.files
-        runs[r.partition] = (r.end, r.open)
-    summary.files = len(files)
-    after = iceberg_offsets.advanced(before, runs)
+    done = add_up(summary, results)
+    files = [data_file for r in done for data_file in r.files]
+    after = iceberg_offsets.advanced(before, {r.partition: (r.end, r.open) for r in done})
     if not summary.errors and files:
         _hold_if_asked(progress, len(files))
         properties = iceberg_offsets.encode(job.topic, after)

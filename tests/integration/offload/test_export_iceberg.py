@@ -169,10 +169,15 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
     topic = Topic(f"iceberg-kill-{uuid.uuid4().hex[:8]}", 2)
     create_topic(bootstrap, topic.name, 2, {})
     produce(bootstrap, topic, "lz4", 200)
+    metadata = f"{topic.name}-metadata"  # the fleet's: empty, the topic is not tiered
+    create_topic(bootstrap, metadata, 1, {})
     config = tmp_path / "proxy.yaml"
     config.write_text(yaml.safe_dump({
         "upstream": {"bootstrap": bootstrap},
-        "tiering": {"object_store": {"kind": "local", "directory": str(tmp_path / "objects")}},
+        "tiering": {
+            "metadata_topic": metadata, "shard_count": 1,
+            "object_store": {"kind": "local", "directory": str(tmp_path / "objects")},
+        },
     }))  # fmt: skip
     catalog = tmp_path / "catalog.db"
     command = [
@@ -180,7 +185,8 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
         "--iceberg", "raw.events", "--catalog", str(catalog), "--master", "local[2]",
     ]  # fmt: skip
     spec = CatalogSpec(str(catalog), "raw.events", (tmp_path / "objects" / "iceberg").as_uri())
-    assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0
+    job = ExportJob(topic.name, bootstrap, "")
+    assert export_iceberg(spark, job, spec, progress=lambda _: None).ok
     produce(bootstrap, topic, "none", 100)  # the killed run's share
 
     proc = subprocess.Popen(
@@ -208,7 +214,6 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
     assert len(orphans) >= 2, "the killed run wrote no data files"
     assert len(table.snapshots()) == 1 and len(table_rows(spec)) == 200
 
-    job = ExportJob(topic.name, bootstrap, "")
     after = export_iceberg(spark, job, spec, progress=lambda _: None)
     assert after.ok and after.records == 100, after.line()
     assert table_rows(spec) == consumed(bootstrap, topic.name, 2)
