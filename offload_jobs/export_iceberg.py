@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from pyiceberg.exceptions import CommitFailedException
+
 from offload_jobs import iceberg_offsets
 from offload_jobs.export import (
     ExportJob,
@@ -166,8 +168,14 @@ def export_iceberg(
         _hold_if_asked(progress, len(files))
         properties = iceberg_offsets.encode(job.topic, after)
         properties["tierproxy.records"] = str(summary.records)
-        summary.snapshot_id = commit(table, files, properties)
-        summary.offsets = after
+        try:
+            summary.snapshot_id = commit(table, files, properties)
+            summary.offsets = after
+        except CommitFailedException as exc:  # another run committed since this one began
+            summary.errors.append(
+                f"{name} changed since this run read its offsets (another run at the same "
+                f"time?): nothing committed, run again ({exc})"
+            )
     summary.seconds = time.monotonic() - started
     return summary
 

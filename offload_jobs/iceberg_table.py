@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 
@@ -29,6 +28,7 @@ from offload_jobs.export_records import Row
 from offload_jobs.iceberg_offsets import TOPIC_KEY
 
 DEFAULT_NAMESPACE = "kafka"
+NO_RETRY = ("commit.retry.num-retries", "0")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")  # Kafka's names, by the batch's bit
 TABLE_PROPERTIES = {
     "format-version": "2",
@@ -37,6 +37,9 @@ TABLE_PROPERTIES = {
     # every run commits a snapshot: keep the metadata files from growing without end
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
+    # no retry of a failed commit: pyiceberg would redo the append on top of whatever
+    # another run committed meanwhile, so both runs' records would be in the table
+    NO_RETRY[0]: NO_RETRY[1],
 }
 EPOCH = datetime.date(1970, 1, 1)
 
@@ -162,6 +165,9 @@ def load_or_create(catalog, spec: CatalogSpec, topic: str):
     wanted = [f.name for f in schema().fields]
     if names[: len(wanted)] != wanted:
         raise IcebergSetupError(f"table {namespace}.{name}: columns {names}, expected {wanted}")
+    if table.properties.get(NO_RETRY[0]) != NO_RETRY[1]:  # changed since: set it back
+        with table.transaction() as tx:
+            tx.set_properties({NO_RETRY[0]: NO_RETRY[1]})
     return table
 
 
@@ -228,14 +234,10 @@ class FileWriter:
 
 def commit(table, data_files: list, properties: dict[str, str]) -> int:
     """One append of every file, with the summary properties; the new snapshot's id.
-    Fails (CommitFailedException) if the table moved since it was loaded."""
+    Fails (CommitFailedException) if the table moved since it was loaded: the append's
+    parent must be the snapshot the run read its offsets from (NO_RETRY)."""
     with table.transaction() as tx:
         with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
             for data_file in data_files:
                 append.append_data_file(data_file)
     return table.current_snapshot().snapshot_id
-
-
-def location_of(table) -> str:
-    parsed = urlparse(table.location())
-    return table.location() if parsed.scheme != "file" else parsed.path
