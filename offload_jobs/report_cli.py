@@ -160,6 +160,15 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
 
 def _run_iceberg(args: argparse.Namespace, spark, job, states, tiering) -> int:
     import dataclasses
+    import importlib.util
+
+    if importlib.util.find_spec("pyiceberg") is None:
+        print(
+            "tierproxy export: --iceberg needs pyiceberg, which this installation lacks: "
+            "install the offload extra (pip install 'tierproxy[offload]')",
+            file=sys.stderr,
+        )
+        return 2
 
     from offload_jobs.export_iceberg import export_iceberg
     from offload_jobs.iceberg_offsets import OffsetsError
