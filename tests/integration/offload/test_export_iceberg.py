@@ -24,17 +24,13 @@ import pyarrow as pa
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from offloadcopies import NOW_MS, Copy, offload, s3_spec
+from offloadcopies import offload, s3_spec, state_of
 from offloaddata import Topic, create_topic, produce
 
-from offload_jobs.export import ExportJob
+from offload_jobs.export import ExportJob, plan
 from offload_jobs.export_iceberg import HOLD_BEFORE_COMMIT, export_iceberg
 from offload_jobs.iceberg_offsets import OFFSETS_KEY, decode
 from offload_jobs.iceberg_table import CatalogSpec, open_catalog, s3_io
-from proxy.metadata.codec import encode
-from proxy.metadata.records import ObjectCommit, OffsetRange, ShardClaim, StreamCutover
-from proxy.metadata.state import MetadataState
-from proxy.objects.keys import ObjectKind
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]
 
@@ -220,41 +216,21 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
     assert len(snapshots(spec)) == 2
 
 
-def spanning_state(topic_id, copies: list[Copy]) -> dict[int, MetadataState]:
-    """Shard 0 of 1: each partition cut over where its second object starts, that object
-    committed as the proxy's upload from there; Kafka's log holds what is below."""
-    state = MetadataState(0, 1)
-
-    def write(record) -> None:
-        verdict = state.apply(*encode(record), state.next_offset)
-        assert verdict.accepted, verdict.reason
-
-    write(ShardClaim(0, 1, "iceberg-test", NOW_MS))
-    for c in copies:
-        start, end, built = c.objects[1]
-        write(StreamCutover(0, c.stream, 1, 1, topic_id, c.partition, 0, start, start, NOW_MS))
-        ranges = (OffsetRange(c.stream, start, end),)
-        write(ObjectCommit(0, built.footer.object_id, ObjectKind.STREAM, built.size, 1, NOW_MS,
-                           ranges))  # fmt: skip
-    return {0: state}
-
-
 def test_a_topic_spanning_the_cutover_reads_kafka_below_and_the_objects_above(
     kafka_cluster, s3_server, spark, mixed_topic, tmp_path
 ):
     topic_id, copies = offload(kafka_cluster, s3_server, mixed_topic)
-    states = spanning_state(topic_id, copies)
+    states = state_of(topic_id, copies, spanning=True)
     spec = minio_spec(s3_server, tmp_path, "mixed")
     job = ExportJob(mixed_topic.name, kafka_cluster.bootstrap, "", source="whole",
                     store=s3_spec(s3_server), shard_count=1)  # fmt: skip
+    # each partition: Kafka's log below the cutover, the proxy's object from it on
+    for task, copy in zip(plan(job, topic_id, 2, states), copies, strict=True):
+        cutover = copy.objects[-1][0]
+        assert task.gaps == ((0, cutover),) and task.ranges[0].start_offset == cutover
     summary = export_iceberg(spark, job, spec, states, progress=lambda _: None)
     assert summary.ok, summary.line()
     assert table_rows(spec) == consumed(kafka_cluster.bootstrap, mixed_topic.name, 2)
-    offsets = decode(
-        open_catalog(spec)
-        .load_table(("kafka", "mixed"))
-        .current_snapshot()
-        .summary.additional_properties
-    )
+    offsets = current_offsets(spec)
     assert {p: r.end for p, r in offsets.items()} == {c.partition: c.end for c in copies}
     assert OFFSETS_KEY in snapshots(spec)[0].summary.additional_properties
