@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from offload_jobs.cluster_reader import ClusterReadError, read_batches
-from offload_jobs.export_records import ExportDecodeError, RecordDecoder, to_table
+from offload_jobs.export_records import DecodedRows, ExportDecodeError, RecordDecoder, to_table
 from offload_jobs.kafka_client import describe_topic, log_offsets
 from offload_jobs.migrate import StoreSpec
 from offload_jobs.object_source import ObjectReadError, object_batches
@@ -37,6 +37,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange, shard_of, stream_id
 
 SOURCES = ("whole", "kafka", "objects")
+COUNTS = ("batches", "bytes", "records", "aborted", "markers", "undecided")  # per partition
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,7 @@ def _filesystem(job: ExportJob):
     return filesystem, f"{target.netloc}/{target.path.strip('/')}".rstrip("/")
 
 
-def _batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
+def task_batches(job: ExportJob, task: PartitionExport) -> Iterator[SourceBatch]:
     if job.source == "kafka":
         yield from _kafka(job, task.partition, task.start, task.end)
         return
@@ -170,38 +171,58 @@ def export_partition(job: ExportJob, task: PartitionExport) -> PartitionResult:
     import pyarrow.parquet as pq
 
     result = PartitionResult(task.partition)
-    where = f"{job.topic}-{task.partition}"
-    decoder = RecordDecoder()
-    try:
+
+    def writer() -> Callable[[str, list], None]:
         filesystem, root = _filesystem(job)
 
         def write(date: str, rows) -> None:
-            rows.sort(key=lambda row: row[0])  # committed transactions come at their marker
             directory = f"{root}/topic={job.topic}/partition={task.partition}/date={date}"
             filesystem.create_dir(directory, recursive=True)
             path = f"{directory}/part-{task.partition}-{rows[0][0]}.parquet"
             pq.write_table(to_table(rows), path, filesystem=filesystem)
             result.files.append(path)
 
-        for batch in _batches(job, task):
+        return write
+
+    run_task(job, task, RecordDecoder(), result, writer, job.destination)
+    return result
+
+
+def run_task(
+    job: ExportJob, task: PartitionExport, decoder: RecordDecoder, result: PartitionResult,
+    writer: Callable[[], Callable[[str, list], None]], destination: str,
+) -> DecodedRows | None:  # fmt: skip
+    """A task's work, whatever it writes: read its batches, decode them, hand each day's
+    rows in offset order to the writer (`writer()` makes it) as they reach
+    `rows_per_file`, and the rest at the end. The counts go into `result`, or the error
+    that stopped the partition (None is returned then)."""
+    where = f"{job.topic}-{task.partition}"
+
+    def sorted_rows(rows: list) -> list:
+        rows.sort(key=lambda row: row[0])  # committed transactions come at their marker
+        return rows
+
+    try:
+        write = writer()
+        for batch in task_batches(job, task):
             decoder.add(batch)
             for date, rows in decoder.drain(job.rows_per_file):
-                write(date, rows)
+                write(date, sorted_rows(rows))
         decoded = decoder.finish()
         for date, rows in sorted(decoded.by_date.items()):
-            write(date, rows)
+            write(date, sorted_rows(rows))
     except ClusterReadError as exc:  # names the partition itself
         result.error = str(exc)
-        return result
+        return None
     except (ExportDecodeError, ObjectReadError) as exc:
         result.error = f"{where} at {exc}"
-        return result
+        return None
     except OSError as exc:  # pyarrow's for a destination it cannot write
-        result.error = f"{where}: writing to {job.destination}: {exc}"
-        return result
-    for name in ("batches", "bytes", "records", "aborted", "markers", "undecided"):
+        result.error = f"{where}: writing to {destination}: {exc}"
+        return None
+    for name in COUNTS:
         setattr(result, name, getattr(decoded, name))
-    return result
+    return decoded
 
 
 @dataclass
@@ -223,9 +244,12 @@ class ExportSummary:
     def ok(self) -> bool:
         return not self.errors
 
+    def head(self) -> str:
+        return f"exported {self.topic} to {self.destination}"
+
     def line(self) -> str:
         text = (
-            f"exported {self.topic} to {self.destination}: {self.bytes / (1 << 20):.1f} MiB, "
+            f"{self.head()}: {self.bytes / (1 << 20):.1f} MiB, "
             f"{self.batches} batches, {self.records} records ({self.aborted} aborted and "
             f"{self.undecided} undecided left out, {self.markers} transaction markers), "
             f"{self.files} files in {self.seconds:.1f} s"
@@ -327,12 +351,20 @@ def export(
         finally:
             watcher.stop()
     summary = ExportSummary(job.topic, job.destination, partitions=len(tasks))
+    add_up(summary, results)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def add_up(summary: ExportSummary, results: list) -> list:
+    """The partitions' counts and errors into the summary; the results that succeeded."""
+    done = []
     for r in sorted(results, key=lambda r: r.partition):
         if r.error:
             summary.errors.append(r.error)
             continue
-        for name in ("batches", "bytes", "records", "aborted", "markers", "undecided"):
+        for name in COUNTS:
             setattr(summary, name, getattr(summary, name) + getattr(r, name))
         summary.files += len(r.files)
-    summary.seconds = time.monotonic() - started
-    return summary
+        done.append(r)
+    return done

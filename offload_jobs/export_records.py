@@ -10,8 +10,15 @@ them rows, an abort drops them (counted). Records whose transaction has no marke
 range read (still open, or the marker lies past the end) are not exported either, and are
 counted as undecided.
 
-The rows: offset, timestamp (ms, UTC), key, value, headers; topic, partition and the date
-(UTC, of the timestamp) are the hive-style directories the export writes them under.
+The rows: offset, timestamp (ms, UTC), key, value, headers, timestamp type (0 CreateTime,
+1 LogAppendTime: the Iceberg export's column, not the Parquet export's); topic, partition
+and the date (UTC, of the timestamp) are the hive-style directories the Parquet export
+writes them under.
+
+A decoder may resume where an earlier run stopped (the Iceberg export, `Resume`): the
+batches below that run's end are skipped undecoded, but for the transactions it left
+open (undecided), whose records are decided now; every other record below the end was
+exported then or will never be (aborted).
 """
 
 from __future__ import annotations
@@ -40,7 +47,28 @@ SCHEMA = pa.schema([
     ])), nullable=False),
 ])  # fmt: skip
 
-Row = tuple[int, int, bytes | None, bytes | None, list[dict]]
+Row = tuple[int, int, bytes | None, bytes | None, list[dict], int]
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where an earlier run of a partition stopped: every record below `end` was decided
+    and exported (or aborted), but for the open transactions, producer id -> offset of
+    the transaction's first batch, which were not. A run reads from `start`."""
+
+    end: int = 0
+    open: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def start(self) -> int:
+        return min([self.end, *self.open.values()])
+
+    def skips(self, base_offset: int, producer_id: int, transactional: bool) -> bool:
+        """A data batch already decided: below the end, and not of an open transaction."""
+        if base_offset >= self.end:
+            return False
+        first = self.open.get(producer_id) if transactional else None
+        return first is None or base_offset < first
 
 
 class ExportDecodeError(ValueError):
@@ -62,37 +90,51 @@ class DecodedRows:
     aborted: int = 0  # records of aborted transactions, left out
     markers: int = 0  # control batches
     undecided: int = 0  # transactional records with no marker in the range
+    skipped: int = 0  # batches an earlier run decided (`Resume`), not decoded
+    open: dict[int, int] = field(default_factory=dict)  # undecided: producer -> first offset
 
 
 class RecordDecoder:
     """Feed a partition's batches in offset order with `add`, then `finish`."""
 
-    def __init__(self) -> None:
+    def __init__(self, resume: Resume | None = None) -> None:
         self.rows = DecodedRows()
         self._open: dict[int, list[Row]] = {}  # producer id -> rows of its open transaction
+        self._first: dict[int, int] = {}  # producer id -> its open transaction's first offset
+        self._resume = resume or Resume()
 
     def add(self, batch: SourceBatch) -> None:
         header = read_batch_header(batch.data)
         self.rows.batches += 1
         self.rows.bytes += len(batch.data)
+        if not header.is_control and self._resume.skips(
+            batch.base_offset, header.producer_id, header.is_transactional
+        ):
+            self.rows.skipped += 1
+            return
         try:
-            records = list(DefaultRecordBatch(bytes(batch.data)))
+            parsed = DefaultRecordBatch(bytes(batch.data))
+            records = list(parsed)
         except Exception as exc:  # aiokafka raises several kinds on a bad batch
             raise ExportDecodeError(batch.base_offset, f"cannot decode the batch: {exc}") from None
         if header.is_control:
             self.rows.markers += 1
             pending = self._open.pop(header.producer_id, [])
+            self._first.pop(header.producer_id, None)
             kind = _control_type(records, batch.base_offset)
             if kind == COMMIT:
                 self._emit(pending)
             else:
                 self.rows.aborted += len(pending)
             return
+        kind = parsed.timestamp_type
         rows = [
-            (r.offset, r.timestamp, r.key, r.value, [{"key": k, "value": v} for k, v in r.headers])
+            (r.offset, r.timestamp, r.key, r.value,
+             [{"key": k, "value": v} for k, v in r.headers], kind)
             for r in records
-        ]
+        ]  # fmt: skip
         if header.is_transactional:
+            self._first.setdefault(header.producer_id, batch.base_offset)
             self._open.setdefault(header.producer_id, []).extend(rows)
         else:
             self._emit(rows)
@@ -105,6 +147,7 @@ class RecordDecoder:
 
     def finish(self) -> DecodedRows:
         self.rows.undecided = sum(len(rows) for rows in self._open.values())
+        self.rows.open = dict(self._first)
         self._open.clear()
         return self.rows
 
@@ -128,8 +171,8 @@ def utc_date(timestamp_ms: int) -> str:
 
 
 def to_table(rows: list[Row]) -> pa.Table:
-    """Rows in offset order as a table of SCHEMA."""
-    columns = list(zip(*rows, strict=True)) if rows else [[]] * len(SCHEMA)
+    """Rows in offset order as a table of SCHEMA (the timestamp type is not a column)."""
+    columns = list(zip(*rows, strict=True))[: len(SCHEMA)] if rows else [[]] * len(SCHEMA)
     return pa.Table.from_arrays(
         [pa.array(column, type=f.type) for column, f in zip(columns, SCHEMA, strict=True)],
         schema=SCHEMA,

@@ -26,10 +26,29 @@ def add_parsers(commands) -> None:
     _common(verify)
     verify.add_argument("--json", type=Path, default=None, help="also write the report here")
     verify.set_defaults(func=run_verify)
-    text = "write a topic's records as Parquet (topic/partition/date directories)"
+    text = (
+        "write a topic's records as Parquet (topic/partition/date directories), or append "
+        "what is new to an Iceberg table"
+    )
     export = commands.add_parser("export", help=text, description=text)
     _common(export)
-    export.add_argument("--to", required=True, help="a local directory or s3://bucket/prefix")
+    target = export.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to", help="Parquet: a local directory or s3://bucket/prefix")
+    target.add_argument(
+        "--iceberg", metavar="NAMESPACE.TABLE",
+        help="append to this Iceberg table (created on the first run; a name alone is in "
+        "namespace 'kafka'): what is new since its last snapshot, exactly once",
+    )  # fmt: skip
+    export.add_argument(
+        "--catalog", default="iceberg-catalog.db",
+        help="--iceberg: the SQL catalog, a SQLite file (default ./iceberg-catalog.db, "
+        "created if missing) or a SQLAlchemy URI (sqlite:///..., postgresql+psycopg2://...)",
+    )  # fmt: skip
+    export.add_argument(
+        "--warehouse", default=None,
+        help="--iceberg: where a new table's files go, file:///dir or s3://bucket/prefix "
+        "(default: iceberg/ in the config's object store)",
+    )  # fmt: skip
     export.add_argument(
         "--from", dest="source", choices=("kafka", "objects"), default=None,
         help="read only Kafka's log, or only the objects the fleet's metadata commits "
@@ -98,7 +117,7 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
     try:
         bootstrap, tiering, store = _settings(args)
         s3 = tiering.object_store.s3
-        if args.to.startswith("s3://") and s3 is None:
+        if args.to is not None and args.to.startswith("s3://") and s3 is None:
             raise ValueError(
                 f"--to {args.to}: tiering.object_store.s3 is not set; the export uses its "
                 "endpoint and credentials"
@@ -119,17 +138,57 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
         source = "whole" if tiered else "kafka"
     try:
         job = ExportJob(
-            args.topic, bootstrap, args.to, source=source, store=store,
+            args.topic, bootstrap, args.to or "", source=source, store=store,
             s3=None if s3 is None else dataclasses.asdict(s3),
             metadata_topic=tiering.metadata_topic, shard_count=tiering.shard_count,
         )  # fmt: skip
     except ValueError as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 2
+    if args.iceberg is not None:
+        return _run_iceberg(args, spark, job, states, tiering)
     try:
         with local_spark(spark, "tierproxy-export", args.master) as session:
             console = Console()  # a bar on a terminal, plain lines otherwise
             summary = export(session, job, states, console.line, console.redraw)
+    except LookupError as exc:
+        print(f"tierproxy export: {exc}", file=sys.stderr)
+        return 1
+    print(summary.line(), flush=True)
+    return 0 if summary.ok else 1
+
+
+def _run_iceberg(args: argparse.Namespace, spark, job, states, tiering) -> int:
+    import dataclasses
+    import importlib.util
+
+    if importlib.util.find_spec("pyiceberg") is None:
+        print(
+            "tierproxy export: --iceberg needs pyiceberg, which this installation lacks: "
+            "install the offload extra (pip install 'tierproxy[offload]')",
+            file=sys.stderr,
+        )
+        return 2
+
+    from offload_jobs.export_iceberg import export_iceberg
+    from offload_jobs.iceberg_offsets import OffsetsError
+    from offload_jobs.iceberg_table import CatalogSpec, IcebergSetupError, default_warehouse, s3_io
+    from offload_jobs.progress import Console
+    from proxy.devstack.spark import local_spark
+
+    settings = tiering.object_store
+    s3 = None if settings.s3 is None else dataclasses.asdict(settings.s3)
+    warehouse = args.warehouse or default_warehouse(settings.kind, str(settings.directory), s3)
+    io = s3_io(s3) if s3 is not None else {}
+    spec = CatalogSpec(args.catalog, args.iceberg, warehouse, io)
+    try:
+        spec.identifier  # noqa: B018 - checks the name before Spark starts
+        with local_spark(spark, "tierproxy-export", args.master) as session:
+            console = Console()
+            summary = export_iceberg(session, job, spec, states, console.line, console.redraw)
+    except (IcebergSetupError, OffsetsError) as exc:
+        print(f"tierproxy export: {exc}", file=sys.stderr)
+        return 2
     except LookupError as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 1

@@ -60,8 +60,10 @@ def build(stream: int, batches, object_id: int | None = None) -> tuple[int, int,
     return start, end, writer.build()
 
 
-def state_of(topic_id, copies: list[Copy]) -> dict[int, MetadataState]:
-    """Shard 0 of 1: each partition cut over at its end, its objects committed below."""
+def state_of(topic_id, copies: list[Copy], spanning: bool = False) -> dict[int, MetadataState]:
+    """Shard 0 of 1: each partition cut over at its end, its objects committed below.
+    `spanning`: cut over where its last object starts, that object committed as the
+    proxy's upload from there (Kafka's log holds what is below)."""
     state = MetadataState(0, 1)
 
     def write(record) -> None:
@@ -70,8 +72,10 @@ def state_of(topic_id, copies: list[Copy]) -> dict[int, MetadataState]:
 
     write(ShardClaim(0, 1, "offload-test", NOW_MS))
     for c in copies:
-        write(StreamCutover(0, c.stream, 1, 1, topic_id, c.partition, 0, c.end, c.end, NOW_MS))
-        for start, end, built in c.objects:
+        objects = c.objects[-1:] if spanning else c.objects
+        cutover = objects[0][0] if spanning else c.end
+        write(StreamCutover(0, c.stream, 1, 1, topic_id, c.partition, 0, cutover, cutover, NOW_MS))
+        for start, end, built in objects:
             ranges = (OffsetRange(c.stream, start, end),)
             object_id = built.footer.object_id
             write(ObjectCommit(0, object_id, ObjectKind.STREAM, built.size, 1, NOW_MS, ranges))

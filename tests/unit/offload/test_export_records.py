@@ -15,6 +15,7 @@ from offload_jobs.export_records import (
     COMMIT,
     ExportDecodeError,
     RecordDecoder,
+    Resume,
     to_table,
     utc_date,
 )
@@ -63,8 +64,8 @@ def test_plain_records_become_rows_with_every_field():
     assert rows.records == 2 and rows.batches == 1 and rows.bytes > 0
     assert rows.by_date == {
         "2023-11-14": [
-            (0, T0, b"k", b"v", [{"key": "h", "value": b"1"}, {"key": "h", "value": None}]),
-            (1, T0 + 1, None, None, []),
+            (0, T0, b"k", b"v", [{"key": "h", "value": b"1"}, {"key": "h", "value": None}], 0),
+            (1, T0 + 1, None, None, [], 0),
         ]
     }
 
@@ -108,3 +109,53 @@ def test_a_batch_that_cannot_be_decoded_names_its_offset():
     data[-10:] = b"\xff" * 10  # the compressed records no longer decompress
     with pytest.raises(ExportDecodeError, match="offset 40: cannot decode the batch"):
         RecordDecoder().add(SourceBatch(40, 40, memoryview(bytes(data))))
+
+
+def log() -> list[SourceBatch]:
+    """Producer 7's transaction [0, 2) commits at 5; producer 8's [2, 3) is still open
+    at 6 (a run ending there leaves it undecided) and commits at 8; plain records at 3,
+    4 (after 8's transaction began) and 7."""
+    return [
+        batch(0, [(T0, None, b"a", [])] * 2, producer=7, transactional=True),
+        batch(2, [(T0, None, b"b", [])], producer=8, transactional=True),
+        batch(3, [(T0, None, b"plain", [])] * 2),
+        marker(5, 7, COMMIT),
+        batch(6, [(T0, None, b"b2", [])], producer=8, transactional=True),
+        batch(7, [(T0, None, b"late", [])]),
+        marker(8, 8, COMMIT),
+    ]
+
+
+def test_a_run_resumed_where_one_stopped_decides_the_open_transaction_only():
+    """Two runs split at offset 6 export what one run over the whole log does, each
+    record once: the second starts at the open transaction's first batch (2) and skips
+    what the first decided there (7's transaction, the plain records)."""
+    whole = RecordDecoder()
+    for b in log():
+        whole.add(b)
+    everything = sorted(whole.finish().by_date[utc_date(T0)])
+
+    first = RecordDecoder()
+    for b in log()[:4]:  # up to offset 6
+        first.add(b)
+    one = first.finish()
+    assert one.open == {8: 2} and one.undecided == 1
+    resume = Resume(6, one.open)
+    assert resume.start == 2
+    second = RecordDecoder(resume)
+    for b in log():
+        if b.last_offset >= resume.start:
+            second.add(b)
+    two = second.finish()
+    assert two.skipped == 1 and two.open == {} and two.undecided == 0
+    rows = one.by_date[utc_date(T0)] + two.by_date[utc_date(T0)]
+    assert sorted(rows) == everything and len(everything) == 7
+    assert [r[0] for r in sorted(two.by_date[utc_date(T0)])] == [2, 6, 7]
+
+
+def test_resume_skips_only_what_was_decided():
+    resume = Resume(10, {8: 4})
+    assert resume.start == 4 and Resume(10).start == 10
+    assert resume.skips(3, 8, True)  # 8's earlier transaction, decided
+    assert not resume.skips(4, 8, True) and not resume.skips(10, 9, False)
+    assert resume.skips(5, 9, True) and resume.skips(5, 8, False)
