@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: install everything, check the import contracts and the types
-# (scripts/lint.sh --contracts), run the whole suite, then make sure no java or minio
+# (scripts/lint.sh --contracts), run the whole suite, then make sure no java, minio or toxiproxy
 # process started from this checkout's cache outlived it.
 #
 # The suite runs in two parts (tests/conftest.py, --part): the pure tests (unit, property,
@@ -13,7 +13,7 @@
 # part's (0 when both pass).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --minio || exit $?
+scripts/setup.sh --minio --toxiproxy || exit $?
 # The import contracts and mypy first: seconds, and a broken one fails before the suite.
 scripts/lint.sh --contracts || { echo "[test] not running the tests: fix the above first" >&2; exit 1; }
 cache=${TIERPROXY_CACHE:-$PWD/.cache}
@@ -35,7 +35,7 @@ if [ "$pure" = 0 ] || [ "$pure" = 1 ] || [ "$pure" = 5 ]; then
 fi
 took=$(( $(date +%s) - start ))
 
-leftover=$(pgrep -f -- "$cache/(kafka-|bin/minio)" || true)
+leftover=$(pgrep -f -- "$cache/(kafka-|bin/minio|bin/toxiproxy-server)" || true)
 if [ -n "$leftover" ]; then
   echo "[test] processes left behind by the suite (killing them):" >&2
   ps -o pid,args -p "$(echo "$leftover" | paste -sd,)" >&2 || true

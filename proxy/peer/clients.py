@@ -155,6 +155,9 @@ class _PeerConnection:
     async def _send(self, pieces: list) -> None:
         assert self._writer is not None
         try:
+            if self._writer.is_closing():  # reset, the reader not told yet: uvloop's
+                # transport raises RuntimeError on a write then (asyncio's ignores it)
+                raise ConnectionResetError("the connection was closed")
             self._writer.writelines(pieces)
             await self._writer.drain()  # backpressure: a peer that stops reading stops us
         except ConnectionError as exc:

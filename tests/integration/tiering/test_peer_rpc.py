@@ -19,6 +19,7 @@ import struct
 import uuid
 
 import pytest
+import uvloop
 from crc32c import crc32c
 
 from proxy import __version__
@@ -602,3 +603,36 @@ async def test_an_append_to_an_owner_older_than_sequences_carries_none(owner, cl
     finally:
         await server.close()
     assert seen == [(None, -1), (batch, 4)]
+
+
+def test_a_call_on_a_connection_closed_under_uvloop_fails_as_unavailable():
+    """The proxy runs on uvloop, whose transport raises RuntimeError on a write once it is
+    closed (asyncio's ignores the write): a reset the transport saw before the connection's
+    reader did escaped a Produce as a bug, its whole request answered KAFKA_STORAGE_ERROR
+    (the flaky-network test cutting the peer link, docs/reliability.md)."""
+
+    async def main() -> None:
+        owner = Owner()
+        server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin)
+        await server.start()
+        clients = PeerClients(connect_timeout_s=2.0)
+        address = ("127.0.0.1", server.port)
+        try:
+            first = await clients.append(address, 1, -1, 1000, records=b"first")
+            assert first == expected_result(1, "first")
+            writer = clients._connections[address]._writer
+            assert writer is not None
+            # the call yields once (to the connect), then writes without yielding: the
+            # reset lands in that yield, before the reader task can run
+            lost = asyncio.create_task(clients.append(address, 2, -1, 1000, records=b"lost"))
+            asyncio.get_running_loop().call_soon(writer.transport.abort)
+            with pytest.raises(PeerUnavailable, match="connection lost: the connection was closed"):
+                await lost
+            again = await clients.append(address, 3, -1, 1000, records=b"again")
+            assert again == expected_result(3, "again")
+        finally:
+            await clients.close()
+            await server.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
