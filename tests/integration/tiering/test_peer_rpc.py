@@ -636,3 +636,36 @@ def test_a_call_on_a_connection_closed_under_uvloop_fails_as_unavailable():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+
+
+async def test_a_call_that_times_out_with_nothing_read_drops_a_half_open_connection(clients):
+    """A peer that takes the connection and then answers nothing, not even a close (gone
+    without a FIN, a silent partition: TCP may take many minutes to notice): once a call
+    times out with nothing read since it was written, the calls still waiting on that
+    connection fail at once and the next call opens another (the flaky-network test's
+    one-way cut of the peer link, docs/reliability.md). A call that times out while others
+    are answered keeps the connection (the test above)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def black_hole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read()  # reads what comes, answers nothing, closes nothing
+
+    server = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    address = ("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        waiting = asyncio.create_task(
+            clients.append(address, 1, -1, 1000, records=b"waits", timeout_s=30)
+        )
+        with pytest.raises(TimeoutError, match="not answered within 0.2 s"):
+            await clients.append(address, 2, -1, 1000, records=b"times out", timeout_s=0.2)
+        with pytest.raises(PeerUnavailable, match="nothing read for 0.2 s: presumed dead"):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(TimeoutError):
+            await clients.append(address, 3, -1, 1000, records=b"next", timeout_s=0.2)
+        assert len(accepted) == 2, "the next call did not open another connection"
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
