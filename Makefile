@@ -9,7 +9,7 @@ test:  ## install everything and run the whole test suite
 	scripts/test.sh $(ARGS)
 
 setup:
-	scripts/setup.sh --minio
+	scripts/setup.sh --minio --toxiproxy
 
 lint:  ## ruff, the import contracts (import-linter) and the types (mypy)
 	scripts/lint.sh

@@ -4,6 +4,7 @@
 #   .cache/kafka-<v>/libs  Apache Kafka's jars from Maven Central
 #   .cache/kafka-<v>/streams-libs  Kafka Streams' jar and RocksDB's, from Maven Central
 #   .cache/bin/minio       MinIO built from source at a pinned version (with --minio)
+#   .cache/bin/toxiproxy-server  Toxiproxy built from source at a pinned version (--toxiproxy)
 # Each step is skipped when its stamp says it is already done, so second runs are fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +13,12 @@ cache=${TIERPROXY_CACHE:-$root/.cache}
 # shellcheck source=../proxy/devstack/versions.env
 source proxy/devstack/versions.env
 want_minio=0
+want_toxiproxy=0
 for arg in "$@"; do
   case $arg in
     --minio) want_minio=1 ;;
-    *) echo "setup.sh: unknown argument $arg (known: --minio)" >&2; exit 2 ;;
+    --toxiproxy) want_toxiproxy=1 ;;
+    *) echo "setup.sh: unknown argument $arg (known: --minio, --toxiproxy)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$cache"
@@ -97,6 +100,25 @@ if [ "$want_minio" = 1 ]; then
       CGO_ENABLED=0 GOTOOLCHAIN=local go install "$MINIO_MODULE@$MINIO_VERSION"
     rm -f "$cache"/bin/.minio-*
     touch "$minio_stamp"
+  fi
+fi
+
+# --- Toxiproxy (the flaky-network tests put it between the proxies and MinIO) -------------
+if [ "$want_toxiproxy" = 1 ]; then
+  toxiproxy_stamp=$cache/bin/.toxiproxy-$TOXIPROXY_VERSION
+  if [ ! -x "$cache/bin/toxiproxy-server" ] || [ ! -f "$toxiproxy_stamp" ]; then
+    need go golang-go
+    say "building Toxiproxy $TOXIPROXY_VERSION from source"
+    mkdir -p "$cache/bin"
+    # `go install` names the binary after its package folder (cmd/server): install it into
+    # a folder of its own, then move it to its name
+    gobin=$(mktemp -d "$cache/toxiproxy-build.XXXXXX")
+    GOBIN=$gobin GOPATH=$cache/go GOCACHE=$cache/go-build GOFLAGS=-modcacherw \
+      CGO_ENABLED=0 GOTOOLCHAIN=local go install "$TOXIPROXY_MODULE/cmd/server@$TOXIPROXY_VERSION"
+    mv "$gobin/server" "$cache/bin/toxiproxy-server"
+    rm -rf "$gobin"
+    rm -f "$cache"/bin/.toxiproxy-*
+    touch "$toxiproxy_stamp"
   fi
 fi
 say "ready"

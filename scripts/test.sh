@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: install everything, check the import contracts and the types
-# (scripts/lint.sh --contracts), run the whole suite, then make sure no java or minio
+# (scripts/lint.sh --contracts), run the whole suite, then make sure no java, minio or toxiproxy
 # process started from this checkout's cache outlived it.
 #
 # The suite runs in two parts (tests/conftest.py, --part): the pure tests (unit, property,
@@ -13,7 +13,7 @@
 # part's (0 when both pass).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh --minio || exit $?
+scripts/setup.sh --minio --toxiproxy || exit $?
 # The import contracts and mypy first: seconds, and a broken one fails before the suite.
 scripts/lint.sh --contracts || { echo "[test] not running the tests: fix the above first" >&2; exit 1; }
 cache=${TIERPROXY_CACHE:-$PWD/.cache}
@@ -43,7 +43,7 @@ took=$(( $(date +%s) - start ))
 
 # Only what this run started (it inherited TIERPROXY_SUITE_RUN): a `make run` or another
 # checkout's services using the same cache are not the suite's to kill.
-leftover=$(for pid in $(pgrep -f -- "$cache/(kafka-|bin/minio)"); do
+leftover=$(for pid in $(pgrep -f -- "$cache/(kafka-|bin/minio|bin/toxiproxy-server)"); do
   grep -qzx "TIERPROXY_SUITE_RUN=$TIERPROXY_SUITE_RUN" "/proc/$pid/environ" 2>/dev/null && echo "$pid"
 done)
 if [ -n "$leftover" ]; then

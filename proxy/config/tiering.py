@@ -53,6 +53,9 @@ class TieringConfig:
     upload_interval_s: float = 1.0
     peer_bind_host: str = "127.0.0.1"
     peer_port: int = 0  # 0: any free port, told to the fleet in the heartbeat
+    # the port peers are told to connect to (0: peer_port's): a port mapping or a TCP proxy
+    # in front of the peer listener, as the flaky-network test's toxiproxy
+    advertised_peer_port: int = 0
     cutover_hold_ms: int = 30_000  # a produce to a partition being cut over waits this long
     # KIP-890 (Kafka's transaction.partition.verification.enable): the owner asks the
     # coordinator before the first transactional batch of a producer with no transaction
@@ -133,6 +136,7 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         ),
         peer_bind_host=section.string("peer_bind_host", defaults.peer_bind_host),
         peer_port=section.port("peer_port", 0),
+        advertised_peer_port=section.port("advertised_peer_port", 0),
         cutover_hold_ms=section.integer("cutover_hold_ms", defaults.cutover_hold_ms, minimum=100),
         transaction_partition_verification=section.boolean(
             "transaction_partition_verification", defaults.transaction_partition_verification

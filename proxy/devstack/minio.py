@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import botocore.session
 from botocore.config import Config
 
-from proxy.devstack.paths import DevstackError, free_port, minio_binary
+from proxy.devstack.paths import free_port, minio_binary
 from proxy.devstack.process import ManagedProcess
 
 ACCESS_KEY = "tierproxy"
@@ -24,20 +23,26 @@ class MinioServer:
     """One MinIO server on a free loopback port with its own data dir and a bucket."""
 
     def __init__(
-        self, bucket: str = "tierproxy", base_dir: Path | None = None, name: str = "minio"
+        self,
+        bucket: str = "tierproxy",
+        base_dir: Path | None = None,
+        name: str = "minio",
+        env: dict[str, str] | None = None,
     ) -> None:
+        """`env`: more of MinIO's settings, e.g. MINIO_API_REQUESTS_MAX."""
         self.bucket = bucket
         self.port = free_port()
         self.console_port = free_port()
         self._owns_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix=f"tierproxy-{name}-"))
-        env = dict(os.environ)
-        env.update(
+        settings = dict(os.environ)
+        settings.update(
             MINIO_ROOT_USER=ACCESS_KEY,
             MINIO_ROOT_PASSWORD=SECRET_KEY,
             MINIO_BROWSER="off",
             MINIO_UPDATE="off",
         )
+        settings.update(env or {})
         self.process = ManagedProcess(
             name,
             [
@@ -51,7 +56,7 @@ class MinioServer:
                 str(self.base_dir / "data"),
             ],
             log_path=self.base_dir / "minio.log",
-            env=env,
+            env=settings,
         )
 
     @property
@@ -105,24 +110,10 @@ class MinioServer:
         self.stop()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        last_error = "no answer yet"
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise DevstackError(
-                    f"minio exited with {self.process.returncode()}:\n{self.process.tail()}"
-                )
-            try:
-                url = f"{self.endpoint}/minio/health/ready"
-                with urllib.request.urlopen(url, timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError) as exc:
-                last_error = str(exc)
-            time.sleep(0.2)
-        raise DevstackError(
-            f"minio not ready after {timeout}s ({last_error}):\n{self.process.tail()}"
-        )
+        def ready() -> None:  # HTTPError (an OSError) unless 200
+            urllib.request.urlopen(f"{self.endpoint}/minio/health/ready", timeout=2).close()
+
+        self.process.wait_ready(ready, timeout)
 
     def _create_bucket(self) -> None:
         client = botocore.session.get_session().create_client(

@@ -14,8 +14,12 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+
+from proxy.devstack.paths import DevstackError
 
 _PR_SET_PDEATHSIG = 1
 _live: set[ManagedProcess] = set()
@@ -116,6 +120,24 @@ class ManagedProcess:
             os.killpg(self._popen.pid, signum)
         except ProcessLookupError:
             pass
+
+    def wait_ready(self, probe: Callable[[], object], timeout: float) -> None:
+        """Until `probe()` returns without an OSError (urllib's errors are OSErrors: no
+        answer yet); DevstackError if the process exits first or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise DevstackError(f"{self.name} exited with {self.returncode()}:\n{self.tail()}")
+            try:
+                probe()
+                return
+            except OSError as exc:
+                last_error = str(exc)
+            time.sleep(0.2)
+        raise DevstackError(
+            f"{self.name} not ready after {timeout}s ({last_error}):\n{self.tail()}"
+        )
 
     def tail(self, lines: int = 40) -> str:
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
@@ -77,6 +78,9 @@ class _PeerConnection:
         # calls not answered yet that must hear at once if this connection fails
         self._on_lost: dict[object, Callable[[], None]] = {}
         self._next_cid = 0
+        # time.monotonic() of the last bytes read: a call that times out with nothing read
+        # since it was written leaves a connection presumed dead (`call`)
+        self._read_at = 0.0
         self._failure: str | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
@@ -117,6 +121,7 @@ class _PeerConnection:
         call can pick another connection (a hand-off's drop is recorded before the next
         one is sent: sequence_holes.py)."""
         cid = None
+        sent_at: float | None = None
         token = object()
         if on_lost is not None:
             self._on_lost[token] = on_lost
@@ -138,6 +143,7 @@ class _PeerConnection:
                     waiter = asyncio.get_running_loop().create_future()
                     self._pending[cid] = (waiter, expect)
                 try:
+                    sent_at = time.monotonic()
                     await self._send(pieces)
                     return None if waiter is None else await waiter
                 finally:
@@ -146,6 +152,14 @@ class _PeerConnection:
                         waiter.exception()  # retrieved: _fail sets it when the write fails
         except TimeoutError:
             what = type(request).__name__ + ("" if cid is None else f" {cid}")
+            if sent_at is not None and self._read_at < sent_at:
+                # Nothing came back since this call was written, not even another call's
+                # answer: a half-open connection (the peer gone without a close, a
+                # silent partition) that TCP may take many minutes to notice. The calls
+                # still waiting on it fail now, and the next call opens another (this
+                # one's own loss is its TimeoutError, not its `on_lost`).
+                self._on_lost.pop(token, None)
+                self._fail(f"nothing read for {timeout_s} s: presumed dead")
             raise TimeoutError(
                 f"peer {self.name}: {what} not answered within {timeout_s} s"
             ) from None
@@ -155,6 +169,9 @@ class _PeerConnection:
     async def _send(self, pieces: list) -> None:
         assert self._writer is not None
         try:
+            if self._writer.is_closing():  # reset, the reader not told yet: uvloop's
+                # transport raises RuntimeError on a write then (asyncio's ignores it)
+                raise ConnectionResetError("the connection was closed")
             self._writer.writelines(pieces)
             await self._writer.drain()  # backpressure: a peer that stops reading stops us
         except ConnectionError as exc:
@@ -172,6 +189,7 @@ class _PeerConnection:
         frames = PeerFrameReader(self._max_frame_bytes)
         try:
             while data := await reader.read(READ_BYTES):
+                self._read_at = time.monotonic()
                 frames.feed(data)
                 while (message := frames.next_message()) is not None:
                     self._answer(message)

@@ -140,7 +140,7 @@ class Proxy:
             self.fleet.self_member,
             self.started_at,
             self.metrics.zone_bytes_totals(),
-            peer_port=tiering.peer_port if tiering is not None else 0,
+            peer_port=tiering.advertised_peer_port if tiering is not None else 0,
             drained=tiering.drained() if tiering is not None else frozenset(),
             uploader_lag=tiering.uploader_lag() if tiering is not None else None,
             peer_protocol=PEER_PROTOCOL,

@@ -178,6 +178,11 @@ class TieringService:
     def peer_port(self) -> int:
         return self.peer_server.port if self.peer_server is not None else 0
 
+    @property
+    def advertised_peer_port(self) -> int:
+        """The peer port the heartbeat tells the fleet: `advertised_peer_port` if set."""
+        return self.config.advertised_peer_port or self.peer_port
+
     def drained(self) -> frozenset[str]:
         """What the heartbeat reports: tiered topics with no passthrough produce in flight."""
         return drained_topics(self.topics.topics(), self.in_flight)

@@ -41,7 +41,7 @@ from proxy.objects.format import IndexEntry, read_block
 from proxy.objects.format_writer import BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
-from proxy.objects.store import ObjectExists, ObjectStore
+from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.upkeep.compaction_plan import (
     CompactionPlan,
     CompactionSettings,
@@ -206,9 +206,14 @@ class Compactor:
                         if self._due(shard):
                             await self._compact(shard)
                     await self._collect()
-            except Exception:
+            except Exception as exc:
                 self.stats.failures += 1
-                log.exception("compaction pass failed")
+                if isinstance(exc, ObjectStoreError) and exc.retryable:
+                    # the store down, throttling or unreachable after its retries: the
+                    # next tick tries again; a traceback would say "bug"
+                    log.warning("compaction pass failed, tried again next tick: %s", exc)
+                else:
+                    log.exception("compaction pass failed")
 
     # -- what callers see ----------------------------------------------------------------
 

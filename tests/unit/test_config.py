@@ -179,3 +179,13 @@ def test_bad_fleet_settings_name_the_key(settings, key, reason):
         parse_config({"upstream": {"bootstrap": "k:1"}, **settings})
     assert error.value.key == key
     assert reason in error.value.reason
+
+
+def test_the_advertised_peer_port_defaults_to_the_listened_one_and_is_checked():
+    base = {"upstream": {"bootstrap": "k:1"}}
+    assert parse_config({**base, "tiering": {"enabled": True}}).tiering.advertised_peer_port == 0
+    mapped = parse_config({**base, "tiering": {"enabled": True, "advertised_peer_port": 23456}})
+    assert (mapped.tiering.peer_port, mapped.tiering.advertised_peer_port) == (0, 23456)
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**base, "tiering": {"enabled": True, "advertised_peer_port": 70000}})
+    assert caught.value.key == "tiering.advertised_peer_port"

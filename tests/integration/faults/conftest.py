@@ -3,7 +3,9 @@ killed and paused, a broker restarts and the object store goes away.
 
 It breaks what it runs on, so it runs on a Kafka cluster and a MinIO of its own (started
 in the test, stopped at its end) and shares nothing with the session's `kafka_cluster`
-and `s3_server`. Marked `faults`: `-m "not faults"` leaves it out.
+and `s3_server`. The flaky-network test (test_flaky_network.py) breaks only the network
+between the proxies and a MinIO of its own, so it shares the session's Kafka. Both are
+marked `faults`: `-m "not faults"` leaves them out.
 """
 
 from __future__ import annotations
@@ -17,5 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tiering"))
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
-        "markers", "faults: the fault-injection suite (its own Kafka and MinIO, ~6 min)"
+        "markers",
+        "faults: the fault-injection suite (its own Kafka and MinIO, ~6 min) and the "
+        "flaky-network test (toxiproxy, ~3 min)",
     )

@@ -9,6 +9,7 @@ record names who wrote it and in what order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
@@ -51,6 +52,11 @@ def _quiet_logger(name: str, lines: list[str], path: Path | None = None) -> logg
 # WAL entry is at most this plus its framing, so a WAL that takes no more appends is
 # within that of its bound (faultsteps.WalFill.room)
 BATCH_BYTES = 128 * 1024
+# the steady load of a fault run (`start_load`): per producer, records a second and their
+# size; librdkafka times a request out after 10 s and retries it, for 300 s
+RATE = 150
+VALUE_BYTES = 128
+CLIENT = {"socket.timeout.ms": 10_000, "message.timeout.ms": 300_000, "batch.size": BATCH_BYTES}
 
 
 class BurstProducer:
@@ -157,6 +163,46 @@ class Progress:
         """Every partition had an acknowledgement after `since`."""
         self.update()
         return all(self.last_ack_at.get(p, 0.0) > since for p in range(self.partitions))
+
+
+def start_load(
+    bootstrap: str,
+    zones: list[str],
+    topic: str,
+    partitions: int,
+    producers: list[LoadProducer],
+    *,
+    rate: float = RATE,
+    value_bytes: int = VALUE_BYTES,
+    settings: dict | None = None,
+) -> Progress:
+    """The steady load: one `LoadProducer` a zone (`load-a`, `load-b`, ...) writing `rate`
+    records a second round robin over the partitions, appended to `producers` as each
+    starts (the caller stops them, however far this got); their `Progress`."""
+    progress = Progress(partitions)
+    for zone in zones:
+        producer = LoadProducer(
+            f"load-{zone[-1]}",
+            bootstrap,
+            topic,
+            partitions,
+            rate,
+            zone,
+            value_bytes=value_bytes,
+            settings=CLIENT if settings is None else settings,
+        )
+        producers.append(producer.start())
+        progress.watch(producer)
+    return progress
+
+
+def stop_quietly(stoppables: list) -> None:
+    """A failed run's producers and consumers stopped quickly, whatever is left unsent
+    (None: never started)."""
+    for stoppable in stoppables:
+        if stoppable is not None:
+            with contextlib.suppress(AssertionError):
+                stoppable.stop(flush_timeout_s=5)
 
 
 class FleetConsumer:

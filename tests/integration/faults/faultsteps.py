@@ -29,6 +29,7 @@ from faultload import BurstProducer, Figures, FleetConsumer, Progress
 from tieredfleet import TieredFleet, TieredProxy, wait_for_log, wal_backlog
 
 from proxy.devstack import KafkaCluster, MinioServer
+from proxy.devstack.toxiproxy import Link, Toxic
 
 RECOVERY_BOUND_S = 30.0  # a proxy killed or paused, a broker restarted
 OUTAGE_RECOVERY_BOUND_S = 60.0  # MinIO back: the full WAL drains, the queued produce lands
@@ -317,6 +318,28 @@ class Injector:
         self.figures.notes["minio_ready_after_start_s"] = round(ended - resumed, 2)
         acks = list(self.progress.acks())
         return wal_fill(capacity, samples, acks, partitions, injected, resumed, ended, burst.sent)
+
+    def network_fault(
+        self, kind: str, links: list[Link], toxics: list[Toxic], hold_s: float
+    ) -> None:
+        """`toxics` on each of `links` (toxiproxy) for `hold_s`, then removed. The figures
+        keep how many records were acknowledged meanwhile, per partition: a slow network
+        should slow produce, not stop it (a cut or half-open one may)."""
+        injected = time.monotonic()
+        for link in links:
+            link.add(*toxics)
+        try:
+            time.sleep(hold_s)  # how long the fault lasts, not a wait for an event
+        finally:
+            for link in links:
+                link.remove(*toxics)
+        ended = time.monotonic()
+        self.recovered(kind, injected, ended, RECOVERY_BOUND_S)
+        during = Counter(
+            a.partition for a in self.progress.acks() if injected <= a.acked_at < ended
+        )
+        acked = self.figures.notes.setdefault("acknowledged_during_fault", {})
+        acked[kind] = {p: during[p] for p in self._partitions()}
 
     def _partitions(self) -> range:
         return range(self.progress.partitions)

@@ -19,6 +19,7 @@ import struct
 import uuid
 
 import pytest
+import uvloop
 from crc32c import crc32c
 
 from proxy import __version__
@@ -602,3 +603,69 @@ async def test_an_append_to_an_owner_older_than_sequences_carries_none(owner, cl
     finally:
         await server.close()
     assert seen == [(None, -1), (batch, 4)]
+
+
+def test_a_call_on_a_connection_closed_under_uvloop_fails_as_unavailable():
+    """The proxy runs on uvloop, whose transport raises RuntimeError on a write once it is
+    closed (asyncio's ignores the write): a reset the transport saw before the connection's
+    reader did escaped a Produce as a bug, its whole request answered KAFKA_STORAGE_ERROR
+    (the flaky-network test cutting the peer link, docs/reliability.md)."""
+
+    async def main() -> None:
+        owner = Owner()
+        server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin)
+        await server.start()
+        clients = PeerClients(connect_timeout_s=2.0)
+        address = ("127.0.0.1", server.port)
+        try:
+            first = await clients.append(address, 1, -1, 1000, records=b"first")
+            assert first == expected_result(1, "first")
+            writer = clients._connections[address]._writer
+            assert writer is not None
+            # the call yields once (to the connect), then writes without yielding: the
+            # reset lands in that yield, before the reader task can run
+            lost = asyncio.create_task(clients.append(address, 2, -1, 1000, records=b"lost"))
+            asyncio.get_running_loop().call_soon(writer.transport.abort)
+            with pytest.raises(PeerUnavailable, match="connection lost: the connection was closed"):
+                await lost
+            again = await clients.append(address, 3, -1, 1000, records=b"again")
+            assert again == expected_result(3, "again")
+        finally:
+            await clients.close()
+            await server.close()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+async def test_a_call_that_times_out_with_nothing_read_drops_a_half_open_connection(clients):
+    """A peer that takes the connection and then answers nothing, not even a close (gone
+    without a FIN, a silent partition: TCP may take many minutes to notice): once a call
+    times out with nothing read since it was written, the calls still waiting on that
+    connection fail at once and the next call opens another (the flaky-network test's
+    one-way cut of the peer link, docs/reliability.md). A call that times out while others
+    are answered keeps the connection (the test above)."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def black_hole(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read()  # reads what comes, answers nothing, closes nothing
+
+    server = await asyncio.start_server(black_hole, "127.0.0.1", 0)
+    address = ("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        waiting = asyncio.create_task(
+            clients.append(address, 1, -1, 1000, records=b"waits", timeout_s=30)
+        )
+        with pytest.raises(TimeoutError, match="not answered within 0.2 s"):
+            await clients.append(address, 2, -1, 1000, records=b"times out", timeout_s=0.2)
+        with pytest.raises(PeerUnavailable, match="nothing read for 0.2 s: presumed dead"):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(TimeoutError):
+            await clients.append(address, 3, -1, 1000, records=b"next", timeout_s=0.2)
+        assert len(accepted) == 2, "the next call did not open another connection"
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
