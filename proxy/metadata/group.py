@@ -33,6 +33,9 @@ log = logging.getLogger("tierproxy.metadata")
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # a tombstone outlives any reader's catch-up
 SEGMENT_MS = 3600 * 1000  # Kafka compacts closed segments only: roll them hourly
 DEFAULT_GROUP = "tierproxy-shards"
+# beyond the session timeout (the upload's bound), what a revoked shard's hand-over may
+# take: on_lost and the ShardRelease's transaction
+HANDOVER_MARGIN_MS = 15_000
 
 
 class MetadataTopicError(MetadataError):
@@ -178,14 +181,28 @@ class ShardAssignment:
         self._closing = False
 
     async def start(self) -> None:
+        rebalance_timeout = self._session_timeout_ms + HANDOVER_MARGIN_MS
+        settings = {k: v for k, v in self._kafka.items() if k != "request_timeout_ms"}
         self._consumer = AIOKafkaConsumer(
-            **self._kafka,
+            **settings,
             group_id=self._group_id,
             enable_auto_commit=False,
             auto_offset_reset="latest",
             session_timeout_ms=self._session_timeout_ms,
             heartbeat_interval_ms=max(100, self._session_timeout_ms // 3),
-            rebalance_timeout_ms=self._session_timeout_ms,
+            # A rebalance revokes every shard, and each is handed over before the member
+            # rejoins: its upload (bounded by the session timeout, tiered/uploads.py) and
+            # its ShardRelease. A member that rejoins later than the rebalance timeout is
+            # put out of the group, its shards go to others, whose start fences it: its
+            # hand-over fails, the shards stay dirty and wait for it, and every member
+            # revokes again. So the group waits for the hand-over; a dead member still
+            # leaves after the session timeout, its heartbeats having stopped.
+            rebalance_timeout_ms=rebalance_timeout,
+            # aiokafka sends JoinGroup with the client's request timeout; the coordinator
+            # may hold the answer for the rebalance timeout (Kafka's consumer does this too)
+            request_timeout_ms=max(
+                self._kafka.get("request_timeout_ms", 40000), rebalance_timeout + 5000
+            ),
             # One assignor only: aiokafka 0.14 sends one JoinGroup per assignor, each with
             # a longer protocol list, so with two every join changes the member's metadata
             # and two members starting together rebalance each other for up to a minute
