@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,10 +46,6 @@ from offload_jobs.iceberg_table import (
 from offload_jobs.kafka_client import describe_topic
 from offload_jobs.progress import TaskProgress
 from proxy.metadata.state import MetadataState
-
-# Test hook: with this set, the driver says so and waits, its files written and not
-# committed, to be killed (tests/integration/offload/test_export_iceberg.py).
-HOLD_BEFORE_COMMIT = "TIERPROXY_TEST_HOLD_BEFORE_COMMIT"
 
 
 def resumed(task: PartitionExport, resume: Resume, source: str) -> PartitionExport | None:
@@ -165,7 +159,6 @@ def export_iceberg(
     files = [data_file for r in done for data_file in r.files]
     after = iceberg_offsets.advanced(before, {r.partition: (r.end, r.open) for r in done})
     if not summary.errors and files:
-        _hold_if_asked(progress, len(files))
         properties = iceberg_offsets.encode(job.topic, after)
         properties["tierproxy.records"] = str(summary.records)
         try:
@@ -178,9 +171,3 @@ def export_iceberg(
             )
     summary.seconds = time.monotonic() - started
     return summary
-
-
-def _hold_if_asked(progress: Callable[[str], None], files: int) -> None:
-    if os.environ.get(HOLD_BEFORE_COMMIT):
-        progress(f"holding before the commit: {files} data files written")
-        threading.Event().wait()  # until the test kills this process

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -28,13 +29,14 @@ from offloadcopies import offload, s3_spec, state_of
 from offloaddata import Topic, create_topic, produce
 
 from offload_jobs.export import ExportJob, plan
-from offload_jobs.export_iceberg import HOLD_BEFORE_COMMIT, export_iceberg
+from offload_jobs.export_iceberg import export_iceberg
 from offload_jobs.iceberg_offsets import OFFSETS_KEY, decode
 from offload_jobs.iceberg_table import CatalogSpec, open_catalog, s3_io
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio, pytest.mark.spark]
 
 KINDS = {1: "CreateTime", 2: "LogAppendTime"}
+HELD = Path(__file__).with_name("export_held.py")  # the export, held before its commit
 
 
 def consumed(bootstrap: str, topic: str, partitions: int) -> list[tuple]:
@@ -177,7 +179,7 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
     }))  # fmt: skip
     catalog = tmp_path / "catalog.db"
     command = [
-        sys.executable, "-m", "proxy.cli", "export", topic.name, "--config", str(config),
+        sys.executable, str(HELD), "export", topic.name, "--config", str(config),
         "--iceberg", "raw.events", "--catalog", str(catalog), "--master", "local[2]",
     ]  # fmt: skip
     spec = CatalogSpec(str(catalog), "raw.events", (tmp_path / "objects" / "iceberg").as_uri())
@@ -187,7 +189,7 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
 
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=os.environ | {HOLD_BEFORE_COMMIT: "1"}, start_new_session=True,
+        start_new_session=True,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
