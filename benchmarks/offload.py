@@ -2,7 +2,7 @@
 of the same bytes to MinIO at the same parallelism, in one run.
 
     .venv/bin/python -m benchmarks.offload [--bytes 2000000000] [--partitions 12]
-        [--json out.json]
+        [--cluster] [--json out.json]
 
 One Kafka broker (its log directory holds every partition), one MinIO, one
 `tierproxy run` with tiering on MinIO (the shard owner the job commits through). Per
@@ -16,6 +16,9 @@ is below the cutover; then
 - `migrate`: `offload_jobs.migrate.migrate` on a SparkSession of master local[N]
   (tasks read the segments byte-exact, cut ~64 MiB stream objects, PUT them; the driver
   commits them through the proxy), timed from the job's start to its last commit.
+  With `--cluster` the job runs on a Spark standalone cluster of N one-core workers
+  (`proxy.devstack.SparkCluster`, started for each N) instead of local[N]: the scaling
+  figure of a real cluster, executors in processes of their own.
 
 MB = 2^20 bytes of segment data (.log bytes for the copy, record batch bytes for the
 job). Markdown on stdout; `--json` has it all.
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -43,6 +47,7 @@ from offload_jobs.migrate import MigrateJob, StoreSpec, migrate
 from proxy.devstack import KafkaCluster, MinioServer, versions
 from proxy.devstack.paths import free_port
 from proxy.devstack.spark import spark_session
+from proxy.devstack.sparkcluster import SparkCluster
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
 
@@ -134,6 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bytes", type=int, default=2 * GB, help="record values per topic")
     parser.add_argument("--record-size", type=int, default=1024)
     parser.add_argument("--partitions", type=int, default=12)
+    parser.add_argument(
+        "--cluster", action="store_true", help="a standalone cluster of N workers, not local[N]"
+    )
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)
 
@@ -184,11 +192,19 @@ def main(argv: list[str] | None = None) -> int:
                     peer=("127.0.0.1", peer_port),
                     segment_dirs=(str(log_dir),),
                 )
-                spark = spark_session(f"bench-offload-{n}", master=f"local[{n}]")
+                cluster = None
+                if args.cluster:
+                    cluster = SparkCluster(work / f"spark-{n}", workers=n, cores=1).start()
+                master = cluster.master_url if cluster is not None else f"local[{n}]"
                 try:
-                    summary = migrate(spark, job, progress=lambda line: None)
+                    spark = spark_session(f"bench-offload-{n}", master=master)
+                    try:
+                        summary = migrate(spark, job, progress=lambda line: None)
+                    finally:
+                        spark.stop()
                 finally:
-                    spark.stop()
+                    if cluster is not None:
+                        cluster.stop()
                 if not summary.ok or summary.committed != summary.objects:
                     raise RuntimeError(f"migration of {topic} failed: {summary.line()}")
                 result = Result(
@@ -202,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                     summary.batches,
                     summary.records,
                 )
-                print(f"  migrate local[{n}]: {result.migrate_mb_s:.1f} MB/s", flush=True)
+                print(f"  migrate {label(n, args)}: {result.migrate_mb_s:.1f} MB/s", flush=True)
                 results.append(result)
         finally:
             proxy.stop()
@@ -214,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "kafka": versions()["KAFKA_VERSION"],
         "minio": versions()["MINIO_VERSION"],
         "runtime_s": time.monotonic() - started,
+        "loadavg_at_end": os.getloadavg(),
     }
     print()
     print(render(run, results, args))
@@ -221,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         out = {"run": run, "results": [asdict(r) for r in results]}
         args.json.write_text(json.dumps(out, indent=2, default=str))
     return 0
+
+
+def label(n: int, args) -> str:
+    return f"cluster of {n} worker{'s' if n > 1 else ''}" if args.cluster else f"local[{n}]"
 
 
 def render(run: dict, results: list[Result], args) -> str:
@@ -231,17 +252,20 @@ def render(run: dict, results: list[Result], args) -> str:
         "",
         f"- command: `{run['command']}`",
         f"- code at {run['proxy_code']}; {run['date']}; total runtime {run['runtime_s']:.0f} s",
-        f"- machine: {m['nproc']} cores, {m['memory_gib']} GiB, Python {m['python']}",
+        f"- machine: {m['nproc']} cores, {m['memory_gib']} GiB, Python {m['python']}; load "
+        f"average {', '.join(f'{x:.1f}' for x in m['loadavg_at_start'])} at the start, "
+        f"{', '.join(f'{x:.1f}' for x in run['loadavg_at_end'])} at the end",
         f"- Kafka {run['kafka']} (1 node), MinIO {run['minio']}; per parallelism a topic of "
         f"{args.bytes / GB:.2f} GB of {args.record_size} B records, {args.partitions} "
-        "partitions, all below the cutover",
+        "partitions, all below the cutover; the job on "
+        + ("a Spark standalone cluster of N one-core workers" if args.cluster else "local[N]"),
         "",
         "| | raw copy MB/s | migrate MB/s | migrate / raw copy | objects | batches |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n, r in sorted(by.items()):
         lines.append(
-            f"| local[{n}] | {r.copy_mb_s:.1f} | {r.migrate_mb_s:.1f} | "
+            f"| {label(n, args)} | {r.copy_mb_s:.1f} | {r.migrate_mb_s:.1f} | "
             f"{r.migrate_mb_s / r.copy_mb_s:.2f} | {r.objects} | {r.batches:,} |"
         )
     if 1 in by and 2 in by:
@@ -249,10 +273,11 @@ def render(run: dict, results: list[Result], args) -> str:
         share = two.migrate_mb_s / two.copy_mb_s
         lines += [
             "",
-            f"- scaling local[1] -> local[2]: migrate {two.migrate_mb_s / one.migrate_mb_s:.2f}x, "
+            f"- scaling {label(1, args)} -> {label(2, args)}: migrate "
+            f"{two.migrate_mb_s / one.migrate_mb_s:.2f}x, "
             f"raw copy {two.copy_mb_s / one.copy_mb_s:.2f}x",
-            f"- target: migrate at local[2] >= {TARGET_SHARE:.0%} of the raw copy: {share:.0%}: "
-            + ("met" if share >= TARGET_SHARE else "NOT met"),
+            f"- target: migrate at {label(2, args)} >= {TARGET_SHARE:.0%} of the raw copy: "
+            f"{share:.0%}: " + ("met" if share >= TARGET_SHARE else "NOT met"),
         ]
     return "\n".join(lines)
 
