@@ -138,7 +138,11 @@ class ShardAssignment:
     dirty and the group gives it back to this member. Without `on_release` every shard
     is released (a member that keeps nothing outside the metadata). `dirty_shards()` names
     the shards this member must get back although this process never owned them (a
-    restart): the shards whose last claim is this member's and were not released."""
+    restart): the shards whose last claim is this member's and were not released. It is
+    read from readers that may lag the owners' own, so a shard this process released
+    (and has not claimed since) is never taken from it as dirty: a reader that had not
+    read the release yet gave every released shard back to its last owner, and the
+    member that joined got none until the next rebalance."""
 
     def __init__(
         self,
@@ -178,6 +182,9 @@ class ShardAssignment:
         self._starting: dict[int, ShardOwner] = {}
         self._owners: dict[int, ShardOwner] = {}
         self._unreleased: set[int] = set()  # claimed by this process, not released since
+        # released by this process, not claimed here since: `dirty_shards()` reads other
+        # readers than the owners', which may not have read the release yet
+        self._released: set[int] = set()
         self._closing = False
 
     async def start(self) -> None:
@@ -244,7 +251,7 @@ class ShardAssignment:
     def _dirty(self) -> set[int]:
         dirty = set(self._unreleased)
         if self._dirty_shards is not None:
-            dirty.update(self._dirty_shards())
+            dirty.update(set(self._dirty_shards()) - self._released)
         return dirty
 
     async def _poll(self) -> None:
@@ -313,6 +320,7 @@ class ShardAssignment:
             finally:
                 if owner.epoch:  # it claimed (or its claim failed midway): dirty until released
                     self._unreleased.add(shard)
+                    self._released.discard(shard)
                 self._forget(self._starting, shard, owner)
                 try:  # still `owner(shard)` while on_release commits what it holds
                     await self._stop(shard, owner, serving)
@@ -344,6 +352,7 @@ class ShardAssignment:
             try:
                 await owner.release()
                 self._unreleased.discard(shard)
+                self._released.add(shard)
             except (KafkaError, ShardFenced, OSError) as exc:
                 log.warning("%s could not release shard %d: %r", self.name, shard, exc)
             except Exception:

@@ -494,6 +494,36 @@ async def test_a_shard_released_on_revoke_is_claimed_at_once(kafka, topic, hand_
         await b.close()
 
 
+async def test_a_released_shard_is_not_reported_dirty_by_a_reader_that_lags(kafka, topic):
+    # `dirty_shards` is read from the proxy's own readers, not the owners': one that has
+    # not read the ShardRelease yet still shows this member's claim as the last. Here it
+    # never catches up. a must still report no dirty shard once it released them, or the
+    # group gives all four back to a and b gets none until the next rebalance.
+    group = f"shards-{uuid.uuid4().hex[:8]}"
+    hooks = Hooks(release=True)
+    claimed: set[int] = set()
+
+    async def on_owned(shard: int, owner: ShardOwner) -> None:
+        claimed.add(shard)
+        await hooks.on_owned(shard, owner)
+
+    options = hooks.options() | {"on_owned": on_owned, "dirty_shards": lambda: sorted(claimed)}
+    a = member(kafka, topic, group, "proxy-a", **options)
+    b = member(kafka, topic, group, "proxy-b")
+    try:
+        await a.start()
+        await eventually(lambda: a.owned() == [0, 1, 2, 3], 60, "a owns every shard")
+        await b.start()  # a releases all four on the revoke; its lagging view says dirty
+        await eventually(
+            lambda: len(a.owned()) == len(b.owned()) == 2, 60, "a and b own two shards each"
+        )
+        assert [event for event, _ in hooks.events].count("release") == SHARDS
+        assert not b.held()
+    finally:
+        await a.close()
+        await b.close()
+
+
 async def test_a_shard_not_released_stays_with_its_owner_and_is_taken_over_after_the_limit(
     kafka, topic
 ):

@@ -201,7 +201,7 @@ def _read_all(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[tuple[in
     reader = OutputReader(bootstrap, topic).start()
     try:
         wait_for(
-            lambda: {p: max((o for q, o in reader.at if q == p), default=-1) for p in ends},
+            lambda: {p: max((o for q, o in list(reader.at) if q == p), default=-1) for p in ends},
             lambda last: all(last[p] >= end - 1 for p, end in ends.items() if end > 0),
             "the second read of the output",
             60,
