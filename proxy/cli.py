@@ -210,9 +210,18 @@ def _fleet_status(args: argparse.Namespace) -> int:
 
 def _topics(args: argparse.Namespace) -> int:
     import asyncio
+    import time
     import uuid
 
+    from kio.schema.errors import ErrorCode
+
     from proxy.peer.clients import PeerClients
+
+    RETRIABLE_ADMIN_CODES = {  # noqa: N806 - a constant, local to keep the CLI's import light
+        ErrorCode.not_coordinator,
+        ErrorCode.coordinator_not_available,
+        ErrorCode.coordinator_load_in_progress,
+    }
 
     host, _, port = args.peer.rpartition(":")
     if not host or not port.isdigit():
@@ -220,11 +229,36 @@ def _topics(args: argparse.Namespace) -> int:
         return 2
 
     async def ask() -> tuple[int, str]:
+        """Like Kafka's admin client, retries until --timeout while the answer is
+        retriable: the proxy not listening yet (a restart), or the topic's metadata shard
+        without an owner (a shard-group rebalance). Tier and untier are idempotent."""
         clients = PeerClients()
+        deadline = time.monotonic() + args.timeout
+        backoff = 0.1
+        told: set[str] = set()
         try:
-            return await clients.admin(
-                (host, int(port)), args.op, args.topic, uuid.UUID(int=0), timeout_s=args.timeout
-            )
+            while True:
+                try:
+                    code, message = await clients.admin(
+                        (host, int(port)),
+                        args.op,
+                        args.topic,
+                        uuid.UUID(int=0),
+                        timeout_s=max(0.1, deadline - time.monotonic()),
+                    )
+                except ConnectionError as exc:  # refused, or dropped before its answer
+                    if time.monotonic() + backoff >= deadline:
+                        raise
+                    reason = str(exc)
+                else:
+                    if code not in RETRIABLE_ADMIN_CODES or time.monotonic() + backoff >= deadline:
+                        return code, message
+                    reason = f"error {code}: {message}"
+                if reason not in told:  # each reason once, as Kafka's tools log retries
+                    told.add(reason)
+                    print(f"tierproxy topics {args.op}: {reason}; retrying", file=sys.stderr)
+                await asyncio.sleep(backoff)
+                backoff = min(1.0, backoff * 2)
         finally:
             await clients.close()
 

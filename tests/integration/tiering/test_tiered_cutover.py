@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 import uuid
 from collections import Counter
@@ -41,7 +42,7 @@ from cutover_load import (
 )
 
 from proxy.config import parse_config
-from proxy.devstack.paths import free_port_block
+from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import shard_of, stream_id, topic_shard
 from proxy.objects.local import LocalDirectoryStore
@@ -131,11 +132,16 @@ def _reap(command) -> None:
     command.communicate()
 
 
-def _not_ended(proxies, topic: str, mode_seen, cut_seen, started) -> str:
+def _not_ended(proxies, topic: str, mode_seen, cut_seen, started, command) -> str:
     """What the cutover still waited for at the deadline, per proxy: whether it read the
     topic's mode, its drained topics, the partitions whose cutover it had not read or
-    not started, and the machine's load."""
+    not started, the machine's load, and the tier command's exit and output."""
     lines = [f"the cutover did not end (load average {os.getloadavg()})"]
+    if command.poll() is None:
+        lines.append("the tier command still runs")
+    else:
+        out, err = command.communicate()
+        lines.append(f"the tier command exited {command.returncode}: {out!r} {err!r}")
     for n, proxy in enumerate(proxies):
         tiering = proxy.proxy.tiering
         lines.append(
@@ -147,7 +153,7 @@ def _not_ended(proxies, topic: str, mode_seen, cut_seen, started) -> str:
     return "\n".join(lines)
 
 
-def _watch_cutover(proxies, topic: str, partitions: int, timeout_s: float) -> list[float]:
+def _watch_cutover(proxies, topic: str, partitions: int, timeout_s: float, command) -> list[float]:
     """Polls the proxies (every ~5 ms) while a cutover runs; returns, per (proxy,
     partition), how long produce there was held: from the proxy reading the topic's
     TopicModeSet to it reading the partition's StreamCutover and the owner having started
@@ -159,7 +165,7 @@ def _watch_cutover(proxies, topic: str, partitions: int, timeout_s: float) -> li
     topic_id = None
     while len(cut_seen) < len(proxies) * partitions or len(started) < partitions:
         if time.monotonic() >= deadline:
-            raise AssertionError(_not_ended(proxies, topic, mode_seen, cut_seen, started))
+            raise AssertionError(_not_ended(proxies, topic, mode_seen, cut_seen, started, command))
         now = time.monotonic()
         for n, proxy in enumerate(proxies):
             tiering = proxy.proxy.tiering
@@ -201,7 +207,7 @@ def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path)
             tier_at = time.monotonic()
             command = start_topics_command("tier", topic, a.proxy.tiering.peer_port)
             proxies.callback(_reap, command)  # if the test fails before communicate()
-            held = _watch_cutover([a, b], topic, PARTITIONS, 60)
+            held = _watch_cutover([a, b], topic, PARTITIONS, 60, command)
             cut_at = time.monotonic()
             out, err = command.communicate(timeout=60)
             assert command.returncode == 0, out + err
@@ -401,3 +407,37 @@ def test_untier_is_refused_while_a_wal_holds_writes_not_uploaded(kafka_cluster, 
 def _shards_owned(proxy: ProxyThread) -> int:
     assignment = proxy.proxy.tiering.assignment
     return sum(assignment.owner(k) is not None for k in range(SHARDS))
+
+
+def test_the_tier_command_waits_for_a_proxy_and_a_shard_owner(kafka_cluster, tmp_path):
+    """Like Kafka's admin tools, `topics tier` retries until its timeout while the proxy
+    cannot be reached (a restart drops its connection, then refuses it) and while the
+    topic's metadata shard has no owner (the proxy joining the shard group, or the group
+    rebalancing): run before the proxy starts, it ends with the topic tiered."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"early-{suffix}"
+    create_topic(kafka_cluster, topic, 1)
+    peer_port = free_port()
+    config = proxy_config(
+        kafka_cluster,
+        tmp_path,
+        f"p-{suffix}",
+        "zone-a",
+        suffix,
+        free_port_block(8),
+        peer_port=peer_port,
+    )
+    with socket.create_server(("127.0.0.1", peer_port)) as dying:  # a proxy going down
+        command = start_topics_command("tier", topic, peer_port)
+        dying.settimeout(60)
+        connection, _ = dying.accept()
+        connection.close()  # dropped before any answer
+    try:
+        with ProxyThread(parse_config(config)) as proxy:
+            out, err = command.communicate(timeout=60)
+            assert command.returncode == 0, out + err
+            assert f"{topic} is tiered" in out
+            assert "retrying" in err, err
+            tiered_topic_id(proxy, topic)
+    finally:
+        _reap(command)
