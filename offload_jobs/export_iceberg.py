@@ -45,6 +45,7 @@ from offload_jobs.iceberg_table import (
 )
 from offload_jobs.kafka_client import describe_topic
 from offload_jobs.progress import TaskProgress
+from offload_jobs.value_columns import ValueSchema
 from proxy.metadata.state import MetadataState
 
 
@@ -75,6 +76,7 @@ class IcebergPartitionResult(PartitionResult):
 
     end: int = 0
     open: dict[int, int] = field(default_factory=dict)
+    value_errors: int = 0  # values the table's value columns could not take
 
 
 def export_partition(
@@ -88,9 +90,13 @@ def export_partition(
 
     def writer() -> Callable[[str, list], None]:
         files = FileWriter(metadata, io_properties)
-        return lambda date, rows: result.files.append(
-            files.write(job.topic, task.partition, date, rows)
-        )
+
+        def write(date: str, rows: list) -> None:
+            before = files.value_errors
+            result.files.append(files.write(job.topic, task.partition, date, rows))
+            result.value_errors += files.value_errors - before
+
+        return write
 
     decoder = RecordDecoder(resumes.get(task.partition))
     decoded = run_task(job, task, decoder, result, writer, "the table's location")
@@ -105,6 +111,15 @@ class IcebergSummary(ExportSummary):
 
     snapshot_id: int | None = None
     offsets: dict[int, Resume] = field(default_factory=dict)
+    value_errors: int = 0
+
+    def line(self) -> str:
+        text = super().line()
+        if not self.value_errors:
+            return text
+        head, sep, failures = text.partition("\n")
+        note = f"; {self.value_errors} values not decoded (their reason in value_error)"
+        return head + note + sep + failures
 
     def head(self) -> str:
         if self.errors:
@@ -121,11 +136,13 @@ def export_iceberg(
     states: Mapping[int, MetadataState] | None = None,
     progress: Callable[[str], None] = print,
     redraw: Callable[[str], None] | None = None,
+    values: ValueSchema | None = None,
 ) -> IcebergSummary:
     """Run the job on `spark`: one snapshot appended, or none (nothing new, or a failed
-    partition: then nothing is committed)."""
+    partition: then nothing is committed). `values`: JSON value columns for a new table
+    (value_columns.py); an existing table keeps its own."""
     started = time.monotonic()
-    table = load_or_create(open_catalog(catalog_spec), catalog_spec, job.topic)
+    table = load_or_create(open_catalog(catalog_spec), catalog_spec, job.topic, values)
     before = iceberg_offsets.last_offsets(snapshot_summaries(table))
     topic_id, partitions = describe_topic(job.bootstrap, job.topic, **job.cluster_settings)
     if job.source != "kafka" and states is None:
@@ -156,6 +173,7 @@ def export_iceberg(
             watcher.stop()
     summary = IcebergSummary(job.topic, name, partitions=len(tasks), offsets=before)
     done = add_up(summary, results)
+    summary.value_errors = sum(r.value_errors for r in done)
     files = [data_file for r in done for data_file in r.files]
     after = iceberg_offsets.advanced(before, {r.partition: (r.end, r.open) for r in done})
     if not summary.errors and files:

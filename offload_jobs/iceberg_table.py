@@ -26,6 +26,10 @@ import pyarrow as pa
 
 from offload_jobs.export_records import Row
 from offload_jobs.iceberg_offsets import TOPIC_KEY
+from offload_jobs.value_columns import ERROR_COLUMN, ValueSchema, ValueSchemaError
+
+VALUE_SCHEMA_KEY = "tierproxy.value-schema"
+FIRST_VALUE_FIELD_ID = 100  # value columns' field ids: past the record's own (1-11)
 
 DEFAULT_NAMESPACE = "kafka"
 NO_RETRY = ("commit.retry.num-retries", "0")
@@ -94,10 +98,13 @@ def default_warehouse(store_kind: str, directory: str, s3: dict[str, Any] | None
     return Path(directory, "iceberg").resolve().as_uri()
 
 
-def schema():
+def schema(values: ValueSchema | None = None):
+    """The record's columns, then `values`' columns and `value_error` if given."""
     from pyiceberg.schema import Schema
     from pyiceberg.types import (
         BinaryType,
+        BooleanType,
+        DoubleType,
         IntegerType,
         ListType,
         LongType,
@@ -106,6 +113,19 @@ def schema():
         StructType,
         TimestamptzType,
     )
+
+    value_types = {
+        "string": StringType(), "json": StringType(), "long": LongType(), "int": IntegerType(),
+        "double": DoubleType(), "boolean": BooleanType(), "timestamp": TimestamptzType(),
+    }  # fmt: skip
+    extra = []
+    if values is not None:
+        kinds = [*(kind for _, kind in values.columns), "string"]
+        names = [*(name for name, _ in values.columns), ERROR_COLUMN]
+        extra = [
+            NestedField(FIRST_VALUE_FIELD_ID + n, name, value_types[kind], required=False)
+            for n, (name, kind) in enumerate(zip(names, kinds, strict=True))
+        ]
 
     header = StructType(
         NestedField(10, "key", StringType(), required=True),
@@ -120,6 +140,7 @@ def schema():
         NestedField(6, "key", BinaryType(), required=False),
         NestedField(7, "value", BinaryType(), required=False),
         NestedField(8, "headers", ListType(9, header, element_required=True), required=True),
+        *extra,
     )
 
 
@@ -136,9 +157,22 @@ def open_catalog(spec: CatalogSpec):
     return SqlCatalog("tierproxy", uri=spec.uri, warehouse=spec.warehouse, **spec.io)
 
 
-def load_or_create(catalog, spec: CatalogSpec, topic: str):
-    """The table, created with our schema, partitioning, sort order and properties if it
-    is not there; an existing one must be this topic's export."""
+def table_values(table_properties: dict[str, str]) -> ValueSchema | None:
+    """The value columns a table was created with (`--value-schema`), if any."""
+    held = table_properties.get(VALUE_SCHEMA_KEY)
+    if held is None:
+        return None
+    try:
+        return ValueSchema.parse(held, f"the table's {VALUE_SCHEMA_KEY}")
+    except ValueSchemaError as exc:
+        raise IcebergSetupError(str(exc)) from None
+
+
+def load_or_create(catalog, spec: CatalogSpec, topic: str, values: ValueSchema | None = None):
+    """The table, created with our schema (and `values`' columns), partitioning, sort
+    order and properties if it is not there; an existing one must be this topic's export,
+    and `values`, if given, the value columns it was created with (a run without them
+    decodes with the table's own)."""
     from pyiceberg.exceptions import NoSuchTableError
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.table.sorting import SortField, SortOrder
@@ -151,9 +185,12 @@ def load_or_create(catalog, spec: CatalogSpec, topic: str):
         catalog.create_namespace_if_not_exists(namespace)
         by_day = PartitionField(4, 1000, DayTransform(), "timestamp_day")
         order = SortOrder(SortField(2, IdentityTransform()), SortField(3, IdentityTransform()))
+        properties = {**TABLE_PROPERTIES, TOPIC_KEY: topic}
+        if values is not None:
+            properties[VALUE_SCHEMA_KEY] = values.canonical()
         return catalog.create_table_if_not_exists(
-            (namespace, name), schema(), partition_spec=PartitionSpec(by_day),
-            sort_order=order, properties={**TABLE_PROPERTIES, TOPIC_KEY: topic},
+            (namespace, name), schema(values), partition_spec=PartitionSpec(by_day),
+            sort_order=order, properties=properties,
         )  # fmt: skip
     held = table.properties.get(TOPIC_KEY)
     if held != topic:
@@ -161,8 +198,15 @@ def load_or_create(catalog, spec: CatalogSpec, topic: str):
             f"table {namespace}.{name} holds the export of {held or 'no tierproxy topic'}, "
             f"not of {topic}"
         )
+    held_values = table_values(table.properties)
+    if values is not None and values != held_values:
+        had = "none" if held_values is None else held_values.canonical()
+        raise IcebergSetupError(
+            f"table {namespace}.{name} has value columns {had}, not {values.canonical()}: "
+            "export to a new table for other value columns"
+        )
     names = [f.name for f in table.schema().fields]
-    wanted = [f.name for f in schema().fields]
+    wanted = [f.name for f in schema(held_values).fields]
     if names[: len(wanted)] != wanted:
         raise IcebergSetupError(f"table {namespace}.{name}: columns {names}, expected {wanted}")
     if table.properties.get(NO_RETRY[0]) != NO_RETRY[1]:  # changed since: set it back
@@ -180,11 +224,21 @@ def snapshot_summaries(table) -> Iterator[dict[str, str]]:
         snapshot = None if parent is None else table.snapshot_by_id(parent)
 
 
-def arrow_rows(topic: str, partition: int, rows: list[Row], arrow_schema: pa.Schema) -> pa.Table:
-    """Decoded rows (offset order) as a table of the Iceberg schema."""
+def arrow_rows(
+    topic: str, partition: int, rows: list[Row], arrow_schema: pa.Schema,
+    decoder: ValueSchema | None = None,
+) -> tuple[pa.Table, int]:  # fmt: skip
+    """Decoded rows (offset order) as a table of the Iceberg schema, and how many values
+    `decoder` could not decode."""
     columns = list(zip(*rows, strict=True))
     offsets, timestamps, keys, values, headers, kinds = columns
-    return pa.Table.from_arrays(
+    decoded, bad = decoder.decode(values) if decoder is not None else ([], 0)
+    extra = [
+        pa.array(column, f.type)
+        for column, f in zip(decoded, list(arrow_schema)[len(arrow_schema) - len(decoded) :],
+                             strict=True)
+    ]  # fmt: skip
+    table = pa.Table.from_arrays(
         [
             pa.array([topic] * len(rows), pa.string()),
             pa.array([partition] * len(rows), pa.int32()),
@@ -194,9 +248,11 @@ def arrow_rows(topic: str, partition: int, rows: list[Row], arrow_schema: pa.Sch
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),
             pa.array(headers, arrow_schema.field("headers").type),
+            *extra,
         ],
         schema=arrow_schema,
     )
+    return table, bad
 
 
 class FileWriter:
@@ -211,8 +267,10 @@ class FileWriter:
         self.metadata = metadata
         self.io = load_file_io(io_properties, metadata.location)
         self.arrow_schema = metadata.schema().as_arrow()
+        self.values = table_values(metadata.properties)
         self.write_uuid = uuid.uuid4()
         self.count = 0
+        self.value_errors = 0  # values not decoded (`value_error` set)
 
     def write(self, topic: str, partition: int, date: str, rows: list[Row]):
         from pyiceberg.io.pyarrow import write_file
@@ -222,7 +280,9 @@ class FileWriter:
         spec, table_schema = self.metadata.spec(), self.metadata.schema()
         day = (datetime.date.fromisoformat(date) - EPOCH).days
         key = PartitionKey([PartitionFieldValue(spec.fields[0], day)], spec, table_schema)
-        batches = arrow_rows(topic, partition, rows, self.arrow_schema).to_batches()
+        table, bad = arrow_rows(topic, partition, rows, self.arrow_schema, self.values)
+        self.value_errors += bad
+        batches = table.to_batches()
         task = WriteTask(
             self.write_uuid, self.count, table_schema, batches,
             sort_order_id=self.metadata.default_sort_order_id, partition_key=key,

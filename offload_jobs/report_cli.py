@@ -45,6 +45,12 @@ def add_parsers(commands) -> None:
         "created if missing) or a SQLAlchemy URI (sqlite:///..., postgresql+psycopg2://...)",
     )  # fmt: skip
     export.add_argument(
+        "--value-schema", type=Path, default=None, metavar="FILE",
+        help='--iceberg: JSON values into columns, a file of {"field": "type"} (string, '
+        "long, int, double, boolean, timestamp, json); a value that does not fit is kept "
+        "with its reason in column value_error, never stops the run",
+    )  # fmt: skip
+    export.add_argument(
         "--warehouse", default=None,
         help="--iceberg: where a new table's files go, file:///dir or s3://bucket/prefix "
         "(default: iceberg/ in the config's object store)",
@@ -122,6 +128,8 @@ def run_export(args: argparse.Namespace, spark=None) -> int:
                 f"--to {args.to}: tiering.object_store.s3 is not set; the export uses its "
                 "endpoint and credentials"
             )
+        if args.to is not None and args.value_schema is not None:
+            raise ValueError("--value-schema is for --iceberg (Parquet keeps the value as bytes)")
     except (ConfigError, ValueError) as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 2
@@ -174,6 +182,7 @@ def _run_iceberg(args: argparse.Namespace, spark, job, states, tiering) -> int:
     from offload_jobs.iceberg_offsets import OffsetsError
     from offload_jobs.iceberg_table import CatalogSpec, IcebergSetupError, default_warehouse, s3_io
     from offload_jobs.progress import Console
+    from offload_jobs.value_columns import ValueSchema, ValueSchemaError
     from proxy.devstack.spark import local_spark
 
     settings = tiering.object_store
@@ -183,10 +192,15 @@ def _run_iceberg(args: argparse.Namespace, spark, job, states, tiering) -> int:
     spec = CatalogSpec(args.catalog, args.iceberg, warehouse, io)
     try:
         spec.identifier  # noqa: B018 - checks the name before Spark starts
+        values = None
+        if args.value_schema is not None:
+            values = ValueSchema.from_file(args.value_schema)
         with local_spark(spark, "tierproxy-export", args.master) as session:
             console = Console()
-            summary = export_iceberg(session, job, spec, states, console.line, console.redraw)
-    except (IcebergSetupError, OffsetsError) as exc:
+            summary = export_iceberg(
+                session, job, spec, states, console.line, console.redraw, values
+            )
+    except (IcebergSetupError, OffsetsError, ValueSchemaError) as exc:
         print(f"tierproxy export: {exc}", file=sys.stderr)
         return 2
     except LookupError as exc:

@@ -14,6 +14,7 @@ type byte-exact):
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -236,3 +237,67 @@ def test_a_topic_spanning_the_cutover_reads_kafka_below_and_the_objects_above(
     offsets = current_offsets(spec)
     assert {p: r.end for p, r in offsets.items()} == {c.partition: c.end for c in copies}
     assert OFFSETS_KEY in snapshots(spec)[0].summary.additional_properties
+
+
+def test_json_values_into_columns_with_bad_ones_kept_as_dead_letters(
+    kafka_cluster, s3_server, spark, tmp_path
+):
+    """The command as a user runs it, with `--value-schema`: every JSON value's fields in
+    their columns, as json.loads reads the value the consumer got; a value that is not
+    JSON or does not fit kept whole with its reason, the run not stopped; a run without
+    the flag decodes the next records with the table's columns."""
+    bootstrap = kafka_cluster.bootstrap
+    topic = f"iceberg-json-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1, {})
+    values = [json.dumps({"id": n, "who": f"c{n % 3}", "amount": n / 4}).encode()
+              for n in range(50)]  # fmt: skip
+    values[10], values[20], values[30] = b"{broken", b'{"id": "eleven"}', None
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(topic, value, b"k", partition=0)
+    assert producer.flush(30) == 0
+    metadata = f"{topic}-metadata"
+    create_topic(bootstrap, metadata, 1, {})
+    config = tmp_path / "proxy.yaml"
+    config.write_text(yaml.safe_dump({
+        "upstream": {"bootstrap": bootstrap},
+        "tiering": {
+            "metadata_topic": metadata, "shard_count": 1,
+            "object_store": {"kind": "local", "directory": str(tmp_path / "objects")},
+        },
+    }))  # fmt: skip
+    schema_file = tmp_path / "orders.json"
+    schema_file.write_text('{"id": "long", "who": "string", "amount": "double"}')
+    catalog = tmp_path / "catalog.db"
+    command = [
+        sys.executable, "-m", "proxy.cli", "export", topic, "--config", str(config),
+        "--iceberg", "raw.orders", "--catalog", str(catalog), "--master", "local[1]",
+    ]  # fmt: skip
+
+    first = subprocess.run(
+        [*command, "--value-schema", str(schema_file)], capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 values not decoded (their reason in value_error)" in first.stdout, first.stdout
+    producer.produce(topic, b'{"id": 99, "who": "late"}', b"k", partition=0)
+    assert producer.flush(30) == 0
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+
+    spec = CatalogSpec(str(catalog), "raw.orders", (tmp_path / "objects" / "iceberg").as_uri())
+    table = open_catalog(spec).load_table(spec.identifier).scan().to_arrow().to_pylist()
+    read = sorted(table, key=lambda r: r["offset"])
+    oracle = consumed(bootstrap, topic, 1)
+    assert [r["value"] for r in read] == [row[6] for row in oracle]
+    for row in read:
+        if row["offset"] in (10, 20):
+            assert row["id"] is row["who"] is row["amount"] is None, row
+            continue
+        fields = json.loads(row["value"]) if row["value"] is not None else {}  # 30: none
+        assert row["value_error"] is None, row
+        got = (row["id"], row["who"], row["amount"])
+        assert got == (fields.get("id"), fields.get("who"), fields.get("amount")), row
+    errors = {r["offset"]: r["value_error"] for r in read if r["value_error"]}
+    assert sorted(errors) == [10, 20], errors
+    assert errors[10].startswith("not JSON") and "field 'id': expected long" in errors[20]
+    assert read[-1]["who"] == "late"  # the second run decoded with the table's columns

@@ -21,6 +21,7 @@ from offload_jobs.iceberg_table import (
     s3_io,
     snapshot_summaries,
 )
+from offload_jobs.value_columns import ValueSchema
 
 T0 = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC
 DAY_MS = 86_400_000
@@ -93,3 +94,34 @@ def test_what_is_refused(tmp_path):
     io = s3_io({"endpoint_url": "http://minio:9000", "access_key_id": "a",
                 "secret_access_key": "s", "path_style": True})  # fmt: skip
     assert io["s3.force-virtual-addressing"] == "false" and io["s3.region"] == "us-east-1"
+
+
+def test_json_value_columns_and_dead_letters_in_the_table(tmp_path):
+    values = ValueSchema.parse('{"id": "long", "at": "timestamp"}')
+    spec = spec_in(tmp_path)
+    table = load_or_create(open_catalog(spec), spec, "orders", values)
+    names = [f.name for f in table.schema().fields]
+    assert names[8:] == ["id", "at", "value_error"]
+    writer = FileWriter(table.metadata, table.io.properties)
+    rows = [
+        (0, T0, None, b'{"id": 7, "at": 1700000000000}', [], 0),
+        (1, T0, None, b"not json", [], 0),
+        (2, T0, b"k", None, [], 0),  # a tombstone
+    ]
+    commit(table, [writer.write("orders", 0, "2023-11-14", rows)], encode("orders", {0: Resume(3)}))
+    assert writer.value_errors == 1
+    read = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["offset"])
+    assert [(r["id"], r["value_error"] is None, r["value"]) for r in read] == [
+        (7, True, rows[0][3]), (None, False, b"not json"), (None, True, None),
+    ]  # fmt: skip
+    assert read[1]["value_error"].startswith("not JSON")
+    assert read[0]["at"].timestamp() == T0 / 1000
+
+    again = load_or_create(open_catalog(spec), spec, "orders")  # a run without the flag
+    assert FileWriter(again.metadata, again.io.properties).values == values
+    with pytest.raises(IcebergSetupError, match='value columns \\[\\["id","long"\\],'):
+        load_or_create(open_catalog(spec), spec, "orders", ValueSchema.parse('{"id": "int"}'))
+    plain = spec_in(tmp_path, "plain")
+    load_or_create(open_catalog(plain), plain, "orders")
+    with pytest.raises(IcebergSetupError, match="has value columns none"):
+        load_or_create(open_catalog(plain), plain, "orders", values)
