@@ -283,7 +283,12 @@ class CutoverLoop:
         service = self.service
         if op not in ADMIN_OPS:
             return ErrorCode.invalid_request, f"unknown admin operation {op!r}"
-        if topic_id.int == 0:  # the command names the topic: ask Kafka for its id
+        # The command names the topic only (id zero); a proxy forwarding it to the
+        # shard's owner names the id too. A forwarded request is never forwarded again:
+        # during a shard-group rebalance two proxies can each see the other as the owner,
+        # and it would bounce between them until every hop timed out.
+        forwarded = topic_id.int != 0
+        if not forwarded:  # ask Kafka for the topic's id
             try:
                 topic_id, _ = await service.describe_topic(topic)
             except LookupError as exc:
@@ -297,6 +302,11 @@ class CutoverLoop:
         if owner is None:
             return ErrorCode.not_coordinator, f"metadata shard {shard} has no live owner right now"
         if isinstance(owner, tuple):  # owned by another proxy: its peer address
+            if forwarded:
+                return ErrorCode.not_coordinator, (
+                    f"metadata shard {shard} is not owned here (forwarded here as its owner): "
+                    "its ownership is moving"
+                )
             return await service.peers.admin(owner, op, topic, topic_id)
         sealed = Sealed(topic, topic_id)
         if op == "untier":

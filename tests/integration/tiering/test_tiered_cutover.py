@@ -202,8 +202,8 @@ def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path)
         ]
         try:
             wait_owned([a, b], SHARDS)
-            time.sleep(BEFORE_S)
-            assert all(p.acked_count() > 0 for p in producers), "no passthrough acks"
+            wait_until(lambda: all(p.acked_count() > 0 for p in producers), 30, "passthrough acks")
+            time.sleep(BEFORE_S)  # passthrough load, so the cutover meets a busy log
             tier_at = time.monotonic()
             command = start_topics_command("tier", topic, a.proxy.tiering.peer_port)
             proxies.callback(_reap, command)  # if the test fails before communicate()
