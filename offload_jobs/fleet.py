@@ -12,6 +12,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from proxy.kafka.topic_configs import cleanup_policies
 from proxy.metadata.reader import ShardReader
 from proxy.metadata.records import TopicMode
 from proxy.metadata.streams import shard_of
@@ -36,6 +40,24 @@ class TopicGaps:
     topic: str
     topic_id: uuid.UUID
     partitions: tuple[PartitionGaps, ...]  # the cut-over partitions, by number
+
+
+async def is_compacted(kafka_settings: dict, topic: str) -> bool:
+    """Whether the topic's cleanup.policy holds `compact`: Kafka's cleaner leaves offset
+    holes in its log, which a migration read from the cluster must then take
+    (`ReaderSettings.allow_gaps`); in any other topic a hole is a fault."""
+    admin = AIOKafkaAdminClient(**kafka_settings)
+    await admin.start()
+    try:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"cleanup.policy": None})
+        [response] = await admin.describe_configs([resource])
+    finally:
+        await admin.close()
+    [(error_code, message, _, _, entries)] = response.resources
+    if error_code != 0:
+        raise LookupError(f"topic {topic}: DescribeConfigs answers {error_code} {message}")
+    policy = next((e[1] for e in entries if e[0] == "cleanup.policy"), None)
+    return "compact" in cleanup_policies(policy)
 
 
 async def read_gaps(

@@ -248,10 +248,14 @@ def migrate(
     """Run the job on `spark` and commit what it wrote; the summary says what moved and
     what failed (a failed range is not committed, the others are). `redraw`: a terminal's
     progress bar (`progress.Console`)."""
-    from offload_jobs.fleet import ObjectToCommit, commit_objects, read_gaps
+    from offload_jobs.fleet import ObjectToCommit, commit_objects, is_compacted, read_gaps
 
     started = time.monotonic()
     kafka = {"bootstrap_servers": job.bootstrap}
+    if job.from_cluster and asyncio.run(is_compacted(kafka, job.topic)):
+        # the holes Kafka's cleaner left are no gap (segments hold them the same way)
+        settings = {**job.cluster_settings, "allow_gaps": True}
+        job = dataclasses.replace(job, cluster_settings=settings)
     gaps = asyncio.run(read_gaps(kafka, job.metadata_topic, job.shard_count, job.topic))
     tasks = plan(job, gaps)
     summary = Summary(job.topic, tasks=len(tasks))

@@ -96,6 +96,22 @@ def cleanable_count(
     return count
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Where a clean of a stream ended (Kafka's cleaner checkpoint), and the stream's
+    backfill gaps then: the offsets below the cutover no object held yet."""
+
+    end: int
+    gaps: tuple[tuple[int, int], ...]
+
+    def dirty_from(self, gaps: Sequence[tuple[int, int]]) -> int | None:
+        """Where the dirty part starts now: at `end`, unless an offload job filled a gap
+        since (`gaps` differ): the migrated ranges are below `end` and were never
+        cleaned, so the whole log is dirty once more (None), as after a restart. Kafka's
+        log only grows at its end; a backfill is the one way data appears below it."""
+        return self.end if tuple(gaps) == self.gaps else None
+
+
 def first_dirty_index(segments: Sequence[Segment], checkpoint: int | None) -> int:
     """The first segment not cleaned yet: the one holding `checkpoint` (where the last
     clean ended; None: nothing cleaned, as after a restart: the whole log is dirty)."""

@@ -2,7 +2,9 @@
 
 A proxy that takes a shard over rebuilds each stream's producer state from the batches
 from the snapshot's offset (or the cutover) to the committed end: those its WAL does not
-hold are read here. Headers only; the batch bytes are dropped as soon as they are read.
+hold are read here, block by block with what each block's index entry says (its offsets
+and record count: `rules.CommittedBlock`, how a log cleaner's block declares its holes).
+Headers only; the batch bytes are dropped as soon as they are read.
 """
 
 from __future__ import annotations
@@ -12,14 +14,16 @@ from collections.abc import AsyncIterator
 from proxy.metadata.state import MetadataState
 from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.store import ObjectStore
-from proxy.records.batches import BatchHeader, iter_batches
+from proxy.partition.rules import CommittedBlock
+from proxy.records.batches import iter_batches
 
 
-async def committed_headers(
+async def committed_blocks(
     store: ObjectStore, state: MetadataState, stream: int, start: int, end: int
-) -> AsyncIterator[BatchHeader]:
-    """The headers of the stream's committed batches covering [start, end), in order.
-    A corrupt object raises ObjectFormatError naming it; a missing one ObjectNotFound."""
+) -> AsyncIterator[CommittedBlock]:
+    """The stream's committed blocks covering [start, end), in order, each with every
+    batch header it holds. A corrupt object raises ObjectFormatError naming it; a missing
+    one ObjectNotFound."""
     position = start
     while position < end:
         ranges = state.objects_for(stream, position, limit=1)
@@ -32,7 +36,6 @@ async def committed_headers(
         for entry in find_entries(index, stream, position):
             if entry.start_offset >= min(end, found.end_offset):
                 break
-            for header, _ in iter_batches(read_block(data, entry, key)):
-                if header.next_offset > position:
-                    yield header
+            headers = tuple(header for header, _ in iter_batches(read_block(data, entry, key)))
+            yield CommittedBlock(entry.start_offset, entry.end_offset, entry.record_count, headers)
         position = found.end_offset

@@ -17,6 +17,7 @@ from proxy.partition.carried import carried_producers
 from proxy.partition.producer_state import ProducerStateEntry
 from proxy.partition.recovered_tail import RecoveredTail
 from proxy.partition.rules import (
+    CommittedBlock,
     PartitionConfig,
     RecoveryError,
     RecoveryPoint,
@@ -30,8 +31,9 @@ from proxy.wal.port import Log
 
 __all__ = ["ReadCommitted", "ReadUpstream", "read_wal_batches", "rebuild"]
 
-# (stream, start, end) -> headers of the committed batches covering [start, end), in order
-ReadCommitted = Callable[[int, int, int], AsyncIterable[BatchHeader]]
+# (stream, start, end) -> the committed object blocks covering [start, end), in order,
+# with their batch headers (committed.py)
+ReadCommitted = Callable[[int, int, int], AsyncIterable[CommittedBlock]]
 # (stream, start, end) -> headers of the batches of Kafka's log of the stream's partition
 # from the one holding `start` to `end` (the cutover), in order: the transactions carried
 # across the cutover (carried.py)
@@ -67,7 +69,7 @@ async def rebuild(
     gap = missing_committed(point, wal_batches)
     committed = None
     if gap is not None and read_committed is not None:
-        committed = [header async for header in read_committed(stream_id, *gap)]
+        committed = [block async for block in read_committed(stream_id, *gap)]
     upstream = None
     if point.carried_from is not None:
         if read_upstream is None:

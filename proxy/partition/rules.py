@@ -30,6 +30,16 @@ cutover, the first batch from S on may begin below S: it is replayed whole and t
 rebuild goes on from its end. A snapshot's offset and the cutover are batch boundaries,
 so a batch straddling them is still a RecoveryError.
 
+**Holes a log cleaner left** (docs/tiering.md, "Compacted topics"). The objects of a
+compacted stream hold offsets with no batch, where a cleaner dropped batches. The
+objects are read back block by block (`CommittedBlock`): a hole between batches is taken
+only inside blocks whose index entry counts fewer records than offsets, which is how a
+cleaner's block declares its holes (ours; Kafka's, in a migrated compacted topic's
+segments; an object compaction adds the counts up). A block the produce path wrote
+counts one record per offset (`appends.py` refuses any other batch), so a hole there,
+and a block whose batches do not hold the records its index counts, is damage: a
+RecoveryError, as on any other topic. The WAL never has holes.
+
 **A transaction carried across the cutover** (`carried.py`). With no snapshot and S the
 cutover, the state at S is not empty when a transaction was open in Kafka's log at the
 cutover (`RecoveryPoint.carried_from`: the last stable offset the cutover recorded): the
@@ -46,6 +56,7 @@ no owner epoch to tell a stale entry from a live one.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -62,6 +73,7 @@ from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
 
 __all__ = [
+    "CommittedBlock",
     "PartitionConfig",
     "ProduceResult",
     "RecoveryError",
@@ -164,6 +176,22 @@ def sequence(
     return sequencer.append(records, now_ms)
 
 
+@dataclass(frozen=True, slots=True)
+class CommittedBlock:
+    """One object block read back for a rebuild (`partition/committed.py`): the offsets
+    [start, end) and the record count its index entry records, and its batch headers."""
+
+    start: int
+    end: int
+    record_count: int
+    headers: tuple[BatchHeader, ...]
+
+    @property
+    def declares_holes(self) -> bool:
+        """Fewer records than offsets: a log cleaner wrote it (module docstring)."""
+        return self.record_count < self.end - self.start
+
+
 class RecoveryError(Exception):
     """The sources disagree or do not cover what the rebuild needs: do not serve the
     partition (offsets could be handed out twice)."""
@@ -252,7 +280,7 @@ def missing_committed(
 
 def rebuild_sequencer(
     point: RecoveryPoint,
-    committed: Iterable[BatchHeader] | None,
+    committed: Iterable[CommittedBlock] | None,
     wal_batches: Sequence[BatchHeader],
     now_ms: int,
     config: PartitionConfig,
@@ -261,20 +289,22 @@ def rebuild_sequencer(
     """The sequencer at the stream's log end: the snapshot (or, with none, the state at S:
     empty, or `carried`: the producers of transactions open at the cutover, read from
     Kafka's log for `point.carried_from`), then
-    every batch from S on, from `committed` (read from the objects for
-    `missing_committed`; None: not read) and then `wal_batches` (this stream's WAL
-    batches in order), each offset taken once. A batch straddling a log start S is
-    replayed whole (module docstring).
+    every batch from S on, from `committed` (the object blocks read for
+    `missing_committed`, in order; None: not read) and then `wal_batches` (this stream's
+    WAL batches in order), each offset taken once. A batch straddling a log start S is
+    replayed whole; a hole between batches is taken only where the blocks declare one
+    (module docstring).
     Producers count as used at `now_ms`, so each gets a full expiration period."""
     stream, end = point.stream_id, point.committed_end
     options = {
         "log_append_time": config.log_append_time,
         "producer_id_expiration_ms": config.producer_id_expiration_ms,
     }
-    committed = None if committed is None else list(committed)
+    blocks = None if committed is None else list(committed)
+    headers_read = [] if blocks is None else _checked_headers(stream, blocks)
     expected = point.state_offset
     if point.starts_at_log_start:
-        first = _first_batch_from(expected, end, committed or (), wal_batches)
+        first = _first_batch_from(expected, end, headers_read, wal_batches)
         if first is not None and first.base_offset < expected:
             expected = first.base_offset  # the batch holding the log start: kept whole
     carried = list(carried)
@@ -292,13 +322,13 @@ def rebuild_sequencer(
                 f"stream {stream}: the snapshot record says offset {point.state_offset}, its "
                 f"state covers offsets below {sequencer.producer_state_end}"
             )
-    gap = missing_committed(point, wal_batches) if committed is None else None
+    gap = missing_committed(point, wal_batches) if blocks is None else None
     if gap is not None:
         raise RecoveryError(
             f"stream {stream}: the producer state needs committed offsets [{gap[0]}, {gap[1]}) "
             f"that the WAL no longer holds: read them from the objects (read_committed)"
         )
-    for source, headers in (("objects", committed or ()), ("WAL", wal_batches)):
+    for source, headers in (("objects", headers_read), ("WAL", wal_batches)):
         for header in headers:
             if source == "objects" and header.base_offset >= end:
                 break  # nothing is committed there: the WAL is the source
@@ -309,9 +339,11 @@ def rebuild_sequencer(
                     f"stream {stream}: {source} batch at offsets {header.base_offset}.."
                     f"{header.last_offset} straddles the committed end {end}"
                 )
-            if source == "objects" and header.base_offset > expected:
-                pass  # a hole a log cleaner left (docs/tiering.md, "Compacted topics")
-            elif header.base_offset != expected:
+            if header.base_offset != expected and not (
+                source == "objects"
+                and header.base_offset > expected
+                and _holes_declared(blocks or [], expected, header.base_offset)
+            ):
                 raise RecoveryError(
                     f"stream {stream}: offsets [{expected}, {header.base_offset}) are missing "
                     f"before the {source} batch at {header.base_offset} (committed end {end})"
@@ -324,6 +356,39 @@ def rebuild_sequencer(
             f"nor in what was read from the objects"
         )
     return sequencer
+
+
+def _checked_headers(stream: int, blocks: Sequence[CommittedBlock]) -> list[BatchHeader]:
+    """The blocks' batch headers in order, each block's checked against its index entry:
+    its batches inside its offsets, holding the records it counts."""
+    out: list[BatchHeader] = []
+    for block in blocks:
+        where = f"stream {stream}: the object block at offsets [{block.start}, {block.end})"
+        held = sum(h.record_count for h in block.headers)
+        if held != block.record_count:
+            raise RecoveryError(
+                f"{where} holds {held} records, its index counts {block.record_count}"
+            )
+        for header in block.headers:
+            if header.base_offset < block.start or header.next_offset > block.end:
+                raise RecoveryError(
+                    f"{where} holds a batch at offsets {header.base_offset}..{header.last_offset}"
+                )
+        out += block.headers
+    return out
+
+
+def _holes_declared(blocks: Sequence[CommittedBlock], start: int, end: int) -> bool:
+    """Whether the blocks read cover [start, end) and each one there declares holes."""
+    at = bisect.bisect_right(blocks, start, key=lambda b: b.start) - 1
+    offset = start
+    for block in blocks[max(at, 0) :]:
+        if block.start > offset or not block.declares_holes:
+            return False
+        offset = block.end
+        if offset >= end:
+            return True
+    return False
 
 
 def _first_batch_from(

@@ -15,6 +15,9 @@ Kafka's part goes upstream: an offset past the cutover is checked against the st
 high watermark (the owner's, asked over the peer protocol when it is elsewhere;
 NOT_LEADER_OR_FOLLOWER when no owner answers, and the client retries), and a refused
 partition is left out of the request sent upstream, so neither part is deleted.
+Kafka also refuses to delete records of a topic whose `cleanup.policy` lacks `delete` (a
+compacted topic), POLICY_VIOLATION (`Partition.deleteRecordsOnLeader`): so does the
+proxy, from the topic's configs as retention reads them, before either part.
 
 The answer is Kafka's error if Kafka's part failed (the client retries the whole delete;
 both parts are idempotent), else the trim's error or its new log start, which is o.
@@ -115,6 +118,11 @@ async def plan_delete_records(
         if (topic.topic, p.partition) in cutovers
     ]
     refused = await _refusals(tiering, asked, cutovers)
+    configs = await tiering.topic_configs.get({name for name, _, _ in asked})
+    for name, partition, _ in asked:
+        config = configs.get(name)
+        if config is not None and not config.delete:
+            refused[name, partition] = DeleteResult(ErrorCode.policy_violation)
 
     def kafka_offset(topic: str, p: DeletePartitionView) -> int | None:
         tiered = cutovers.get((topic, p.partition))

@@ -30,7 +30,7 @@ from proxy.routing.fleet import FleetView
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.reads import TieredReads
-from proxy.upkeep.ports import TrimHost
+from proxy.upkeep.ports import TopicConfigsPort, TrimHost
 from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
@@ -88,6 +88,9 @@ class ReadHandlers(TieredMetadata, Protocol):
 class DeletesHost(ReadHandlers, TrimHost, Protocol):
     """DeleteRecords on tiered partitions (deletes.py): checked like a read, then
     trimmed at each stream's owner (upkeep/trims.py)."""
+
+    @property
+    def topic_configs(self) -> TopicConfigsPort: ...
 
 
 class ProduceHost(Protocol):

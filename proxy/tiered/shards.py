@@ -16,7 +16,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
 from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.store import ObjectStore
-from proxy.partition.committed import committed_headers
+from proxy.partition.committed import committed_blocks
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.rules import RecoveryError
 
@@ -65,7 +65,7 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     streams = [s for s in streams if not service.is_sealed(s)]  # until the untier is written
 
     def read_committed(stream: int, start: int, end: int):
-        return committed_headers(store, state, stream, start, end)
+        return committed_blocks(store, state, stream, start, end)
 
     upstream = UpstreamLog(service.kafka_settings)
 

@@ -8,7 +8,8 @@ topic's `cleanup.policy` holds `compact` (read from Kafka like retention's confi
    the uncommitted tail, which stands for Kafka's active segment;
 2. a header pass (`scan_log`) finds aborted transactions, the first open one and each
    producer's last batch; `cleanable_count` and `should_clean` decide how far and
-   whether (dirty ratio against where this proxy's last clean of the stream ended);
+   whether (dirty ratio against where this proxy's last clean of the stream ended,
+   unless a migration has filled a backfill gap below it since: `Checkpoint`);
 3. builds the offset map from the dirty ranges, rewrites every range from the log start
    to where the map ends, and writes each group of ranges whose batches changed as one
    new stream object;
@@ -35,6 +36,7 @@ from proxy.cleaner.batch_codec import empty_batch
 from proxy.cleaner.clean import LogClean, Piece, blocks, index_dirty
 from proxy.cleaner.offset_map import OffsetMap
 from proxy.cleaner.plan import (
+    Checkpoint,
     CleanerConfig,
     Segment,
     cleanable_count,
@@ -116,7 +118,7 @@ class LogCleaner:
         self._clock_ms = clock_ms
         # stream -> where this proxy's last clean of it ended (Kafka's cleaner checkpoint);
         # kept in memory: after a restart or a hand-over the whole log is dirty once more
-        self._checkpoints: dict[int, int] = {}
+        self._checkpoints: dict[int, Checkpoint] = {}
         self._indexes: dict[int, tuple[IndexEntry, ...]] = {}  # object id -> its index
         bandwidth = service.bandwidth
         self._bandwidth = bandwidth.limiter if bandwidth is not None else BandwidthLimiter(None)
@@ -196,9 +198,11 @@ class LogCleaner:
         if not ranges:
             return
         entries = [await self._blocks(r) for r in ranges]
+        gaps = tuple(owner.state.backfill_gaps(stream))
+        checkpoint = self._checkpoints.get(stream)
         dirty = first_dirty_index(
             [Segment(r.start_offset, r.end_offset, 0, -1) for r in ranges],
-            self._checkpoints.get(stream),
+            None if checkpoint is None else checkpoint.dirty_from(gaps),
         )
         # first from the indexes alone (cached: objects never change), so a pass over a
         # stream with nothing to clean reads no data
@@ -259,7 +263,8 @@ class LogCleaner:
         self.stats.cleans += 1
         self.stats.records_read += run.stats.records_read
         self.stats.records_kept += run.stats.records_kept
-        self._checkpoints[stream] = report.cleaned[stream] = segments[end - 1].end
+        report.cleaned[stream] = segments[end - 1].end
+        self._checkpoints[stream] = Checkpoint(segments[end - 1].end, gaps)
         log.info(
             "log cleaner: stream %d cleaned to %d: %d of %d records kept, %d objects written",
             *(stream, segments[end - 1].end, run.stats.records_kept, run.stats.records_read),

@@ -147,10 +147,15 @@ def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
     admin.create_topics([NewTopic(name, partitions, 3, config=config)])[name].result(30)
 
 
+def leader_log_dir(kafka_cluster, topic: str, partition: int) -> Path:
+    """The partition's directory on its leader's disk."""
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    leader = admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
+    return Path(kafka_cluster.node(leader).data_dir) / "logs" / f"{topic}-{partition}"
+
+
 def segment_bytes(kafka_cluster, topic: str, partition: int) -> bytes:
     """The partition's log as its leader stores it: its .log files joined in order (a
     follower may lag behind for a moment)."""
-    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
-    leader = admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
-    directory = Path(kafka_cluster.node(leader).data_dir) / "logs" / f"{topic}-{partition}"
+    directory = leader_log_dir(kafka_cluster, topic, partition)
     return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))

@@ -24,11 +24,13 @@ that pass first sees are kept with a horizon of their own.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from cutover_load import one_proxy, started, tiered_topic_id, topics_command
 
@@ -49,9 +51,9 @@ BASE_TS = int(time.time() * 1000) - 60_000
 Rec = tuple[int, bytes | None, bytes | None, tuple, int]  # offset, key, value, headers, ts
 
 
-def _create(bootstrap: str, topic: str) -> None:
+def _create(bootstrap: str, topic: str, policy: str) -> None:
     config = {
-        "cleanup.policy": "compact",
+        "cleanup.policy": policy,
         "min.cleanable.dirty.ratio": "0.01",
         "segment.ms": str(SEGMENT_MS),
         "delete.retention.ms": str(HOUR_MS),
@@ -147,13 +149,13 @@ def _latest(records: list[Rec]) -> dict[bytes | None, bytes | None]:
 class Pair:
     """The passthrough topic (Kafka's cleaner) and the tiered one (the proxy's)."""
 
-    def __init__(self, cluster, proxy) -> None:
+    def __init__(self, cluster, proxy, policy: str = "compact") -> None:
         self.kafka, self.proxy = cluster.bootstrap, proxy
         self.tiering = proxy.proxy.tiering
         suffix = uuid.uuid4().hex[:8]
         self.plain, self.tiered = f"compacted-kafka-{suffix}", f"compacted-tiered-{suffix}"
         for topic in (self.plain, self.tiered):
-            _create(self.kafka, topic)
+            _create(self.kafka, topic, policy)
         assert topics_command("tier", self.tiered, self.tiering.peer_port).returncode == 0
         self.stream = stream_id(tiered_topic_id(proxy, self.tiered), 0)
         wait_until(lambda: started(self.tiering, self.stream), 30, "started")
@@ -183,6 +185,33 @@ class Pair:
     def clean(self, now_ms: int | None = None):
         cleaner = self.tiering.log_cleaner
         return self.proxy.run(lambda: cleaner.run_once(now_ms, refresh_configs=True))
+
+    def delete_records(self, offset: int) -> dict[str, int | str]:
+        """DeleteRecords below `offset` on both topics (the tiered one through the proxy):
+        topic -> the new log start, or the error's name."""
+        out: dict[str, int | str] = {}
+        for bootstrap, topic in ((self.kafka, self.plain), (self.proxy.bootstrap, self.tiered)):
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            [future] = admin.delete_records([TopicPartition(topic, 0, offset)]).values()
+            try:
+                out[topic] = future.result(30).low_watermark
+            except KafkaException as exc:
+                out[topic] = exc.args[0].name()
+        return out
+
+    def both_cleaned_from(self, first: int, last: int) -> tuple[list[Rec], list[Rec]]:
+        """(Kafka's, the proxy's) records from `first` to `last`, once Kafka's cleaner has
+        cleaned below `last` (the proxy cleaned before this is called)."""
+
+        def kafka_cleaned() -> bool:
+            below = [r for r in _read_all(self.kafka, self.plain, last) if r[0] < last]
+            return len({r[1] for r in below}) == len(below)
+
+        wait_until(kafka_cleaned, 120, "Kafka's cleaner cleaned the topic", interval_s=2)
+        plain = _read_all(self.kafka, self.plain, last)
+        tiered = _read_all(self.proxy.bootstrap, self.tiered, last)
+        assert plain[0][0] >= first and tiered[0][0] >= first
+        return plain, tiered
 
 
 def test_tiered_compacted_topic_matches_kafkas_cleaner(kafka_cluster, tmp_path) -> None:
@@ -243,3 +272,75 @@ def test_tiered_compacted_topic_matches_kafkas_cleaner(kafka_cluster, tmp_path) 
         assert _latest(after) == expected
         assert fresh and all(value is not None or key in fresh for _, key, value, _, _ in after)
         assert len({r[1] for r in after}) == len(after)
+
+
+def test_a_clean_racing_a_reader_and_delete_records(kafka_cluster, tmp_path) -> None:
+    """A clean held after it read and rewrote the log, before its commit; meanwhile a
+    reader reads the whole log (from the objects the clean replaces) and DeleteRecords
+    moves the log start to the middle of it (compact,delete: Kafka deletes records of no
+    other compacted topic). Then the clean commits. Nothing acknowledged from the new log
+    start on is lost: after a clean the survivors are Kafka's, on Kafka's twin topic with
+    the same DeleteRecords. On a topic that is only compacted, DeleteRecords is refused as
+    Kafka refuses it (POLICY_VIOLATION), and nothing is trimmed."""
+    with one_proxy(kafka_cluster, tmp_path, "race", log_cleaner_interval_s=3600) as proxy:
+        only = Pair(kafka_cluster, proxy)
+        only.both(lambda b, t: _produce(b, t, _round(0), "lz4"))
+        only.committed()
+        refused = only.delete_records(10)
+        assert refused == {only.plain: "POLICY_VIOLATION", only.tiered: "POLICY_VIOLATION"}
+        assert watermarks(proxy.bootstrap, only.tiered)[0] == 0
+
+        pair = Pair(kafka_cluster, proxy, "compact,delete")
+        model: dict[bytes, bytes | None] = {}
+        for n, codec in enumerate(CODECS[:3]):
+            records = _round(n)
+            pair.both(lambda b, t, r=records, c=codec: _produce(b, t, r, c))
+            model.update((k, v) for k, v, _, _ in records)
+            pair.committed()
+        time.sleep(SEGMENT_MS / 1000 + 0.5)  # Kafka's roll rule, as above
+        pair.both(lambda b, t: _produce(b, t, [(b"roll", b"roll", [], 0)], "none"))
+        last = watermarks(kafka_cluster.bootstrap, pair.plain)[1] - 1
+        pair.committed()
+
+        cleaner = pair.tiering.log_cleaner
+        commit, reached = cleaner._commit, threading.Event()
+        gate = proxy.run(_event)
+
+        async def held(*args, **kwargs):
+            reached.set()
+            await gate.wait()
+            return await commit(*args, **kwargs)
+
+        cleaner._commit = held
+        outcome: dict[str, object] = {}
+        thread = threading.Thread(target=lambda: outcome.update(report=pair.clean()))
+        thread.start()
+        try:
+            assert reached.wait(60), "the clean did not reach its commit"
+            during = _read_all(proxy.bootstrap, pair.tiered, last)  # the log not cleaned
+            cut = during[len(during) // 2][0]
+            assert pair.delete_records(cut) == {pair.plain: cut, pair.tiered: cut}
+        finally:
+            proxy.run(lambda: _set(gate))
+            thread.join(90)
+        cleaner._commit = commit
+        assert "report" in outcome, "the held clean did not end"
+        assert [r[0] for r in during] == list(range(last + 1))  # every offset, uncleaned
+        assert {k: v for _, k, v, _, _ in during if k != b"roll"} == model
+        # the held clean's commit took the trim into account or was refused; either way
+        # a clean after it leaves Kafka's survivors
+        pair.clean()
+        plain, tiered = pair.both_cleaned_from(cut, last)
+        assert tiered[:-1] == plain[:-1]
+        assert watermarks(proxy.bootstrap, pair.tiered)[0] == cut
+        latest = {r[1]: r[2] for r in during if r[0] >= cut}  # in offset order: last wins
+        assert {r[1]: r[2] for r in tiered} == latest
+        print(f"held clean: {outcome['report']}; cut at {cut} of {last + 1}")
+
+
+async def _event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()

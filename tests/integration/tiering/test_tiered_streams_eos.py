@@ -57,10 +57,10 @@ def fleet(kafka_cluster, s3_server, tmp_path_factory):
 
 class InputProducer:
     """An idempotent producer (acks=all) in a thread, writing key "u<n>", value n (a big
-    endian long, Streams' LongSerde) for n in 1..RECORDS at RATE a second."""
+    endian long, Streams' LongSerde) for n in `values` (1..RECORDS) at RATE a second."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap, self.topic = bootstrap, topic
+    def __init__(self, bootstrap: str, topic: str, values: range = range(1, RECORDS + 1)) -> None:
+        self.bootstrap, self.topic, self.values = bootstrap, topic, values
         self.acked: list[int] = []
         self.errors: list[str] = []
         self.left: int | None = None
@@ -94,8 +94,8 @@ class InputProducer:
                 self.acked.append(struct.unpack(">q", msg.value())[0])
 
         started = time.monotonic()
-        for n in range(1, RECORDS + 1):
-            while (wait := started + n / RATE - time.monotonic()) > 0:
+        for i, n in enumerate(self.values, 1):
+            while (wait := started + i / RATE - time.monotonic()) > 0:
                 producer.poll(min(wait, 0.05))
             producer.produce(self.topic, struct.pack(">q", n), key=f"u{n}".encode(),
                              on_delivery=delivered)  # fmt: skip

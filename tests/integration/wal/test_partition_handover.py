@@ -1,7 +1,7 @@
 """A tiered partition handed over on the same proxy: closed with requests in flight and
 queued (a shard released), uploaded and trimmed, rebuilt from the committed objects (the
 shard claimed again). Real WAL in tmp_path, real uploader and object store (a local
-directory), the rebuild's real object reader (`committed.committed_headers`).
+directory), the rebuild's real object reader (`committed.committed_blocks`).
 
 What the fault-injection suite's duplicates came from (docs/reliability.md, "Duplicates"):
 not the rebuild, which answers every retry as a duplicate (first test), but the answer to
@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 from test_tiered_partition import CUTOVER, RECORDS, S0, Shard, config_for, nth, ok
 
 from proxy.objects.local import LocalDirectoryStore
-from proxy.partition.committed import committed_headers
+from proxy.partition.committed import committed_blocks
 from proxy.partition.owner import PartitionConfig, TieredPartition
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
@@ -63,7 +63,7 @@ async def test_retry_after_release_and_claim_is_answered_as_duplicate(tmp_path):
 
                 # the claim: the WAL holds nothing of the stream, the objects hold it all
                 def read_committed(stream: int, start: int, stop: int):
-                    return committed_headers(store, shard.state, stream, start, stop)
+                    return committed_blocks(store, shard.state, stream, start, stop)
 
                 new = await TieredPartition.recover(
                     S0, wal, shard.state, read_committed=read_committed, config=config

@@ -25,6 +25,7 @@ from proxy.objects.format import read_block, read_object
 from proxy.objects.local import LocalDirectoryStore
 from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError, TieredPartition
 from proxy.partition.partition_set import PartitionSet
+from proxy.partition.rules import CommittedBlock
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, with_base_offset
 from proxy.records.markers import Marker, marker_batch
@@ -291,7 +292,7 @@ async def test_idempotence_survives_a_restart_through_the_wal_replay(tmp_path, e
 
 
 def objects_reader(store: LocalDirectoryStore, state: MetadataState):
-    """`read_committed` over the committed objects: each batch header of the stream."""
+    """`read_committed` over the committed objects: each block of the stream."""
 
     async def read_committed(stream: int, start: int, end: int):
         for r in state.objects_for(stream, start):
@@ -301,8 +302,11 @@ def objects_reader(store: LocalDirectoryStore, state: MetadataState):
             _, index = read_object(data, r.object_key)
             for entry in index:
                 if entry.stream_id == stream:
-                    for header, _ in iter_batches(read_block(data, entry, r.object_key)):
-                        yield header
+                    block = read_block(data, entry, r.object_key)
+                    headers = tuple(header for header, _ in iter_batches(block))
+                    yield CommittedBlock(
+                        entry.start_offset, entry.end_offset, entry.record_count, headers
+                    )
 
     return read_committed
 

@@ -12,6 +12,7 @@ from proxy.cleaner.batch_codec import delete_horizon
 from proxy.cleaner.clean import LogClean, blocks, index_dirty
 from proxy.cleaner.offset_map import OffsetMap
 from proxy.cleaner.plan import (
+    Checkpoint,
     CleanerConfig,
     Segment,
     cleanable_count,
@@ -253,3 +254,16 @@ def test_a_group_ends_with_its_last_batch_even_when_cleaned_away() -> None:
     assert changed
     assert [(p[0], p[1], p[2]) for p in pieces] == [(0, 1, 1), (1, 2, 0)]
     assert read_batch_header(pieces[-1][3]).record_count == 0
+
+
+def test_a_migration_below_the_checkpoint_makes_the_log_dirty_again() -> None:
+    """An offload job's backfill puts ranges below where the last clean ended, never
+    cleaned: the checkpoint no longer holds (Kafka's log only grows at its end)."""
+    checkpoint = Checkpoint(500, ((0, 100),))
+    assert checkpoint.dirty_from([(0, 100)]) == 500
+    assert checkpoint.dirty_from([]) is None  # the gap migrated
+    assert checkpoint.dirty_from([(40, 100)]) is None  # a part of it
+    assert Checkpoint(500, ()).dirty_from([]) == 500
+    segments = [Segment(0, 100, 10, 1), Segment(100, 500, 10, 1), Segment(500, 600, 10, 1)]
+    assert first_dirty_index(segments, checkpoint.dirty_from([(0, 100)])) == 2
+    assert first_dirty_index(segments, checkpoint.dirty_from([])) == 0

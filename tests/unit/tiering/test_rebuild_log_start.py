@@ -15,6 +15,7 @@ from uuid import UUID
 import pytest
 from test_sequencer import PID, idem
 
+from proxy.cleaner.clean import blocks
 from proxy.metadata.codec import encode
 from proxy.metadata.records import (
     ObjectCommit,
@@ -26,8 +27,12 @@ from proxy.metadata.records import (
 )
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
+from proxy.objects.format_writer import ObjectWriter
 from proxy.objects.keys import ObjectKind
+from proxy.objects.local import LocalDirectoryStore
+from proxy.partition.committed import committed_blocks
 from proxy.partition.rules import (
+    CommittedBlock,
     PartitionConfig,
     RecoveryError,
     RecoveryPoint,
@@ -66,7 +71,18 @@ def point(log_start: int, end: int, *, snapshot: bytes | None = None, state: int
 
 
 def rebuilt(p: RecoveryPoint, committed, wal) -> PartitionSequencer:
+    """`committed`: headers as the produce path's objects hold them (a block per batch,
+    one record per offset), or CommittedBlocks as given."""
+    if committed is not None:
+        committed = [c if isinstance(c, CommittedBlock) else block(c) for c in committed]
     return rebuild_sequencer(p, committed, wal, NOW, CONFIG)
+
+
+def block(*headers: BatchHeader, start: int | None = None, end: int | None = None):
+    """An object block holding `headers`, over [start, end) (by default theirs)."""
+    first = headers[0].base_offset if start is None else start
+    last = headers[-1].next_offset if end is None else end
+    return CommittedBlock(first, last, sum(h.record_count for h in headers), headers)
 
 
 def test_restart_replays_the_wal_batch_holding_the_log_start_whole():
@@ -168,6 +184,11 @@ def test_the_metadata_after_delete_records_and_after_retention():
     assert shard.state.committed_ranges(STREAM) == ()
 
 
+def one(batch: bytes) -> tuple[BatchHeader, bytes]:
+    [(header, _)] = iter_batches(batch)
+    return header, batch
+
+
 def _snapshot(headers: list[BatchHeader]) -> bytes:
     sequencer = PartitionSequencer(CUTOVER)
     for header in headers:
@@ -177,13 +198,92 @@ def _snapshot(headers: list[BatchHeader]) -> bytes:
 
 def test_holes_a_log_cleaner_left_in_the_objects_are_rebuilt_over():
     """A compacted stream's objects hold batches with holes between them (the log
-    cleaner drops batches, keeping each range's last one): the objects are the log
-    there, so a rebuild from them takes the holes; the WAL still may not have any."""
+    cleaner drops batches, keeping each range's last one): its blocks count fewer
+    records than offsets, so a rebuild from them takes the holes there; the WAL still
+    may not have any."""
     batches, headers = written([10, 10, 10, 10])
-    cleaned = [headers[0], headers[3]]  # the two middle batches cleaned away
+    # as the cleaner writes them: the first block runs to the next one's first batch
+    cleaned = [block(headers[0], end=CUTOVER + 30), block(headers[3])]
     sequencer = rebuilt(point(CUTOVER, CUTOVER + 40), cleaned, [])
     assert sequencer.high_watermark == sequencer.log_end_offset == CUTOVER + 40
     assert sequencer.producer_states[PID].last_seq == 39
     assert sequencer.append(batches[3], NOW) == Duplicate(CUTOVER + 30, CUTOVER + 39, -1, None)
+    # one block of both, and a hole at a cleaned block's start (its first batch dropped)
+    one = [block(headers[0], headers[3], start=CUTOVER, end=CUTOVER + 40)]
+    assert rebuilt(point(CUTOVER, CUTOVER + 40), one, []).high_watermark == CUTOVER + 40
+    late = [block(headers[1], headers[3], start=CUTOVER, end=CUTOVER + 40)]
+    assert rebuilt(point(CUTOVER, CUTOVER + 40), late, []).producer_states[PID].last_seq == 39
     with pytest.raises(RecoveryError, match=r"offsets \[1010, 1030\) are missing"):
         rebuilt(point(CUTOVER, CUTOVER + 10), [headers[0]], headers[3:])
+
+
+def test_holes_where_no_cleaner_ran_are_still_refused():
+    """Blocks the produce path wrote count one record per offset: a hole between their
+    batches, or a block whose batches miss records its index counts, is a damaged object
+    on any topic, never taken for a cleaner's hole."""
+    _, headers = written([10, 10, 10, 10])
+    missing = r"offsets \[1010, 1030\) are missing before the objects batch at 1030"
+    # batches missing between two uncleaned blocks (an object or a block lost)
+    with pytest.raises(RecoveryError, match=missing):
+        rebuilt(point(CUTOVER, CUTOVER + 40), [headers[0], headers[3]], [])
+    # a block whose index counts the lost batches' records
+    lost = CommittedBlock(CUTOVER, CUTOVER + 40, 40, (headers[0], headers[3]))
+    with pytest.raises(
+        RecoveryError, match=r"\[1000, 1040\) holds 20 records, its index counts 40"
+    ):
+        rebuilt(point(CUTOVER, CUTOVER + 40), [lost], [])
+    # a cleaned block, then offsets in no block read: only the cleaned block's part of
+    # the hole is declared
+    half = [block(headers[0], end=CUTOVER + 20), block(headers[3])]
+    with pytest.raises(RecoveryError, match=missing):
+        rebuilt(point(CUTOVER, CUTOVER + 40), half, [])
+    # a batch outside its block's offsets
+    with pytest.raises(RecoveryError, match=r"\[1000, 1005\) holds a batch at offsets 1000..1009"):
+        rebuilt(
+            point(CUTOVER, CUTOVER + 10),
+            [CommittedBlock(CUTOVER, CUTOVER + 5, 10, headers[:1])],
+            [],
+        )
+
+
+async def test_the_cleaners_objects_read_back_declare_their_holes(tmp_path):
+    """The log cleaner's blocks (`cleaner.clean.blocks`), written as a stream object and
+    read back by the rebuild's reader (`committed_blocks`), count fewer records than
+    offsets: the rebuild takes their holes. The produce path's blocks of the same
+    stream count one record per offset."""
+    sequencer = PartitionSequencer(CUTOVER)
+    sequenced = []
+    for seq in range(0, 40, 10):
+        pending = sequencer.append(idem(seq, 10), NOW)
+        assert isinstance(pending, PendingAppend)
+        sequencer.commit(pending)
+        sequenced.append(bytes(pending.records))
+    kept = [sequenced[0], sequenced[3]]  # the two middle batches cleaned away
+    pieces = [(h.base_offset, h.next_offset, h.record_count, b) for h, b in map(one, kept)]
+    shard = Shard()
+    async with LocalDirectoryStore(tmp_path) as store:
+        for object_id, start, end, data in (
+            (1, CUTOVER, CUTOVER + 40, blocks(pieces, CUTOVER, CUTOVER + 40, 1 << 20)),
+            (2, CUTOVER + 40, CUTOVER + 80, None),
+        ):
+            writer = ObjectWriter(object_id, ObjectKind.STREAM)
+            if data is None:  # the produce path: the same batches, sequenced again
+                again = PartitionSequencer(CUTOVER + 40)
+                for seq in range(40, 80, 10):
+                    pending = again.append(idem(seq, 10), NOW)
+                    assert isinstance(pending, PendingAppend)
+                    writer.add_batches(STREAM, pending.records)
+            else:
+                for first, last, count, block_data in data:
+                    writer.add_block(STREAM, block_data, first, last, count)
+            built = writer.build()
+            await store.create(built.key, built.to_bytes())
+            ranges = (OffsetRange(STREAM, start, end),)
+            shard.write(ObjectCommit(0, object_id, ObjectKind.STREAM, built.size, 1, NOW, ranges))
+        read = [
+            b async for b in committed_blocks(store, shard.state, STREAM, CUTOVER, CUTOVER + 80)
+        ]
+    assert [b.declares_holes for b in read] == [True] + [False] * 4  # one block per add
+    sequencer = rebuilt(point(CUTOVER, CUTOVER + 80), read, [])
+    assert sequencer.high_watermark == CUTOVER + 80
+    assert sequencer.producer_states[PID].last_seq == 79

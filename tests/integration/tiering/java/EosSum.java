@@ -9,14 +9,19 @@
 // Compiled at test time against Kafka's jars and the kafka-streams jar; run as
 //   java -cp <classes>:<kafka-streams jars>:<kafka libs>/* EosSum <bootstrap> <application.id>
 //        <input> <output> <state dir> <client.id> <groups>
-// It prints "state <NEW> <OLD>" on each state change and "replaced <exception>" when a
-// stream thread dies and is replaced, one line each on stdout; it runs until killed (the
-// test kills it with SIGKILL, or SIGTERM to close it).
+// It prints "state <NEW> <OLD>" on each state change, "replaced <exception>" when a
+// stream thread dies and is replaced, and "restored <store> <topic-partition> <start>
+// <end> <records>" when a store's restore from its changelog ends (its offsets' first and
+// end as the restore began: test_tiered_streams_changelog.py), one line each on stdout;
+// it runs until killed (the test kills it with SIGKILL, or SIGTERM to close it).
 
+import java.util.Map;
 import java.util.Properties;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.Serdes;
 import org.apache.kafka.common.utils.Bytes;
 import org.apache.kafka.streams.KafkaStreams;
@@ -27,6 +32,7 @@ import org.apache.kafka.streams.kstream.Consumed;
 import org.apache.kafka.streams.kstream.Grouped;
 import org.apache.kafka.streams.kstream.Materialized;
 import org.apache.kafka.streams.kstream.Produced;
+import org.apache.kafka.streams.processor.StateRestoreListener;
 import org.apache.kafka.streams.state.KeyValueStore;
 
 public class EosSum {
@@ -83,6 +89,21 @@ public class EosSum {
         streams.setUncaughtExceptionHandler(error -> {
             say("replaced " + error.toString().replace('\n', ' '));
             return StreamThreadExceptionResponse.REPLACE_THREAD;
+        });
+        Map<TopicPartition, String> restoring = new ConcurrentHashMap<>();
+        streams.setGlobalStateRestoreListener(new StateRestoreListener() {
+            @Override
+            public void onRestoreStart(TopicPartition partition, String store, long start, long end) {
+                restoring.put(partition, start + " " + end);
+            }
+
+            @Override
+            public void onBatchRestored(TopicPartition partition, String store, long end, long count) {}
+
+            @Override
+            public void onRestoreEnd(TopicPartition partition, String store, long total) {
+                say("restored " + store + " " + partition + " " + restoring.remove(partition) + " " + total);
+            }
         });
         CountDownLatch closed = new CountDownLatch(1);
         Runtime.getRuntime().addShutdownHook(new Thread(() -> {
