@@ -43,6 +43,7 @@ from statistics import fmean
 
 import botocore.session
 
+from benchmarks.common import stages
 from benchmarks.common.clients import JavaTools, librdkafka_produce
 from benchmarks.common.cluster import Cluster
 from benchmarks.common.procs import (
@@ -280,6 +281,8 @@ class Phase:
     cpu_s: dict[str, float] = field(default_factory=dict)
     machine_busy_cores: float = 0.0
     raw: dict = field(default_factory=dict)  # S3 requests by API, proxy counters, shard
+    # where the time went: proxy and path -> stage -> count, mean, p50, p99 (stages.py)
+    stages: dict = field(default_factory=dict)
 
 
 class Bench:
@@ -345,6 +348,7 @@ class Bench:
             "metadata_leader": next(iter(logs["by_partition"].values()))["leader"],
             "cpu": self.cpu(),
             "machine": machine_cpu(),
+            "stages": stages.snapshot({m.name: m.metrics_url for m in self.fleet.members}),
         }
 
     def counts(self, mode: str, before: dict, after: dict, logs: dict) -> tuple[dict, dict]:
@@ -448,8 +452,11 @@ class Bench:
         (b0, t0), (b1, t1) = before["machine"], after["machine"]
         phase.machine_busy_cores = (b1 - b0) / max(1, t1 - t0) * (os.cpu_count() or 1)
         phase.raw = raw | {"shard": shard}
+        phase.stages = stages.summary(before["stages"], after["stages"])
         self.phases.append(phase)
         print(f"  {describe(phase)}", flush=True)
+        for line in stages.describe(phase.stages):
+            print(f"    {line}", flush=True)
 
     def warm_up(self, max_passes: int = 4) -> None:
         """Unmeasured passes of every mode and client until the brokers' JIT has settled
@@ -536,7 +543,17 @@ def summarize(phases: list[Phase], args) -> dict:
             totals.update(busy_cores=p.machine_busy_cores, phases=1)
         totals["total"] = sum(totals[k] for k in CROSSING)
         modes[mode] = dict(totals)
-    return {"latency": latency, "modes": modes, "targets": targets(latency, modes, args)}
+    where = {
+        f"r{p.round} {CLIENT_NAMES[p.client]} {KINDS[p.kind]} {p.mode}": p.stages
+        for p in phases
+        if p.mode in TIERED and p.stages
+    }
+    return {
+        "latency": latency,
+        "modes": modes,
+        "targets": targets(latency, modes, args),
+        "stages": where,
+    }
 
 
 def per_gb(count: float, produced: float) -> float:
@@ -701,6 +718,9 @@ def render(run: dict, summary: dict, args) -> str:
     for who in ("proxy a", "proxy b", "proxy c", "minio", "brokers", "client"):
         out.append(row(who, lambda x, w=who: f"{x[f'cpu {w}'] / (x['produced'] / GIB):.1f}"))
     out.append(row("machine busy (cores)", lambda x: f"{x['busy_cores'] / x['phases']:.2f}"))
+    if summary.get("stages"):
+        out += ["", "#### Where the time goes (tierproxy_stage_seconds, per phase)", ""]
+        out += stages.table(summary["stages"])
     problems = run["warnings"] + run["proxy_log_problems"][:20]
     if problems:
         out += ["", "#### Warnings", "", "```", *problems, "```"]

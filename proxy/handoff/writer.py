@@ -38,6 +38,7 @@ from proxy.handoff.objects import (
     summarize_append,
 )
 from proxy.handoff.reader import S3WalReader
+from proxy.metrics import Stages
 from proxy.objects.store import ObjectStore, ObjectStoreError
 
 __all__ = [
@@ -135,6 +136,7 @@ class _Object:
     timer: asyncio.TimerHandle | None = None
     built: BuiltWalObject | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    appended_at: list[float] = field(default_factory=list)  # loop.time(), if stages observed
 
 
 class S3WalWriter:
@@ -154,12 +156,15 @@ class S3WalWriter:
         metrics: S3WalMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
         delete_delay_s: float = 1.0,
+        stages: Stages | None = None,
     ) -> None:
         """`writer_id`: unique to this process (s3walobject.writer_id_for), never reused;
         `max_pending_bytes`: appends wait while this much is appended and not yet PUT;
         `validate`: check each batch's CRC on append (a bad batch raises, goes nowhere);
         `wall_clock`: stamps objects (footer), for garbage collection by age;
-        `delete_delay_s`: released objects are deleted in a batch this often."""
+        `delete_delay_s`: released objects are deleted in a batch this often;
+        `stages`: where an append's time goes (s3wal_window: append to seal, per append;
+        s3wal_put, per object; s3wal_append: append to durable, per append)."""
         for name, value in (
             ("max_delay_s", max_delay_s),
             ("max_bytes", max_bytes),
@@ -181,6 +186,7 @@ class S3WalWriter:
         self.max_pending_bytes = max_pending_bytes
         self.validate = validate
         self.metrics = metrics or S3WalMetrics()
+        self.stages = stages
         self._wall_clock = wall_clock
         self._next_sequence = first_sequence
         self._open: _Object | None = None
@@ -254,6 +260,8 @@ class S3WalWriter:
         obj.builder.add(stream_id, records, summary)
         future: asyncio.Future[S3WalLocation] = loop.create_future()
         obj.futures.append(future)
+        if self.stages is not None:
+            obj.appended_at.append(loop.time())
         self._pending_bytes += summary.size
         self.metrics.pending_bytes.set(self._pending_bytes)
         if obj.builder.data_size >= self.max_bytes:
@@ -261,7 +269,10 @@ class S3WalWriter:
         try:
             return await future
         finally:
-            self.metrics.append_seconds.observe(loop.time() - started)
+            waited = loop.time() - started
+            self.metrics.append_seconds.observe(waited)
+            if self.stages is not None:
+                self.stages.observe("s3wal_append", waited)
 
     async def flush(self) -> None:
         """Seal the open object now; return once every object sealed so far has ended
@@ -303,6 +314,10 @@ class S3WalWriter:
         obj.built = obj.builder.build(created_ms=int(self._wall_clock() * 1000))
         self.metrics.sealed.labels(trigger).inc()
         self.metrics.object_batches.observe(obj.builder.batches)
+        if self.stages is not None:
+            now = asyncio.get_running_loop().time()
+            for appended in obj.appended_at:  # per append: what it waited for the seal
+                self.stages.observe("s3wal_window", now - appended)
         self._sealed.append(obj)
         self._start_puts()
 
@@ -345,7 +360,10 @@ class S3WalWriter:
                     cancelled += 1
             self.releases.hold(built.key, len(obj.futures), cancelled)
         finally:
-            self.metrics.put_seconds.observe(loop.time() - started)
+            took = loop.time() - started
+            self.metrics.put_seconds.observe(took)
+            if self.stages is not None:
+                self.stages.observe("s3wal_put", took)
             self._in_flight.discard(obj)
             self._pending_bytes -= built.data_size
             self.metrics.pending_bytes.set(self._pending_bytes)

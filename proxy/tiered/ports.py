@@ -20,7 +20,7 @@ from proxy.config import ProxyConfig
 from proxy.config.tiering import TieringConfig
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
@@ -73,6 +73,9 @@ class ReadHandlers(TieredMetadata, Protocol):
     offsets.py, epochs.py, timestamps.py)."""
 
     @property
+    def fetch_stages(self) -> Stages: ...
+
+    @property
     def reads(self) -> TieredReads: ...
 
     @property
@@ -101,6 +104,9 @@ class ProduceHost(Protocol):
 
     @property
     def max_batch_bytes(self) -> int: ...
+
+    @property
+    def stages(self) -> Stages: ...
 
     def is_tiered(self, topic: str | uuid.UUID, partition: int) -> bool: ...
 

@@ -169,7 +169,11 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     wal = service.wal = await open_wal(config, service.name, store)
     stack.push_async_callback(wal.close)
     partitions = service.partitions = PartitionSet(
-        wal, on_broken=shards.partition_broken, log_cache=service.log_cache, holes=service.holes
+        wal,
+        on_broken=shards.partition_broken,
+        log_cache=service.log_cache,
+        holes=service.holes,
+        stages=service.stages,
     )
     stack.push_async_callback(partitions.close)
     if config.transaction_partition_verification:  # before a partition is owned here
@@ -190,6 +194,7 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
             max_delay_s=config.s3wal_max_delay_ms / 1000,
             max_bytes=config.s3wal_max_bytes,
             metrics=S3WalMetrics(registry),
+            stages=service.stages,
         )
         stack.push_async_callback(s3wal.close)
     uploads = service.uploads = UploadLoop(service, wal, store, service.allocate)
