@@ -37,6 +37,7 @@ from proxy.lifecycle import settle
 from proxy.markers.follower import MarkerFollower
 from proxy.markers.verifier import TxnVerifier
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
+from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.metrics import ObjectStoreMetrics
@@ -79,6 +80,7 @@ class StartHost(
     kafka_settings: dict
     topic_configs: TopicConfigs
     holes: SequenceHoles
+    stages: Stages  # where a tiered produce's time goes (ProxyMetrics.produce_stages)
     allocate: ObjectIdAllocator
     cutover: CutoverLoop
     retention: Retention
