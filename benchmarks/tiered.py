@@ -96,6 +96,7 @@ GET_APIS = {"GetObject", "HeadObject"}
 # an owner's answer to a peer append with no error message: counts the batches handed over
 ANSWER_BYTES = frame_size(AppendResponse(0, 0))
 UPLOAD_SETTINGS = ("upload_bytes", "upload_interval_s", "s3wal_max_delay_ms", "s3wal_max_bytes")
+UPLOAD_SETTINGS += ("s3wal_idle_ms",)
 IO = ("received", "sent")
 OBJECT_TOTALS = ("s3wal_objects", "s3wal_bytes", "upload_objects", "upload_bytes")
 PROXY_COUNTERS = ("tierproxy_zone_bytes_total", "tierproxy_peer_bytes_total")

@@ -7,8 +7,9 @@ the owner reads it back (`S3WalReader`, s3walreader.py: one GET per object, shar
 the reads of its locations) and sequences it.
 
 `S3WalWriter` group-commits across partitions: appends join the open object until its
-batches reach `max_bytes` or `max_delay_s` has passed since its first append; then it is
-sealed and PUT, at most `max_puts_in_flight` at a time. The writer has no task of its own:
+batches reach `max_bytes`, `max_delay_s` has passed since its first append, or no append
+came for `idle_s` (the clients wait for answers: a longer window only delays them); then
+it is sealed and PUT, at most `max_puts_in_flight` at a time. The writer has no task of its own:
 every change to its state is synchronous code on the event loop (an append, the
 deadline's timer, a PUT's end), so the loop is the one owner and nothing needs a lock.
 """
@@ -90,7 +91,7 @@ class S3WalMetrics:
         )
         self.sealed = Counter(
             "tierproxy_s3wal_objects_sealed",
-            "S3-WAL objects closed for PUT, by what closed them (size, time, flush)",
+            "S3-WAL objects closed for PUT, by what closed them (size, time, idle, flush)",
             ["trigger"],
             registry=r,
         )
@@ -137,6 +138,8 @@ class _Object:
     built: BuiltWalObject | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     appended_at: list[float] = field(default_factory=list)  # loop.time(), if stages observed
+    last_append: float = 0.0  # loop.time() of the latest append, for the idle seal
+    idle_timer: asyncio.TimerHandle | None = None
 
 
 class S3WalWriter:
@@ -148,6 +151,7 @@ class S3WalWriter:
         writer_id: str,
         *,
         max_delay_s: float = 0.25,
+        idle_s: float = 0.0,
         max_bytes: int = 8 * MiB,
         max_puts_in_flight: int = 4,
         max_pending_bytes: int = 64 * MiB,
@@ -159,6 +163,8 @@ class S3WalWriter:
         stages: Stages | None = None,
     ) -> None:
         """`writer_id`: unique to this process (s3walobject.writer_id_for), never reused;
+        `idle_s`: seal the open object once no append came for this long (0: never; only
+        `max_delay_s`, `max_bytes` and `flush` seal);
         `max_pending_bytes`: appends wait while this much is appended and not yet PUT;
         `validate`: check each batch's CRC on append (a bad batch raises, goes nowhere);
         `wall_clock`: stamps objects (footer), for garbage collection by age;
@@ -181,6 +187,9 @@ class S3WalWriter:
         self.writer_id = check_writer_id(writer_id)
         self.store = store
         self.max_delay_s = max_delay_s
+        if isinstance(idle_s, bool) or not idle_s >= 0:
+            raise ValueError(f"S3-WAL writer idle_s={idle_s!r}: must be 0 or more")
+        self.idle_s = idle_s
         self.max_bytes = max_bytes
         self.max_puts_in_flight = max_puts_in_flight
         self.max_pending_bytes = max_pending_bytes
@@ -262,6 +271,10 @@ class S3WalWriter:
         obj.futures.append(future)
         if self.stages is not None:
             obj.appended_at.append(loop.time())
+        if self.idle_s:
+            obj.last_append = loop.time()
+            if obj.idle_timer is None:
+                obj.idle_timer = loop.call_later(self.idle_s, self._idle, obj)
         self._pending_bytes += summary.size
         self.metrics.pending_bytes.set(self._pending_bytes)
         if obj.builder.data_size >= self.max_bytes:
@@ -305,12 +318,28 @@ class S3WalWriter:
         if self._open is obj:
             self._seal("time")
 
+    def _idle(self, obj: _Object) -> None:
+        """The idle timer: one per object, moved on (not re-made per append) while
+        appends keep coming."""
+        obj.idle_timer = None
+        if self._open is not obj:
+            return
+        loop = asyncio.get_running_loop()
+        quiet = loop.time() - obj.last_append
+        if quiet >= self.idle_s * 0.999:  # timers may fire a hair early
+            self._seal("idle")
+        else:
+            obj.idle_timer = loop.call_later(self.idle_s - quiet, self._idle, obj)
+
     def _seal(self, trigger: str) -> None:
         obj = self._open
         assert obj is not None
         self._open = None
         if obj.timer is not None:
             obj.timer.cancel()
+        if obj.idle_timer is not None:
+            obj.idle_timer.cancel()
+            obj.idle_timer = None
         obj.built = obj.builder.build(created_ms=int(self._wall_clock() * 1000))
         self.metrics.sealed.labels(trigger).inc()
         self.metrics.object_batches.observe(obj.builder.batches)

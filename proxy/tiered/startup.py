@@ -194,6 +194,7 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
             store,
             writer_id_for(service.name, time.time()),
             max_delay_s=config.s3wal_max_delay_ms / 1000,
+            idle_s=config.s3wal_idle_ms / 1000,
             max_bytes=config.s3wal_max_bytes,
             metrics=S3WalMetrics(registry),
             stages=service.stages,
