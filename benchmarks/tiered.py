@@ -505,8 +505,9 @@ def describe(phase: Phase) -> str:
         f"r{phase.round} {phase.client:10} {phase.kind:7} {phase.mode:13} "
         f"{phase.result['mb_per_s']:7.1f} MB/s  p50 {lat['p50']:.1f} p99 {lat['p99']:.1f} "
         f"p99.9 {lat['p99.9']:.1f} ms  PUTs {c['puts']:.0f} (S3-WAL {c['s3wal_objects']:.0f}, "
-        f"upload {c['upload_objects']:.0f})  ({s['produce']:.0f} s + {s['commit_wait']:.0f} s "
-        f"to commit, settled {s['settle']:.0f} s, {phase.machine_busy_cores:.2f} cores busy)"
+        f"upload {c['upload_objects']:.0f}) GETs {c['gets']:.0f}  "
+        f"({s['produce']:.0f} s + {s['commit_wait']:.0f} s to commit, settled "
+        f"{s['settle']:.0f} s, {phase.machine_busy_cores:.2f} cores busy)"
     )
 
 
@@ -679,8 +680,8 @@ def render(run: dict, summary: dict, args) -> str:
     ]
     for client, (kind, what) in itertools.product(args.clients, KINDS.items()):
         prefix = f"{client} {kind} "
-        cell = lambda x, k=prefix: f"{gb('s3wal_objects', k)(x)} + {gb('upload_objects', k)(x)}"  # noqa: E731
-        out.append(row(f"{CLIENT_NAMES[client]}, {what}", cell, tiered))
+        split = lambda x, k=prefix: f"{gb('s3wal_objects', k)(x)} + {gb('upload_objects', k)(x)}"  # noqa: E731
+        out.append(row(f"{CLIENT_NAMES[client]}, {what}", split, tiered))
     if not run["proxies_export_store_metrics"]:
         note = "the proxies' /metrics have no `tierproxy_object_store_*`, `tierproxy_s3wal_*`"
         out += ["", f"({note}: not on the proxy's registry; MinIO's counts are the ones)"]
