@@ -100,6 +100,7 @@ UPLOAD_SETTINGS += ("s3wal_idle_ms",)
 IO = ("received", "sent")
 OBJECT_TOTALS = ("s3wal_objects", "s3wal_bytes", "upload_objects", "upload_bytes")
 PROXY_COUNTERS = ("tierproxy_zone_bytes_total", "tierproxy_peer_bytes_total")
+PROXY_COUNTERS += ("tierproxy_s3wal_reader_gets_total",)  # the owners' S3-WAL GETs
 CROSSING = ("client_proxy", "to_brokers", "owner_hop", "replication", "metadata")
 
 
@@ -505,7 +506,8 @@ def describe(phase: Phase) -> str:
         f"r{phase.round} {phase.client:10} {phase.kind:7} {phase.mode:13} "
         f"{phase.result['mb_per_s']:7.1f} MB/s  p50 {lat['p50']:.1f} p99 {lat['p99']:.1f} "
         f"p99.9 {lat['p99.9']:.1f} ms  PUTs {c['puts']:.0f} (S3-WAL {c['s3wal_objects']:.0f}, "
-        f"upload {c['upload_objects']:.0f}) GETs {c['gets']:.0f}  "
+        f"upload {c['upload_objects']:.0f}) GETs {c['gets']:.0f} "
+        f"(S3-WAL {total(phase.raw.get('s3wal_reader_gets', []), bool):.0f})  "
         f"({s['produce']:.0f} s + {s['commit_wait']:.0f} s to commit, settled "
         f"{s['settle']:.0f} s, {phase.machine_busy_cores:.2f} cores busy)"
     )

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from proxy.config import ProxyConfig
 from proxy.config.tiering import TieringConfig
+from proxy.handoff.reader import S3WalReader
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex
 from proxy.metrics import ProxyMetrics, Stages
@@ -136,6 +137,9 @@ class MetricsHost(Protocol):
 
     @property
     def uploader(self) -> Uploader | None: ...
+
+    @property
+    def s3wal_reader(self) -> S3WalReader | None: ...
 
     @property
     def log_cache(self) -> LogCache: ...
