@@ -43,6 +43,7 @@ from statistics import fmean
 
 import botocore.session
 
+from benchmarks.common import stages
 from benchmarks.common.clients import JavaTools, librdkafka_produce
 from benchmarks.common.cluster import Cluster
 from benchmarks.common.procs import (
@@ -95,9 +96,11 @@ GET_APIS = {"GetObject", "HeadObject"}
 # an owner's answer to a peer append with no error message: counts the batches handed over
 ANSWER_BYTES = frame_size(AppendResponse(0, 0))
 UPLOAD_SETTINGS = ("upload_bytes", "upload_interval_s", "s3wal_max_delay_ms", "s3wal_max_bytes")
+UPLOAD_SETTINGS += ("s3wal_idle_ms",)
 IO = ("received", "sent")
 OBJECT_TOTALS = ("s3wal_objects", "s3wal_bytes", "upload_objects", "upload_bytes")
 PROXY_COUNTERS = ("tierproxy_zone_bytes_total", "tierproxy_peer_bytes_total")
+PROXY_COUNTERS += ("tierproxy_s3wal_reader_gets_total",)  # the owners' S3-WAL GETs
 CROSSING = ("client_proxy", "to_brokers", "owner_hop", "replication", "metadata")
 
 
@@ -280,6 +283,8 @@ class Phase:
     cpu_s: dict[str, float] = field(default_factory=dict)
     machine_busy_cores: float = 0.0
     raw: dict = field(default_factory=dict)  # S3 requests by API, proxy counters, shard
+    # where the time went: proxy and path -> stage -> count, mean, p50, p99 (stages.py)
+    stages: dict = field(default_factory=dict)
 
 
 class Bench:
@@ -345,6 +350,7 @@ class Bench:
             "metadata_leader": next(iter(logs["by_partition"].values()))["leader"],
             "cpu": self.cpu(),
             "machine": machine_cpu(),
+            "stages": stages.snapshot({m.name: m.metrics_url for m in self.fleet.members}),
         }
 
     def counts(self, mode: str, before: dict, after: dict, logs: dict) -> tuple[dict, dict]:
@@ -448,8 +454,11 @@ class Bench:
         (b0, t0), (b1, t1) = before["machine"], after["machine"]
         phase.machine_busy_cores = (b1 - b0) / max(1, t1 - t0) * (os.cpu_count() or 1)
         phase.raw = raw | {"shard": shard}
+        phase.stages = stages.summary(before["stages"], after["stages"])
         self.phases.append(phase)
         print(f"  {describe(phase)}", flush=True)
+        for line in stages.describe(phase.stages):
+            print(f"    {line}", flush=True)
 
     def warm_up(self, max_passes: int = 4) -> None:
         """Unmeasured passes of every mode and client until the brokers' JIT has settled
@@ -497,8 +506,10 @@ def describe(phase: Phase) -> str:
         f"r{phase.round} {phase.client:10} {phase.kind:7} {phase.mode:13} "
         f"{phase.result['mb_per_s']:7.1f} MB/s  p50 {lat['p50']:.1f} p99 {lat['p99']:.1f} "
         f"p99.9 {lat['p99.9']:.1f} ms  PUTs {c['puts']:.0f} (S3-WAL {c['s3wal_objects']:.0f}, "
-        f"upload {c['upload_objects']:.0f})  ({s['produce']:.0f} s + {s['commit_wait']:.0f} s "
-        f"to commit, settled {s['settle']:.0f} s, {phase.machine_busy_cores:.2f} cores busy)"
+        f"upload {c['upload_objects']:.0f}) GETs {c['gets']:.0f} "
+        f"(S3-WAL {total(phase.raw.get('s3wal_reader_gets', []), bool):.0f})  "
+        f"({s['produce']:.0f} s + {s['commit_wait']:.0f} s to commit, settled "
+        f"{s['settle']:.0f} s, {phase.machine_busy_cores:.2f} cores busy)"
     )
 
 
@@ -536,7 +547,17 @@ def summarize(phases: list[Phase], args) -> dict:
             totals.update(busy_cores=p.machine_busy_cores, phases=1)
         totals["total"] = sum(totals[k] for k in CROSSING)
         modes[mode] = dict(totals)
-    return {"latency": latency, "modes": modes, "targets": targets(latency, modes, args)}
+    where = {
+        f"r{p.round} {CLIENT_NAMES[p.client]} {KINDS[p.kind]} {p.mode}": p.stages
+        for p in phases
+        if p.mode in TIERED and p.stages
+    }
+    return {
+        "latency": latency,
+        "modes": modes,
+        "targets": targets(latency, modes, args),
+        "stages": where,
+    }
 
 
 def per_gb(count: float, produced: float) -> float:
@@ -661,8 +682,8 @@ def render(run: dict, summary: dict, args) -> str:
     ]
     for client, (kind, what) in itertools.product(args.clients, KINDS.items()):
         prefix = f"{client} {kind} "
-        cell = lambda x, k=prefix: f"{gb('s3wal_objects', k)(x)} + {gb('upload_objects', k)(x)}"  # noqa: E731
-        out.append(row(f"{CLIENT_NAMES[client]}, {what}", cell, tiered))
+        split = lambda x, k=prefix: f"{gb('s3wal_objects', k)(x)} + {gb('upload_objects', k)(x)}"  # noqa: E731
+        out.append(row(f"{CLIENT_NAMES[client]}, {what}", split, tiered))
     if not run["proxies_export_store_metrics"]:
         note = "the proxies' /metrics have no `tierproxy_object_store_*`, `tierproxy_s3wal_*`"
         out += ["", f"({note}: not on the proxy's registry; MinIO's counts are the ones)"]
@@ -701,6 +722,9 @@ def render(run: dict, summary: dict, args) -> str:
     for who in ("proxy a", "proxy b", "proxy c", "minio", "brokers", "client"):
         out.append(row(who, lambda x, w=who: f"{x[f'cpu {w}'] / (x['produced'] / GIB):.1f}"))
     out.append(row("machine busy (cores)", lambda x: f"{x['busy_cores'] / x['phases']:.2f}"))
+    if summary.get("stages"):
+        out += ["", "#### Where the time goes (tierproxy_stage_seconds, per phase)", ""]
+        out += stages.table(summary["stages"])
     problems = run["warnings"] + run["proxy_log_problems"][:20]
     if problems:
         out += ["", "#### Warnings", "", "```", *problems, "```"]

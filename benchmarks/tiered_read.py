@@ -39,6 +39,7 @@ from statistics import fmean
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from benchmarks.common import stages
 from benchmarks.common.clients import MIB, PERCENTILES, librdkafka_produce, percentiles
 from benchmarks.common.cluster import Cluster
 from benchmarks.common.procs import machine_description, scrape, wait_idle
@@ -201,6 +202,8 @@ class ReadPhase:
     seconds: dict[str, float] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     machine_busy_cores: float = 0.0
+    # where the time went: proxy and path -> stage -> count, mean, p50, p99 (stages.py)
+    stages: dict = field(default_factory=dict)
 
 
 def busy_cores(before: dict, after: dict) -> float:
@@ -300,8 +303,11 @@ class ReadBench:
         phase.seconds = {"settle": settled, "wall": wall}
         phase.cpu_s = {who: s - before["cpu"][who] for who, s in after["cpu"].items()}
         phase.machine_busy_cores = busy_cores(before, after)
+        phase.stages = stages.summary(before["stages"], after["stages"])
         self.phases.append(phase)
         print(f"  {describe(phase)}", flush=True)
+        for line in stages.describe(phase.stages):
+            print(f"    {line}", flush=True)
 
     def catchup(self, client: str, mode: str, rnd: int) -> None:
         topic = self.topics["catchup", "direct" if mode == "direct" else "tiered"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -18,6 +19,35 @@ from prometheus_client import (
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+
+
+# Stage buckets, seconds: from a sequencer step (tens of microseconds) to an S3 PUT
+# queued behind others (seconds).
+STAGE_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15,
+    0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class Stages:
+    """Where the time of one path goes (`tierproxy_stage_seconds{path, stage}`): one
+    observation per request or batch of a stage, never per record. The labelled children
+    are looked up once per stage (`labels()` takes a lock and builds a tuple)."""
+
+    def __init__(self, histogram: Histogram, path: str) -> None:
+        self._histogram = histogram
+        self._path = path
+        self._children: dict[str, Histogram] = {}
+
+    def observe(self, stage: str, seconds: float) -> None:
+        child = self._children.get(stage)
+        if child is None:
+            child = self._children[stage] = self._histogram.labels(self._path, stage)
+        child.observe(seconds)
+
+    def since(self, stage: str, started: float) -> None:
+        """Observe `stage` as the time since `started` (time.perf_counter())."""
+        self.observe(stage, time.perf_counter() - started)
 
 
 class ProxyMetrics:
@@ -108,6 +138,19 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self.stage_seconds = Histogram(
+            "tierproxy_stage_seconds",
+            'Time of each stage of a tiered path (docs/tiering.md, "Where the time goes"), '
+            "per request or batch: produce (decode, s3wal_window, s3wal_put, s3wal_append, "
+            "notify, owner_read, owner_order, queue, sequencer, wal, owner_append, local, "
+            "answer) and fetch (plan, read, local, answer)",
+            ["path", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.produce_stages = Stages(self.stage_seconds, "produce")
+        self.fetch_stages = Stages(self.stage_seconds, "fetch")
+
         self._requests_by_key: dict[int, object] = {}
         self._latency_by_key: dict[int, object] = {}
 
@@ -125,6 +168,11 @@ class ProxyMetrics:
         if child is None:
             child = self._latency_by_key[api_key] = self.request_seconds.labels(str(api_key))
         child.observe(seconds)
+
+    def answer_stage(self, api_key: int, ready_at: float) -> None:
+        """A tiered answer written, `ready_at` its tiered part's end: stage "answer"."""
+        stages = self.produce_stages if api_key == 0 else self.fetch_stages
+        stages.since("answer", ready_at)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

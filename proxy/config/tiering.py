@@ -48,6 +48,8 @@ class TieringConfig:
     wal_mode: str = "local"  # s3: objects under walog/<fleet.name>/ in the object store
     notify: str = "s3"  # how a proxy that is not the owner hands batches over
     s3wal_max_delay_ms: int = 250
+    # seal the S3-WAL object once no batch came for this long (0: off): docs/wal.md
+    s3wal_idle_ms: int = 10
     s3wal_max_bytes: int = 8 * MiB
     upload_bytes: int = 8 * MiB
     upload_interval_s: float = 1.0
@@ -129,6 +131,7 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         wal_mode=wal.choice("mode", defaults.wal_mode, WAL_MODES),
         notify=section.choice("notify", defaults.notify, NOTIFY_MODES),
         s3wal_max_delay_ms=section.integer("s3wal_max_delay_ms", 250, minimum=1),
+        s3wal_idle_ms=section.integer("s3wal_idle_ms", defaults.s3wal_idle_ms, minimum=0),
         s3wal_max_bytes=section.integer("s3wal_max_bytes", defaults.s3wal_max_bytes, minimum=1024),
         upload_bytes=section.integer("upload_bytes", defaults.upload_bytes, minimum=1024),
         upload_interval_s=section.number(

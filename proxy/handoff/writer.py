@@ -7,8 +7,9 @@ the owner reads it back (`S3WalReader`, s3walreader.py: one GET per object, shar
 the reads of its locations) and sequences it.
 
 `S3WalWriter` group-commits across partitions: appends join the open object until its
-batches reach `max_bytes` or `max_delay_s` has passed since its first append; then it is
-sealed and PUT, at most `max_puts_in_flight` at a time. The writer has no task of its own:
+batches reach `max_bytes`, `max_delay_s` has passed since its first append, or no append
+came for `idle_s` (the clients wait for answers: a longer window only delays them); then
+it is sealed and PUT, at most `max_puts_in_flight` at a time. The writer has no task of its own:
 every change to its state is synchronous code on the event loop (an append, the
 deadline's timer, a PUT's end), so the loop is the one owner and nothing needs a lock.
 """
@@ -38,6 +39,7 @@ from proxy.handoff.objects import (
     summarize_append,
 )
 from proxy.handoff.reader import S3WalReader
+from proxy.metrics import Stages
 from proxy.objects.store import ObjectStore, ObjectStoreError
 
 __all__ = [
@@ -89,7 +91,7 @@ class S3WalMetrics:
         )
         self.sealed = Counter(
             "tierproxy_s3wal_objects_sealed",
-            "S3-WAL objects closed for PUT, by what closed them (size, time, flush)",
+            "S3-WAL objects closed for PUT, by what closed them (size, time, idle, flush)",
             ["trigger"],
             registry=r,
         )
@@ -135,6 +137,9 @@ class _Object:
     timer: asyncio.TimerHandle | None = None
     built: BuiltWalObject | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    appended_at: list[float] = field(default_factory=list)  # loop.time(), if stages observed
+    last_append: float = 0.0  # loop.time() of the latest append, for the idle seal
+    idle_timer: asyncio.TimerHandle | None = None
 
 
 class S3WalWriter:
@@ -146,6 +151,7 @@ class S3WalWriter:
         writer_id: str,
         *,
         max_delay_s: float = 0.25,
+        idle_s: float = 0.0,
         max_bytes: int = 8 * MiB,
         max_puts_in_flight: int = 4,
         max_pending_bytes: int = 64 * MiB,
@@ -154,12 +160,17 @@ class S3WalWriter:
         metrics: S3WalMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
         delete_delay_s: float = 1.0,
+        stages: Stages | None = None,
     ) -> None:
         """`writer_id`: unique to this process (s3walobject.writer_id_for), never reused;
+        `idle_s`: seal the open object once no append came for this long (0: never; only
+        `max_delay_s`, `max_bytes` and `flush` seal);
         `max_pending_bytes`: appends wait while this much is appended and not yet PUT;
         `validate`: check each batch's CRC on append (a bad batch raises, goes nowhere);
         `wall_clock`: stamps objects (footer), for garbage collection by age;
-        `delete_delay_s`: released objects are deleted in a batch this often."""
+        `delete_delay_s`: released objects are deleted in a batch this often;
+        `stages`: where an append's time goes (s3wal_window: append to seal, per append;
+        s3wal_put, per object; s3wal_append: append to durable, per append)."""
         for name, value in (
             ("max_delay_s", max_delay_s),
             ("max_bytes", max_bytes),
@@ -176,11 +187,15 @@ class S3WalWriter:
         self.writer_id = check_writer_id(writer_id)
         self.store = store
         self.max_delay_s = max_delay_s
+        if isinstance(idle_s, bool) or not idle_s >= 0:
+            raise ValueError(f"S3-WAL writer idle_s={idle_s!r}: must be 0 or more")
+        self.idle_s = idle_s
         self.max_bytes = max_bytes
         self.max_puts_in_flight = max_puts_in_flight
         self.max_pending_bytes = max_pending_bytes
         self.validate = validate
         self.metrics = metrics or S3WalMetrics()
+        self.stages = stages
         self._wall_clock = wall_clock
         self._next_sequence = first_sequence
         self._open: _Object | None = None
@@ -254,6 +269,12 @@ class S3WalWriter:
         obj.builder.add(stream_id, records, summary)
         future: asyncio.Future[S3WalLocation] = loop.create_future()
         obj.futures.append(future)
+        if self.stages is not None:
+            obj.appended_at.append(loop.time())
+        if self.idle_s:
+            obj.last_append = loop.time()
+            if obj.idle_timer is None:
+                obj.idle_timer = loop.call_later(self.idle_s, self._idle, obj)
         self._pending_bytes += summary.size
         self.metrics.pending_bytes.set(self._pending_bytes)
         if obj.builder.data_size >= self.max_bytes:
@@ -261,7 +282,10 @@ class S3WalWriter:
         try:
             return await future
         finally:
-            self.metrics.append_seconds.observe(loop.time() - started)
+            waited = loop.time() - started
+            self.metrics.append_seconds.observe(waited)
+            if self.stages is not None:
+                self.stages.observe("s3wal_append", waited)
 
     async def flush(self) -> None:
         """Seal the open object now; return once every object sealed so far has ended
@@ -294,15 +318,35 @@ class S3WalWriter:
         if self._open is obj:
             self._seal("time")
 
+    def _idle(self, obj: _Object) -> None:
+        """The idle timer: one per object, moved on (not re-made per append) while
+        appends keep coming."""
+        obj.idle_timer = None
+        if self._open is not obj:
+            return
+        loop = asyncio.get_running_loop()
+        quiet = loop.time() - obj.last_append
+        if quiet >= self.idle_s * 0.999:  # timers may fire a hair early
+            self._seal("idle")
+        else:
+            obj.idle_timer = loop.call_later(self.idle_s - quiet, self._idle, obj)
+
     def _seal(self, trigger: str) -> None:
         obj = self._open
         assert obj is not None
         self._open = None
         if obj.timer is not None:
             obj.timer.cancel()
+        if obj.idle_timer is not None:
+            obj.idle_timer.cancel()
+            obj.idle_timer = None
         obj.built = obj.builder.build(created_ms=int(self._wall_clock() * 1000))
         self.metrics.sealed.labels(trigger).inc()
         self.metrics.object_batches.observe(obj.builder.batches)
+        if self.stages is not None:
+            now = asyncio.get_running_loop().time()
+            for appended in obj.appended_at:  # per append: what it waited for the seal
+                self.stages.observe("s3wal_window", now - appended)
         self._sealed.append(obj)
         self._start_puts()
 
@@ -345,7 +389,10 @@ class S3WalWriter:
                     cancelled += 1
             self.releases.hold(built.key, len(obj.futures), cancelled)
         finally:
-            self.metrics.put_seconds.observe(loop.time() - started)
+            took = loop.time() - started
+            self.metrics.put_seconds.observe(took)
+            if self.stages is not None:
+                self.stages.observe("s3wal_put", took)
             self._in_flight.discard(obj)
             self._pending_bytes -= built.data_size
             self.metrics.pending_bytes.set(self._pending_bytes)

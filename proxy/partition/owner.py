@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from kio.schema.errors import ErrorCode
 
 from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
+from proxy.metrics import Stages
 from proxy.partition.recovery import ReadCommitted, ReadUpstream, rebuild
 from proxy.partition.rules import (
     PartitionConfig,
@@ -74,6 +76,7 @@ class _Request:
     future: asyncio.Future[ProduceResult] | None  # None for acks=0
     log_append_time: bool | None = None  # the topic's message.timestamp.type; None: config's
     marker: Marker | None = None  # a transaction marker to append (`records` is empty)
+    queued_at: float = 0.0  # perf_counter() when queued, if `stages` are observed
 
 
 @dataclass(slots=True, eq=False)
@@ -82,6 +85,7 @@ class _InFlight:
     write: asyncio.Task[WalPosition]
     # the request and retries of it: (answer, base offset, log append time)
     waiters: list[tuple[asyncio.Future[ProduceResult], int, int]]
+    started: float = 0.0  # perf_counter() when handed to the WAL, if `stages` are observed
 
 
 class TieredPartition:
@@ -105,6 +109,8 @@ class TieredPartition:
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
         self.on_appended: OnAppended | None = None  # each durable append (the log cache)
+        # where a produce's time goes here (queue, sequencer, wal): ProxyMetrics.produce_stages
+        self.stages: Stages | None = None
         # the batches this proxy dropped, to tell its gaps from the client's (sequence_holes.py)
         self.holes: SequenceHoles | None = None
         # the queue: requests keep the order of their produce() calls
@@ -223,6 +229,8 @@ class TieredPartition:
             return None if acks == 0 else not_owner(self.stream_id)
         future = None if acks == 0 else asyncio.get_running_loop().create_future()
         request = _Request(records, future, log_append_time)
+        if self.stages is not None:
+            request.queued_at = time.perf_counter()
         producer = producer_of(records) if verify is not None or self._gate.waiting else None
         if producer is None or not self._gate.must_wait(
             producer, verify, self._open_here(producer.producer_id)
@@ -348,6 +356,11 @@ class TieredPartition:
         if request.log_append_time is not None:  # stamped by the sequencer (Kafka's leader)
             self._sequencer.log_append_time = request.log_append_time
         future = request.future
+        stages = self.stages
+        started = 0.0
+        if stages is not None and request.queued_at:
+            started = time.perf_counter()
+            stages.observe("queue", started - request.queued_at)
         result: AppendResult
         if request.marker is not None:
             self._gate.marker_sequenced(request.marker.producer_id)
@@ -365,6 +378,9 @@ class TieredPartition:
                 return
         else:
             result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
+            if started:
+                assert stages is not None
+                stages.since("sequencer", started)
         if isinstance(result, Rejected):
             answer = refusal(result, self.stream_id, self.holes)
             if answer.error_code in DROP_CODES:  # fenced, or a gap this proxy made
@@ -394,7 +410,10 @@ class TieredPartition:
             waiters = (
                 [] if future is None else [(future, result.base_offset, result.log_append_time_ms)]
             )
-            self._in_flight.append(_InFlight(result, write, waiters))
+            in_flight = _InFlight(result, write, waiters)
+            if started:
+                in_flight.started = time.perf_counter()
+            self._in_flight.append(in_flight)
 
     def _written(self, write: asyncio.Task[WalPosition]) -> None:
         if not write.cancelled():
@@ -411,6 +430,8 @@ class TieredPartition:
             if error is not None:
                 self._fail(item, error)
                 return
+            if item.started and self.stages is not None:
+                self.stages.since("wal", item.started)  # group commit: queue, write, fsync
             code = self._sequencer.commit(item.pending)
             if code == ErrorCode.none and self.on_appended is not None:
                 pending = item.pending

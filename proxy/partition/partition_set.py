@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
+from proxy.metrics import Stages
 from proxy.partition.owner import OnBroken, Records, TieredPartition
 from proxy.partition.recovered_tail import RecoveredTail, TailEntry
 from proxy.partition.recovery import ReadCommitted, ReadUpstream, read_wal_batches
@@ -38,8 +39,10 @@ class PartitionSet:
         on_broken: OnBroken | None = None,
         log_cache: LogCache | None = None,
         holes: SequenceHoles | None = None,
+        stages: Stages | None = None,
     ) -> None:
         self._wal, self.config, self._clock_ms = wal, config or PartitionConfig(), clock_ms
+        self.stages = stages  # each partition's produce stages (ProxyMetrics.produce_stages)
         self.holes = holes  # shared with the Produce path (sequence_holes.py)
         self._on_broken = on_broken
         self.log_cache = log_cache
@@ -98,6 +101,7 @@ class PartitionSet:
                     )
             partition.on_appended = self.log_cache.append
         partition.holes = self.holes
+        partition.stages = self.stages
         partition.start()
 
     def get(self, stream_id: int) -> TieredPartition | None:

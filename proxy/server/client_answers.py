@@ -52,6 +52,8 @@ class ClientAnswers:
             assert slot.data is not None
             self.write(*slot.data, local=slot.local)
             self._metrics.answered(slot.api_key, time.perf_counter() - slot.read_at)
+            if slot.ready_at:  # a tiered answer: encoding, and its turn behind earlier ones
+                self._metrics.answer_stage(slot.api_key, slot.ready_at)
         if order.has_room:
             self.room.set()
         if order.all_answered:

@@ -106,6 +106,7 @@ class Slot:
     local: bool = False  # answered by the proxy itself, not by a broker
     plan: Plan | None = None  # a request split by a proxy that tiers topics
     read_at: float = 0.0  # perf_counter() when queued, for tierproxy_request_seconds
+    ready_at: float = 0.0  # perf_counter() when its tiered part was done (stage "answer")
 
 
 class AnswerOrder:

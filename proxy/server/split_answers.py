@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from proxy.apis import HANDLING
@@ -85,6 +86,7 @@ class SplitAnswers:
             # in a done callback, where nothing catches it. The client retries the batch;
             # the sequencer answers the retry with the original offsets.
             return
+        slot.ready_at = time.perf_counter()
         payload = response_header(slot.correlation_id, slot.api_key, slot.api_version)
         payload += self._merged_body(slot, None)
         slot.data = (FRAME_SIZE.pack(len(payload)) + payload,)

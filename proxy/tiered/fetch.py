@@ -24,6 +24,7 @@ Fetch.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode
@@ -90,11 +91,14 @@ async def plan_fetch(
     sessionless fetch of passthrough partitions only). FrameError if it cannot be read."""
     if not tiering.topics.any():
         return None
+    started = time.perf_counter()
     view = read_fetch_request(api_version, body)
     if view.replica_id >= 0:
         return None  # a broker's follower fetch: not a client's
     reads = tiering.reads
     upstream_body, tiered = split(view, reads.fetch_here)
+    if tiered:
+        tiering.fetch_stages.since("plan", started)  # read and split, per partition
     keys = tuple((p.topic, p.partition) for p in tiered)
     cutovers = _below_cutover(tiering, view, frozenset(keys)) if upstream_body else {}
     loop = asyncio.get_running_loop()

@@ -112,6 +112,16 @@ class _Collector:
              cache.max_bytes),
         ):  # fmt: skip
             yield family(f"tierproxy_{name}", documentation, value=value)
+        reader = service.s3wal_reader
+        if reader is not None:  # the owner's reads of S3-WAL objects (handoff/reader.py)
+            for name, documentation, value in (
+                ("s3wal_reader_gets", "S3-WAL objects GET by this owner (one per object "
+                 "unless it left the cache before a later notification)", reader.gets),
+                ("s3wal_reader_hits", "S3-WAL reads served by a GET in flight or cached",
+                 reader.hits),
+                ("s3wal_reader_bytes", "S3-WAL object bytes GET", reader.bytes_fetched),
+            ):  # fmt: skip
+                yield CounterMetricFamily(f"tierproxy_{name}", documentation, value=value)
         clamped = CounterMetricFamily(
             "tierproxy_kafka_beyond_cutover",
             "Kafka answers for a tiered partition clamped at its cutover: Kafka's log held "

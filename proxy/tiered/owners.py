@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +24,7 @@ from proxy.handoff.objects import S3WalLocation
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TieredTopic
+from proxy.metrics import Stages
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
@@ -71,6 +73,9 @@ class SenderHost(Protocol):
     @property
     def s3wal(self) -> S3WalWriter | None: ...
 
+    @property
+    def stages(self) -> Stages: ...
+
     def state(self, stream: int) -> MetadataState: ...
 
     def owner_address(self, stream: int) -> tuple[str, int] | None: ...
@@ -111,6 +116,7 @@ class ToOwner:
                 inline = records
             if previous is not None:
                 await asyncio.wait([previous])
+            called = time.perf_counter()
             call = asyncio.ensure_future(
                 service.peers.append(
                     address,
@@ -162,6 +168,7 @@ class ToOwner:
         service.count_peer_bytes(address, "to_owner", frame_size(request))
         try:
             result = await call
+            service.stages.since("notify", called)  # to the owner and back: its whole work
         except (PeerUnavailable, TimeoutError, OSError) as exc:
             return not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
         finally:  # answered: the owner read the batch first; failed: nothing acknowledged
@@ -199,6 +206,9 @@ class OwnerHost(Protocol):
     @property
     def s3wal_reader(self) -> S3WalReader | None: ...
 
+    @property
+    def stages(self) -> Stages: ...
+
     def state(self, stream: int) -> MetadataState: ...
 
     async def produce_rules(self, topic: str | uuid.UUID) -> ProduceRules | None: ...
@@ -234,14 +244,19 @@ class AtOwner:
         previous = self._arrivals.get(stream)
         queued = asyncio.get_running_loop().create_future()
         self._arrivals[stream] = queued
+        stages = service.stages
+        arrived = time.perf_counter()
         try:
             records = request.records
             if records is None:
                 assert request.location is not None
                 records = await reader.read(request.location)
+                stages.since("owner_read", arrived)  # the GET, or its shared or cached bytes
             rules = await self._stream_rules(stream)  # before the order is kept: may wait
             if previous is not None:
+                waited = time.perf_counter()
                 await asyncio.wait([previous])
+                stages.since("owner_order", waited)  # behind the stream's earlier arrivals
             if partitions.get(stream) is None and service.owned_here(stream):
                 await service.wait_for_partition(stream)
             if partitions.get(stream) is None:
@@ -265,6 +280,7 @@ class AtOwner:
             if self._arrivals.get(stream) is queued:
                 del self._arrivals[stream]
         result = await call
+        stages.since("owner_append", arrived)  # arrival to durable here (read included)
         if result is not None:
             holes.observe(stream, batch, result.error_code)
         return result if result is not None else ProduceResult(0)

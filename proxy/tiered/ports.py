@@ -18,9 +18,10 @@ from typing import Protocol
 
 from proxy.config import ProxyConfig
 from proxy.config.tiering import TieringConfig
+from proxy.handoff.reader import S3WalReader
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
@@ -73,6 +74,9 @@ class ReadHandlers(TieredMetadata, Protocol):
     offsets.py, epochs.py, timestamps.py)."""
 
     @property
+    def fetch_stages(self) -> Stages: ...
+
+    @property
     def reads(self) -> TieredReads: ...
 
     @property
@@ -105,6 +109,9 @@ class ProduceHost(Protocol):
     @property
     def max_batch_bytes(self) -> int: ...
 
+    @property
+    def stages(self) -> Stages: ...
+
     def is_tiered(self, topic: str | uuid.UUID, partition: int) -> bool: ...
 
     async def produce_rules(self, topic: str | uuid.UUID) -> ProduceRules | None: ...
@@ -133,6 +140,9 @@ class MetricsHost(Protocol):
 
     @property
     def uploader(self) -> Uploader | None: ...
+
+    @property
+    def s3wal_reader(self) -> S3WalReader | None: ...
 
     @property
     def log_cache(self) -> LogCache: ...

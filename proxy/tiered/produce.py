@@ -14,6 +14,7 @@ over is reported drained only when none is left (docs/tiering.md, "Cutover").
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
@@ -58,6 +59,7 @@ def plan_produce(
     tiering: ProduceHost, header_bytes: memoryview, body: memoryview, api_version: int
 ):
     """The plan for one Produce request; FrameError if it cannot be read."""
+    started = time.perf_counter()
     view = read_produce_request(api_version, body)
     if not tiering.topics.any():
         topics = tuple(topic.topic for topic in view.topics)
@@ -76,6 +78,7 @@ def plan_produce(
             for t in view.topics
             if any((t.topic, p.index) not in tiered_keys for p in t.partitions)
         )
+    tiering.stages.since("decode", started)  # read, split by partition, per batch header
     local = asyncio.ensure_future(_produce_local(tiering, view, tiered))
     return ProducePlan(view, frame, local, kept, tiered_keys)
 
@@ -85,8 +88,11 @@ async def _produce_local(
 ) -> list[PartitionResult]:
     # Each partition's produce is started now, in request order (a task's first step runs
     # in creation order), and awaited together: partitions do not wait for one another.
+    started = time.perf_counter()
     calls = [asyncio.ensure_future(_one(tiering, view, part)) for part in tiered]
-    return list(await asyncio.gather(*calls))
+    results = list(await asyncio.gather(*calls))
+    tiering.stages.since("local", started)  # every tiered partition of the request done
+    return results
 
 
 async def _one(

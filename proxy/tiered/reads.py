@@ -34,6 +34,7 @@ from proxy.apis.fetch_split import (
 )
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex, stream_of
+from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.ratelimit import Priority
@@ -84,6 +85,9 @@ class ReadsHost(Protocol):
 
     @property
     def peers(self) -> PeerClients: ...
+
+    @property
+    def fetch_stages(self) -> Stages: ...
 
     def owner_address(self, stream: int) -> tuple[str, int] | None:
         """Where the stream's owner takes peer requests; None if it is this proxy or
@@ -268,15 +272,20 @@ class TieredReads:
         """Every partition's answer, in request order within `max_bytes` (the first
         batch whole); waits up to `max_wait_ms` for `min_bytes` (0: answer now)."""
         deadline = time.monotonic() + max(max_wait_ms, 0) / 1000
+        stages = self.service.fetch_stages
         while True:
+            started = time.perf_counter()
             results = await self._read_all(parts, max_bytes, reader, isolation_level)
+            stages.since("read", started)  # every partition once: caches, objects, tails
             got = sum(sum(len(piece) for piece in r.records) for r in results.values())
             left = deadline - time.monotonic()
             if min_bytes <= 0 or got >= min_bytes or left <= 0:
                 return results
             if any(r.error_code != ErrorCode.none for r in results.values()):
                 return results
+            started = time.perf_counter()
             await self._wait_for_data(parts, left)
+            stages.since("wait", started)  # for min_bytes: the client's max_wait_ms
 
     async def _read_all(
         self,
@@ -324,9 +333,11 @@ class TieredReads:
         priority = Priority.CATCHUP_READ  # committed objects; the tail is TAIL_READ
         if max_bytes > 0 and offset < end:
             try:
+                started = time.perf_counter()
                 found_batches = await self.reader.read(
                     state, stream, offset, max_bytes, reader_id=(reader, stream)
                 )
+                service.fetch_stages.since("objects", started)  # log/block cache or GETs
                 records = found_batches.batches
             except ObjectFormatError as exc:
                 log.error("%s-%d at offset %d: %s", found.name, part.partition, offset, exc)
@@ -338,7 +349,9 @@ class TieredReads:
                 records = await self._tail(stream, offset, max_bytes)
                 priority = Priority.TAIL_READ
         if not records and partition is None and max_bytes > 0:  # the tail, on its owner
+            started = time.perf_counter()
             tail = await self._owner_tail(stream, offset, max_bytes, 0)
+            service.fetch_stages.since("owner_tail", started)  # a peer round trip
             if tail is not None:
                 end = max(end, tail.high_watermark)
                 if tail.error_code == ErrorCode.offset_out_of_range:

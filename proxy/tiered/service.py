@@ -42,6 +42,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
 from proxy.metadata.streams import shard_of
 from proxy.metadata.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
+from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.store import ObjectStore
 from proxy.partition.partition_set import PartitionSet
@@ -90,6 +91,9 @@ class TieringService:
         self.name: str = proxy.config.fleet.name
         self.fleet = proxy.fleet
         self.registry: CollectorRegistry = proxy.metrics.registry
+        # where a tiered produce's and fetch's time goes (docs/tiering.md)
+        self.stages: Stages = proxy.metrics.produce_stages
+        self.fetch_stages: Stages = proxy.metrics.fetch_stages
         self.kafka_settings = kafka_settings  # aiokafka's connection settings for Kafka
         shard_count = self.config.shard_count
         topic = self.config.metadata_topic

@@ -37,6 +37,7 @@ from proxy.lifecycle import settle
 from proxy.markers.follower import MarkerFollower
 from proxy.markers.verifier import TxnVerifier
 from proxy.metadata.group import ShardAssignment, ensure_metadata_topic
+from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.metrics import ObjectStoreMetrics
@@ -79,6 +80,7 @@ class StartHost(
     kafka_settings: dict
     topic_configs: TopicConfigs
     holes: SequenceHoles
+    stages: Stages  # where a tiered produce's time goes (ProxyMetrics.produce_stages)
     allocate: ObjectIdAllocator
     cutover: CutoverLoop
     retention: Retention
@@ -169,7 +171,11 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     wal = service.wal = await open_wal(config, service.name, store)
     stack.push_async_callback(wal.close)
     partitions = service.partitions = PartitionSet(
-        wal, on_broken=shards.partition_broken, log_cache=service.log_cache, holes=service.holes
+        wal,
+        on_broken=shards.partition_broken,
+        log_cache=service.log_cache,
+        holes=service.holes,
+        stages=service.stages,
     )
     stack.push_async_callback(partitions.close)
     if config.transaction_partition_verification:  # before a partition is owned here
@@ -188,8 +194,10 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
             store,
             writer_id_for(service.name, time.time()),
             max_delay_s=config.s3wal_max_delay_ms / 1000,
+            idle_s=config.s3wal_idle_ms / 1000,
             max_bytes=config.s3wal_max_bytes,
             metrics=S3WalMetrics(registry),
+            stages=service.stages,
         )
         stack.push_async_callback(s3wal.close)
     uploads = service.uploads = UploadLoop(service, wal, store, service.allocate)

@@ -206,6 +206,26 @@ async def test_an_object_is_put_max_delay_after_its_first_append(store, writer_i
     assert writer.metrics.value("tierproxy_s3wal_objects_sealed_total", trigger="time") == 1
 
 
+async def test_an_object_is_put_once_no_append_came_for_idle_s(store, writer_id):
+    # Clients waiting for their answers send nothing more: a window far longer than the
+    # quiet only delays them (librdkafka: one request per partition in flight).
+    loop = asyncio.get_running_loop()
+    async with S3WalWriter(store, writer_id, max_delay_s=30, idle_s=0.05) as writer:
+        began = loop.time()
+        first = asyncio.ensure_future(writer.append(5, batch_of_size(200)))
+        await asyncio.sleep(0)  # joins the open object first
+        second = await writer.append(6, batch_of_size(300))  # the same object
+        elapsed = loop.time() - began
+        assert (await first).object_key == second.object_key
+        third = await writer.append(7, batch_of_size(100))  # after the seal: the next one
+        assert third.object_key != second.object_key
+    assert 0.05 <= elapsed < 0.05 + 5.0  # slack for a shared machine; far below max_delay_s
+    assert writer.metrics.value("tierproxy_s3wal_objects_sealed_total", trigger="idle") == 2
+    assert writer.metrics.value("tierproxy_s3wal_objects_sealed_total", trigger="time") == 0
+    with pytest.raises(ValueError, match="idle_s"):
+        S3WalWriter(store, writer_id, idle_s=-1)
+
+
 async def test_a_failed_put_fails_every_append_of_that_object_and_later_ones_succeed(
     store, writer_id
 ):

@@ -57,6 +57,7 @@ async def test_wal_uploader_and_log_cache_metrics_follow_the_real_parts(tmp_path
         log_cache=cache,
         config=SimpleNamespace(wal_capacity_bytes=1 << 20),
         beyond_cutover=BeyondCutover(),
+        s3wal_reader=None,  # notify: direct, or before the start
     )
     tiering = TieringMetrics(metrics.registry)
     tiering.attach(service)

@@ -15,6 +15,7 @@ from test_rebuild_log_start import CUTOVER, NOW, STREAM, TOPIC, Shard
 from proxy.apis.api02_list_offsets import OffsetsResult
 from proxy.metadata.records import StreamTrim
 from proxy.metadata.topic_index import TieredTopic
+from proxy.metrics import ProxyMetrics
 from proxy.tiered.offsets import StreamPart, combine
 from proxy.tiered.reads import TieredReads
 
@@ -35,6 +36,7 @@ class Topics:
 def reads_of(shard: Shard, partitions: dict | None = None) -> TieredReads:
     service = SimpleNamespace(topics=Topics(), state=lambda stream: shard.state)
     service.partitions = partitions
+    service.fetch_stages = ProxyMetrics().fetch_stages
     return TieredReads(service, None, None)
 
 
