@@ -23,9 +23,10 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from cutover_load import Ack
-from faultload import BurstProducer, Figures, FleetConsumer, Progress
+from faultload import BurstProducer, Figures, FleetConsumer, Progress, start_load
 from tieredfleet import TieredFleet, TieredProxy, wait_for_log, wal_backlog
 
 from proxy.devstack import KafkaCluster, MinioServer
@@ -343,3 +344,28 @@ class Injector:
 
     def _partitions(self) -> range:
         return range(self.progress.partitions)
+
+
+def steady_load(
+    fleet: TieredFleet, partitions: int, producers: list, log_dir: Path, figures: Figures
+) -> tuple[uuid.UUID, Injector]:
+    """A spread topic tiered (every partition cut over), the steady load on it (a producer
+    per zone: start_load, into `producers`) and a consumer (zone-a, `injector.consumer`)
+    through the fleet, settled: the start of the tests that inject one kind of fault
+    (flaky network, disk full). The caller stops the producers and the consumer."""
+    began = time.monotonic()
+    topic, topic_id = fleet.create_spread_topic(partitions)
+    fleet.tier(topic)
+    starts = fleet.wait_for_cutover(topic_id, partitions)
+    progress = start_load(fleet.bootstrap(), list(fleet.proxies), topic, partitions, producers)
+    consumer = FleetConsumer(
+        fleet.bootstrap(), topic, starts, "zone-a", log_path=log_dir / "consumer.log"
+    ).start()
+    try:
+        injector = Injector(fleet, topic, topic_id, progress, consumer, figures, random.Random(0))
+        injector.settled(time.monotonic(), 60)
+    except BaseException:
+        consumer.stop()
+        raise
+    figures.notes["load_setup_s"] = round(time.monotonic() - began, 1)
+    return topic_id, injector
