@@ -74,6 +74,14 @@ class _Collector:
                  "Appends that waited for room in the WAL", s.throttled_appends),
                 (GaugeMetricFamily, "wal_broken", "1 once a WAL write or fsync failed",
                  int(wal.broken is not None)),
+                (GaugeMetricFamily, "wal_waiting_for_space",
+                 "1 while appends wait because the WAL's disk is full (ENOSPC)",
+                 int(s.waiting_for_space)),
+                (CounterMetricFamily, "wal_no_space_waits",
+                 "Times a WAL write found the disk full and its appends waited", s.no_space_waits),
+                (CounterMetricFamily, "wal_no_space_seconds",
+                 "Time appends waited for the WAL's disk to have room again",
+                 s.no_space_seconds),
             ):  # fmt: skip
                 yield family(f"tierproxy_{name}", documentation, value=value)
         if uploader is not None:

@@ -11,6 +11,11 @@ The writer then stops taking appends (in order: none overtakes another) until `t
 makes room, and counts how long it waited.
 
 A failed write or fsync breaks the WAL (see WalBrokenError); reopening recovers it.
+But a write that finds the disk full (ENOSPC, EDQUOT) does not: nothing of it was fsynced
+or answered, so the segment is cut back to where the group began and the group waits at
+the head of the queue, in order, and is written again after `no_space_retry_s` or a trim,
+until the disk has room (docs/wal.md, "A full disk"). An fsync that fails, for any
+reason, still breaks it: after a failed fsync the page cache cannot be trusted.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import errno
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +48,15 @@ from proxy.wal.types import (
     WalPosition,
     WalStats,
 )
+
+log = logging.getLogger("tierproxy.wal")
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class _NoSpace(Exception):
+    """A group's write found the disk full; the segment was cut back to its size before
+    the write (or the new segment was never created), so nothing of the group is in it."""
 
 
 @dataclass(slots=True, eq=False)
@@ -95,6 +111,7 @@ class WriteAheadLog(LogState):
         self._pending: collections.deque[_Append] = collections.deque()
         self._trims: list[_Trim] = []
         self._blocked_since: float | None = None
+        self._no_space_since: float | None = None  # a write found the disk full
         self._inbox: asyncio.Queue[_Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         # called with each group's fsync time in seconds (the proxy's histogram), on the
@@ -225,6 +242,10 @@ class WriteAheadLog(LogState):
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if self._no_space_since is not None:
+                if self._stopping:  # the disk is still full: what waits is not written
+                    break
+                await self._wait_for_space()
             if not self._head_fits():
                 if self._stopping:
                     break
@@ -242,6 +263,20 @@ class WriteAheadLog(LogState):
                 self._fail_all(self._broken_error())
                 return
         self._fail_all(WalClosedError("the WAL was closed before this append was written"))
+
+    async def _wait_for_space(self) -> None:
+        """The disk was full at the last write: wait `no_space_retry_s`, or less if a
+        trim or a close comes (a trim removes segments: room), then try again."""
+        if not self._inbox.empty():
+            return
+        getter = asyncio.ensure_future(self._inbox.get())
+        try:
+            await asyncio.wait([getter], timeout=self._config.no_space_retry_s)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            self._accept(getter.result())
 
     def _accept(self, message: _Message) -> None:
         if isinstance(message, _Append):
@@ -298,7 +333,7 @@ class WriteAheadLog(LogState):
         try:
             if roll:
                 new, file = await loop.run_in_executor(
-                    self._executor, create_segment, self._fs, self._config.directory, self._end
+                    self._executor, _create_segment, self._fs, self._config.directory, self._end
                 )
                 self._active.close()
                 self._active = file
@@ -306,8 +341,16 @@ class WriteAheadLog(LogState):
                 rolled = 1
             buffers = [part for item in group for part in (item.header, item.batch)]
             await loop.run_in_executor(
-                self._executor, _write_and_sync, self._active, buffers, self.on_sync
+                self._executor,
+                _write_and_sync,
+                self._active,
+                buffers,
+                self._segments[-1].size,
+                self.on_sync,
             )
+        except _NoSpace as exc:
+            self._wait_no_space(group, exc.__cause__)
+            return True
         except Exception as exc:
             self._broken = exc
             error = self._broken_error()
@@ -315,6 +358,8 @@ class WriteAheadLog(LogState):
                 if not item.future.done():
                     item.future.set_exception(error)
             return False
+        if self._no_space_since is not None:
+            self._space_again()
         start = self._end
         self._end += group_bytes
         self._durable_end = self._end
@@ -337,6 +382,37 @@ class WriteAheadLog(LogState):
             if not item.future.done():
                 item.future.set_result(position)
         return True
+
+    def _wait_no_space(self, group: list[_Append], error: BaseException | None) -> None:
+        """Put the group back at the head of the queue (in order) to be written again."""
+        self._pending.extendleft(reversed(group))
+        if self._no_space_since is None:
+            self._no_space_since = self._clock()
+            self._stats = replace(
+                self._stats,
+                no_space_waits=self._stats.no_space_waits + 1,
+                waiting_for_space=True,
+            )
+            log.warning(
+                "WAL %s: the disk is full (%s): appends wait until it has room",
+                self._config.directory,
+                error,
+            )
+
+    def _space_again(self) -> None:
+        assert self._no_space_since is not None
+        waited = self._clock() - self._no_space_since
+        self._no_space_since = None
+        self._stats = replace(
+            self._stats,
+            no_space_seconds=self._stats.no_space_seconds + waited,
+            waiting_for_space=False,
+        )
+        log.warning(
+            "WAL %s: the disk has room again after %.1f s; appends go on",
+            self._config.directory,
+            waited,
+        )
 
     async def _apply_trims(self, loop: asyncio.AbstractEventLoop) -> None:
         trims, self._trims = self._trims, []
@@ -387,10 +463,31 @@ class WriteAheadLog(LogState):
             self._refuse(self._inbox.get_nowait(), error)
 
 
+def _create_segment(fs: Filesystem, directory: str, base: int) -> tuple[Segment, WalFile]:
+    try:
+        return create_segment(fs, directory, base)
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        raise _NoSpace() from exc
+
+
 def _write_and_sync(
-    file: WalFile, buffers: list[Buffer], on_sync: Callable[[float], None] | None = None
+    file: WalFile,
+    buffers: list[Buffer],
+    size_before: int,
+    on_sync: Callable[[float], None] | None = None,
 ) -> None:
-    file.write(buffers)
+    """Write the group and fsync it. A write that finds the disk full cuts the file back
+    to `size_before` (a prefix of the group may be in it) and raises _NoSpace; a failed
+    cut, like any other failure, is raised as it is (the WAL breaks)."""
+    try:
+        file.write(buffers)
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        file.truncate(size_before)
+        raise _NoSpace() from exc
     started = time.perf_counter()
     file.fsync()
     if on_sync is not None:

@@ -48,9 +48,14 @@ class MemoryFile:
         with self._fs._lock:
             fault = self._fs._write_fault
             self._fs._write_fault = None
-            if fault is None:
+            free = self._fs._free_bytes()
+            if fault is None and (free is None or len(data) <= free):
                 self._inode.data += data
                 return
+            if fault is None:
+                assert free is not None
+                self._inode.data += data[:free]
+                raise OSError(errno.ENOSPC, f"no space left: {free} of {len(data)} bytes written")
             keep = min(fault, len(data))
             self._inode.data += data[:keep]
         raise _eio(f"write failed after {keep} of {len(data)} bytes")
@@ -101,6 +106,7 @@ class MemoryFilesystem:
         self._fsync_gate: threading.Event | None = None
         self.fsync_calls = 0
         self.fsync_dir_calls = 0
+        self._space: int | None = None  # bytes all files may hold together; None: no limit
 
     # -- faults ---------------------------------------------------------------------
 
@@ -115,6 +121,19 @@ class MemoryFilesystem:
         """The next write puts only its first `keep` bytes in the file, then fails."""
         with self._lock:
             self._write_fault = keep
+
+    def set_space(self, total_bytes: int | None) -> None:
+        """A disk of `total_bytes` (all files together): a write past it puts what fits
+        and fails with ENOSPC, as a full disk does. None: no limit."""
+        with self._lock:
+            self._space = total_bytes
+
+    def _free_bytes(self) -> int | None:
+        """Room left on the disk (the caller holds the lock)."""
+        if self._space is None:
+            return None
+        used = sum(len(inode.data) for d in self._dirs.values() for inode in d.values())
+        return max(0, self._space - used)
 
     def hold_fsyncs(self) -> None:
         with self._lock:

@@ -51,6 +51,9 @@ class WalStats:
     throttled_appends: int = 0  # appends that had to wait for room
     throttled_seconds: float = 0.0  # time the head of the queue waited for room
     retained_bytes: int = 0  # WAL bytes not yet trimmed (counted against capacity)
+    no_space_waits: int = 0  # times a write found the disk full (ENOSPC) and waited
+    no_space_seconds: float = 0.0  # time appends waited for the disk to have room again
+    waiting_for_space: bool = False  # the disk is full now: appends wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,8 @@ class WalConfig:
     max_group_bytes: int = 8 * 1024 * 1024
     # how much recovery and `read` ask of a file at once
     read_chunk_bytes: int = 8 * 1024 * 1024
+    # a write that found the disk full is tried again after this (or after a trim)
+    no_space_retry_s: float = 0.5
 
     def __post_init__(self) -> None:
         for key in ("segment_bytes", "capacity_bytes", "max_group_bytes", "read_chunk_bytes"):
@@ -74,6 +79,10 @@ class WalConfig:
                 raise ValueError(f"wal config error at {key}: {value!r} is not a positive int")
         if not self.directory:
             raise ValueError("wal config error at directory: empty")
+        if not self.no_space_retry_s > 0:
+            raise ValueError(
+                f"wal config error at no_space_retry_s: {self.no_space_retry_s!r} is not > 0"
+            )
 
 
 class WalError(TierproxyError):

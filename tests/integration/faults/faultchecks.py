@@ -210,6 +210,17 @@ def finish(
     ) + len(set(from_objects) - set(consumed))
 
 
+def error_lines(fleet: TieredFleet) -> list[str]:
+    """The ERROR lines of the proxies' logs: ERROR is for what a proxy did not expect (a
+    traceback), so under a fault it expects each one is a finding."""
+    return [
+        line[:300]
+        for p in fleet.proxies.values()
+        for line in p.log().splitlines()
+        if " ERROR " in line
+    ]
+
+
 def left_running(processes: list[ManagedProcess]) -> list[str]:
     return [
         f"{proc.name} (pid {proc.pid})"

@@ -23,9 +23,12 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
+from confluent_kafka import TopicCollection
+from confluent_kafka.admin import AdminClient
 from cutover_load import Ack
-from faultload import BurstProducer, Figures, FleetConsumer, Progress
+from faultload import BurstProducer, Figures, FleetConsumer, Progress, start_load
 from tieredfleet import TieredFleet, TieredProxy, wait_for_log, wal_backlog
 
 from proxy.devstack import KafkaCluster, MinioServer
@@ -43,6 +46,18 @@ CONSUMER_EXTRA_S = 60.0
 # After the WAL's last append was fsynced and counted, its answer reaches the client and
 # its delivery report the test within this (a loaded machine included)
 DELIVERY_GRACE_S = 3.0
+
+
+def broker_roles(bootstrap: str, topic: str, group: str) -> tuple[int, Counter[int], int]:
+    """The coordinator of `group`, how many of `topic`'s partitions each broker leads, and
+    the node the cluster names its controller (every node is a KRaft voter too)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    described = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout=30)
+    leaders = Counter(p.leader.id for p in described.partitions if p.leader is not None)
+    groups = admin.describe_consumer_groups([group])[group].result(timeout=30)
+    cluster = admin.describe_cluster().result(timeout=30)
+    controller = cluster.controller.id if cluster.controller is not None else -1
+    return groups.coordinator.id, leaders, controller
 
 
 @dataclass
@@ -288,6 +303,34 @@ class Injector:
         self.figures.notes["broker_restarted"] = node
         self.recovered("Kafka broker restart", injected, ended, RECOVERY_BOUND_S)
 
+    def kill_brokers(self, kafka: KafkaCluster) -> None:
+        """kill -9 of a Kafka broker, twice: the shards' group coordinator, then the broker
+        leading the most of the metadata topic's partitions (each looked up just before
+        its kill: after the first, leaders and coordinator may have moved; one broker may
+        be both), started again 2-5 s later. No clean shutdown: no leadership handed
+        over, no log flushed, the group's coordinator found dead by its clients."""
+        group = f"{self.fleet.metadata_topic}.owners"  # the shard group (tiering.py default)
+        for role in ("group coordinator", "metadata leader"):
+            coordinator, leaders, controller = broker_roles(
+                kafka.bootstrap, self.fleet.metadata_topic, group
+            )
+            node = coordinator if role == "group coordinator" else leaders.most_common(1)[0][0]
+            injected = time.monotonic()
+            kafka.kill_node(node)
+            time.sleep(self.rng.uniform(2.0, 5.0))
+            kafka.start_node(node)
+            ended = time.monotonic()
+            self.figures.notes.setdefault("brokers_killed", []).append(
+                {
+                    "for": role,
+                    "node": node,
+                    "coordinator": coordinator == node,
+                    "metadata_partitions_led": leaders[node],
+                    "controller": controller == node,
+                }
+            )
+            self.recovered("Kafka broker kill -9", injected, ended, RECOVERY_BOUND_S)
+
     def object_store_outage(
         self, minio: MinioServer, owner: TieredProxy, capacity: int, down_s: float
     ) -> WalFill:
@@ -343,3 +386,30 @@ class Injector:
 
     def _partitions(self) -> range:
         return range(self.progress.partitions)
+
+
+def steady_load(
+    fleet: TieredFleet, partitions: int, producers: list, log_dir: Path, figures: Figures
+) -> tuple[uuid.UUID, Injector]:
+    """A spread topic tiered (every partition cut over), the steady load on it (a
+    producer per zone of a running proxy: start_load, into `producers`) and a consumer
+    (zone-a, `injector.consumer`) through the fleet, settled: the start of the tests that
+    inject one kind of fault (flaky network, disk full, members joining and leaving).
+    The caller stops the producers and the consumer."""
+    began = time.monotonic()
+    topic, topic_id = fleet.create_spread_topic(partitions)
+    fleet.tier(topic)
+    starts = fleet.wait_for_cutover(topic_id, partitions)
+    zones = [zone for zone, proxy in fleet.proxies.items() if proxy.process.running()]
+    progress = start_load(fleet.bootstrap(), zones, topic, partitions, producers)
+    consumer = FleetConsumer(
+        fleet.bootstrap(), topic, starts, "zone-a", log_path=log_dir / "consumer.log"
+    ).start()
+    try:
+        injector = Injector(fleet, topic, topic_id, progress, consumer, figures, random.Random(0))
+        injector.settled(time.monotonic(), 60)
+    except BaseException:
+        consumer.stop()
+        raise
+    figures.notes["load_setup_s"] = round(time.monotonic() - began, 1)
+    return topic_id, injector

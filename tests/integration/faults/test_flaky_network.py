@@ -37,15 +37,14 @@ session's Kafka).
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
 import pytest
 from cutover_load import LoadProducer
-from faultchecks import TIERING, assert_nothing_lost, finish, left_running
-from faultload import Figures, FleetConsumer, start_load, stop_quietly
-from faultsteps import Injector
+from faultchecks import TIERING, assert_nothing_lost, error_lines, finish, left_running
+from faultload import Figures, stop_quietly
+from faultsteps import steady_load
 from tieredfleet import TieredFleet
 
 from proxy.devstack import MinioServer
@@ -134,16 +133,8 @@ def test_fleet_over_a_flaky_network_loses_and_repeats_nothing(kafka_cluster, tmp
         )
         fleet.start()
         fleet.wait_until_owned()
-        topic, topic_id = fleet.create_spread_topic(PARTITIONS)
-        fleet.tier(topic)
-        starts = fleet.wait_for_cutover(topic_id, PARTITIONS)
-        zones = list(fleet.proxies)
-        progress = start_load(fleet.bootstrap(), zones, topic, PARTITIONS, producers)
-        consumer = FleetConsumer(
-            fleet.bootstrap(), topic, starts, "zone-a", log_path=tmp_path / "consumer.log"
-        ).start()
-        injector = Injector(fleet, topic, topic_id, progress, consumer, figures, random.Random(0))
-        injector.settled(time.monotonic(), 60)
+        topic_id, injector = steady_load(fleet, PARTITIONS, producers, tmp_path, figures)
+        progress, consumer = injector.progress, injector.consumer
         figures.notes["setup_s"] = round(time.monotonic() - began, 1)
 
         for kind, toxics in FAULTS:
@@ -176,14 +167,9 @@ def test_fleet_over_a_flaky_network_loses_and_repeats_nothing(kafka_cluster, tmp
     processes = [toxiproxy.process, minio.process]
     if fleet is not None:
         processes += [p.process for p in fleet.proxies.values()]
-        # ERROR is for what the proxy did not expect (a traceback): a flaky network is
-        # expected, so each such line is a finding (two were, docs/reliability.md)
-        figures.notes["proxy_errors"] = [
-            line[:300]
-            for p in fleet.proxies.values()
-            for line in p.log().splitlines()
-            if " ERROR " in line
-        ]
+        # a flaky network is expected: each ERROR line is a finding (two were,
+        # docs/reliability.md)
+        figures.notes["proxy_errors"] = error_lines(fleet)
     figures.notes["left_running"] = left_running(processes)
     figures.notes["test_s"] = round(time.monotonic() - began, 1)
     print(figures.write(tmp_path / "flaky-network-figures.json"))
