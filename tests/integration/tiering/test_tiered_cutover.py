@@ -339,14 +339,14 @@ def test_cutover_under_load_has_no_gap_and_no_duplicate(kafka_cluster, tmp_path)
 
 
 def test_untier_is_refused_while_a_wal_holds_writes_not_uploaded(kafka_cluster, tmp_path):
-    """Acknowledged into a WAL and not uploaded yet (uploads every 10 s here) is past the
+    """Acknowledged into a WAL and not uploaded yet (uploads every 30 s here) is past the
     cutover as much as committed data: untier must refuse it, or Kafka would hand the same
     offsets out again. Two proxies own a metadata shard each; the untier goes to the owner
     of the topic's shard, which must also ask the other proxy about the partitions it owns
     (sealing them). Refused, every partition goes on taking produce where it was."""
     suffix = uuid.uuid4().hex[:8]
     with contextlib.ExitStack() as proxies:
-        a, b = _two_proxies(proxies, kafka_cluster, tmp_path, suffix, upload_interval_s=10.0)
+        a, b = _two_proxies(proxies, kafka_cluster, tmp_path, suffix, upload_interval_s=30.0)
         wait_until(lambda: all(_shards_owned(p) == 1 for p in (a, b)), 60, "a shard each")
         # a topic with a partition in each proxy's shard (4 partitions: nearly always)
         for attempt in range(5):
