@@ -2,7 +2,7 @@
 own cleaner on the same records, in one run (issue 20; docs/tiering.md "Compacted topics").
 
     .venv/bin/python -m benchmarks.log_cleaner [--mib 64] [--keys 8192] [--record-size 1024]
-        [--json out.json]
+        [--spark local[1]|local[2]] [--json out.json]
 
 One Kafka broker of its own (Kafka's cleaner reports its work in the broker's log, at
 INFO; `log.cleaner.backoff.ms=1000`) and one proxy in this process, with a local object
@@ -21,6 +21,11 @@ records: `--mib` MiB of values of `--record-size` bytes, keys drawn (seeded) amo
   calls); the bytes the store was asked for (GETs) and given (PUTs); the metadata
   records its commit wrote and the committed ranges before and after (the shard's state
   machine load). "Per GB cleaned" is per GB of the stream's objects before the clean.
+- **proxy, `--spark MASTER`** instead: the clean job (`tierproxy clean`,
+  offload_jobs/clean.py) on a local Spark session of that master, its objects of
+  `--object-mib` MiB of input, committed through the proxy: wall time, MB of input per
+  second and per core (the master's thread count), the bytes the tasks read from the
+  store (a Spark accumulator: every pass) and the bytes of the objects they wrote.
 
 MB = 2^20 bytes (Kafka's cleaner counts so). Markdown on stdout; `--json` has it all.
 """
@@ -61,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for flag, default in (("--mib", 64), ("--keys", 8192), ("--record-size", 1024)):
         parser.add_argument(flag, type=int, default=default)
+    parser.add_argument("--spark", metavar="MASTER", help="local[1] or local[2]: the clean job")
+    parser.add_argument("--object-mib", type=int, default=64, help="--spark: object input, MiB")
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)
 
@@ -144,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
             state = tiering.state(stream)
             while state.stream_end(stream) < end + 1:
                 time.sleep(0.1)
-            out["proxy"] = _proxy_clean(proxy, tiering, stream)
+            if args.spark:
+                out["proxy"] = _spark_clean(args, kafka.bootstrap, tiering, tiered, stream)
+            else:
+                out["proxy"] = _proxy_clean(proxy, tiering, stream)
             print(f"  proxy: {out['proxy']}", flush=True)
             deadline = time.monotonic() + 600
             while (reports := _kafka_cleaned(kafka, plain, end)) is None:
@@ -196,6 +206,46 @@ def _proxy_clean(proxy: ProxyThread, tiering, stream: int) -> dict:
     }  # fmt: skip
 
 
+def _spark_clean(args: argparse.Namespace, bootstrap: str, tiering, topic: str, stream: int):
+    from offload_jobs.clean import CleanJob, clean
+    from offload_jobs.migrate import StoreSpec
+    from proxy.devstack.spark import local_spark
+
+    config, state = tiering.config, tiering.state(stream)
+    before = state.committed_ranges(stream)
+    cleaned_gb = sum({r.object_id: r.object_size for r in before}.values()) / 1e9
+    job = CleanJob(
+        topic=topic,
+        bootstrap=bootstrap,
+        metadata_topic=config.metadata_topic,
+        shard_count=config.shard_count,
+        store=StoreSpec.from_settings(config.object_store),
+        peer=("127.0.0.1", tiering.peer_port),
+        target_object_bytes=args.object_mib * MIB,
+        object_format_version=config.object_format_version,
+    )
+    cores = int(args.spark.removeprefix("local[").removesuffix("]") or 1)
+    with local_spark(None, "bench-cleaner", args.spark) as spark:
+        spark.sparkContext.parallelize([0], 1).count()  # the workers up before the clock
+        wall = time.perf_counter()
+        summary = clean(spark, job, progress=lambda line: print(f"  {line}", flush=True))
+        wall = time.perf_counter() - wall
+    assert summary.ok and summary.committed_streams == 1, summary.line()
+    read = summary.store_read
+    return {
+        "master": args.spark, "cores": cores,
+        "records_read": summary.records_read, "records_kept": summary.records_kept,
+        "bytes_read": read, "bytes_written": summary.store_written, "wall_s": wall,
+        "cpu_s": None, "mb_per_s": summary.input_bytes / MIB / wall,
+        "mb_per_core_s": summary.input_bytes / MIB / wall / cores,
+        "mb_per_cpu_s": summary.input_bytes / MIB / wall / cores,
+        "input_bytes": cleaned_gb * 1e9, "read_per_gb": read / cleaned_gb,
+        "written_per_gb": summary.store_written / cleaned_gb,
+        "commits": summary.objects, "ranges_before": len(before),
+        "ranges_after": len(state.committed_ranges(stream)),
+    }  # fmt: skip
+
+
 def _report(out: dict) -> None:
     p, k = out["proxy"], out["kafka"]
     print(f"\n## Log cleaner: proxy vs Kafka ({out['date']}, code {out['proxy_code']})\n")
@@ -203,8 +253,10 @@ def _report(out: dict) -> None:
     print("|---|---|---|---|---|")
     print(f"| Kafka's cleaner ({k['cleans']} cleans) | {k['mb_processed']:.1f} | "
           f"{k['seconds']:.1f} | {k['mb_per_s'] or 0:.1f} | (one thread) |")  # fmt: skip
-    print(f"| proxy, one pass | {p['bytes_read'] / MIB:.1f} | {p['wall_s']:.1f} | "
-          f"{p['mb_per_s']:.1f} | {p['mb_per_cpu_s']:.1f} |")  # fmt: skip
+    what = f"clean job, Spark {p['master']}" if "master" in p else "proxy, one pass"
+    per_cpu = "MB per core s" if "master" in p else "MB per CPU s"
+    print(f"| {what} | {p['bytes_read'] / MIB:.1f} | {p['wall_s']:.1f} | "
+          f"{p['mb_per_s']:.1f} | {p['mb_per_cpu_s']:.1f} ({per_cpu}) |")  # fmt: skip
     print(
         f"\nproxy: {p['records_read']:,} records read, {p['records_kept']:,} kept; store "
         f"bytes per GB cleaned: {p['read_per_gb'] / 1e9:.2f} GB read, "

@@ -1,6 +1,7 @@
-"""What a migration's driver asks the fleet (docs/offload.md): the backfill gaps of a
-tiered topic, read from the metadata topic, and the commits of the objects its tasks
-wrote, handed to a proxy's peer listener (the owner of each stream's shard writes them).
+"""What an offload job's driver asks the fleet (docs/offload.md): the backfill gaps or the
+committed ranges of a tiered topic, read from the metadata topic, its configs, and the
+commits of the objects its tasks wrote, handed to a proxy's peer listener (the owner of
+each stream's shard writes them).
 
 asyncio lives here, on the driver only; executors never import this module.
 """
@@ -18,8 +19,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from proxy.kafka.topic_configs import cleanup_policies
 from proxy.metadata.reader import ShardReader
 from proxy.metadata.records import TopicMode
-from proxy.metadata.streams import shard_of
-from proxy.peer.clients import PeerClients
+from proxy.metadata.state import MetadataState
+from proxy.metadata.streams import StreamInfo, shard_of
+from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.messages import CleanCommitRequest
 
 
 class NotTiered(LookupError):
@@ -42,36 +45,35 @@ class TopicGaps:
     partitions: tuple[PartitionGaps, ...]  # the cut-over partitions, by number
 
 
-async def is_compacted(kafka_settings: dict, topic: str) -> bool:
-    """Whether the topic's cleanup.policy holds `compact`: Kafka's cleaner leaves offset
-    holes in its log, which a migration read from the cluster must then take
-    (`ReaderSettings.allow_gaps`); in any other topic a hole is a fault."""
+async def topic_configs(kafka_settings: dict, topic: str, names: Sequence[str]) -> dict:
+    """The topic's configs `names` as Kafka resolves them (name -> value)."""
     admin = AIOKafkaAdminClient(**kafka_settings)
     await admin.start()
     try:
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"cleanup.policy": None})
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, dict.fromkeys(names))
         [response] = await admin.describe_configs([resource])
     finally:
         await admin.close()
     [(error_code, message, _, _, entries)] = response.resources
     if error_code != 0:
         raise LookupError(f"topic {topic}: DescribeConfigs answers {error_code} {message}")
-    policy = next((e[1] for e in entries if e[0] == "cleanup.policy"), None)
+    return {e[0]: e[1] for e in entries if e[0] in names}
+
+
+async def is_compacted(kafka_settings: dict, topic: str) -> bool:
+    """Whether the topic's cleanup.policy holds `compact`: Kafka's cleaner leaves offset
+    holes in its log, which a migration read from the cluster must then take
+    (`ReaderSettings.allow_gaps`); in any other topic a hole is a fault."""
+    policy = (await topic_configs(kafka_settings, topic, ["cleanup.policy"])).get("cleanup.policy")
     return "compact" in cleanup_policies(policy)
 
 
-async def read_gaps(
-    kafka_settings: dict,
-    metadata_topic: str,
-    shard_count: int,
-    topic: str,
-    *,
-    timeout_s: float = 120.0,
-) -> TopicGaps:
-    """The topic's tiered partitions and what each still needs from Kafka, as every shard
-    of the metadata says now (read to its end, committed records only). TimeoutError if
-    the metadata topic cannot be read to its end in `timeout_s` (a wrong name waits for
-    partitions that never come)."""
+async def read_states(
+    kafka_settings: dict, metadata_topic: str, shard_count: int, *, timeout_s: float = 120.0
+) -> list[MetadataState]:
+    """Every shard of the metadata as it says now (read to its end, committed records
+    only). TimeoutError if the metadata topic cannot be read to its end in `timeout_s` (a
+    wrong name waits for partitions that never come)."""
     readers = [
         ShardReader(kafka_settings, metadata_topic, k, shard_count) for k in range(shard_count)
     ]
@@ -79,9 +81,16 @@ async def read_gaps(
         async with asyncio.timeout(timeout_s):
             await asyncio.gather(*(reader.start() for reader in readers))
             await asyncio.gather(*(reader.read_to_end() for reader in readers))
-        states = [reader.state for reader in readers]
+        return [reader.state for reader in readers]
     finally:
         await asyncio.gather(*(reader.close() for reader in readers))
+
+
+def topic_streams(
+    states: Sequence[MetadataState], metadata_topic: str, topic: str
+) -> tuple[uuid.UUID, list[tuple[MetadataState, StreamInfo]]]:
+    """The tiered topic's id and its cut-over partitions' streams, each with its shard's
+    state; NotTiered if there are none."""
     topic_id = None
     for state in states:
         for known in state.topic_ids():
@@ -97,18 +106,35 @@ async def read_gaps(
     for state in states:
         for stream in state.stream_ids():
             info = state.stream(stream)
-            if info is None or info.topic_id != topic_id:
-                continue
-            assert shard_of(stream, shard_count) == state.shard
-            gaps = tuple(state.backfill_gaps(stream))
-            found.append(
-                PartitionGaps(
-                    info.partition, stream, info.log_start_offset, info.cutover_offset, gaps
-                )
-            )
+            if info is not None and info.topic_id == topic_id:
+                found.append((state, info))
     if not found:
         raise NotTiered(f"topic {topic} is tiered but no partition is cut over yet")
-    return TopicGaps(topic, topic_id, tuple(sorted(found, key=lambda p: p.partition)))
+    return topic_id, sorted(found, key=lambda f: f[1].partition)
+
+
+async def read_gaps(
+    kafka_settings: dict,
+    metadata_topic: str,
+    shard_count: int,
+    topic: str,
+    *,
+    timeout_s: float = 120.0,
+) -> TopicGaps:
+    """The topic's tiered partitions and what each still needs from Kafka, as every shard
+    of the metadata says now (`read_states`)."""
+    states = await read_states(kafka_settings, metadata_topic, shard_count, timeout_s=timeout_s)
+    topic_id, streams = topic_streams(states, metadata_topic, topic)
+    found = []
+    for state, info in streams:
+        assert shard_of(info.stream_id, shard_count) == state.shard
+        gaps = tuple(state.backfill_gaps(info.stream_id))
+        found.append(
+            PartitionGaps(
+                info.partition, info.stream_id, info.log_start_offset, info.cutover_offset, gaps
+            )
+        )
+    return TopicGaps(topic, topic_id, tuple(found))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +175,24 @@ async def commit_objects(
     finally:
         await clients.close()
     return outcome
+
+
+async def commit_cleaned(
+    peer: tuple[str, int], requests: Sequence[CleanCommitRequest], *, timeout_s: float = 300.0
+) -> list[tuple[int, int, str]]:
+    """Ask the proxy at `peer` to commit each stream's cleaned objects through its shard's
+    owner: (stream, error code, message) per request. A request the peer cannot be asked
+    (connection lost, no answer in `timeout_s`) is answered -1 with the reason: its
+    outcome is not known (the orphan sweep deletes objects no commit names)."""
+    out = []
+    clients = PeerClients(admin_timeout_s=timeout_s)
+    try:
+        for request in requests:
+            try:
+                code, message = await clients.clean_commit(peer, request)
+            except (OSError, TimeoutError, PeerUnavailable) as exc:
+                code, message = -1, f"no answer from {peer[0]}:{peer[1]}: {exc!r}"
+            out.append((request.stream_id, code, message))
+    finally:
+        await clients.close()
+    return out

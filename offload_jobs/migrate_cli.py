@@ -29,10 +29,7 @@ def add_parser(commands) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topic")
-    parser.add_argument("--config", type=Path, required=True, help="a proxy's YAML config")
-    parser.add_argument(
-        "--peer", required=True, help="host:port of any proxy's peer listener (tiering.peer_port)"
-    )
+    add_fleet_arguments(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--from-segments",
@@ -44,14 +41,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--from-cluster", action="store_true", help="read the upstream cluster with Fetch"
     )
-    parser.add_argument("--master", default="local[*]", help="Spark master (tierproxy migrate)")
     parser.add_argument(
         "--object-mib", type=int, default=64, help="target size of a stream object, MiB"
     )
 
 
-def job_from_args(args: argparse.Namespace):
-    from offload_jobs.migrate import MigrateJob, StoreSpec
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of a job that writes the fleet's objects and commits them."""
+    parser.add_argument("--config", type=Path, required=True, help="a proxy's YAML config")
+    parser.add_argument(
+        "--peer", required=True, help="host:port of any proxy's peer listener (tiering.peer_port)"
+    )
+    parser.add_argument("--master", default="local[*]", help="Spark master (local runs)")
+
+
+def fleet_settings(args: argparse.Namespace) -> dict:
+    """A job's fields from the proxy's YAML and --peer (and --object-mib): the upstream,
+    the metadata topic, the shard count and the object store the fleet reads."""
+    from offload_jobs.migrate import StoreSpec
     from proxy.config import load_config
 
     config = load_config(args.config)
@@ -61,31 +68,50 @@ def job_from_args(args: argparse.Namespace):
         raise ValueError(f"--peer {args.peer!r}: not host:port")
     if args.object_mib < 1:
         raise ValueError(f"--object-mib {args.object_mib}: must be at least 1")
+    return {
+        "topic": args.topic,
+        "bootstrap": ",".join(f"{h}:{p}" for h, p in config.upstream.bootstrap),
+        "metadata_topic": tiering.metadata_topic,
+        "shard_count": tiering.shard_count,
+        "store": StoreSpec.from_settings(tiering.object_store),
+        "peer": (host, int(port)),
+        "target_object_bytes": args.object_mib << 20,
+        "object_format_version": tiering.object_format_version,
+    }
+
+
+def job_from_args(args: argparse.Namespace):
+    from offload_jobs.migrate import MigrateJob
+
     return MigrateJob(
-        topic=args.topic,
-        bootstrap=",".join(f"{h}:{p}" for h, p in config.upstream.bootstrap),
-        metadata_topic=tiering.metadata_topic,
-        shard_count=tiering.shard_count,
-        store=StoreSpec.from_settings(tiering.object_store),
-        peer=(host, int(port)),
+        **fleet_settings(args),
         segment_dirs=tuple(args.from_segments or ()),
         from_cluster=args.from_cluster,
-        target_object_bytes=args.object_mib << 20,
-        object_format_version=tiering.object_format_version,
     )
 
 
 def run(args: argparse.Namespace, spark=None) -> int:
+    return run_job("migrate", args, spark, job_from_args, _migrate)
+
+
+def run_job(name: str, args: argparse.Namespace, spark, make_job, body) -> int:
+    """`tierproxy NAME`: the job from the arguments (2 if they are wrong), the checks
+    before Spark starts (1 if one fails: a wrong --peer is found even with nothing to
+    do), then `body(session, job)` on `spark` or a local session of --master, whose
+    summary is printed (0 if it is ok, else 1)."""
+    from aiokafka.errors import KafkaError
+
     from offload_jobs import preflight
+    from offload_jobs.fleet import NotTiered
     from proxy.config import ConfigError
     from proxy.devstack.spark import local_spark
 
     try:
-        job = job_from_args(args)
+        job = make_job(args)
     except (ConfigError, ValueError) as exc:
-        print(f"tierproxy migrate: {exc}", file=sys.stderr)
+        print(f"tierproxy {name}: {exc}", file=sys.stderr)
         return 2
-    try:  # before Spark starts: a wrong --peer is found even with nothing to move
+    try:
         preflight.check(
             job.bootstrap,
             job.topic,
@@ -94,44 +120,45 @@ def run(args: argparse.Namespace, spark=None) -> int:
             say=lambda line: print(line, flush=True),
         )
     except preflight.PreflightError as exc:
-        print(f"tierproxy migrate: {exc}", file=sys.stderr)
+        print(f"tierproxy {name}: {exc}", file=sys.stderr)
         return 1
-    with local_spark(spark, "tierproxy-migrate", args.master) as session:
-        return _migrate(session, job)
-
-
-def _migrate(spark, job) -> int:
-    from aiokafka.errors import KafkaError
-
-    from offload_jobs.fleet import NotTiered
-    from offload_jobs.migrate import migrate
-    from offload_jobs.progress import Console
-
-    console = Console()  # a bar on a terminal, plain lines otherwise
-    try:
-        summary = migrate(spark, job, progress=console.line, redraw=console.redraw)
-    except NotTiered as exc:
-        print(f"tierproxy migrate: {exc}", file=sys.stderr)
-        return 1
-    except (OSError, TimeoutError, KafkaError) as exc:  # Kafka or the peer unreachable
-        print(
-            f"tierproxy migrate: cannot reach Kafka or the proxy: {exc!r} (what is not "
-            "committed is not visible; run it again)",
-            file=sys.stderr,
-        )
-        return 1
+    with local_spark(spark, f"tierproxy-{name}", args.master) as session:
+        try:
+            summary = body(session, job)
+        except NotTiered as exc:
+            print(f"tierproxy {name}: {exc}", file=sys.stderr)
+            return 1
+        except (OSError, TimeoutError, KafkaError, LookupError) as exc:  # Kafka, the peer
+            print(
+                f"tierproxy {name}: cannot reach Kafka or the proxy: {exc!r} (what is not "
+                "committed is not visible; run it again)",
+                file=sys.stderr,
+            )
+            return 1
     print(summary.line(), flush=True)
     return 0 if summary.ok else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """spark-submit's entry point: the session spark-submit configured."""
+def _migrate(spark, job):
+    from offload_jobs.migrate import migrate
+    from offload_jobs.progress import Console
+
+    console = Console()  # a bar on a terminal, plain lines otherwise
+    return migrate(spark, job, progress=console.line, redraw=console.redraw)
+
+
+def submit_main(name: str, argv: list[str] | None, add, run, description: str | None) -> int:
+    """A job's spark-submit entry point: the session spark-submit configured."""
     from pyspark.sql import SparkSession
 
-    parser = argparse.ArgumentParser(prog="migrate_cli.py", description=__doc__)
-    add_arguments(parser)
+    parser = argparse.ArgumentParser(prog=f"{name}_cli.py", description=description)
+    add(parser)
     args = parser.parse_args(argv)
-    return run(args, SparkSession.builder.appName("tierproxy-migrate").getOrCreate())
+    return run(args, SparkSession.builder.appName(f"tierproxy-{name}").getOrCreate())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return submit_main("migrate", argv, add_arguments, run, __doc__)
 
 
 if __name__ == "__main__":

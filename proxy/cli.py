@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-OFFLOAD_COMMANDS = ("migrate", "verify", "export")  # the Spark jobs: the offload extra
+OFFLOAD_COMMANDS = ("migrate", "verify", "export", "clean")  # the Spark jobs: the offload extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     from offload_jobs.report_cli import add_parsers as add_verify_and_export
 
     add_verify_and_export(commands)  # offload_jobs/report_cli.py: verify, Parquet export
+    from offload_jobs.clean_cli import add_parser as add_clean
+
+    add_clean(commands)  # offload_jobs/clean_cli.py: the log cleaner for a large backlog
 
     args = parser.parse_args(argv)
     from proxy.devstack.spark import MissingExtra, require_offload_packages
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in OFFLOAD_COMMANDS:
             require_offload_packages()
         return args.func(args)
-    except MissingExtra as exc:  # migrate, verify or export without the offload extra
+    except MissingExtra as exc:  # an offload job without the offload extra
         print(f"tierproxy {args.command}: {exc}", file=sys.stderr)
         return 2
 

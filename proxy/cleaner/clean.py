@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from proxy.cleaner.batch_codec import Record, delete_horizon, empty_batch, read_records, rebuild
 from proxy.cleaner.offset_map import OffsetMap
-from proxy.cleaner.transactions import CleaningTransactions, LogScan
-from proxy.records.batches import BatchHeader
+from proxy.cleaner.transactions import CleaningTransactions, LogScan, TransactionsSeen
+from proxy.records.batches import BatchHeader, read_batch_header
 
 Batches = Sequence[tuple[BatchHeader, memoryview]]
 
@@ -72,9 +72,12 @@ class LogClean:
         *,
         now_ms: int,
         delete_retention_ms: int,
+        seen: TransactionsSeen = ((), ()),
     ) -> None:
+        """`seen`: the transactions' state at the first batch fed, when that is not the
+        log start's (split.transactions_at)."""
         self._map, self._map_end, self._scan = omap, map_end, scan
-        self._txns = CleaningTransactions(scan.aborted)
+        self._txns = CleaningTransactions(scan.aborted, seen)
         self._now, self._retention = now_ms, delete_retention_ms
         self.stats = CleanStats()
 
@@ -114,7 +117,8 @@ class LogClean:
             kept = [r for r in records if self._keep(header, r, horizon)]
         if not kept:
             if keep_empty:
-                out = empty_batch(header)
+                # an empty header an earlier clean left stays as it is
+                out = batch if header.record_count == 0 else empty_batch(header)
                 stats.batches_kept += 1
                 stats.bytes_kept += len(out)
                 return out
@@ -142,6 +146,35 @@ class LogClean:
 
 
 Piece = tuple[int, int, int, memoryview | bytes]  # base offset, next offset, records, bytes
+
+
+def clean_group(run: LogClean, ranges: Sequence[Batches]) -> tuple[list[Piece], bool]:
+    """The batches of a group of ranges (rewritten into one object) as the clean leaves
+    them, and whether any changed. The group's last batch always stays, as an empty
+    header when the clean dropped it: the new range then ends with a batch, as every
+    range does (a rebuild of the partition's producer state from the objects takes holes
+    inside ranges, not at their end), and an object holds at least one block. Kafka keeps
+    no such batch; a reader skips it."""
+    pieces: list[Piece] = []
+    changed = False
+    last: tuple[BatchHeader, memoryview, bool] | None = None  # and `changed` before it
+    out: memoryview | bytes | None = None
+    for batches in ranges:
+        for header, batch in batches:
+            out = run.clean_batch(header, batch)
+            last = header, batch, changed
+            if out is not batch:
+                changed = True
+            if out is not None:
+                count = header.record_count if out is batch else read_batch_header(out).record_count
+                pieces.append((header.base_offset, header.next_offset, count, out))
+    if last is not None and out is None:
+        header, batch, before = last
+        empty = empty_batch(header)
+        pieces.append((header.base_offset, header.next_offset, 0, empty))
+        if empty == bytes(batch):  # the empty header an earlier clean left here: no change
+            changed = before
+    return pieces, changed
 
 
 def blocks(

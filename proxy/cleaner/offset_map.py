@@ -44,3 +44,14 @@ class OffsetMap:
     def get(self, key: bytes) -> int:
         """The key's latest offset in the map, -1 if it is not there."""
         return self._offsets.get(digest(key), -1)
+
+    def digests(self) -> dict[bytes, int]:
+        """The map itself: key digest -> latest offset (a job ships it to its tasks)."""
+        return self._offsets
+
+    @classmethod
+    def of(cls, digests: dict[bytes, int]) -> OffsetMap:
+        """A map holding `digests` (key digest -> latest offset), full as it is."""
+        omap = cls(max(len(digests), 1))
+        omap._offsets = digests
+        return omap

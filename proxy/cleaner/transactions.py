@@ -77,13 +77,22 @@ def scan_log(batches: Iterable[tuple[BatchHeader, memoryview]]) -> LogScan:
     return scan
 
 
+TransactionsSeen = tuple[tuple[int, ...], tuple[int, ...]]
+
+
 class CleaningTransactions:
     """The transaction state of one clean, fed every batch in offset order."""
 
-    def __init__(self, aborted: set[int]) -> None:
+    def __init__(self, aborted: set[int], seen: TransactionsSeen = ((), ())) -> None:
         self._aborted = aborted
-        self._committed_seen: set[int] = set()  # producers with a committed batch read
-        self._aborted_seen: set[int] = set()  # producers with an aborted batch read
+        # `seen`: the state after the batches before this clean's first one (a clean cut
+        # into groups, proxy/cleaner/split.py)
+        self._committed_seen = set(seen[0])  # producers with a committed batch read
+        self._aborted_seen = set(seen[1])  # producers with an aborted batch read
+
+    def seen(self) -> TransactionsSeen:
+        """The state so far: (producers with a committed batch read, with an aborted one)."""
+        return tuple(sorted(self._committed_seen)), tuple(sorted(self._aborted_seen))
 
     def on_batch(self, header: BatchHeader) -> bool:
         """A data batch read: True when it may go (its transaction was aborted)."""

@@ -28,6 +28,12 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      only when the request had the flags: last_stable_offset i64
     backfill request object_id u64, size i64 (> 0), stream_id u64, start_offset i64,
                      end_offset i64 (> start_offset)
+    clean commit request
+                     stream_id u64, clean_end i64 (>= -1), objects count u32 (> 0), then
+                     per object: object_id u64, size i64 (> 0), start_offset i64,
+                     end_offset i64 (> start_offset), replaces count u16 (> 0), then
+                     that many object ids u64; answered by an admin response
+                     (protocol level 8)
     trim request     stream_id u64, offset i64 (>= -1), timeout_ms i32 (>= 0)
     trim response    error_code i16, log_start_offset i64 (>= -1), message string
     ping request     (empty)
@@ -60,6 +66,8 @@ from proxy.peer.messages import (
     BackfillRequest,
     Buffer,
     CatchUpRequest,
+    CleanCommitRequest,
+    CleanedObject,
     FetchRequest,
     FetchResponse,
     PeerMessage,
@@ -88,6 +96,9 @@ _TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
 _TRIMMED = struct.Struct(">hq")  # error_code, log_start_offset
 _CATCH_UP = struct.Struct(">Qi")  # stream_id, timeout_ms
 _PRODUCER_CATCH_UP = struct.Struct(">qi")  # producer_id, timeout_ms
+_CLEAN = struct.Struct(">QqI")  # stream_id, clean_end, objects count
+_CLEANED = struct.Struct(">QqqqH")  # object_id, size, start, end, replaces count
+_U64 = struct.Struct(">Q")
 
 DIRECT = 1
 S3 = 2
@@ -99,6 +110,7 @@ TRIM_REQUEST, TRIM_RESPONSE = 8, 9
 PING_REQUEST, PING_RESPONSE = 10, 11
 CATCH_UP_REQUEST = 12
 PRODUCER_CATCH_UP_REQUEST = 13
+CLEAN_COMMIT_REQUEST = 14
 
 
 class PeerProtocolError(ValueError):
@@ -178,6 +190,16 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         kind = BACKFILL_REQUEST
         bf = message
         body = _BACKFILL.pack(bf.object_id, bf.size, bf.stream_id, bf.start_offset, bf.end_offset)
+    elif isinstance(message, CleanCommitRequest):
+        kind = CLEAN_COMMIT_REQUEST
+        c = message
+        parts = [_CLEAN.pack(c.stream_id, c.clean_end, len(c.objects))]
+        for o in c.objects:
+            parts.append(
+                _CLEANED.pack(o.object_id, o.size, o.start_offset, o.end_offset, len(o.replaces))
+            )
+            parts.extend(_U64.pack(number) for number in o.replaces)
+        body = b"".join(parts)
     elif isinstance(message, TrimRequest):
         kind = TRIM_REQUEST
         body = _TRIM.pack(message.stream_id, message.offset, message.timeout_ms)
@@ -331,6 +353,16 @@ def _backfill_request(cur: _Cursor, cid: int) -> BackfillRequest:
     return BackfillRequest(cid, *cur.fixed(_BACKFILL, "backfill request"))
 
 
+def _clean_commit_request(cur: _Cursor, cid: int) -> CleanCommitRequest:
+    stream_id, clean_end, count = cur.fixed(_CLEAN, "clean commit request")
+    objects = []
+    for _ in range(count):
+        object_id, size, start, end, n = cur.fixed(_CLEANED, "cleaned object")
+        replaces = tuple(cur.fixed(_U64, "replaced object id")[0] for _ in range(n))
+        objects.append(CleanedObject(object_id, size, start, end, replaces))
+    return CleanCommitRequest(cid, stream_id, clean_end, tuple(objects))
+
+
 def _trim_request(cur: _Cursor, cid: int) -> TrimRequest:
     return TrimRequest(cid, *cur.fixed(_TRIM, "trim request"))
 
@@ -364,6 +396,7 @@ DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     FETCH_REQUEST: _fetch_request,
     FETCH_RESPONSE: _fetch_response,
     BACKFILL_REQUEST: _backfill_request,
+    CLEAN_COMMIT_REQUEST: _clean_commit_request,
     TRIM_REQUEST: _trim_request,
     TRIM_RESPONSE: _trim_response,
     PING_REQUEST: _ping_request,

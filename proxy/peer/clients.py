@@ -38,6 +38,7 @@ from proxy.peer.messages import (
     AppendResponse,
     BackfillRequest,
     CatchUpRequest,
+    CleanCommitRequest,
     FetchRequest,
     FetchResponse,
     PeerMessage,
@@ -358,6 +359,17 @@ class PeerClients:
         """(error code, message) from the owner of the stream's metadata shard, asked to
         commit an offload job's stream object holding [start_offset, end_offset)."""
         request = BackfillRequest(0, object_id, size, stream_id, start_offset, end_offset)
+        timeout = self.admin_timeout_s if timeout_s is None else timeout_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    async def clean_commit(
+        self, address: Address, request: CleanCommitRequest, *, timeout_s: float | None = None
+    ) -> tuple[int, str]:
+        """(error code, message) from the owner of the stream's metadata shard, asked to
+        commit the objects `tierproxy clean` wrote (the request's correlation id is
+        replaced)."""
         timeout = self.admin_timeout_s if timeout_s is None else timeout_s
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)

@@ -25,7 +25,8 @@ Every message is one frame, big-endian::
                                       8 trim request, 9 trim response,
                                       10 ping request, 11 ping response,
                                       12 catch-up request, 13 producer catch-up
-                                      request (both answered by an admin response)
+                                      request, 14 clean commit request (all three
+                                      answered by an admin response)
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -54,6 +55,9 @@ transactional id and Produce version a transactional batch came with: the owner 
 it with the coordinator, KIP-890; an owner before 6 gets the append without it and does
 not verify). 7: the producer catch-up request (sent only to a member at 7 or later:
 InitProducerId is answered without an older member's partitions caught up, as before).
+8: the clean commit request (sent by `tierproxy clean`, not proxies, except a proxy
+handing it on to the shard's owner: an owner older than 8 closes the connection, which
+the job reports as a commit not made).
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -80,6 +84,7 @@ from proxy.peer.messages import (
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "CATCH_UP_PROTOCOL",
+    "CLEAN_COMMIT_PROTOCOL",
     "PRODUCER_CATCH_UP_PROTOCOL",
     "HEADER_SIZE",
     "PROTOCOL",
@@ -97,12 +102,13 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 7  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 8  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
 TXN_PROTOCOL = 6  # the first level that reads the append request's transaction trailer
 PRODUCER_CATCH_UP_PROTOCOL = 7  # the first level that reads the producer catch-up request
+CLEAN_COMMIT_PROTOCOL = 8  # the first level that reads the clean commit request
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

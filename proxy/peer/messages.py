@@ -268,6 +268,48 @@ class BackfillRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class CleanedObject:
+    """One object a clean job wrote: it holds [start_offset, end_offset) of the request's
+    stream and takes over the ranges of the objects in `replaces`."""
+
+    object_id: int
+    size: int
+    start_offset: int
+    end_offset: int
+    replaces: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        check_range("object_id", self.object_id, 0, (1 << 64) - 1)
+        check_range("size", self.size, 1, I64_MAX)
+        check_range("start_offset", self.start_offset, 0, I64_MAX - 1)
+        check_range("end_offset", self.end_offset, self.start_offset + 1, I64_MAX)
+        check_range("replaces count", len(self.replaces), 1, 0xFFFF)
+        for number in self.replaces:
+            check_range("replaces", number, 0, (1 << 64) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanCommitRequest:
+    """Commit the objects `tierproxy clean` wrote for `stream_id` (docs/offload.md,
+    "Cleaning a compacted topic"), as the proxy's own log cleaner commits its own: by the
+    owner of the stream's metadata shard, under the lock its cleaner and compactor share,
+    each object naming in `replaces` the objects whose ranges it takes over. `clean_end`:
+    where the job's clean ended, the owner's cleaner checkpoint once all commit (-1:
+    none). Answered by an `AdminResponse`."""
+
+    correlation_id: int
+    stream_id: int
+    clean_end: int
+    objects: tuple[CleanedObject, ...]
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+        check_range("clean_end", self.clean_end, -1, I64_MAX)
+        check_range("objects count", len(self.objects), 1, U32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
 class TrimRequest:
     """DeleteRecords on a tiered partition: move `stream_id`'s log start up to `offset`
     (-1: its high watermark). Sent to any proxy, which hands it to the owner of the
@@ -372,6 +414,7 @@ PeerMessage = (
     | FetchRequest
     | FetchResponse
     | BackfillRequest
+    | CleanCommitRequest
     | TrimRequest
     | TrimResponse
     | PingRequest

@@ -38,6 +38,7 @@ from proxy.peer.messages import (
     AppendResponse,
     BackfillRequest,
     CatchUpRequest,
+    CleanCommitRequest,
     FetchRequest,
     FetchResponse,
     FetchResult,
@@ -57,6 +58,7 @@ OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
 OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
 OnFetch = Callable[[FetchRequest], Awaitable[FetchResult]]
 OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
+OnCleanCommit = Callable[[CleanCommitRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[int, str]]]
 
@@ -75,6 +77,7 @@ Request = (
     | AdminRequest
     | FetchRequest
     | BackfillRequest
+    | CleanCommitRequest
     | TrimRequest
     | PingRequest
     | CatchUpRequest
@@ -96,9 +99,10 @@ def peer_name(address: object) -> str:
 class PeerServer:
     """Serves appends (`on_append`), admin requests (`on_admin`) and, given `on_fetch`,
     fetches to other proxies, given `on_backfill`, offload jobs' commits, given
-    `on_trim`, DeleteRecords on tiered partitions, given `on_catch_up`, the catch-up of
-    a tiered partition's transaction markers before AddPartitionsToTxn is answered (and
-    of a producer's partitions before InitProducerId is);
+    `on_clean_commit`, `tierproxy clean`'s commits, given `on_trim`, DeleteRecords on
+    tiered partitions, given `on_catch_up`, the catch-up of a tiered partition's
+    transaction markers before AddPartitionsToTxn is answered (and of a producer's
+    partitions before InitProducerId is);
     without a handler such a request is answered UNSUPPORTED_VERSION. A ping is answered
     with `name` (the proxy's fleet.name) and this code's version, without any handler.
 
@@ -119,6 +123,7 @@ class PeerServer:
         on_fetch: OnFetch | None = None,
         *,
         on_backfill: OnBackfill | None = None,
+        on_clean_commit: OnCleanCommit | None = None,
         on_trim: OnTrim | None = None,
         on_catch_up: OnCatchUp | None = None,
         name: str = "",
@@ -132,6 +137,7 @@ class PeerServer:
         self._on_admin = on_admin
         self._on_fetch = on_fetch
         self._on_backfill = on_backfill
+        self._on_clean_commit = on_clean_commit
         self._on_trim = on_trim
         self._on_catch_up = on_catch_up
         self.name = name
@@ -227,6 +233,10 @@ class PeerServer:
             response = await self._fetch(request, peer)
         elif isinstance(request, BackfillRequest):
             response = await self._backfill(request, peer)
+        elif isinstance(request, CleanCommitRequest):
+            what = f"clean commit of stream {request.stream_id} from {peer}"
+            refusal = "this proxy takes no clean commits"
+            response = await self._coded(request, self._on_clean_commit, refusal, what)
         elif isinstance(request, TrimRequest):
             response = await self._trim(request, peer)
         elif isinstance(request, CatchUpRequest | ProducerCatchUpRequest):
@@ -302,7 +312,7 @@ class PeerServer:
 
     async def _coded(
         self,
-        request: BackfillRequest | CatchUpRequest | ProducerCatchUpRequest,
+        request: BackfillRequest | CleanCommitRequest | CatchUpRequest | ProducerCatchUpRequest,
         handler: Callable[[Any], Awaitable[tuple[int, str]]] | None,
         refusal: str,
         what: str,

@@ -56,6 +56,7 @@ from proxy.tiered.shards import ShardsHost
 from proxy.tiered.topic_configs import TopicConfigs
 from proxy.tiered.uploads import UploadLoop, UploadsHost
 from proxy.upkeep.backfill import commit_backfill
+from proxy.upkeep.clean_job import commit_clean_job
 from proxy.upkeep.compactor import Compactor
 from proxy.upkeep.cutover import CutoverLoop
 from proxy.upkeep.log_cleaner import LogCleaner
@@ -244,6 +245,7 @@ async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> Non
         service.on_peer_admin,
         service.on_peer_fetch,
         on_backfill=lambda request: commit_backfill(service, request),
+        on_clean_commit=lambda request: commit_clean_job(service, service.log_cleaner, request),
         on_trim=lambda request: trim_stream(service, request),
         on_catch_up=lambda request: catch_up_here(service, request),
         name=service.name,

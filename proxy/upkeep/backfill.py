@@ -73,7 +73,7 @@ async def commit_backfill(service: BackfillHost, request: BackfillRequest) -> tu
         return 0, f"{what}: committed already"
     if verdict.outcome is Outcome.REFUSE:
         return POLICY_VIOLATION, verdict.reason
-    refused = await _too_old(service, commit.key, what)
+    refused = await too_old(service, commit.key, what)
     if refused is not None:
         return refused
     try:
@@ -85,7 +85,7 @@ async def commit_backfill(service: BackfillHost, request: BackfillRequest) -> tu
     return 0, f"{what}: committed"
 
 
-async def _too_old(service: BackfillHost, key: str, what: str) -> tuple[int, str] | None:
+async def too_old(service: BackfillHost, key: str, what: str) -> tuple[int, str] | None:
     """Why the object cannot be committed now (missing, or PUT too long ago), else None."""
     grace = service.config.offload_orphan_grace_s
     store = service.store

@@ -55,6 +55,7 @@ from proxy.upkeep.compaction_plan import (
 from proxy.upkeep.object_gc import (
     GarbageCollector,
     discard,
+    new_object,
     read_index,
     stream_commits,
     write_through,
@@ -371,7 +372,9 @@ class Compactor:
         records = stream_commits(
             owner,
             [
-                (obj, OffsetRange(new.stream_id, new.start_offset, new.end_offset), new.replaces)
+                new_object(
+                    obj, OffsetRange(new.stream_id, new.start_offset, new.end_offset), new.replaces
+                )
                 for new, obj in zip(plan.objects, built, strict=True)
             ],
             self._clock_ms(),

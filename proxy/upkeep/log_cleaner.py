@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from aiokafka.errors import KafkaError
+from kio.schema.errors import ErrorCode
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from proxy.cleaner.batch_codec import empty_batch
-from proxy.cleaner.clean import LogClean, Piece, blocks, index_dirty
+from proxy.cleaner.clean import LogClean, Piece, blocks, clean_group, index_dirty
 from proxy.cleaner.offset_map import OffsetMap
 from proxy.cleaner.plan import (
     Checkpoint,
@@ -44,24 +44,35 @@ from proxy.cleaner.plan import (
     groups,
     should_clean,
 )
+from proxy.cleaner.split import segment_of
 from proxy.cleaner.transactions import scan_log
 from proxy.clock import now_ms
 from proxy.metadata.records import OffsetRange
 from proxy.metadata.rules import Outcome
 from proxy.metadata.store import ShardFenced, ShardOwner
-from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
+from proxy.metadata.streams import OFFLOAD_ID_BIT, StreamInfo, StreamRange, topic_shard
 from proxy.objects.format import IndexEntry, ObjectFormatError, read_block
 from proxy.objects.format_writer import BuiltObject, ObjectWriter
-from proxy.objects.keys import ObjectKind
+from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
-from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches, read_batch_header
+from proxy.peer.messages import CleanCommitRequest
+from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
 from proxy.upkeep.compaction_plan import blocks_for
-from proxy.upkeep.object_gc import discard, read_index, stream_commits, write_through
+from proxy.upkeep.object_gc import (
+    NewObject,
+    discard,
+    new_object,
+    read_index,
+    stream_commits,
+    write_through,
+)
 from proxy.upkeep.ports import CleanerHost
 from proxy.upload.plan import ObjectIdAllocator
 
 log = logging.getLogger("tierproxy.cleaner")
+
+TooOld = Callable[[str, str], Awaitable[str | None]]  # (key, what) -> why not to commit it
 
 Batches = list[tuple[BatchHeader, memoryview]]
 MAX_BLOCK_BYTES = 1 << 20
@@ -212,19 +223,16 @@ class LogCleaner:
         total = sum(e[-1].end_position - e[0].position for e in entries)
         if total > self.max_bytes:
             log.warning(
-                "log cleaner: stream %d holds %d committed bytes, above "
-                "log_cleaner_max_bytes (%d): not cleaned",
-                *(stream, total, self.max_bytes),
+                "log cleaner: stream %d (%s-%d) holds %d committed bytes, above "
+                "log_cleaner_max_bytes (%d): not cleaned; `tierproxy clean --topic %s` "
+                'cleans it with Spark (docs/offload.md, "Cleaning a compacted topic")',
+                *(stream, self._topic_name(info), info.partition, total, self.max_bytes),
+                self._topic_name(info),
             )
             return
         data = [await self._read(r, e) for r, e in zip(ranges, entries, strict=True)]
         segments = [
-            Segment(
-                r.start_offset,
-                r.end_offset,
-                sum(len(b) for _, b in batches),
-                max((h.max_timestamp for h, _ in batches), default=-1),
-            )
+            segment_of(r.start_offset, r.end_offset, batches)
             for r, batches in zip(ranges, data, strict=True)
         ]
         scan = scan_log(b for batches in data for b in batches)
@@ -250,7 +258,7 @@ class LogCleaner:
         )
         planned: list[tuple[_Group, list[Piece]]] = []
         for i, j in groups(segments, end, self.target_bytes):
-            pieces, changed = _clean_group(run, data[i:j])
+            pieces, changed = clean_group(run, data[i:j])
             if changed:
                 replaces = tuple(sorted({r.object_id for r in ranges[i:j]}))
                 group = _Group(stream, segments[i].start, segments[j - 1].end, replaces)
@@ -313,31 +321,101 @@ class LogCleaner:
         except BaseException:
             await asyncio.shield(discard(store, [b.key for b in built]))
             raise
-        records = stream_commits(
+        refused = await self._commit_objects(
             owner,
             [
-                (obj, OffsetRange(group.stream, group.start, group.end), group.replaces)
+                new_object(obj, OffsetRange(group.stream, group.start, group.end), group.replaces)
                 for (group, _), obj in zip(planned, built, strict=True)
             ],
-            self._clock_ms(),
         )
+        if refused is None:
+            return False
+        await self._discard(refused)  # this pass's own new objects
+        written = [o for o in built if o.footer.object_id not in refused]
+        report.objects_written += len(written)
+        self.stats.objects_written += len(written)
+        self.stats.bytes_written += sum(o.size for o in written)
+        return not refused
+
+    async def _commit_objects(
+        self, owner: ShardOwner, objects: list[NewObject]
+    ) -> dict[int, str] | None:
+        """Commit new objects in one write; those refused, id -> the reason, or None when
+        the outcome is not known (the orphan sweep then takes the objects no shard names)."""
+        records = stream_commits(owner, objects, self._clock_ms())
         try:
             verdicts = await write_through(owner, records)
         except Exception as exc:
-            # outcome unknown: the orphan sweep takes the objects no shard names
             log.warning("log cleaner: commit failed: %r", exc)
-            return False
-        refused = [
-            o.key for o, v in zip(built, verdicts, strict=True) if v.outcome is Outcome.REFUSE
-        ]
-        for verdict in verdicts:
+            return None
+        refused: dict[int, str] = {}
+        for (object_id, _, _, _), verdict in zip(objects, verdicts, strict=True):
             if verdict.outcome is Outcome.REFUSE:
                 log.warning("log cleaner: commit refused: %s", verdict.reason)
-        await discard(store, refused)
-        report.objects_written += len(built) - len(refused)
-        self.stats.objects_written += len(built) - len(refused)
-        self.stats.bytes_written += sum(o.size for o in built if o.key not in refused)
-        return not refused
+                refused[object_id] = verdict.reason
+        return refused
+
+    async def _discard(self, numbers: Iterable[int]) -> None:
+        await discard(self._require_store(), [object_key(n, ObjectKind.STREAM) for n in numbers])
+
+    async def commit_job(
+        self, owner: ShardOwner, request: CleanCommitRequest, too_old: TooOld
+    ) -> tuple[int, str]:
+        """Commit the objects `tierproxy clean` wrote for a stream of a shard owned here
+        (docs/offload.md, "Cleaning a compacted topic"), under the lock this cleaner and
+        the compactor share, as this cleaner commits its own; (error code, message) as
+        the peer protocol answers it. Refused objects are deleted. When all commit and
+        the job saw no backfill gap, where its clean ended becomes this cleaner's
+        checkpoint, so its next pass finds the log clean rather than cleaning it again
+        (or, above `log_cleaner_max_bytes`, warning again)."""
+        stream = request.stream_id
+        what = f"clean of stream {stream}"
+        async with self._lock:
+            if owner.state.stream(stream) is None:
+                return ErrorCode.unknown_topic_or_partition, f"{what}: the stream is not tiered"
+            refused: dict[int, str] = {}
+            objects: list[NewObject] = []
+            for o in request.objects:
+                r = OffsetRange(stream, o.start_offset, o.end_offset)
+                reason = await too_old(object_key(o.object_id, ObjectKind.STREAM), what)
+                if reason is not None:
+                    refused[o.object_id] = reason
+                else:
+                    objects.append((o.object_id, o.size, r, o.replaces))
+            if objects:
+                done = await self._commit_objects(owner, objects)
+                if done is None:
+                    return (
+                        ErrorCode.unknown_server_error,
+                        f"{what}: the commit's outcome is not known",
+                    )
+                refused.update(done)
+            # the job's objects only: ids of its kind (top bit) no record names (an id a
+            # request got wrong may be an object in use)
+            state = owner.state
+            await self._discard(
+                n for n in refused if n & OFFLOAD_ID_BIT and state.object_commit(n) is None
+            )
+            committed = len(request.objects) - len(refused)
+            self.stats.objects_written += committed
+            self.stats.bytes_written += sum(
+                o.size for o in request.objects if o.object_id not in refused
+            )
+            if refused:
+                self.stats.failures += 1
+                reasons = "; ".join(sorted(set(refused.values())))
+                return ErrorCode.policy_violation, (
+                    f"{what}: {len(refused)} of {len(request.objects)} objects refused "
+                    f"(deleted): {reasons}"
+                )
+            gaps = tuple(owner.state.backfill_gaps(stream))
+            if request.clean_end >= 0 and not gaps:
+                self._checkpoints[stream] = Checkpoint(request.clean_end, gaps)
+            self.stats.cleans += 1
+            log.info(
+                "log cleaner: stream %d cleaned to %d by a clean job", stream, request.clean_end
+            )
+            return 0, f"{what}: {committed} objects committed"
 
     def _build(self, group: _Group, pieces: list[Piece]) -> BuiltObject:
         writer = ObjectWriter(self._allocate(), ObjectKind.STREAM, version=self.format_version)
@@ -354,30 +432,6 @@ def _segment_of(r: StreamRange, entries: tuple[IndexEntry, ...]) -> Segment:
     return Segment(
         r.start_offset, r.end_offset, sum(e.size for e in entries), max(stamps, default=-1)
     )
-
-
-def _clean_group(run: LogClean, ranges: list[Batches]) -> tuple[list[Piece], bool]:
-    """The group's batches as the clean leaves them, and whether any changed. The group's
-    last batch always stays, as an empty header when the clean dropped it: the new
-    range then ends with a batch, as every range does (a rebuild of the partition's
-    producer state from the objects takes holes inside ranges, not at their end), and an
-    object holds at least one block. Kafka keeps no such batch; a reader skips it."""
-    pieces: list[Piece] = []
-    changed = False
-    last: tuple[BatchHeader, memoryview | bytes | None] | None = None
-    for batches in ranges:
-        for header, batch in batches:
-            out = run.clean_batch(header, batch)
-            last = header, out
-            if out is not batch:
-                changed = True
-            if out is not None:
-                count = header.record_count if out is batch else read_batch_header(out).record_count
-                pieces.append((header.base_offset, header.next_offset, count, out))
-    if last is not None and last[1] is None:
-        header = last[0]
-        pieces.append((header.base_offset, header.next_offset, 0, empty_batch(header)))
-    return pieces, changed
 
 
 class _Collector:

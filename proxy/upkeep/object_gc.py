@@ -77,24 +77,30 @@ async def write_through(owner: ShardOwner, records: list[Record]) -> list[Verdic
         raise
 
 
-def stream_commits(
-    owner: ShardOwner, objects: list[tuple[BuiltObject, OffsetRange, tuple[int, ...]]], at_ms: int
-) -> list[Record]:
-    """The ObjectCommits of new stream objects (compaction's, the log cleaner's), each
-    holding one range and naming in `replaces` the objects whose ranges it takes over."""
+NewObject = tuple[int, int, OffsetRange, tuple[int, ...]]  # id, size, its range, replaces
+
+
+def new_object(obj: BuiltObject, r: OffsetRange, replaces: tuple[int, ...]) -> NewObject:
+    return obj.footer.object_id, obj.size, r, replaces
+
+
+def stream_commits(owner: ShardOwner, objects: list[NewObject], at_ms: int) -> list[Record]:
+    """The ObjectCommits of new stream objects (compaction's, the log cleaner's, the clean
+    job's), each holding one range and naming in `replaces` the objects whose ranges it
+    takes over."""
     state = owner.state
     return [
         ObjectCommit(
             state.generation,
-            obj.footer.object_id,
+            object_id,
             ObjectKind.STREAM,
-            obj.size,
+            size,
             owner.epoch,
             at_ms,
             (r,),
             replaces,
         )
-        for obj, r, replaces in objects
+        for object_id, size, r, replaces in objects
     ]
 
 

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_tiered_compacted import CODECS, SEGMENT_MS, _create, _produce, _read_all, _round
+from compacted_load import CODECS, SEGMENT_MS, create_compacted, produce, read_all, round_records
 from tieredfleet import TieredFleet, wait_for_log
 
 from tests.support.clients import watermarks
@@ -59,7 +59,7 @@ def test_the_owner_killed_mid_clean_loses_nothing(kafka_cluster, s3_server, tmp_
         fleet.start("zone-a")
         fleet.wait_until_owned()
         for topic in (plain, tiered):
-            _create(kafka_cluster.bootstrap, topic, "compact")
+            create_compacted(kafka_cluster.bootstrap, topic, "compact")
         fleet.tier(tiered)
         topic_id = next(
             mode.topic_id
@@ -69,12 +69,12 @@ def test_the_owner_killed_mid_clean_loses_nothing(kafka_cluster, s3_server, tmp_
         )
         fleet.wait_for_cutover(topic_id, 1)
         for n, codec in enumerate(CODECS):
-            records = _round(n)
-            _produce(kafka_cluster.bootstrap, plain, records, codec)
-            _produce(fleet.bootstrap(), tiered, records, codec)
+            records = round_records(n)
+            produce(kafka_cluster.bootstrap, plain, records, codec)
+            produce(fleet.bootstrap(), tiered, records, codec)
         time.sleep(SEGMENT_MS / 1000 + 0.5)  # Kafka's roll rule (test_tiered_compacted.py)
         for bootstrap, topic in ((kafka_cluster.bootstrap, plain), (fleet.bootstrap(), tiered)):
-            _produce(bootstrap, topic, [(b"roll", b"roll", [], 0)], "none")
+            produce(bootstrap, topic, [(b"roll", b"roll", [], 0)], "none")
         last = watermarks(kafka_cluster.bootstrap, plain)[1] - 1
         assert watermarks(fleet.bootstrap(), tiered)[1] - 1 == last
 
@@ -82,7 +82,7 @@ def test_the_owner_killed_mid_clean_loses_nothing(kafka_cluster, s3_server, tmp_
         line = proxy.log(at).splitlines()[0]
         orphans = line.split(HELD, 1)[1].split()
         assert orphans, line
-        before = _read_all(fleet.bootstrap(), tiered, last)
+        before = read_all(fleet.bootstrap(), tiered, last)
         assert [r[0] for r in before] == list(range(last + 1))  # every record acknowledged
         fleet.kill("zone-a")
         proxy.process.argv = normal
@@ -90,17 +90,17 @@ def test_the_owner_killed_mid_clean_loses_nothing(kafka_cluster, s3_server, tmp_
         fleet.wait_until_owned()
 
         def kafka_cleaned() -> bool:
-            return _unique_below(_read_all(kafka_cluster.bootstrap, plain, last), last)
+            return _unique_below(read_all(kafka_cluster.bootstrap, plain, last), last)
 
         wait_for(kafka_cleaned, bool, "Kafka's cleaner cleaned the twin", 120, interval=2)
         cleaned = wait_for(
-            lambda: _read_all(fleet.bootstrap(), tiered, last),
+            lambda: read_all(fleet.bootstrap(), tiered, last),
             lambda got: _unique_below(got, last),
             "the restarted proxy cleaned the topic",
             120,
             interval=2,
         )
-        expected = _read_all(kafka_cluster.bootstrap, plain, last)
+        expected = read_all(kafka_cluster.bootstrap, plain, last)
         assert cleaned[:-1] == expected[:-1]  # the last: the roll record, stamped by each client
         latest = {r[1]: r[2] for r in before}  # in offset order: last wins
         assert {r[1]: r[2] for r in cleaned} == latest
@@ -115,7 +115,7 @@ def test_the_owner_killed_mid_clean_loses_nothing(kafka_cluster, s3_server, tmp_
         fleet.kill("zone-a")
         fleet.start("zone-a")
         fleet.wait_until_owned()
-        assert _read_all(fleet.bootstrap(), tiered, last) == cleaned
-        _produce(fleet.bootstrap(), tiered, [(b"after", b"kill", [], 0)], "none")
-        again = _read_all(fleet.bootstrap(), tiered, last + 1)
+        assert read_all(fleet.bootstrap(), tiered, last) == cleaned
+        produce(fleet.bootstrap(), tiered, [(b"after", b"kill", [], 0)], "none")
+        again = read_all(fleet.bootstrap(), tiered, last + 1)
         assert again[:-1] == cleaned and again[-1][1:3] == (b"after", b"kill")

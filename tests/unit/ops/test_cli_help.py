@@ -42,7 +42,7 @@ def test_every_command_has_help():
     commands = {" ".join(path) for path in _commands([])}
     expected = {
         "run", "dev", "fleet status", "topics tier", "topics untier", "topics list",
-        "topics status", "migrate", "verify", "export",
+        "topics status", "migrate", "verify", "export", "clean",
     }  # fmt: skip
     assert expected <= commands, expected - commands
 

@@ -1,6 +1,6 @@
 """An offload job's object is committed only while its PUT (the store's modification
 time) is younger than half of `tiering.offload_orphan_grace_s`; missing, it is refused
-(proxy/upkeep/backfill.py `_too_old`). On a LocalDirectoryStore, the file's mtime set back."""
+(proxy/upkeep/backfill.py `too_old`). On a LocalDirectoryStore, the file's mtime set back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from proxy.metadata.streams import offload_object_id
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.local import LocalDirectoryStore
-from proxy.upkeep.backfill import POLICY_VIOLATION, _too_old
+from proxy.upkeep.backfill import POLICY_VIOLATION, too_old
 
 GRACE_S = 1000.0
 KEY = object_key(offload_object_id(7, 0, 100), ObjectKind.STREAM)
@@ -28,7 +28,7 @@ async def test_an_object_put_too_long_ago_is_refused(tmp_path, age, refused):
         service = SimpleNamespace(
             config=SimpleNamespace(offload_orphan_grace_s=GRACE_S), store=store
         )
-        answer = await _too_old(service, KEY, "stream 7 [0, 100)")
+        answer = await too_old(service, KEY, "stream 7 [0, 100)")
     if refused:
         code, message = answer
         assert code == POLICY_VIOLATION
@@ -42,5 +42,5 @@ async def test_a_missing_object_is_refused(tmp_path):
         service = SimpleNamespace(
             config=SimpleNamespace(offload_orphan_grace_s=GRACE_S), store=store
         )
-        code, message = await _too_old(service, KEY, "stream 7 [0, 100)")
+        code, message = await too_old(service, KEY, "stream 7 [0, 100)")
     assert code == POLICY_VIOLATION and f"object {KEY} is not in the store" in message

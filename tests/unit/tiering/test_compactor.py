@@ -34,6 +34,7 @@ from proxy.records.batches import with_base_offset
 from proxy.upkeep.compaction_plan import CompactionSettings
 from proxy.upkeep.compactor import Compactor
 from tests.support.batches import NOW_MS, build_batch
+from tests.support.owners import Owner
 
 TOPIC = UUID("6ba7b810-9dad-41d1-80b4-00c04fd430c8")
 SETTINGS = CompactionSettings(
@@ -44,31 +45,6 @@ GRACE = 10.0
 
 def kafka_batch(n: int, records: int = 3) -> bytes:
     return build_batch([b"%d-%d" % (n, i) for i in range(records)], timestamps=[NOW_MS] * records)
-
-
-class Owner:
-    """A shard's owner: judges each record after the accepted ones before it, applies the
-    accepted ones, returns the verdicts (what ShardOwner.write returns once read back)."""
-
-    def __init__(self, state: MetadataState) -> None:
-        self.state, self.epoch, self.owning = state, 1, True
-        self.fail: Exception | None = None
-        self.before_write = None
-        self.written: list = []
-
-    async def write(self, records):
-        if self.before_write is not None:
-            self.before_write()
-        if self.fail is not None:
-            raise self.fail
-        verdicts = []
-        for record in records:
-            verdict = self.state.check(record)
-            if verdict.accepted:
-                self.state.apply(*encode(record), self.state.next_offset)
-                self.written.append(record)
-            verdicts.append(verdict)
-        return verdicts
 
 
 class Ids:

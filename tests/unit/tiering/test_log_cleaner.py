@@ -241,7 +241,7 @@ def test_compact_delete_is_both_retention_and_cleaning() -> None:
 def test_a_group_ends_with_its_last_batch_even_when_cleaned_away() -> None:
     """The runner keeps a group's last batch as an empty header, so the new range ends
     with a batch (the producer-state rebuild takes holes inside ranges only)."""
-    from proxy.upkeep.log_cleaner import _clean_group
+    from proxy.cleaner.clean import clean_group
 
     log = log_of(build_batch([b"1"], keys=[b"a"]), build_batch([b"2"], keys=[b"b"]))
     later = build_batch([b"3"], keys=[b"b"], base_offset=2)
@@ -250,7 +250,7 @@ def test_a_group_ends_with_its_last_batch_even_when_cleaned_away() -> None:
     omap = OffsetMap(10)
     assert index_dirty(ranges, 0, scan, omap) == 2
     run = LogClean(omap, 3, scan, now_ms=NOW_MS, delete_retention_ms=RETENTION)
-    pieces, changed = _clean_group(run, ranges[:1])
+    pieces, changed = clean_group(run, ranges[:1])
     assert changed
     assert [(p[0], p[1], p[2]) for p in pieces] == [(0, 1, 1), (1, 2, 0)]
     assert read_batch_header(pieces[-1][3]).record_count == 0

@@ -33,6 +33,8 @@ from proxy.peer.messages import (
     AppendResponse,
     BackfillRequest,
     CatchUpRequest,
+    CleanCommitRequest,
+    CleanedObject,
     FetchRequest,
     FetchResponse,
     PingRequest,
@@ -62,6 +64,13 @@ MESSAGES = [
     FetchResponse(12, 1, 7, 0),
     FetchResponse(13, -1, -(1 << 63), (1 << 63) - 1),
     BackfillRequest(14, (1 << 64) - 1, 4096, 42, 0, 1000),
+    CleanCommitRequest(23, 42, 900, (CleanedObject(1 << 63 | 7, 4096, 0, 500, (3, 4)),)),
+    CleanCommitRequest(
+        0xFFFF_FFFF,
+        (1 << 64) - 1,
+        -1,
+        (CleanedObject(9, 1, 0, 1, ((1 << 64) - 1,)), CleanedObject(10, 2, 1, 2, (5,))),
+    ),
     TrimRequest(15, 42, -1, 30_000),
     TrimRequest(16, (1 << 64) - 1, (1 << 63) - 1, 0),
     TrimResponse(17, 0, 1200, "stream 42: log start 1200"),
@@ -259,7 +268,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 14, 255])
+@pytest.mark.parametrize("kind", [0, 15, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -379,6 +388,22 @@ def test_backfill_request_layout_and_bad_ranges():
         BackfillRequest(3, 5, 0, 42, 10, 20)
 
 
+def test_clean_commit_request_layout_and_bad_values():
+    request = CleanCommitRequest(3, 42, 20, (CleanedObject(1 << 63 | 5, 4096, 10, 20, (7, 8)),))
+    frame = encode_frame(request)
+    assert frame[8:10] == bytes([1, 14])
+    body = struct.pack(">QqI", 42, 20, 1) + struct.pack(">QqqqH", 1 << 63 | 5, 4096, 10, 20, 2)
+    assert frame[14:] == body + struct.pack(">QQ", 7, 8)
+    cut = reframe(struct.pack(">BBI", 1, 14, 3) + body + struct.pack(">Q", 7))
+    with pytest.raises(PeerProtocolError, match="truncated replaced object id"):
+        decode_frame(cut)
+    none = reframe(struct.pack(">BBIQqI", 1, 14, 3, 42, 20, 0))
+    with pytest.raises(PeerProtocolError, match="message type 14: objects count 0"):
+        decode_frame(none)
+    with pytest.raises(ValueError, match="replaces count 0"):
+        CleanedObject(5, 4096, 10, 20, ())
+
+
 def test_trim_request_layout_and_bad_offsets():
     frame = encode_frame(TrimRequest(3, 42, 1000, 500))
     assert frame[8:10] == bytes([1, 8])
@@ -406,7 +431,9 @@ def test_ping_layout():
 def test_frames_of_the_older_messages_are_unchanged():
     """Adding a message type never changes another's frame: a proxy of an older version
     reads these, and this code reads theirs (the digest is of the frames before pings)."""
-    newer = PingRequest | PingResponse | CatchUpRequest | ProducerCatchUpRequest
+    newer = (
+        PingRequest | PingResponse | CatchUpRequest | ProducerCatchUpRequest | CleanCommitRequest
+    )
     older = [m for m in MESSAGES if not isinstance(m, newer)]
     frames = b"".join(encode_frame(m) for m in older)
     assert hashlib.sha256(frames).hexdigest() == OLDER_FRAMES_SHA256
