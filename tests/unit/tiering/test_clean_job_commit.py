@@ -140,3 +140,28 @@ async def test_a_request_naming_an_object_in_use_deletes_nothing(tmp_path) -> No
         code, message = await shard.commit([CleanedObject(number, size, 0, 3, (1,))])
         assert code == POLICY_VIOLATION, message
         assert await shard.exists(number)
+
+
+async def test_a_proxy_not_owning_the_shard_hands_the_request_on() -> None:
+    from proxy.upkeep.clean_job import commit_clean_job
+
+    sent: list = []
+
+    async def clean_commit(address, request):
+        sent.append((address, request))
+        return 0, "committed there"
+
+    def service(owner_address):
+        return SimpleNamespace(
+            config=SimpleNamespace(shard_count=1),
+            shard_owner=lambda shard: None,
+            readers=[SimpleNamespace(state=SimpleNamespace(owner="proxy-b"))],
+            peer_address=lambda name: owner_address,
+            peers=SimpleNamespace(clean_commit=clean_commit),
+        )
+
+    request = CleanCommitRequest(0, STREAM, -1, (CleanedObject(OFFLOAD_ID_BIT | 1, 9, 0, 3, (1,)),))
+    answer = await commit_clean_job(service(("10.0.0.2", 19090)), None, request)  # type: ignore[arg-type]
+    assert answer == (0, "committed there") and sent == [(("10.0.0.2", 19090), request)]
+    code, message = await commit_clean_job(service(None), None, request)  # type: ignore[arg-type]
+    assert code == 16 and "no live owner" in message  # NOT_COORDINATOR: retriable
