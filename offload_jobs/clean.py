@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from offload_jobs.migrate import StoreSpec
-from offload_jobs.object_source import ObjectReadError, object_batches
 from proxy.cleaner.clean import Batches, LogClean, blocks, clean_group
 from proxy.cleaner.offset_map import OffsetMap
 from proxy.cleaner.plan import CleanerConfig, Segment, cleanable_count, groups, should_clean
@@ -52,10 +51,11 @@ from proxy.cleaner.transactions import LogScan, TransactionsSeen, scan_log
 from proxy.metadata.streams import OFFLOAD_ID_BIT, StreamRange
 from proxy.objects.format import FORMAT_VERSION
 from proxy.objects.format_writer import ObjectWriter
+from proxy.objects.index_read import read_blocks, read_index, stream_blocks
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectStoreError
 from proxy.peer.messages import CleanCommitRequest, CleanedObject
-from proxy.records.batches import read_batch_header
+from proxy.records.batches import iter_batches
 
 MAX_BLOCK_BYTES = 1 << 20  # the proxy's cleaner's
 TARGET_OBJECT_BYTES = 64 << 20
@@ -154,7 +154,7 @@ class Summary:
 
 
 class _Counted:
-    """The store as `object_batches` uses it, counting the bytes it is asked for."""
+    """The store as the reads use it, counting the bytes it is asked for."""
 
     def __init__(self, store) -> None:
         self.store, self.read = store, 0
@@ -164,28 +164,34 @@ class _Counted:
         self.read += len(data)
         return data
 
+    async def get_tail(self, key: str, size: int) -> bytes:
+        data = await self.store.get_tail(key, size)
+        self.read += len(data)
+        return data
+
 
 def _read(job: CleanJob, r: StreamRange, counter=None) -> Batches:
-    """The range's batches (CRCs checked), on an executor; `counter` (a Spark
-    accumulator) adds the bytes read from the store."""
+    """The range's batches, on an executor: its object's index (a tail GET), then its
+    blocks (one ranged GET, each block's CRC checked), as the proxy's cleaner reads a
+    range. `counter` (a Spark accumulator) adds the bytes read from the store."""
 
     async def read() -> Batches:
         store = _Counted(await job.store.open())
         try:
-            batches = [
-                (read_batch_header(b.data), b.data)
-                async for b in object_batches(store, r.stream_id, [r])
-            ]
+            index = await read_index(store, r.object_key, r.object_size)  # type: ignore[arg-type]
+            key = r.object_key
+            entries = stream_blocks(index, r.stream_id, r.start_offset, r.end_offset, key)
+            blocks = await read_blocks(store, key, entries)  # type: ignore[arg-type]
         finally:
             await store.store.close()
         if counter is not None:
             counter.add(store.read)
-        return batches
+        return [b for block in blocks for b in iter_batches(block)]
 
     return asyncio.run(read())
 
 
-_RANGE_ERRORS = (ValueError, ObjectReadError, ObjectStoreError, OSError)
+_RANGE_ERRORS = (ValueError, ObjectStoreError, OSError)  # ObjectFormatError: a ValueError
 
 
 def scan_task(job: CleanJob, counter, r: StreamRange) -> tuple[Segment, list[ScanEntry]] | str:

@@ -41,8 +41,9 @@ from dataclasses import dataclass, fields
 
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange
-from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS, IndexEntry, find_entries
+from proxy.objects.format import FORMAT_VERSION, READ_VERSIONS, IndexEntry
 from proxy.objects.format_writer import ObjectWriter
+from proxy.objects.index_read import stream_blocks
 from proxy.objects.keys import ObjectKind
 
 MiB = 1 << 20
@@ -219,17 +220,7 @@ def _plan_run(
 def blocks_for(index: Sequence[IndexEntry], r: StreamRange) -> tuple[IndexEntry, ...]:
     """The object's blocks holding exactly the range `r` of its stream; ValueError when
     they do not tile it (a range is always a stream's whole span in its object)."""
-    run = []
-    for entry in find_entries(index, r.stream_id, r.start_offset):
-        if entry.start_offset >= r.end_offset:
-            break
-        run.append(entry)
-    if not run or run[0].start_offset != r.start_offset or run[-1].end_offset != r.end_offset:
-        raise ValueError(
-            f"object {r.object_key}: its blocks of stream {r.stream_id} do not cover "
-            f"[{r.start_offset}, {r.end_offset}) exactly"
-        )
-    return tuple(run)
+    return stream_blocks(index, r.stream_id, r.start_offset, r.end_offset, r.object_key)
 
 
 def add_blocks(

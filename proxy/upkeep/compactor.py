@@ -39,6 +39,7 @@ from proxy.metadata.store import ShardOwner
 from proxy.metadata.streams import StreamRange
 from proxy.objects.format import IndexEntry, read_block
 from proxy.objects.format_writer import BuiltObject, ObjectWriter
+from proxy.objects.index_read import read_index
 from proxy.objects.keys import ObjectKind
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
@@ -56,7 +57,6 @@ from proxy.upkeep.object_gc import (
     GarbageCollector,
     discard,
     new_object,
-    read_index,
     stream_commits,
     write_through,
 )

@@ -51,8 +51,9 @@ from proxy.metadata.records import OffsetRange
 from proxy.metadata.rules import Outcome
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import OFFLOAD_ID_BIT, StreamInfo, StreamRange, topic_shard
-from proxy.objects.format import IndexEntry, ObjectFormatError, read_block
+from proxy.objects.format import IndexEntry, ObjectFormatError
 from proxy.objects.format_writer import BuiltObject, ObjectWriter
+from proxy.objects.index_read import read_blocks, read_index
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.ratelimit import BandwidthLimiter, Priority
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
@@ -63,7 +64,6 @@ from proxy.upkeep.object_gc import (
     NewObject,
     discard,
     new_object,
-    read_index,
     stream_commits,
     write_through,
 )
@@ -287,12 +287,12 @@ class LogCleaner:
         return blocks_for(index, r)
 
     async def _read(self, r: StreamRange, entries: tuple[IndexEntry, ...]) -> Batches:
-        first, last = entries[0].position, entries[-1].end_position
-        await self._bandwidth.acquire(Priority.COMPACTION, last - first)
-        data = await self._require_store().get(r.object_key, first, last)
+        await self._bandwidth.acquire(
+            Priority.COMPACTION, entries[-1].end_position - entries[0].position
+        )
         out: Batches = []
-        for e in entries:
-            out += iter_batches(read_block(data, e, r.object_key, first))
+        for block in await read_blocks(self._require_store(), r.object_key, entries):
+            out += iter_batches(block)
         return out
 
     def _require_store(self) -> ObjectStore:

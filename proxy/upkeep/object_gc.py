@@ -36,33 +36,16 @@ from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner
 from proxy.metadata.streams import shard_of
-from proxy.objects.format import (
-    IndexEntry,
-    ObjectFormatError,
-    index_in_tail,
-    parse_footer,
-    parse_index,
-)
+from proxy.objects.format import IndexEntry, ObjectFormatError
 from proxy.objects.format_writer import BuiltObject
+from proxy.objects.index_read import read_index
 from proxy.objects.keys import ObjectKind
 from proxy.objects.store import ObjectNotFound, ObjectStore, ObjectStoreError
 
 log = logging.getLogger("tierproxy.compaction")
 
-INDEX_READ_BYTES = 64 * 1024  # the tail GET that finds an index: most indexes fit in it
 CATCH_UP_TIMEOUT_S = 10.0
 KNOWN_OBJECTS = 100_000  # objects whose shards are remembered
-
-
-async def read_index(store: ObjectStore, key: str, size: int) -> tuple[IndexEntry, ...]:
-    """The index of object `key` of `size` bytes: one tail GET, a second if the index is
-    larger than the tail read."""
-    tail = await store.get_tail(key, min(size, INDEX_READ_BYTES))
-    footer = parse_footer(tail, size, key)
-    data = index_in_tail(tail, size, footer)
-    if data is None:
-        data = await store.get(key, footer.index_position, footer.index_end)
-    return parse_index(data, footer, key)
 
 
 async def write_through(owner: ShardOwner, records: list[Record]) -> list[Verdict]:
