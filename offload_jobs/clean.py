@@ -59,6 +59,13 @@ from proxy.records.batches import iter_batches
 
 MAX_BLOCK_BYTES = 1 << 20  # the proxy's cleaner's
 TARGET_OBJECT_BYTES = 64 << 20
+# Spark tasks per pass at most: a newly tiered topic may have many small ranges (stream set
+# objects not compacted yet); past this a task takes several, one after the other
+MAX_SLICES = 4096
+
+
+def _slices(count: int) -> int:
+    return max(1, min(count, MAX_SLICES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +299,7 @@ def clean(spark, job: CleanJob, progress: Callable[[str], None] = print) -> Summ
     counter = sc.accumulator(0)
     every = [r for p in plans for r in p.ranges]
     task = functools.partial(scan_task, job, counter)
-    scanned = sc.parallelize(every, max(len(every), 1)).map(task).collect()
+    scanned = sc.parallelize(every, _slices(len(every))).map(task).collect()
     at = 0
     todo: list[StreamPlan] = []
     for p in plans:
@@ -338,7 +345,7 @@ def _offset_maps(sc, job: CleanJob, counter, todo: list[StreamPlan]) -> dict[int
         first_dirty = p.segments[0].start
         task = functools.partial(map_task, job, counter, first_dirty, p.scan.aborted)
         ranges = p.ranges[: p.count]
-        parts.append(sc.parallelize(ranges, len(ranges)).flatMap(task))
+        parts.append(sc.parallelize(ranges, _slices(len(ranges))).flatMap(task))
     pairs = sc.union(parts).reduceByKey(max).collect()
     maps: dict[int, dict[bytes, int]] = {p.stream: {} for p in todo}
     for (stream, d), offset in pairs:
@@ -346,25 +353,37 @@ def _offset_maps(sc, job: CleanJob, counter, todo: list[StreamPlan]) -> dict[int
     return maps
 
 
+def group_tasks(p: StreamPlan, target_bytes: int, bits: Callable[[int], int]) -> list[GroupTask]:
+    """The stream's cleanable ranges cut into groups of about `target_bytes` of input, each
+    with the transactions' state at its start and a fresh object id: the offload jobs'
+    kind (top bit set), `bits(63)` random bits below it. Fresh because the clean's bytes
+    depend on its clock (delete horizons): a re-run cannot reuse an earlier run's key."""
+    cuts = groups(p.segments, p.count, target_bytes)
+    seen = transactions_at(p.entries, p.scan.aborted, [p.segments[i].start for i, _ in cuts])
+    return [
+        GroupTask(
+            p.stream,
+            tuple(p.ranges[i:j]),
+            p.segments[i].start,
+            p.segments[j - 1].end,
+            state,
+            OFFLOAD_ID_BIT | bits(63),
+        )
+        for (i, j), state in zip(cuts, seen, strict=True)
+    ]
+
+
 def _clean_groups(
     sc, job: CleanJob, counter, now: int, config: CleanerConfig, todo: list[StreamPlan], maps
 ) -> list[GroupResult]:
     ids = random.SystemRandom()
-    tasks = []
+    tasks = [t for p in todo for t in group_tasks(p, job.target_object_bytes, ids.getrandbits)]
     scans = {p.stream: (p.scan, p.segments[p.count - 1].end) for p in todo}
-    for p in todo:
-        cuts = groups(p.segments, p.count, job.target_object_bytes)
-        starts = [p.segments[i].start for i, _ in cuts]
-        seen = transactions_at(p.entries, p.scan.aborted, starts)
-        for (i, j), state in zip(cuts, seen, strict=True):
-            start, end = p.segments[i].start, p.segments[j - 1].end
-            number = OFFLOAD_ID_BIT | ids.getrandbits(63)
-            tasks.append(GroupTask(p.stream, tuple(p.ranges[i:j]), start, end, state, number))
     shared = {stream: sc.broadcast(m) for stream, m in maps.items()}
     shared_scans = sc.broadcast(scans)
     try:
         task = functools.partial(group_task, job, counter, now, config, shared_scans, shared)
-        return sc.parallelize(tasks, len(tasks)).map(task).collect()
+        return sc.parallelize(tasks, _slices(len(tasks))).map(task).collect()
     finally:
         for b in (*shared.values(), shared_scans):
             b.unpersist()
