@@ -10,11 +10,13 @@ The settings below make the garbage collector and the orphan sweep act within a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
+from typing import Protocol
 
 from cutover_load import Ack
-from faultload import Figures, FleetConsumer, Progress
+from faultload import Figures, FleetConsumer, Progress, stop_quietly
 from tieredfleet import TieredFleet, parse_value, wal_backlog
 
 from proxy.devstack import MinioServer
@@ -22,6 +24,15 @@ from proxy.devstack.process import ManagedProcess
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
 from tests.support.waiting import wait_for
+
+
+class Stoppable(Protocol):
+    """A server of a run (MinioServer, ToxiproxyServer)."""
+
+    process: ManagedProcess
+
+    def stop(self) -> None: ...
+
 
 GRACE_S = 5.0
 # The orphan sweep's grace: an upload commits within half of it (30 s), through the faults
@@ -227,6 +238,31 @@ def left_running(processes: list[ManagedProcess]) -> list[str]:
         for proc in processes
         if proc.running() or (proc.pid is not None and Path(f"/proc/{proc.pid}").exists())
     ]
+
+
+def close_run(loads: list, fleet: TieredFleet | None, *servers: Stoppable) -> None:
+    """The end of a run, whatever happened in it: the loads stopped, the fleet closed,
+    then each server (MinIO, toxiproxy) stopped, each step even if one before failed."""
+    stop_quietly(loads)
+    with contextlib.ExitStack() as stack:
+        for server in reversed(servers):
+            stack.callback(server.stop)
+        if fleet is not None:
+            fleet.close()
+
+
+def write_figures(
+    figures: Figures, fleet: TieredFleet | None, servers: list[Stoppable], began: float, path: Path
+) -> None:
+    """The run's last notes (the proxies' ERROR lines, what is left running, its time),
+    then the figures written to `path`."""
+    processes = [server.process for server in servers]
+    if fleet is not None:
+        processes += [p.process for p in fleet.proxies.values()]
+        figures.notes["proxy_errors"] = error_lines(fleet)
+    figures.notes["left_running"] = left_running(processes)
+    figures.notes["test_s"] = round(time.monotonic() - began, 1)
+    print(figures.write(path))
 
 
 def assert_nothing_lost(figures: Figures) -> None:
