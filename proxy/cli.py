@@ -122,11 +122,13 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tierproxy: {exc}", file=sys.stderr)
         return 2
+    # A worker says "worker i ready at"; its parent says "proxy ready at" once all are.
     worker = "" if args.worker is None else f" (worker {args.worker})"
+    said = "proxy" if args.worker is None else f"worker {args.worker}"
 
     def serve(config, tell_parent: Callable[[], None] = lambda: None) -> None:
         def ready(proxy) -> None:
-            print(f"proxy ready at {proxy.bootstrap}{worker}", flush=True)
+            print(f"{said} ready at {proxy.bootstrap}", flush=True)
             tell_parent()
 
         run(config, on_ready=ready)

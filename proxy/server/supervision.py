@@ -2,7 +2,7 @@
 worker that exited is started again, after how long, and when the parent gives up.
 
 Pure: an exit and what the worker got to, a decision out. A worker that dies before it
-said it was ready (its listeners open, its shards group joined: the line "proxy ready at")
+said it was ready (its listeners open, its shard group joined: "worker i ready at")
 failed to start; its restarts back off exponentially, and after `max_start_failures` such
 deaths in a row the parent stops every worker and exits non-zero: a worker that cannot
 start (a WAL it cannot read, a port held by another program, Kafka unreachable) would

@@ -4,7 +4,8 @@ worker does before it serves (docs/operations.md, "Every core of a host").
 The parent only starts, watches and signals its workers; every decision (restart, after
 how long, give up) is `server/supervision.py`'s. SIGTERM or SIGINT to the parent is
 forwarded to every worker, each stops cleanly (hands its shards over, everything
-uploaded), and the parent exits once all have. A worker dies with its parent
+uploaded), and the parent exits once all have. It prints "proxy ready at <bootstrap>",
+as the single process does, once every worker said it was ready. A worker dies with its parent
 (PR_SET_PDEATHSIG), so a parent killed with -9 leaves no worker serving under a name the
 next parent's worker will take; and a worker holds a lock on its WAL directory for its
 whole life, so no two processes ever replay one WAL.
@@ -89,6 +90,9 @@ class _Supervisor:
         self.gave_up = False
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self.ready: dict[int, bool] = {}
+        listeners = config.listeners
+        self.bootstrap = f"{listeners.advertised_host}:{listeners.bootstrap_port}"
+        self.announced = False
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -161,6 +165,9 @@ class _Supervisor:
             if os.read(read_end, 16):
                 self.ready[index] = True
                 log.info("worker %d is ready", index)
+                if not self.announced and all(self.ready.get(i) for i in range(self.count)):
+                    self.announced = True  # as the single process says it, once
+                    print(f"proxy ready at {self.bootstrap}", flush=True)
             loop.remove_reader(read_end)
             os.close(read_end)
 

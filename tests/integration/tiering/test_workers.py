@@ -67,7 +67,7 @@ class WorkersFleet(TieredFleet):
         }
 
     def wait_ready(self, index: int, after: int, timeout: float = 60.0) -> None:
-        wait_for_log(self.proxy, f"(worker {index})", timeout, after=after)
+        wait_for_log(self.proxy, f"worker {index} is ready", timeout, after=after)
 
 
 def test_a_worker_killed_under_load_is_restarted_and_nothing_is_lost_or_repeated(
@@ -84,9 +84,7 @@ def test_a_worker_killed_under_load_is_restarted_and_nothing_is_lost_or_repeated
 def _run(fleet: WorkersFleet, began: float) -> None:
     load = consumer = None
     try:
-        fleet.proxy.process.start()
-        for index in range(WORKERS):
-            fleet.wait_ready(index, after=0)
+        fleet.start()  # "proxy ready at", from the parent once both workers are
         fleet.wait_until_owned(fleet.worker_names())
         # the partitions fall in both workers' shards: a produce reaching the worker that
         # does not own its partition is handed over to its sibling through the peer protocol
