@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from test_tiered_faults import PARTITIONS, Load, check_committed
 from tieredfleet import TieredFleet, TieredProxy, wait_for_log, wal_backlog
 
@@ -86,6 +87,18 @@ def _run(fleet: WorkersFleet, began: float) -> None:
     try:
         fleet.start()  # "proxy ready at", from the parent once both workers are
         fleet.wait_until_owned(fleet.worker_names())
+        # each new connection reaches either worker (the kernel's choice): all answer alike,
+        # every broker at the shared port for it
+        answers = {
+            frozenset(
+                (b.id, b.host, b.port) for b in admin.list_topics(timeout=10).brokers.values()
+            )
+            for admin in (
+                AdminClient({"bootstrap.servers": fleet.proxy.bootstrap}) for _ in range(6)
+            )
+        }
+        assert len(answers) == 1, answers
+        assert {port - node for node, _, port in next(iter(answers))} == {fleet.proxy.base_port}
         # the partitions fall in both workers' shards: a produce reaching the worker that
         # does not own its partition is handed over to its sibling through the peer protocol
         topic, topic_id = fleet.tiered_spread_topic(PARTITIONS)
@@ -119,13 +132,17 @@ def _run(fleet: WorkersFleet, began: float) -> None:
                 ends[partition] = max(ends.get(partition, 0), offset + 1)
         wait_for(lambda: consumer.caught_up(ends), bool, "the consumer at the end", 30)
         consumer.stop()
+        parent = fleet.proxy.process
+        assert parent.pid is not None
+        os.kill(parent.pid, signal.SIGTERM)  # the parent only: it stops its workers
+        wait_for(parent.returncode, lambda code: code is not None, "the parent's exit", 60)
+        assert parent.returncode() == 0, parent.tail(30)
     finally:
         if load is not None:
             load.stop()
         if consumer is not None:
             consumer.stop()
         fleet.stop()
-    assert fleet.proxy.process.returncode() == 0, fleet.proxy.process.tail(30)
     total = check_committed(fleet.committed(topic_id, PARTITIONS), produced, exact=True)
     acked = {value: at for p in produced for value, at in p.acked.items()}
     read = [
