@@ -104,3 +104,12 @@ def test_a_wal_left_with_records_by_a_worker_no_longer_run_refuses_the_start(tmp
     # uploaded (the trim checkpoint at its end, as a clean stop leaves it): no longer needed
     write_checkpoint(OsFilesystem(), str(removed), 100)
     check_wal_directories(parse_config({**raw, "workers": 2}))
+
+
+def test_the_single_process_wal_with_records_refuses_a_start_of_more_workers(tmp_path):
+    raw = {**BASE, "tiering": {"wal": {"directory": str(tmp_path)}}}
+    (tmp_path / "00000000000000000000.wal").write_bytes(b"x" * 10)  # workers: 1, killed
+    check_wal_directories(parse_config(raw))
+    with pytest.raises(ConfigError) as error:
+        check_wal_directories(parse_config({**raw, "workers": 2}))
+    assert f"{tmp_path} holds 10 WAL bytes not uploaded" in error.value.reason
