@@ -23,7 +23,6 @@ import asyncio
 import base64
 import copy
 import json
-import os
 import re
 import shutil
 import signal
@@ -56,7 +55,7 @@ from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
 from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
-from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoint
+from proxy.wal.segments import backlog_bytes
 from tests.support.waiting import wait_for
 
 HEARTBEAT_S = 0.5
@@ -82,12 +81,7 @@ def s3_settings(server: Any) -> dict[str, Any]:
 def wal_backlog(directory: Path) -> int:
     """WAL bytes past the trim checkpoint, from the files alone (the proxy may be running
     or paused): what it acknowledged and has not committed yet, as far as the disk says."""
-    ends = [
-        base + (directory / name).stat().st_size
-        for name in os.listdir(directory)
-        if name.endswith(SEGMENT_SUFFIX) and (base := parse_segment_name(name)) is not None
-    ]
-    return max(ends, default=0) - read_checkpoint(OsFilesystem(), str(directory))
+    return backlog_bytes(OsFilesystem(), str(directory))
 
 
 @dataclass
