@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from cutover_load import Ack
 from faultload import Figures, FleetConsumer, Progress, stop_quietly
@@ -188,11 +189,14 @@ def finish(
     progress: Progress,
     consumer: FleetConsumer,
     figures: Figures,
+    log_starts: dict[int, int] | None = None,
 ) -> None:
     """The load stopped and flushed (every record sent acknowledged, no delivery error),
     the consumer caught up, the WALs uploaded; the figures compared: consumed against
     acknowledged, committed (read back from the objects) against consumed, the bucket
-    against the metadata."""
+    against the metadata. `log_starts`: partitions whose log start was moved on purpose
+    (DeleteRecords, retention); the consumer read what lies below it before, the objects
+    need not hold it any more, so committed is compared with consumed from it on."""
     for producer in producers:
         producer.stop(flush_timeout_s=120)
     for producer in producers:
@@ -216,9 +220,54 @@ def finish(
     from_objects = {
         (p, offset): value for p, records in committed.records.items() for offset, value in records
     }
+    starts = log_starts or {}
+
+    def kept(at: tuple[int, int]) -> bool:
+        return at[1] >= starts.get(at[0], 0)
+
     figures.notes["committed_differs_from_consumed"] = sum(
-        1 for at, value in consumed.items() if from_objects.get(at) != value
-    ) + len(set(from_objects) - set(consumed))
+        1 for at, value in consumed.items() if kept(at) and from_objects.get(at) != value
+    ) + len({at for at in from_objects if kept(at)} - set(consumed))
+
+
+def read_back(
+    read: dict[int, list[tuple[int, bytes]]],
+    acked: dict[bytes, tuple[int, int | None]],
+    log_starts: dict[int, int],
+) -> dict[str, Any]:
+    """A fresh read of a topic from its earliest offset (`read`: partition -> (offset,
+    value) as they came) against what was acknowledged (value -> partition, offset):
+    each record acknowledged at or above its partition's log start must be read once, at
+    its offset; those below it were deleted or trimmed on purpose and must not be served.
+    Counts; `assert_read_back` asserts on them."""
+    served = Counter((p, offset) for p, records in read.items() for offset, _ in records)
+    at = {(p, offset): value for p, records in read.items() for offset, value in records}
+    known = {(p, o): v for v, (p, o) in acked.items() if o is not None}
+    expected = {k: v for k, v in known.items() if k[1] >= log_starts.get(k[0], 0)}
+    return {
+        "read": len(at),
+        "expected": len(expected),
+        "deleted_on_purpose": len(known) - len(expected),
+        "missing": sum(1 for k, v in expected.items() if at.get(k) != v),
+        "served_below_log_start": sum(1 for p, o in at if o < log_starts.get(p, 0)),
+        "read_twice": sum(n - 1 for n in served.values()),
+        "never_acknowledged": len(set(at.values()) - set(acked)),
+        "acknowledged_without_offset": len(acked) - len(known),
+        "first_offsets": {p: records[0][0] for p, records in read.items() if records},
+        "log_starts": dict(log_starts),
+    }
+
+
+def assert_read_back(counts: dict[str, Any], what: str) -> None:
+    """Exactly the records below the log starts missing, each other one read once."""
+    assert counts["missing"] == 0, f"{what}: acknowledged records lost: {counts}"
+    assert counts["served_below_log_start"] == 0, f"{what}: deleted records served: {counts}"
+    assert counts["read_twice"] == 0 and counts["never_acknowledged"] == 0, f"{what}: {counts}"
+    starts = counts["log_starts"]
+    firsts = counts["first_offsets"]
+    assert all(firsts.get(p, start) == start for p, start in starts.items()), (
+        f"{what}: the first offset read is not the log start: {counts}"
+    )
 
 
 def error_lines(fleet: TieredFleet) -> list[str]:
