@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -36,6 +38,7 @@ class Stoppable(Protocol):
 
 
 GRACE_S = 5.0
+_STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # a log line's start
 # The orphan sweep's grace: an upload commits within half of it (30 s), through the faults
 # too, else uploads again; the sweep runs every SWEEP_S on shard 0's owner.
 ORPHAN_GRACE_S = 60.0
@@ -272,13 +275,19 @@ def assert_read_back(counts: dict[str, Any], what: str) -> None:
 
 def error_lines(fleet: TieredFleet) -> list[str]:
     """The ERROR lines of the proxies' logs: ERROR is for what a proxy did not expect (a
-    traceback), so under a fault it expects each one is a finding."""
-    return [
-        line[:300]
-        for p in fleet.proxies.values()
-        for line in p.log().splitlines()
-        if " ERROR " in line
-    ]
+    traceback), so under a fault it expects each one is a finding. Each comes with the
+    last line of its traceback, if any (the exception): the logs live in a temporary
+    folder that later runs may have removed by the time someone reads the figures."""
+    found = []
+    for p in fleet.proxies.values():
+        lines = p.log().splitlines()
+        for i, line in enumerate(lines):
+            if " ERROR " not in line:
+                continue
+            after = itertools.takewhile(lambda x: not _STAMPED.match(x), lines[i + 1 :])
+            tail = [x for x in after if x.strip()][-1:]
+            found.append(" | ".join([line[:300], *(x.strip()[:300] for x in tail)]))
+    return found
 
 
 def left_running(processes: list[ManagedProcess]) -> list[str]:
