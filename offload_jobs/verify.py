@@ -9,12 +9,17 @@ count and CRC-32C, in the same order. The report (JSON and a table) is what a pl
 team signs off before cutting Kafka's retention; every mismatch names the partition and
 the offset, and a side that cannot be read fails that partition, not the job.
 
+A compacted topic's two copies are each cleaned by their own cleaner (Kafka's, the
+proxy's), so their batches differ once either ran: it is compared record by record
+instead (`verify_records`): every key's latest record, and the records both copies hold.
+
 Runs as `tierproxy verify` (local[*]) or inside any Spark application (`verify(spark, job)`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +39,7 @@ from offload_jobs.verify_compare import (
     compare,
     summarize,
 )
+from offload_jobs.verify_records import SideSummary, compare_compacted
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange, shard_of, stream_id
 
@@ -46,6 +52,7 @@ class VerifyJob:
     metadata_topic: str = "__tierproxy_metadata"
     shard_count: int = 8
     cluster_settings: dict[str, Any] = field(default_factory=dict)
+    compacted: bool = False  # compared record by record (set by `verify` from the topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +86,22 @@ def plan(
             )  # fmt: skip
             continue
         end = min(info.cutover_offset, high)
+        # a compacted partition's objects are read on past `end` for the keys written
+        # again there (verify_records)
         ranges = tuple(
             r
             for r in state.committed_ranges(stream)
-            if r.end_offset > start and r.start_offset < end
+            if r.end_offset > start and (job.compacted or r.start_offset < end)
         )
         checks.append(PartitionCheck(partition, stream, start, max(start, end), ranges))
     return checks, decided
 
 
 def check_partition(job: VerifyJob, check: PartitionCheck) -> PartitionReport:
-    """One task, on an executor: both sides of one partition, compared."""
+    """One task, on an executor: both sides of one partition, compared batch by batch, or
+    record by record on a compacted topic (`verify_records`)."""
+    if job.compacted:
+        return check_compacted(job, check)
     try:
         # gaps allowed: a compacted topic has them, and the comparison finds any that differ
         kafka = [
@@ -103,6 +115,41 @@ def check_partition(job: VerifyJob, check: PartitionCheck) -> PartitionReport:
         return PartitionReport(job.topic, check.partition, check.start, check.end, error=str(exc))
     objects, problems = asyncio.run(object_summaries(job.store, check))
     return compare(job.topic, check.partition, check.start, check.end, kafka, objects, problems)
+
+
+def check_compacted(job: VerifyJob, check: PartitionCheck) -> PartitionReport:
+    """A compacted partition: each copy cleaned by its own cleaner, so compared by what a
+    consumer relies on (each key's latest record, and the records both hold)."""
+    kafka = SideSummary(check.start, check.end)
+    try:
+        if check.end > check.start:
+            for b in read_batches(
+                job.bootstrap, job.topic, check.partition, check.start, check.end,
+                allow_gaps=True, **job.cluster_settings,
+            ):  # fmt: skip
+                kafka.add(b.data)
+    except ClusterReadError as exc:
+        return PartitionReport(job.topic, check.partition, check.start, check.end, error=str(exc))
+    objects, problems = asyncio.run(object_records(job.store, check))
+    return compare_compacted(job.topic, check.partition, kafka, objects, problems)
+
+
+async def object_records(
+    spec: StoreSpec, check: PartitionCheck
+) -> tuple[SideSummary, list[Mismatch]]:
+    """The objects' side of a compacted partition, and what was wrong on the way."""
+    problems: list[Mismatch] = []
+    side = SideSummary(check.start, check.end)
+    store = await spec.open()
+    try:
+        async for b in object_batches(
+            store, check.stream_id, check.ranges,
+            lambda offset, what: problems.append(Mismatch(offset, what)),
+        ):  # fmt: skip
+            side.add(b.data)
+    finally:
+        await store.close()
+    return side, problems
 
 
 async def object_summaries(
@@ -151,7 +198,12 @@ def verify(
     """Run the job on `spark`. `states`: each shard's metadata, read from the metadata
     topic when not given. `redraw`: a terminal's progress bar (`progress.Console`)."""
     started = time.monotonic()
+    from offload_jobs.fleet import is_compacted
+
     topic_id, partitions = describe_topic(job.bootstrap, job.topic, **job.cluster_settings)
+    if asyncio.run(is_compacted({"bootstrap_servers": job.bootstrap}, job.topic)):
+        job = dataclasses.replace(job, compacted=True)
+        progress(f"{job.topic}: compacted: comparing each key's latest record, record by record")
     if states is None:
         states = asyncio.run(read_states(job.bootstrap, job.metadata_topic, job.shard_count))
     checks, reports = plan(job, topic_id, partitions, states)

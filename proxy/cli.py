@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 OFFLOAD_COMMANDS = ("migrate", "verify", "export", "clean")  # the Spark jobs: the offload extra
@@ -21,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Runs one proxy with the settings of a YAML file (see configs/).",
     )
     run.add_argument("--config", type=Path, required=True, help="the YAML configuration")
+    # with `workers: N`, the parent starts each worker as `run --worker i`
+    run.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     run.set_defaults(func=_run)
 
     dev = commands.add_parser(
@@ -111,16 +114,37 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     from proxy.config import ConfigError, load_config
     from proxy.server.main import run
+    from proxy.server.supervisor import check_wal_directories, run_worker, supervise
 
     try:
         config = load_config(args.config)
+        if args.worker is None:
+            check_wal_directories(config)
+            if config.workers > 1:  # a parent; each worker comes back here with --worker
+                return supervise(args.config, config)
     except ConfigError as exc:
         print(f"tierproxy: {exc}", file=sys.stderr)
         return 2
+    # A worker says "worker i ready at"; its parent says "proxy ready at" once all are.
+    worker = "" if args.worker is None else f" (worker {args.worker})"
+    said = "proxy" if args.worker is None else f"worker {args.worker}"
+
+    def serve(config, tell_parent: Callable[[], None] = lambda: None) -> None:
+        def ready(proxy) -> None:
+            print(f"{said} ready at {proxy.bootstrap}", flush=True)
+            tell_parent()
+
+        run(config, on_ready=ready)
+
     try:
-        run(config, on_ready=lambda proxy: print(f"proxy ready at {proxy.bootstrap}", flush=True))
+        if args.worker is not None:
+            return run_worker(config, args.worker, serve)
+        serve(config)
+    except ConfigError as exc:  # --worker i out of range
+        print(f"tierproxy: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # upstream unreachable, credentials refused, port taken
-        print(f"tierproxy: cannot start: {exc}", file=sys.stderr)
+        print(f"tierproxy: cannot start{worker}: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -19,6 +19,7 @@ import yaml
 from proxy.config.ops import AdminConfig, LoggingConfig, parse_admin, parse_logging
 from proxy.config.section import ConfigError, Section
 from proxy.config.tiering import TieringConfig, parse_tiering
+from proxy.config.workers import check_workers, parse_workers
 from proxy.kafka.sasl import MECHANISMS as SASL_MECHANISMS
 
 __all__ = ["ConfigError", "ProxyConfig", "load_config", "parse_config"]
@@ -120,6 +121,9 @@ class ProxyConfig:
     log_level: str = "info"
     admin: AdminConfig = field(default_factory=AdminConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # processes on this host, one fleet member each, sharing the client ports
+    # (proxy/config/workers.py; 1: one process, no parent)
+    workers: int = 1
 
 
 def load_config(path: Path) -> ProxyConfig:
@@ -162,7 +166,9 @@ def parse_config(raw: Any) -> ProxyConfig:
         log_level=root.choice("log_level", "info", ("debug", "info", "warning", "error")),
         admin=parse_admin(root.section("admin")),
         logging=parse_logging(root.section("logging")),
+        workers=parse_workers(root),
     )
+    check_workers(config)
     upstream.reject_unknown()
     root.reject_unknown()
     return config

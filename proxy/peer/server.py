@@ -22,6 +22,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from proxy import __version__
+from proxy.errors import TierproxyError
 from proxy.lifecycle import run_connection
 from proxy.partition.rules import ProduceResult
 from proxy.peer.codec import (
@@ -53,6 +54,9 @@ __all__ = ["PeerServer"]
 
 # The same logger as peer_clients.py: both ends of the peer protocol log as one.
 log = logging.getLogger("tierproxy.peers")
+# what a store, a disk or a peer does to a request (a subsystem's failure, TierproxyError,
+# or the OS's): answered with a storage error and a WARNING; anything else is a bug
+_FAILURES = (TierproxyError, OSError)
 
 OnAppend = Callable[[AppendRequest], Awaitable[ProduceResult]]
 OnAdmin = Callable[[AdminRequest], Awaitable[tuple[int, str]]]
@@ -254,6 +258,10 @@ class PeerServer:
         try:
             result = await self._on_append(request)
             return AppendResponse.from_result(cid, result)
+        except _FAILURES as exc:  # the store or the disk failed (S3 throttling, a full
+            # disk): the asker retries on the storage error; no traceback, it is no bug
+            log.warning("append to stream %d from peer %s failed: %s", request.stream_id, peer, exc)
+            return AppendResponse(cid, ErrorCode.kafka_storage_error, error_message=_describe(exc))
         except Exception as exc:
             log.exception("append to stream %d from peer %s failed", request.stream_id, peer)
             return AppendResponse(cid, ErrorCode.kafka_storage_error, error_message=_describe(exc))
@@ -270,6 +278,12 @@ class PeerServer:
             if (size := frame_size(response)) > self.max_frame_bytes:
                 raise ValueError(f"an answer of {size} bytes is over the frame limit")
             return response
+        except _FAILURES as exc:
+            stream, offset = request.stream_id, request.offset
+            log.warning(
+                "fetch of stream %d at %d from peer %s failed: %s", stream, offset, peer, exc
+            )
+            return FetchResponse(cid, ErrorCode.kafka_storage_error)
         except Exception:
             stream, offset = request.stream_id, request.offset
             log.exception("fetch of stream %d at %d from peer %s failed", stream, offset, peer)

@@ -235,6 +235,8 @@ class Proxy:
             ssl=self._server_ssl,
             limit=limits.buffer_bytes,
             reuse_address=True,
+            # workers: N, every worker binds the same client ports (config/workers.py)
+            reuse_port=self.config.workers > 1,
         )
         log.info("listening for %s on %s:%d", name, self.config.listeners.bind_host, port)
 

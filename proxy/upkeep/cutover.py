@@ -37,6 +37,7 @@ from proxy.metadata.state import topic_untier_refusal
 from proxy.metadata.store import ShardFenced
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
+from proxy.peer.clients import PeerUnavailable
 from proxy.peer.messages import ADMIN_OPS
 from proxy.routing.fleet import FleetView
 from proxy.upkeep.ports import SealHost, owner_or_peer
@@ -307,7 +308,15 @@ class CutoverLoop:
                     f"metadata shard {shard} is not owned here (forwarded here as its owner): "
                     "its ownership is moving"
                 )
-            return await service.peers.admin(owner, op, topic, topic_id)
+            try:
+                return await service.peers.admin(owner, op, topic, topic_id)
+            except (PeerUnavailable, TimeoutError, OSError) as exc:
+                # the owner the metadata names is down (killed, its claim not expired
+                # yet) or restarting: retriable, as Kafka answers while its controller
+                # moves; the shard is claimed again or taken over meanwhile
+                return ErrorCode.coordinator_not_available, (
+                    f"the owner of metadata shard {shard} did not answer: {exc}"
+                )
         sealed = Sealed(topic, topic_id)
         if op == "untier":
             partitions = await self._partition_count(topic)

@@ -34,7 +34,7 @@ from proxy.clock import now_ms
 from proxy.metadata.records import ObjectCommit, ObjectDelete, OffsetRange, Record
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.state import MetadataState
-from proxy.metadata.store import ShardOwner
+from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import shard_of
 from proxy.objects.format import IndexEntry, ObjectFormatError
 from proxy.objects.format_writer import BuiltObject
@@ -169,7 +169,17 @@ class GarbageCollector:
         records: list[Record] = [
             ObjectDelete(generation, c.object_id, epoch, at) for c in due + gone
         ]
-        verdicts = await write_through(owner, records)
+        try:
+            verdicts = await write_through(owner, records)
+        except ShardFenced as exc:
+            # handed over meanwhile (a member joining or coming back after a restart):
+            # the shard's next owner finds these objects gone from the store and writes
+            # their deletes (`_garbage_everywhere`), as this one would on its next pass
+            log.warning(
+                "shard %d: %d objects deleted, their deletes not written: %s",
+                *(shard, len(records), exc),
+            )
+            return []
         done = []
         for commit, verdict in zip(due + gone, verdicts, strict=True):
             number = commit.object_id

@@ -14,8 +14,10 @@ A failed write or fsync breaks the WAL (see WalBrokenError); reopening recovers 
 But a write that finds the disk full (ENOSPC, EDQUOT) does not: nothing of it was fsynced
 or answered, so the segment is cut back to where the group began and the group waits at
 the head of the queue, in order, and is written again after `no_space_retry_s` or a trim,
-until the disk has room (docs/wal.md, "A full disk"). An fsync that fails, for any
-reason, still breaks it: after a failed fsync the page cache cannot be trusted.
+until the disk has room (docs/wal.md, "A full disk"). So does an fsync that finds the
+disk full (a filesystem that allocates only at writeback): the group's bytes are cut off
+the file first, since a failed writeback leaves their pages clean and not on the disk. An
+fsync that fails for any other reason breaks it: the page cache cannot be trusted then.
 """
 
 from __future__ import annotations
@@ -478,9 +480,10 @@ def _write_and_sync(
     size_before: int,
     on_sync: Callable[[float], None] | None = None,
 ) -> None:
-    """Write the group and fsync it. A write that finds the disk full cuts the file back
-    to `size_before` (a prefix of the group may be in it) and raises _NoSpace; a failed
-    cut, like any other failure, is raised as it is (the WAL breaks)."""
+    """Write the group and fsync it. A write or an fsync that finds the disk full cuts
+    the file back to `size_before` (a prefix of the group may be in it, or all of it in
+    pages the failed writeback left unwritten) and raises _NoSpace; a failed cut, like any
+    other failure, is raised as it is (the WAL breaks)."""
     try:
         file.write(buffers)
     except OSError as exc:
@@ -489,6 +492,15 @@ def _write_and_sync(
         file.truncate(size_before)
         raise _NoSpace() from exc
     started = time.perf_counter()
-    file.fsync()
+    try:
+        file.fsync()
+    except OSError as exc:
+        if exc.errno not in _NO_SPACE:
+            raise
+        # the disk said it was full only at writeback: the group's pages may be marked
+        # clean without being on the disk, and a later fsync would not write them. Cut
+        # them off; the group is written again, whole, once there is room
+        file.truncate(size_before)
+        raise _NoSpace() from exc
     if on_sync is not None:
         on_sync(time.perf_counter() - started)

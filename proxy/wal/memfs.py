@@ -29,6 +29,17 @@ from proxy.wal.fs import Buffer, OpenMode
 class _Inode:
     data: bytearray = field(default_factory=bytearray)
     synced: int = 0  # data[:synced] is durable
+    # [start, end) of bytes whose writeback failed (a failed fsync): Linux marks their
+    # pages clean, so no later fsync writes them; on the disk they are zeros
+    unwritten: list[tuple[int, int]] = field(default_factory=list)
+
+    def durable(self, keep_unsynced: int = 0) -> bytearray:
+        kept = bytearray(self.data[: self.synced + keep_unsynced])
+        for start, end in self.unwritten:
+            end = min(end, len(kept))
+            if start < end:
+                kept[start:end] = bytes(end - start)
+        return kept
 
 
 def _eio(what: str) -> OSError:
@@ -65,9 +76,12 @@ class MemoryFile:
         self._fs._wait_for_fsync_release()
         with self._fs._lock:
             self._fs.fsync_calls += 1
-            if self._fs._fail_fsync:
-                self._fs._fail_fsync = False
-                raise _eio("fsync failed")
+            code, self._fs._fail_fsync = self._fs._fail_fsync, None
+            if code is not None:
+                inode = self._inode
+                if inode.synced < len(inode.data):
+                    inode.unwritten.append((inode.synced, len(inode.data)))
+                raise OSError(code, f"injected fault: fsync failed ({errno.errorcode[code]})")
             self._inode.synced = len(self._inode.data)
 
     def read(self, offset: int, size: int) -> bytes:
@@ -83,8 +97,11 @@ class MemoryFile:
     def truncate(self, size: int) -> None:
         self._check(write=True)
         with self._fs._lock:
-            del self._inode.data[size:]
-            self._inode.synced = min(self._inode.synced, size)
+            inode = self._inode
+            del inode.data[size:]
+            inode.synced = min(inode.synced, size)
+            # the pages past the cut go from the page cache, written or not
+            inode.unwritten = [(a, min(b, size)) for a, b in inode.unwritten if a < size]
 
     def close(self) -> None:
         self._closed = True
@@ -101,7 +118,7 @@ class MemoryFilesystem:
         self._lock = threading.Lock()
         self._dirs: dict[str, dict[str, _Inode]] = {}
         self._durable_dirs: dict[str, dict[str, _Inode]] = {}
-        self._fail_fsync = False
+        self._fail_fsync: int | None = None  # the errno of the next fsync's failure
         self._write_fault: int | None = None
         self._fsync_gate: threading.Event | None = None
         self.fsync_calls = 0
@@ -110,9 +127,14 @@ class MemoryFilesystem:
 
     # -- faults ---------------------------------------------------------------------
 
-    def fail_next_fsync(self) -> None:
+    def fail_next_fsync(self, code: int = errno.EIO) -> None:
+        """The next fsync fails with `code` (EIO; ENOSPC for a disk that says it is full
+        only at writeback: NFS, thin provisioning, delayed allocation), and the bytes it
+        was to make durable never reach the disk, as on Linux: their pages are marked
+        clean, so a later fsync that succeeds does not write them (a crash finds zeros
+        there), unless they are cut off and written again."""
         with self._lock:
-            self._fail_fsync = True
+            self._fail_fsync = code
 
     def fail_next_write(self) -> None:
         self.tear_next_write(0)
@@ -154,8 +176,8 @@ class MemoryFilesystem:
             for path, entries in self._durable_dirs.items():
                 after._dirs[path] = {}
                 for name, inode in entries.items():
-                    kept = inode.data[: inode.synced + keep_unsynced]
-                    after._dirs[path][name] = _Inode(bytearray(kept), len(kept))
+                    kept = inode.durable(keep_unsynced)
+                    after._dirs[path][name] = _Inode(kept, len(kept))
             after._durable_dirs = {path: dict(names) for path, names in after._dirs.items()}
         return after
 

@@ -198,6 +198,27 @@ def read_checkpoint(fs: Filesystem, directory: str) -> int:
         file.close()
 
 
+def backlog_bytes(fs: Filesystem, directory: str) -> int:
+    """WAL bytes past the trim checkpoint, from the files alone (the WAL may be running or
+    not): what it acknowledged and has not committed yet, as far as the disk says. A
+    directory that does not exist holds none."""
+    try:
+        names = fs.list_dir(directory)
+    except FileNotFoundError:
+        return 0
+    end = 0
+    for name in names:
+        base = parse_segment_name(name)
+        if base is None:
+            continue
+        file = fs.open(posixpath.join(directory, name), "read")
+        try:
+            end = max(end, base + file.size())
+        finally:
+            file.close()
+    return max(0, end - read_checkpoint(fs, directory))
+
+
 def write_checkpoint(fs: Filesystem, directory: str, trimmed_to: int) -> None:
     """Write the new value beside the old one, then rename it over: a reader sees one or
     the other, never half of one."""

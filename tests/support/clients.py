@@ -1,12 +1,20 @@
 """What a test asks of Kafka (or of a proxy, which must answer the same) through a real
-client, librdkafka: watermarks, and DeleteRecords. Each call opens a client of its own
-and closes it, so that no answer comes from a cache another call filled."""
+client, librdkafka: watermarks, DeleteRecords, a read from the earliest offset. Each call
+opens a client of its own and closes it, so that no answer comes from a cache another
+call filled."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 
@@ -44,3 +52,36 @@ def delete_records(
         except KafkaException as exc:
             results[tp.topic, tp.partition] = exc.args[0]
     return results
+
+
+def read_from_earliest(
+    bootstrap: str, topic: str, partitions: int, timeout: float = 60.0
+) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of the topic's partitions from ListOffsets earliest up to their high
+    watermarks as of the call, read by a fresh consumer (never joining a group, never
+    resetting): partition -> (offset, value) in the order they came."""
+    marks = {p: watermarks(bootstrap, topic, p) for p in range(partitions)}
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"r-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",
+        }
+    )
+    read: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+    position = dict.fromkeys(range(partitions), -1)
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        deadline = time.monotonic() + timeout
+        while any(max(position[p] + 1, low) < high for p, (low, high) in marks.items()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: read to {position}, not to {marks}")
+            for msg in consumer.consume(1000, 0.5):
+                if msg.error() is not None:
+                    raise AssertionError(f"{topic}: {msg.error()}")
+                read[msg.partition()].append((msg.offset(), msg.value()))
+                position[msg.partition()] = msg.offset()
+    finally:
+        consumer.close()
+    return read

@@ -5,8 +5,9 @@ It breaks what it runs on, so it runs on a Kafka cluster and a MinIO of its own 
 in the test, stopped at its end) and shares nothing with the session's `kafka_cluster`
 and `s3_server`. The flaky-network test (test_flaky_network.py) breaks only the network
 between the proxies and a MinIO of its own, the disk-full test (test_disk_full.py) only a
-proxy's own tmpfs, the membership test (test_fleet_membership.py) breaks nothing: they
-share the session's Kafka. All are marked `faults`: `-m "not faults"` leaves them out.
+proxy's own tmpfs, the membership test (test_fleet_membership.py) breaks nothing, the
+admin-operations test (test_admin_under_faults.py) only kills proxies: they share the
+session's Kafka. All are marked `faults`: `-m "not faults"` leaves them out.
 """
 
 from __future__ import annotations
@@ -23,5 +24,6 @@ def pytest_configure(config) -> None:
         "markers",
         "faults: the fault-injection suite (its own Kafka and MinIO, ~6 min), the "
         "flaky-network test (toxiproxy, ~3 min), the disk-full test (a tmpfs, ~1 min) and "
-        "the membership test (three proxies, ~2 min)",
+        "the membership test (three proxies, ~2 min) and the admin-operations test "
+        "(DeleteRecords, retention, a cutover under kills, ~1.5 min)",
     )

@@ -10,11 +10,16 @@ The settings below make the garbage collector and the orphan sweep act within a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import re
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any, Protocol
 
 from cutover_load import Ack
-from faultload import Figures, FleetConsumer, Progress
+from faultload import Figures, FleetConsumer, Progress, stop_quietly
 from tieredfleet import TieredFleet, parse_value, wal_backlog
 
 from proxy.devstack import MinioServer
@@ -23,7 +28,17 @@ from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
 from tests.support.waiting import wait_for
 
+
+class Stoppable(Protocol):
+    """A server of a run (MinioServer, ToxiproxyServer)."""
+
+    process: ManagedProcess
+
+    def stop(self) -> None: ...
+
+
 GRACE_S = 5.0
+_STAMPED = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # a log line's start
 # The orphan sweep's grace: an upload commits within half of it (30 s), through the faults
 # too, else uploads again; the sweep runs every SWEEP_S on shard 0's owner.
 ORPHAN_GRACE_S = 60.0
@@ -177,11 +192,14 @@ def finish(
     progress: Progress,
     consumer: FleetConsumer,
     figures: Figures,
+    log_starts: dict[int, int] | None = None,
 ) -> None:
     """The load stopped and flushed (every record sent acknowledged, no delivery error),
     the consumer caught up, the WALs uploaded; the figures compared: consumed against
     acknowledged, committed (read back from the objects) against consumed, the bucket
-    against the metadata."""
+    against the metadata. `log_starts`: partitions whose log start was moved on purpose
+    (DeleteRecords, retention); the consumer read what lies below it before, the objects
+    need not hold it any more, so committed is compared with consumed from it on."""
     for producer in producers:
         producer.stop(flush_timeout_s=120)
     for producer in producers:
@@ -205,20 +223,71 @@ def finish(
     from_objects = {
         (p, offset): value for p, records in committed.records.items() for offset, value in records
     }
+    starts = log_starts or {}
+
+    def kept(at: tuple[int, int]) -> bool:
+        return at[1] >= starts.get(at[0], 0)
+
     figures.notes["committed_differs_from_consumed"] = sum(
-        1 for at, value in consumed.items() if from_objects.get(at) != value
-    ) + len(set(from_objects) - set(consumed))
+        1 for at, value in consumed.items() if kept(at) and from_objects.get(at) != value
+    ) + len({at for at in from_objects if kept(at)} - set(consumed))
+
+
+def read_back(
+    read: dict[int, list[tuple[int, bytes]]],
+    acked: dict[bytes, tuple[int, int | None]],
+    log_starts: dict[int, int],
+) -> dict[str, Any]:
+    """A fresh read of a topic from its earliest offset (`read`: partition -> (offset,
+    value) as they came) against what was acknowledged (value -> partition, offset):
+    each record acknowledged at or above its partition's log start must be read once, at
+    its offset; those below it were deleted or trimmed on purpose and must not be served.
+    Counts; `assert_read_back` asserts on them."""
+    served = Counter((p, offset) for p, records in read.items() for offset, _ in records)
+    at = {(p, offset): value for p, records in read.items() for offset, value in records}
+    known = {(p, o): v for v, (p, o) in acked.items() if o is not None}
+    expected = {k: v for k, v in known.items() if k[1] >= log_starts.get(k[0], 0)}
+    return {
+        "read": len(at),
+        "expected": len(expected),
+        "deleted_on_purpose": len(known) - len(expected),
+        "missing": sum(1 for k, v in expected.items() if at.get(k) != v),
+        "served_below_log_start": sum(1 for p, o in at if o < log_starts.get(p, 0)),
+        "read_twice": sum(n - 1 for n in served.values()),
+        "never_acknowledged": len(set(at.values()) - set(acked)),
+        "acknowledged_without_offset": len(acked) - len(known),
+        "first_offsets": {p: records[0][0] for p, records in read.items() if records},
+        "log_starts": dict(log_starts),
+    }
+
+
+def assert_read_back(counts: dict[str, Any], what: str) -> None:
+    """Exactly the records below the log starts missing, each other one read once."""
+    assert counts["missing"] == 0, f"{what}: acknowledged records lost: {counts}"
+    assert counts["served_below_log_start"] == 0, f"{what}: deleted records served: {counts}"
+    assert counts["read_twice"] == 0 and counts["never_acknowledged"] == 0, f"{what}: {counts}"
+    starts = counts["log_starts"]
+    firsts = counts["first_offsets"]
+    assert all(firsts.get(p, start) == start for p, start in starts.items()), (
+        f"{what}: the first offset read is not the log start: {counts}"
+    )
 
 
 def error_lines(fleet: TieredFleet) -> list[str]:
     """The ERROR lines of the proxies' logs: ERROR is for what a proxy did not expect (a
-    traceback), so under a fault it expects each one is a finding."""
-    return [
-        line[:300]
-        for p in fleet.proxies.values()
-        for line in p.log().splitlines()
-        if " ERROR " in line
-    ]
+    traceback), so under a fault it expects each one is a finding. Each comes with the
+    last line of its traceback, if any (the exception): the logs live in a temporary
+    folder that later runs may have removed by the time someone reads the figures."""
+    found = []
+    for p in fleet.proxies.values():
+        lines = p.log().splitlines()
+        for i, line in enumerate(lines):
+            if " ERROR " not in line:
+                continue
+            after = itertools.takewhile(lambda x: not _STAMPED.match(x), lines[i + 1 :])
+            tail = [x for x in after if x.strip()][-1:]
+            found.append(" | ".join([line[:300], *(x.strip()[:300] for x in tail)]))
+    return found
 
 
 def left_running(processes: list[ManagedProcess]) -> list[str]:
@@ -227,6 +296,31 @@ def left_running(processes: list[ManagedProcess]) -> list[str]:
         for proc in processes
         if proc.running() or (proc.pid is not None and Path(f"/proc/{proc.pid}").exists())
     ]
+
+
+def close_run(loads: list, fleet: TieredFleet | None, *servers: Stoppable) -> None:
+    """The end of a run, whatever happened in it: the loads stopped, the fleet closed,
+    then each server (MinIO, toxiproxy) stopped, each step even if one before failed."""
+    stop_quietly(loads)
+    with contextlib.ExitStack() as stack:
+        for server in reversed(servers):
+            stack.callback(server.stop)
+        if fleet is not None:
+            fleet.close()
+
+
+def write_figures(
+    figures: Figures, fleet: TieredFleet | None, servers: list[Stoppable], began: float, path: Path
+) -> None:
+    """The run's last notes (the proxies' ERROR lines, what is left running, its time),
+    then the figures written to `path`."""
+    processes = [server.process for server in servers]
+    if fleet is not None:
+        processes += [p.process for p in fleet.proxies.values()]
+        figures.notes["proxy_errors"] = error_lines(fleet)
+    figures.notes["left_running"] = left_running(processes)
+    figures.notes["test_s"] = round(time.monotonic() - began, 1)
+    print(figures.write(path))
 
 
 def assert_nothing_lost(figures: Figures) -> None:

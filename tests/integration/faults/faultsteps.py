@@ -22,6 +22,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -260,20 +261,28 @@ class Injector:
         zones = sorted(self.fleet.proxies)
         for _ in range(count):
             time.sleep(self.rng.uniform(0.2, 2.0))
-            zone = self.rng.choice(zones)
-            victim = self.fleet[zone]
-            before = self.fleet.owners()
-            injected = time.monotonic()
-            self.fleet.kill(zone)
-            time.sleep(self.rng.uniform(0.1, 1.5))
-            self.fleet.start(zone)
-            ended = time.monotonic()
-            took = self.recovered(
-                "kill -9 proxy", injected, ended, RECOVERY_BOUND_S, victim.name, before
-            )
-            # when, to read beside the proxies' and the consumer's logs (wall clock)
-            at = time.strftime("%H:%M:%S", time.gmtime(time.time() - (time.monotonic() - ended)))
-            self.figures.notes.setdefault("kills", []).append(f"{zone} back at {at}, {took:.2f} s")
+            self.kill_and_restart(self.rng.choice(zones))
+
+    def kill_and_restart(
+        self, zone: str, kind: str = "kill -9 proxy", while_down: Callable[[], None] | None = None
+    ) -> float:
+        """The proxy of `zone` killed with SIGKILL, started again (same fleet.name, same
+        WAL) after a short random delay (`while_down` called first, if given), until
+        "recovered": its shards claimed again at a newer epoch. The recovery time."""
+        victim = self.fleet[zone]
+        before = self.fleet.owners()
+        injected = time.monotonic()
+        self.fleet.kill(zone)
+        if while_down is not None:
+            while_down()
+        time.sleep(self.rng.uniform(0.1, 1.5))  # how long it stays down, not a wait
+        self.fleet.start(zone)
+        ended = time.monotonic()
+        took = self.recovered(kind, injected, ended, RECOVERY_BOUND_S, victim.name, before)
+        # when, to read beside the proxies' and the consumer's logs (wall clock)
+        at = time.strftime("%H:%M:%S", time.gmtime(time.time() - (time.monotonic() - ended)))
+        self.figures.notes.setdefault("kills", []).append(f"{zone} back at {at}, {took:.2f} s")
+        return took
 
     def pause_owner(self) -> None:
         """SIGSTOP the proxy owning most of the topic's partitions, past its session
@@ -389,19 +398,25 @@ class Injector:
 
 
 def steady_load(
-    fleet: TieredFleet, partitions: int, producers: list, log_dir: Path, figures: Figures
+    fleet: TieredFleet,
+    partitions: int,
+    producers: list,
+    log_dir: Path,
+    figures: Figures,
+    settings: dict | None = None,
 ) -> tuple[uuid.UUID, Injector]:
     """A spread topic tiered (every partition cut over), the steady load on it (a
-    producer per zone of a running proxy: start_load, into `producers`) and a consumer
-    (zone-a, `injector.consumer`) through the fleet, settled: the start of the tests that
-    inject one kind of fault (flaky network, disk full, members joining and leaving).
-    The caller stops the producers and the consumer."""
+    producer per zone of a running proxy: start_load, into `producers`, with the client
+    `settings` if given) and a consumer (zone-a, `injector.consumer`) through the fleet,
+    settled: the start of the tests that inject one kind of fault (flaky network, disk
+    full, members joining and leaving, admin operations). The caller stops the producers
+    and the consumer."""
     began = time.monotonic()
     topic, topic_id = fleet.create_spread_topic(partitions)
     fleet.tier(topic)
     starts = fleet.wait_for_cutover(topic_id, partitions)
     zones = [zone for zone, proxy in fleet.proxies.items() if proxy.process.running()]
-    progress = start_load(fleet.bootstrap(), zones, topic, partitions, producers)
+    progress = start_load(fleet.bootstrap(), zones, topic, partitions, producers, settings=settings)
     consumer = FleetConsumer(
         fleet.bootstrap(), topic, starts, "zone-a", log_path=log_dir / "consumer.log"
     ).start()

@@ -21,15 +21,14 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from cutover_load import LoadProducer
-from faultchecks import TIERING, assert_nothing_lost, error_lines, finish, left_running
-from faultload import Figures, stop_quietly
+from faultchecks import TIERING, assert_nothing_lost, close_run, finish, write_figures
+from faultload import Figures
 from faultsteps import steady_load
 from tieredfleet import TieredFleet
 
@@ -194,21 +193,10 @@ def test_a_full_disk_under_the_wal_makes_appends_wait_and_loses_nothing(kafka_cl
         }
         finish(fleet, minio, topic_id, producers, progress, consumer, figures)
     finally:
-        stop_quietly([*producers, consumer])
         if filler is not None and filler.is_alive():
             filler.stop()
-        try:
-            if fleet is not None:
-                fleet.close()
-        finally:
-            minio.stop()
-    processes = [minio.process]
-    if fleet is not None:
-        processes += [p.process for p in fleet.proxies.values()]
-        figures.notes["proxy_errors"] = error_lines(fleet)
-    figures.notes["left_running"] = left_running(processes)
-    figures.notes["test_s"] = round(time.monotonic() - began, 1)
-    print(figures.write(tmp_path / "disk-full-figures.json"), file=sys.stderr)
+        close_run([*producers, consumer], fleet, minio)
+    write_figures(figures, fleet, [minio], began, tmp_path / "disk-full-figures.json")
 
     full = figures.notes["disk_full"]
     assert full["filler_errors"] == [], full

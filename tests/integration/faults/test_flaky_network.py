@@ -42,8 +42,8 @@ from pathlib import Path
 
 import pytest
 from cutover_load import LoadProducer
-from faultchecks import TIERING, assert_nothing_lost, error_lines, finish, left_running
-from faultload import Figures, stop_quietly
+from faultchecks import TIERING, assert_nothing_lost, close_run, finish, write_figures
+from faultload import Figures
 from faultsteps import steady_load
 from tieredfleet import TieredFleet
 
@@ -157,22 +157,11 @@ def test_fleet_over_a_flaky_network_loses_and_repeats_nothing(kafka_cluster, tmp
         }
         finish(fleet, minio, topic_id, producers, progress, consumer, figures)
     finally:
-        stop_quietly([*producers, consumer])
-        try:
-            if fleet is not None:
-                fleet.close()
-        finally:
-            minio.stop()
-            toxiproxy.stop()
-    processes = [toxiproxy.process, minio.process]
-    if fleet is not None:
-        processes += [p.process for p in fleet.proxies.values()]
-        # a flaky network is expected: each ERROR line is a finding (two were,
-        # docs/reliability.md)
-        figures.notes["proxy_errors"] = error_lines(fleet)
-    figures.notes["left_running"] = left_running(processes)
-    figures.notes["test_s"] = round(time.monotonic() - began, 1)
-    print(figures.write(tmp_path / "flaky-network-figures.json"))
+        close_run([*producers, consumer], fleet, minio, toxiproxy)
+    # a flaky network is expected: each ERROR line in the figures is a finding (two were,
+    # docs/reliability.md)
+    path = tmp_path / "flaky-network-figures.json"
+    write_figures(figures, fleet, [toxiproxy, minio], began, path)
 
     assert figures.faults == {kind: 1 for kind in [*(k for k, _ in FAULTS), *PEER_FAULTS]}
     assert figures.records_acknowledged > 5_000

@@ -23,8 +23,8 @@ import time
 
 import pytest
 from cutover_load import LoadProducer
-from faultchecks import TIERING, assert_nothing_lost, error_lines, finish, left_running
-from faultload import Figures, stop_quietly
+from faultchecks import TIERING, assert_nothing_lost, close_run, finish, write_figures
+from faultload import Figures
 from faultsteps import steady_load
 from tieredfleet import TieredFleet
 
@@ -84,19 +84,8 @@ def test_a_member_joining_and_one_leaving_under_load_lose_and_repeat_nothing(
         ]
         finish(fleet, minio, topic_id, producers, progress, consumer, figures)
     finally:
-        stop_quietly([*producers, consumer])
-        try:
-            if fleet is not None:
-                fleet.close()
-        finally:
-            minio.stop()
-    processes = [minio.process]
-    if fleet is not None:
-        processes += [p.process for p in fleet.proxies.values()]
-        figures.notes["proxy_errors"] = error_lines(fleet)
-    figures.notes["left_running"] = left_running(processes)
-    figures.notes["test_s"] = round(time.monotonic() - began, 1)
-    print(figures.write(tmp_path / "membership-figures.json"))
+        close_run([*producers, consumer], fleet, minio)
+    write_figures(figures, fleet, [minio], began, tmp_path / "membership-figures.json")
 
     shards = figures.notes["shards"]
     names = (a.name, b.name, c.name)

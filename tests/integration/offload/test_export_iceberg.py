@@ -66,6 +66,21 @@ def consumed(bootstrap: str, topic: str, partitions: int) -> list[tuple]:
     return sorted(rows, key=lambda r: (r[1], r[2]))
 
 
+def fleet_config(bootstrap: str, metadata: str, tmp_path: Path) -> Path:
+    """A fleet's config for the command: its metadata topic (created here, empty: the
+    exported topic is not tiered) and a local object store in `tmp_path`."""
+    create_topic(bootstrap, metadata, 1, {})
+    config = tmp_path / "proxy.yaml"
+    config.write_text(yaml.safe_dump({
+        "upstream": {"bootstrap": bootstrap},
+        "tiering": {
+            "metadata_topic": metadata, "shard_count": 1,
+            "object_store": {"kind": "local", "directory": str(tmp_path / "objects")},
+        },
+    }))  # fmt: skip
+    return config
+
+
 def table_rows(spec: CatalogSpec) -> list[tuple]:
     table = open_catalog(spec).load_table(spec.identifier).scan().to_arrow()
     micros = table.column("timestamp").cast(pa.int64()).to_pylist()
@@ -169,15 +184,7 @@ def test_a_run_killed_before_its_commit_leaves_nothing_and_the_next_one_exports_
     create_topic(bootstrap, topic.name, 2, {})
     produce(bootstrap, topic, "lz4", 200)
     metadata = f"{topic.name}-metadata"  # the fleet's: empty, the topic is not tiered
-    create_topic(bootstrap, metadata, 1, {})
-    config = tmp_path / "proxy.yaml"
-    config.write_text(yaml.safe_dump({
-        "upstream": {"bootstrap": bootstrap},
-        "tiering": {
-            "metadata_topic": metadata, "shard_count": 1,
-            "object_store": {"kind": "local", "directory": str(tmp_path / "objects")},
-        },
-    }))  # fmt: skip
+    config = fleet_config(bootstrap, metadata, tmp_path)
     catalog = tmp_path / "catalog.db"
     command = [
         sys.executable, str(HELD), "export", topic.name, "--config", str(config),
@@ -257,15 +264,7 @@ def test_json_values_into_columns_with_bad_ones_kept_as_dead_letters(
         producer.produce(topic, value, b"k", partition=0)
     assert producer.flush(30) == 0
     metadata = f"{topic}-metadata"
-    create_topic(bootstrap, metadata, 1, {})
-    config = tmp_path / "proxy.yaml"
-    config.write_text(yaml.safe_dump({
-        "upstream": {"bootstrap": bootstrap},
-        "tiering": {
-            "metadata_topic": metadata, "shard_count": 1,
-            "object_store": {"kind": "local", "directory": str(tmp_path / "objects")},
-        },
-    }))  # fmt: skip
+    config = fleet_config(bootstrap, metadata, tmp_path)
     schema_file = tmp_path / "orders.json"
     schema_file.write_text('{"id": "long", "who": "string", "amount": "double"}')
     catalog = tmp_path / "catalog.db"

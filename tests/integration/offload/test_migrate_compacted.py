@@ -19,10 +19,13 @@ rolls Kafka's active segment on the twin.
 Checked: below that record, every surviving record read through the proxy (offset, key,
 value, headers) equals the twin's read from Kafka, each key once, and its timestamp is
 the tiered topic's own acknowledged one; the latest value per key is the workload's.
+Then `tierproxy verify` finds Kafka's copy below the cutover (cleaned by Kafka) and the
+objects (cleaned by the proxy) the same, record by record.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 import uuid
 
@@ -31,6 +34,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from offloaddata import Produced, Topic, create_topic, leader_log_dir, produce
 from test_migrate_segments import _migrate, _tier
 
+from offload_jobs import report_cli
 from offload_jobs.cluster_reader import read_batches
 from proxy.metadata.streams import shard_of, stream_id
 from tests.integration.tiering.tieredfleet import TieredFleet
@@ -190,3 +194,20 @@ def test_a_migrated_compacted_topic_is_cleaned_as_kafka_cleans_it(
     assert {r[1]: r[2] for r in cleaned} == latest
     assert any(r[2] is None for r in cleaned)  # tombstones kept (delete.retention.ms)
     assert len(cleaned) < cutovers[0] // 10  # what the holes and the clean left
+
+    # each copy cleaned by its own cleaner: verify compares them record by record
+    code, out = _verify(fleet, spark, tiered.name, capsys)
+    assert code == 0, out
+    assert "compacted: comparing each key's latest record" in out
+    assert f"verified {tiered.name}: " in out and out.rstrip().endswith(": OK")
+
+
+def _verify(fleet: TieredFleet, spark, topic: str, capsys) -> tuple[int, str]:
+    """`tierproxy verify` in this process, on the session's Spark: (exit code, output)."""
+    parser = argparse.ArgumentParser()
+    report_cli.add_parsers(parser.add_subparsers())
+    config = fleet.base_dir / f"{fleet['zone-a'].name}.yaml"
+    args = parser.parse_args(["verify", topic, "--config", str(config)])
+    code = args.func(args, spark=spark)
+    out = capsys.readouterr()
+    return code, out.out + out.err

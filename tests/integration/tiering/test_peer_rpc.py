@@ -25,6 +25,7 @@ from crc32c import crc32c
 from proxy import __version__
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.handoff.objects import S3WalLocation
+from proxy.objects.store import ObjectStoreError
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.clients import PeerClients, PeerUnavailable
@@ -274,6 +275,21 @@ async def test_a_failing_handler_answers_an_error_and_is_logged(owner, server, c
     assert result.error_message == "RuntimeError: disk on fire"
     assert (code, message) == (-1, "RuntimeError: disk on fire")
     assert [r.exc_info[1] for r in caplog.records] == [owner.fail, owner.fail]
+
+
+async def test_a_store_that_fails_an_append_is_a_storage_error_and_a_warning(
+    owner, server, clients, caplog
+):
+    """The S3-WAL object could not be read (S3 throttling past the retries): a failure of
+    the store, not a bug. The asker gets the retriable storage error; the log a WARNING
+    without a traceback (an ERROR line is what the fault suites count as a finding)."""
+    address = ("127.0.0.1", server.port)
+    owner.fail = ObjectStoreError("wal/0001/x", "get", "SlowDown", attempts=5, retryable=True)
+    with caplog.at_level(logging.INFO, logger="tierproxy.peers"):
+        result = await clients.append(address, 5, -1, 1000, location=location(5))
+    assert result is not None and result.error_code == 56
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
+    assert "wal/0001/x" in caplog.records[0].getMessage()
 
 
 async def test_a_bad_frame_closes_only_its_own_connection(server, clients, caplog):

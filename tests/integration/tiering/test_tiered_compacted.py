@@ -43,6 +43,7 @@ from compacted_load import (
 )
 from cutover_load import one_proxy
 
+from proxy.objects.ratelimit import Priority
 from tests.support.clients import watermarks
 from tests.support.waiting import wait_until
 
@@ -81,8 +82,16 @@ def test_tiered_compacted_topic_matches_kafkas_cleaner(kafka_cluster, tmp_path) 
             return len({r[1] for r in below}) == len(below)
 
         wait_until(kafka_cleaned, 120, "Kafka's cleaner cleaned the topic", interval_s=2)
+        limiter = pair.tiering.bandwidth.limiter
+        before = limiter.stats[Priority.COMPACTION].bytes_granted
+        cleaner = pair.tiering.log_cleaner.stats
+        written_before = cleaner.bytes_written
         report = pair.clean()
         assert pair.stream in report.cleaned, report
+        # the cleaner's GETs and PUTs take the proxy's bandwidth at compaction's priority
+        written = cleaner.bytes_written - written_before
+        assert written > 0
+        assert limiter.stats[Priority.COMPACTION].bytes_granted - before > written
 
         plain = read_all(kafka_cluster.bootstrap, pair.plain, last)
         tiered = read_all(proxy.bootstrap, pair.tiered, last)

@@ -23,7 +23,6 @@ import asyncio
 import base64
 import copy
 import json
-import os
 import re
 import shutil
 import signal
@@ -56,7 +55,7 @@ from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
 from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
-from proxy.wal.segments import SEGMENT_SUFFIX, parse_segment_name, read_checkpoint
+from proxy.wal.segments import backlog_bytes
 from tests.support.waiting import wait_for
 
 HEARTBEAT_S = 0.5
@@ -82,12 +81,7 @@ def s3_settings(server: Any) -> dict[str, Any]:
 def wal_backlog(directory: Path) -> int:
     """WAL bytes past the trim checkpoint, from the files alone (the proxy may be running
     or paused): what it acknowledged and has not committed yet, as far as the disk says."""
-    ends = [
-        base + (directory / name).stat().st_size
-        for name in os.listdir(directory)
-        if name.endswith(SEGMENT_SUFFIX) and (base := parse_segment_name(name)) is not None
-    ]
-    return max(ends, default=0) - read_checkpoint(OsFilesystem(), str(directory))
+    return backlog_bytes(OsFilesystem(), str(directory))
 
 
 @dataclass
@@ -467,6 +461,7 @@ class TieredFleet:
             committed.cutover[partition] = info.cutover_offset
             committed.end[partition] = info.end_offset
             records = committed.records.setdefault(partition, [])
+            batches = committed.batches.setdefault(partition, [])
             for r in state.committed_ranges(stream):
                 committed.objects[r.object_key] = state.shard
                 if r.object_key not in cache:
@@ -475,11 +470,14 @@ class TieredFleet:
                 _, index = read_object(data, r.object_key)
                 for entry in find_entries(index, stream, r.start_offset):
                     block = read_block(data, entry, r.object_key)
-                    for _, batch in iter_batches(block):
+                    for header, batch in iter_batches(block):
+                        if r.start_offset <= header.base_offset < r.end_offset:
+                            batches.append((header.base_offset, header.last_offset))
                         for record in DefaultRecordBatch(bytes(batch)):
                             if r.start_offset <= record.offset < r.end_offset:
                                 records.append((record.offset, bytes(record.value or b"")))
             records.sort()
+            batches.sort()
         return committed
 
 
@@ -500,6 +498,8 @@ class Committed:
     cutover: dict[int, int] = field(default_factory=dict)
     end: dict[int, int] = field(default_factory=dict)
     objects: dict[str, int] = field(default_factory=dict)  # object key -> shard naming it
+    # (base offset, last offset) of each batch whose base a range holds
+    batches: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     def locations(self) -> dict[bytes, list[tuple[int, int]]]:
         """value -> every (partition, offset) holding it."""
@@ -555,10 +555,12 @@ def produce_librdkafka(
     stop: threading.Event | None = None,
     timeout_s: float = 120.0,
     into: Produced | None = None,
+    timestamp_ms: int = 0,
 ) -> Produced:
     """An idempotent confluent_kafka producer; record n goes to partition n % partitions.
     At most `rate` records a second if given; stops early once `stop` is set. `into`:
-    the Produced to fill as answers come (others may look at it meanwhile)."""
+    the Produced to fill as answers come (others may look at it meanwhile).
+    `timestamp_ms`: every record's CreateTime (0: the time it is sent)."""
     produced = into if into is not None else Produced(name)
     started = time.monotonic()
 
@@ -599,6 +601,7 @@ def produce_librdkafka(
                     make_value(name, n, size),
                     partition=n % partitions,
                     on_delivery=delivered,
+                    timestamp=timestamp_ms,
                 )
                 break
             except BufferError:  # the local queue is full: let deliveries drain it

@@ -2,7 +2,9 @@
 zero) is forwarded to the shard's owner named by the metadata; a forwarded request (id
 set) is never forwarded again, but answered NOT_COORDINATOR (the command retries), so two
 proxies that each see the other as the owner during a rebalance cannot bounce it between
-them until every hop times out. The service is a stand-in: only the routing is tested
+them until every hop times out; an owner that does not answer (killed, its claim not
+expired yet) is answered COORDINATOR_NOT_AVAILABLE, so the command retries until it is
+back or replaced. The service is a stand-in: only the routing is tested
 here; tests/integration/tiering/test_tiered_cutover.py runs it on real proxies."""
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
 
+from proxy.peer.clients import PeerUnavailable
 from proxy.upkeep.cutover import CutoverLoop
 
 TOPIC_ID = uuid.UUID(int=7)
@@ -57,3 +60,18 @@ def test_a_forwarded_request_is_not_forwarded_again():
     assert code == ErrorCode.not_coordinator and ErrorCode(code).retriable
     assert "not owned here" in message
     assert peers.calls == []
+
+
+class DownPeers(Peers):
+    async def admin(self, address, op, topic, topic_id):
+        self.calls.append((address, op, topic, topic_id))
+        raise PeerUnavailable(f"peer {address}: cannot connect: [Errno 111] Connection refused")
+
+
+def test_an_owner_that_does_not_answer_is_a_retriable_error():
+    peers = DownPeers()
+    loop = CutoverLoop(service(peers))  # type: ignore[arg-type]
+    code, message = asyncio.run(loop.admin("tier", "orders", uuid.UUID(int=0)))
+    assert code == ErrorCode.coordinator_not_available and ErrorCode(code).retriable
+    assert "did not answer" in message and "Connection refused" in message
+    assert peers.calls == [(OTHER, "tier", "orders", TOPIC_ID)]

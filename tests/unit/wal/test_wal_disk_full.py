@@ -9,6 +9,7 @@ tmpfs under a running proxy).
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import pytest
 
@@ -92,3 +93,45 @@ async def test_close_fails_appends_waiting_for_space_and_keeps_what_was_acknowle
     async with await open_wal(fs) as again:
         assert again.recovery.truncated_bytes == 0  # no torn tail: it was cut at once
         assert await replayed(again) == [0]
+
+
+async def test_an_fsync_that_finds_the_disk_full_waits_and_writes_the_group_again(fs):
+    """A filesystem that allocates at writeback (NFS, thin provisioning) says ENOSPC at the
+    fsync. Its pages are then marked clean though not on the disk (the model's
+    `fail_next_fsync`, as Linux does): fsyncing again would acknowledge zeros. The group
+    is cut off and written again whole; a power loss after keeps every acknowledged
+    entry."""
+    async with await open_wal(fs, no_space_retry_s=0.01) as wal:
+        acked = [await wal.append(1, i, batch(i)) for i in range(3)]
+        fs.fail_next_fsync(errno.ENOSPC)
+        positions = await asyncio.gather(*(wal.append(1, i, batch(i)) for i in range(3, 8)))
+        assert wal.broken is None
+        assert positions[0].start == acked[-1].end
+        assert [p.start for p in positions[1:]] == [p.end for p in positions[:-1]]
+        assert wal.stats.no_space_waits == 1 and not wal.stats.waiting_for_space
+        assert await replayed(wal) == list(range(8))
+    async with await open_wal(fs.crash()) as after_power_loss:
+        assert after_power_loss.recovery.truncated_bytes == 0
+        assert await replayed(after_power_loss) == list(range(8))
+
+
+async def test_the_model_loses_a_failed_fsyncs_bytes_that_are_not_written_again(fs):
+    """The model the test above relies on: after a failed fsync, a later one that succeeds
+    does not make the bytes it failed on durable."""
+    fs.make_dirs(DIR)
+    file = fs.open(f"{DIR}/f", "create")
+    file.write([b"durable"])
+    file.fsync()
+    file.write([b"lost"])
+    fs.fail_next_fsync(errno.ENOSPC)
+    with pytest.raises(OSError) as failed:
+        file.fsync()
+    assert failed.value.errno == errno.ENOSPC
+    file.write([b"!"])
+    file.fsync()  # succeeds, as Linux's does
+    fs.fsync_dir(DIR)
+    assert fs.crash().file_bytes(f"{DIR}/f") == b"durable" + bytes(4) + b"!"
+    file.truncate(len(b"durable"))  # cut off and written again: durable at the next fsync
+    file.write([b"again"])
+    file.fsync()
+    assert fs.crash().file_bytes(f"{DIR}/f") == b"durableagain"
