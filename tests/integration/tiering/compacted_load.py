@@ -26,12 +26,14 @@ BASE_TS = int(time.time() * 1000) - 60_000
 Rec = tuple[int, bytes | None, bytes | None, tuple, int]  # offset, key, value, headers, ts
 
 
-def create_compacted(bootstrap: str, topic: str, policy: str) -> None:
+def create_compacted(
+    bootstrap: str, topic: str, policy: str, delete_retention_ms: int = HOUR_MS
+) -> None:
     config = {
         "cleanup.policy": policy,
         "min.cleanable.dirty.ratio": "0.01",
         "segment.ms": str(SEGMENT_MS),
-        "delete.retention.ms": str(HOUR_MS),
+        "delete.retention.ms": str(delete_retention_ms),
     }
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, 1, 3, config=config)])[topic].result(30)
@@ -124,13 +126,15 @@ def latest(records: list[Rec]) -> dict[bytes | None, bytes | None]:
 class Pair:
     """The passthrough topic (Kafka's cleaner) and the tiered one (the proxy's)."""
 
-    def __init__(self, cluster, proxy, policy: str = "compact") -> None:
+    def __init__(
+        self, cluster, proxy, policy: str = "compact", delete_retention_ms: int = HOUR_MS
+    ) -> None:
         self.kafka, self.proxy = cluster.bootstrap, proxy
         self.tiering = proxy.proxy.tiering
         suffix = uuid.uuid4().hex[:8]
         self.plain, self.tiered = f"compacted-kafka-{suffix}", f"compacted-tiered-{suffix}"
         for topic in (self.plain, self.tiered):
-            create_compacted(self.kafka, topic, policy)
+            create_compacted(self.kafka, topic, policy, delete_retention_ms)
         assert topics_command("tier", self.tiered, self.tiering.peer_port).returncode == 0
         self.stream = stream_id(tiered_topic_id(proxy, self.tiered), 0)
         wait_until(lambda: started(self.tiering, self.stream), 30, "started")

@@ -19,7 +19,8 @@ hidden); the key -> latest value map is the workload's (tombstones kept:
 delete.retention.ms is an hour on both). Then, on the tiered side only (Kafka's clock
 cannot be moved), more updates and a pass an hour and a half later: the tombstones are
 gone, as Kafka's cleaner removes them after delete.retention.ms, and the tombstones
-that pass first sees are kept with a horizon of their own.
+that pass first sees are kept with a horizon of their own. A second pair of topics with
+delete.retention.ms of 1 s shows the same on both sides, on the real clocks.
 """
 
 from __future__ import annotations
@@ -116,6 +117,61 @@ def test_tiered_compacted_topic_matches_kafkas_cleaner(kafka_cluster, tmp_path) 
         assert latest(after) == expected
         assert fresh and all(value is not None or key in fresh for _, key, value, _, _ in after)
         assert len({r[1] for r in after}) == len(after)
+
+
+def test_tombstones_go_after_delete_retention_ms_on_both(kafka_cluster, tmp_path) -> None:
+    """delete.retention.ms of 1 s on both topics, on the real clocks: the clean that first
+    sees a tombstone keeps it (with a delete horizon, KIP-534), the next clean past the
+    horizon removes it, on Kafka's side as on the proxy's; tombstones that clean sees
+    first are kept. Then what survives is the same on both."""
+    retention_ms = 1000
+    with one_proxy(kafka_cluster, tmp_path, "tombstones", log_cleaner_interval_s=3600) as proxy:
+        pair = Pair(kafka_cluster, proxy, delete_retention_ms=retention_ms)
+        first = round_records(0)
+        pair.both(lambda b, t: produce(b, t, first, "lz4"))
+        gone = {k for k, v in dict((k, v) for k, v, _, _ in first).items() if v is None}
+        # round 1 leaves the keys tombstoned in round 0 alone: only their horizon may
+        # remove those tombstones, no later value of their key
+        second = [r for r in round_records(1) if r[0] not in gone]
+        kept = {k for k, v in dict((k, v) for k, v, _, _ in second).items() if v is None}
+        assert gone and kept
+
+        def roll_and_clean() -> int:
+            """A record after segment.ms rolls Kafka's active segment (Kafka's rule: the
+            wait is the rule, not a stand-in for an event); the proxy cleans; the offset
+            below which both are comparable once Kafka's cleaner ran."""
+            time.sleep(SEGMENT_MS / 1000 + 0.5)
+            pair.both(lambda b, t: produce(b, t, [(b"roll", b"roll", [], 0)], "none"))
+            pair.committed()
+            assert pair.stream in pair.clean().cleaned
+            return watermarks(kafka_cluster.bootstrap, pair.plain)[1] - 1
+
+        def tombstones(bootstrap: str, topic: str, last: int) -> set[bytes]:
+            return {r[1] for r in read_all(bootstrap, topic, last) if r[2] is None}
+
+        def kafka_cleaned(last: int) -> bool:
+            below = [r for r in read_all(kafka_cluster.bootstrap, pair.plain, last) if r[0] < last]
+            return len({r[1] for r in below}) == len(below)
+
+        last = roll_and_clean()
+        # Kafka's first clean: every tombstone of round 0 kept, with a horizon
+        wait_until(lambda: kafka_cleaned(last), 120, "Kafka's first clean", interval_s=2)
+        assert tombstones(kafka_cluster.bootstrap, pair.plain, last) == gone
+        assert tombstones(proxy.bootstrap, pair.tiered, last) == gone
+        time.sleep(retention_ms / 1000 + 0.5)  # past the first cleans' horizons: the rule
+        pair.both(lambda b, t: produce(b, t, second, "zstd"))
+        last = roll_and_clean()
+        wait_until(
+            lambda: tombstones(kafka_cluster.bootstrap, pair.plain, last) == kept,
+            120,
+            "Kafka's cleaner removed the tombstones past their horizon",
+            interval_s=2,
+        )
+        plain = [r for r in read_all(kafka_cluster.bootstrap, pair.plain, last) if r[1] != b"roll"]
+        tiered = [r for r in read_all(proxy.bootstrap, pair.tiered, last) if r[1] != b"roll"]
+        assert tiered == plain
+        assert {r[1] for r in tiered if r[2] is None} == kept
+        assert not gone & {r[1] for r in tiered}  # nothing of those keys is left
 
 
 def test_a_clean_racing_a_reader_and_delete_records(kafka_cluster, tmp_path) -> None:
