@@ -429,8 +429,8 @@ def catchup_figures(p: ReadPhase) -> dict[str, float | None]:
         "bytes out of S3 per byte read": c["s3_out"] / p.read_bytes,
         "block-cache hit ratio (b)": c["b hits"] / wanted if tiered and wanted else None,
         "block-cache GETs per GB (b's count)": c.get("b gets", 0.0) / gb if tiered else None,
-        "of which index reads per GB (b's index misses)": (
-            c.get("b index_misses", 0.0) / gb if tiered else None
+        "of which index reads per GB (b's count)": (
+            c.get("b index_gets", 0.0) / gb if tiered else None
         ),
         "block-cache misses (b)": c.get("b misses", 0.0) if tiered else None,
         **{f"CPU s per GiB read: {who}": p.cpu_s[who] / gib for who in CPU_OF},

@@ -5,7 +5,9 @@ takes (`blockcache.py` is the asyncio side that issues them).
   charges each GET's buffer whole while any block cut from it is cached (`blockcache.py`,
   "Memory").
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
-  ranged GETs that takes: one per run of adjacent missing blocks.
+  ranged GETs that takes: one per run of adjacent missing blocks. `window_bound` keeps the
+  readers' windows together within the cache; `read_past_run` says how far readahead goes
+  on into the stream's next object once it reaches the end of this one's blocks.
 
 Pure: no I/O, no asyncio.
 """
@@ -110,29 +112,81 @@ class BlockLru:
         buffer.blocks.clear()
 
 
+def window_bound(max_bytes: int, capacity: int, active_readers: int) -> int:
+    """The most one reader may read ahead: `max_bytes`, at most a quarter of the cache, and
+    a share of it small enough that the unread readahead of `active_readers` reading at
+    once fits in it with room to spare. A reader holds up to one and a half windows unread
+    (`plan_fetches` fetches a window once less than half of one is left), so a window of
+    capacity / (2 x readers) keeps all of theirs within three quarters of the cache: larger
+    windows had six readers evict each other's blocks before they were read."""
+    return max(0, min(max_bytes, capacity // 4, capacity // (2 * max(1, active_readers))))
+
+
 @dataclass(slots=True)
 class Readahead:
     """One reader's readahead window, in bytes. A read that moves on from the previous one
     (it starts after that one's first block, at most at the block after its last) is
-    sequential and doubles the window, from one block up to `max_bytes`; one that starts
-    in the same block again (a fetch ended inside it) keeps it; any other resets it."""
+    sequential and doubles the window, from one block up to `max_bytes` (or the `bound`
+    given); one that starts in the same block again (a fetch ended inside it) keeps it; any
+    other resets it: to nothing, or, for a reader catching up (a whole committed range
+    after the one it reads), to a quarter of the bound, so that it does not ramp up from
+    one block. Offsets, not objects, make a read sequential: the window carries on from
+    one object of the stream into the next. `spilled` is the next object readahead went
+    on into already; `read_at` when the reader last read (its owner's clock)."""
 
     max_bytes: int
     window: int = 0
     last: tuple[int, int, int] | None = None  # the last read's stream, first and end offset
+    spilled: str | None = None
+    read_at: float = 0.0
 
-    def next_read(self, first: IndexEntry, last: IndexEntry) -> int:
+    def next_read(
+        self,
+        first: IndexEntry,
+        last: IndexEntry,
+        *,
+        bound: int | None = None,
+        catching_up: bool = False,
+    ) -> int:
         """The window for a read of the blocks `first` to `last` of one stream."""
+        cap = self.max_bytes if bound is None else min(self.max_bytes, bound)
         previous = self.last
         self.last = (first.stream_id, first.start_offset, last.end_offset)
         if previous is not None and previous[0] == first.stream_id:
             if previous[1] < first.start_offset <= previous[2]:
-                self.window = min(self.max_bytes, max(2 * self.window, first.size))
+                self.window = min(cap, max(2 * self.window, first.size))
                 return self.window
             if first.start_offset == previous[1]:
+                self.window = min(cap, self.window)
                 return self.window
-        self.window = 0
+        self.window = min(cap, max(cap // 4, first.size)) if catching_up and cap > 0 else 0
+        return self.window
+
+
+def read_past_run(sizes: Sequence[int], present: Sequence[bool], wanted: int, window: int) -> int:
+    """Bytes of the stream's next object to read ahead now, for a read of blocks [0,
+    `wanted`) of the last run of blocks of the stream in this object (`sizes` and `present`
+    to its end, as `plan_fetches` takes them): once readahead is due (less than half a
+    window at hand after the wanted blocks, as `plan_fetches` decides) and the window
+    reaches past this object's last block, the rest of the window goes on into the next
+    object, so the reader neither waits for that object's index and first block nor ramps
+    up again there. 0: not now."""
+    if window <= 0:
         return 0
+    ahead, _ = _at_hand(sizes, present, wanted)
+    rest = sum(sizes[wanted:])
+    if 2 * ahead >= window or rest >= window:
+        return 0
+    return window - rest
+
+
+def _at_hand(sizes: Sequence[int], present: Sequence[bool], wanted: int) -> tuple[int, int]:
+    """The bytes of the blocks present right after the wanted ones, and the first missing."""
+    ahead, gap = 0, wanted
+    while gap < len(sizes) and present[gap]:
+        ahead += sizes[gap]
+        gap += 1
+    return ahead, gap
 
 
 def plan_fetches(
@@ -155,10 +209,7 @@ def plan_fetches(
             now[-1] = (now[-1][0], i + 1)
         else:
             now.append((i, i + 1))
-    ahead, gap = 0, wanted
-    while gap < len(sizes) and present[gap]:
-        ahead += sizes[gap]
-        gap += 1
+    ahead, gap = _at_hand(sizes, present, wanted)
     if window <= 0 or gap == len(sizes) or 2 * ahead >= window:
         return now, None
     end, fetched = gap, 0

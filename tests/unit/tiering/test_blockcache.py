@@ -57,12 +57,15 @@ class CountingStore:
         return [end - start for _, start, end in self.gets]
 
 
-def put_object(store: CountingStore, object_id: int, sizes: list[int]) -> tuple[str, tuple]:
-    """An object of one stream with blocks of these sizes, each of 10 offsets; block n's
-    bytes are all n."""
+def put_object(
+    store: CountingStore, object_id: int, sizes: list[int], first_offset: int = 0
+) -> tuple[str, tuple]:
+    """An object of one stream with blocks of these sizes, each of 10 offsets from
+    `first_offset` on; block n's bytes are all n."""
     writer = ObjectWriter(object_id, ObjectKind.STREAM, version=1)  # blocks of filler bytes
     for n, size in enumerate(sizes):
-        writer.add_block(STREAM, bytes([n % 256]) * size, 10 * n, 10 * n + 10, 10)
+        start = first_offset + 10 * n
+        writer.add_block(STREAM, bytes([n % 256]) * size, start, start + 10, 10)
     built = writer.build()
     store.objects[built.key] = built.to_bytes()
     return built.key, built.index

@@ -1,0 +1,153 @@
+"""Readahead across a stream's objects and within the cache's bound: the pure decisions
+(`window_bound`, `Readahead` catching up, `read_past_run`) and the cache reading ahead
+into the next committed range's index and first blocks.
+
+The store is test_blockcache's in-memory one, which records every GET.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.reads.blockcache import BlockCache, NextRange
+from proxy.reads.blockplan import Readahead, read_past_run, window_bound
+from tests.unit.tiering.test_blockcache import STREAM, CountingStore, entry, put_object, settle
+
+MiB = 1024 * 1024
+
+
+# -- the pure parts ------------------------------------------------------------------------
+
+
+def test_the_window_bound_shares_the_cache_among_the_readers_reading_at_once():
+    cache = 256 * MiB
+    assert window_bound(64 * MiB, cache, 1) == 64 * MiB  # a quarter of the cache
+    assert window_bound(16 * MiB, cache, 1) == 16 * MiB  # the configured maximum
+    # six readers: 1.5 windows unread each stays within three quarters of the cache
+    six = window_bound(64 * MiB, cache, 6)
+    assert six == cache // 12 and 6 * 1.5 * six <= 0.75 * cache
+    assert window_bound(64 * MiB, cache, 0) == 64 * MiB  # nobody else reads
+    assert window_bound(0, cache, 1) == 0  # readahead off
+
+
+def test_a_reader_catching_up_starts_at_a_quarter_of_the_bound_not_from_one_block():
+    blocks = [entry(1, 10 * n, 10 * n + 10) for n in range(8)]
+    policy = Readahead(max_bytes=16_000)
+    assert policy.next_read(blocks[0], blocks[0], bound=8000, catching_up=True) == 2000
+    assert policy.next_read(blocks[1], blocks[1], bound=8000) == 4000
+    assert policy.next_read(blocks[2], blocks[2], bound=8000) == 8000
+    # more readers: the bound shrinks and so does the window, at once
+    assert policy.next_read(blocks[3], blocks[3], bound=3000) == 3000
+    assert policy.next_read(blocks[3], blocks[3], bound=2000) == 2000  # the same block
+    # a random read resets it; not catching up, to nothing
+    assert policy.next_read(blocks[0], blocks[0], bound=8000) == 0
+    # a quarter of the bound is at least a block
+    assert Readahead(16_000).next_read(blocks[0], blocks[0], bound=2000, catching_up=True) == 1000
+
+
+def test_the_window_carries_on_from_one_object_into_the_next_of_the_stream():
+    policy = Readahead(max_bytes=8000)
+    first_object = [entry(1, 10 * n, 10 * n + 10) for n in range(3)]
+    next_object = [entry(1, 30 + 10 * n, 40 + 10 * n) for n in range(3)]  # positions restart
+    windows = [policy.next_read(b, b) for b in first_object + next_object]
+    assert windows == [0, 1000, 2000, 4000, 8000, 8000]
+
+
+def test_readahead_goes_past_the_run_once_due_and_the_window_reaches_beyond_it():
+    sizes = [100] * 6
+    # 200 bytes after the wanted block, a window of 1000: the rest, 800, goes on
+    assert read_past_run(sizes, [True] * 6, wanted=4, window=1000) == 800
+    assert read_past_run(sizes, [False] * 6, wanted=4, window=1000) == 800
+    assert read_past_run(sizes, [True] * 6, wanted=6, window=1000) == 1000  # at its end
+    # half a window at hand: readahead is not due yet
+    assert read_past_run(sizes, [True] * 6, wanted=1, window=1000) == 0
+    # the window does not reach past the run, or there is none
+    assert read_past_run(sizes, [False] * 6, wanted=1, window=400) == 0
+    assert read_past_run(sizes, [True] * 6, wanted=5, window=0) == 0
+
+
+# -- the cache -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store() -> CountingStore:
+    return CountingStore()
+
+
+def next_range(store: CountingStore, key: str, index, start: int = 0) -> NextRange:
+    return NextRange(key, len(store.objects[key]), STREAM, start, index[-1].end_offset)
+
+
+async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(store):
+    cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
+    first, first_index = put_object(store, 1, [1000] * 4)
+    second, second_index = put_object(store, 2, [1000] * 8, first_offset=40)
+    after = next_range(store, second, second_index, start=40)
+    try:
+        await cache.index(first, len(store.objects[first]))
+        for n in range(4):
+            await cache.blocks(first, first_index[n:], 1, reader_id="r", after=after)
+            await settle()
+        await settle()
+        # within the first object: two blocks (the read's and a quarter of 4000 riding on
+        # it), then two (the window doubled); at its third block the window (4000) reaches
+        # 3000 past its end, and the reader's first read of the next object finds them
+        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 3000)]
+        assert [key for key, _ in store.tails] == [first, second]
+        assert cache.cached_positions(second) == [e.position for e in second_index[:3]]
+        gets = len(store.gets)
+        blocks = await cache.blocks(second, second_index, 1, reader_id="r")
+        assert blocks[0] == bytes([0]) * 1000 and len(store.gets) == gets  # 2000 at hand
+        # the window goes on (4000): with less than half of it at hand, a window more
+        await cache.blocks(second, second_index[1:], 1, reader_id="r")
+        await settle()
+        assert store.gets[gets:] == [(second, 3000, 7000)]
+        assert cache.hits >= 5 and cache.index_gets == 2
+    finally:
+        await cache.close()
+
+
+async def test_no_readahead_into_the_next_object_for_a_window_within_this_one(store):
+    cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=2000)
+    first, first_index = put_object(store, 1, [1000] * 8)
+    second, second_index = put_object(store, 2, [1000] * 4)
+    try:
+        await cache.index(first, len(store.objects[first]))
+        for n in range(4):
+            after = next_range(store, second, second_index)
+            await cache.blocks(first, first_index[n:], 1, reader_id="r", after=after)
+            await settle()
+        assert {g[0] for g in store.gets} == {first} and not cache.has_index(second)
+    finally:
+        await cache.close()
+
+
+async def test_the_window_shrinks_while_more_readers_read_at_once(store):
+    now = [0.0]
+    cache = BlockCache(
+        store, capacity_bytes=80_000, max_readahead_bytes=20_000, clock=lambda: now[0]
+    )
+    key, index = put_object(store, 1, [1000] * 200)
+    at = 0
+
+    async def next_get() -> int:
+        """Reader a reads on until it starts a GET: that GET's size."""
+        nonlocal at
+        gets = len(store.gets)
+        while len(store.gets) == gets:
+            await cache.blocks(key, index[at:], 1, reader_id="a")
+            await settle()
+            at += 1
+        return store.block_gets()[-1]
+
+    try:
+        await cache.index(key, len(store.objects[key]))
+        # one reader: the window doubles up to a quarter of the cache
+        assert [await next_get() for _ in range(6)][-2:] == [16_000, 20_000]
+        for reader in "bcd":  # four readers at once: 80_000 / (2 x 4)
+            await cache.blocks(key, index[150:], 1, reader_id=reader)
+        assert await next_get() == 10_000
+        now[0] += 10  # the others stopped reading
+        assert await next_get() == 20_000
+    finally:
+        await cache.close()
