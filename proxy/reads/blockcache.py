@@ -149,11 +149,7 @@ class BlockCache:
             self.index_hits += 1
             return index
         self.index_misses += 1
-        future = self._index_inflight.get(key)
-        if future is None:
-            future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
-            self._spawn(self._load_index(key, object_size, future, self._generation))
-        return await asyncio.shield(future)
+        return await asyncio.shield(self._index_future(key, object_size))
 
     async def blocks(
         self,
@@ -208,7 +204,7 @@ class BlockCache:
             spill = read_past_run(sizes, present, wanted, window)
             if spill > 0:
                 state.spilled = after.object_key
-                self._spawn(self._read_ahead_into(after, spill))
+                self._read_ahead_into(after, spill)
         for i, future in sorted(waits.items()):
             views[i] = await asyncio.shield(future)
         return [view for view in views if view is not None]  # all of them, by now
@@ -258,13 +254,27 @@ class BlockCache:
             count += 1
         return count
 
-    async def _read_ahead_into(self, after: NextRange, size: int) -> None:
-        """Up to `size` bytes of the first blocks of `after` not at hand yet, after its
-        index. A failure is left to the read that gets there: it meets it itself."""
-        try:
-            index = await self.index(after.object_key, after.object_size)
-        except Exception:
+    def _read_ahead_into(self, after: NextRange, size: int) -> None:
+        """Up to `size` bytes of the first blocks of `after` not at hand yet, once its index
+        is: now, or as soon as its index read ends. That is a callback on the index read,
+        not a task: it runs before the reader, should the reader get there first and wait
+        for the same index, so that it finds the blocks in flight. A failure is left to
+        the read that gets there: it meets it itself."""
+        index = self._indexes.get(after.object_key)
+        if index is not None:
+            self._read_ahead_blocks(after, size, index)
             return
+        self.index_misses += 1
+        future = self._index_future(after.object_key, after.object_size)
+        future.add_done_callback(lambda done: self._index_read(after, size, done))
+
+    def _index_read(
+        self, after: NextRange, size: int, future: asyncio.Future[tuple[IndexEntry, ...]]
+    ) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._read_ahead_blocks(after, size, future.result())
+
+    def _read_ahead_blocks(self, after: NextRange, size: int, index: Sequence[IndexEntry]) -> None:
         run = find_entries(index, after.stream_id, after.start_offset)
         present, sizes, total = [], [], 0
         for entry in run:
@@ -277,6 +287,14 @@ class BlockCache:
         _, ahead = plan_fetches(sizes, present, 0, size)
         if ahead is not None:
             self._start_get(after.object_key, run[ahead[0] : ahead[1]])
+
+    def _index_future(self, key: str, object_size: int) -> asyncio.Future[tuple[IndexEntry, ...]]:
+        """The index read of `key` in flight, begun now if none is."""
+        future = self._index_inflight.get(key)
+        if future is None:
+            future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
+            self._spawn(self._load_index(key, object_size, future, self._generation))
+        return future
 
     def _start_get(self, key: str, entries: Sequence[IndexEntry]) -> list[asyncio.Future]:
         futures = [asyncio.get_running_loop().create_future() for _ in entries]

@@ -3,7 +3,9 @@ takes (`blockcache.py` is the asyncio side that issues them).
 
 - `BlockLru` holds blocks within a byte bound, evicting the least recently used, and
   charges each GET's buffer whole while any block cut from it is cached (`blockcache.py`,
-  "Memory").
+  "Memory"). A block's first read does not make it recently used, its second does: a
+  catch-up reader reads each block once, and blocks it has read must go before those
+  that readahead fetched for readers that have not read them yet.
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
   ranged GETs that takes: one per run of adjacent missing blocks. `window_bound` keeps the
   readers' windows together within the cache; `read_past_run` says how far readahead goes
@@ -35,8 +37,10 @@ class _Buffer:
 
 
 class BlockLru:
-    """Blocks within `capacity` bytes, least recently used evicted first. `bytes` is what
-    the cached blocks keep alive: their buffers, counted whole (see the module's doc)."""
+    """Blocks within `capacity` bytes, least recently used evicted first, where a block is
+    used when it is cached and when it is read again after its first read (see the
+    module's doc). `bytes` is what the cached blocks keep alive: their buffers, counted
+    whole."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -45,6 +49,7 @@ class BlockLru:
         self.bytes = 0
         self.evictions = 0
         self._blocks: OrderedDict[BlockKey, tuple[memoryview, _Buffer]] = OrderedDict()
+        self._read: set[BlockKey] = set()  # blocks read since they were cached
 
     def __contains__(self, block: BlockKey) -> bool:
         return block in self._blocks
@@ -53,7 +58,10 @@ class BlockLru:
         slot = self._blocks.get(block)
         if slot is None:
             return None
-        self._blocks.move_to_end(block)
+        if block in self._read:
+            self._blocks.move_to_end(block)
+        else:
+            self._read.add(block)
         return slot[0]
 
     def insert(self, key: str, blocks: Sequence[tuple[int, memoryview]]) -> bool:
@@ -92,6 +100,7 @@ class BlockLru:
 
     def _remove(self, block: BlockKey, *, compact: bool) -> None:
         view, buffer = self._blocks.pop(block)
+        self._read.discard(block)
         buffer.blocks.discard(block)
         buffer.live -= len(view)
         if not buffer.blocks:
@@ -166,18 +175,19 @@ class Readahead:
 def read_past_run(sizes: Sequence[int], present: Sequence[bool], wanted: int, window: int) -> int:
     """Bytes of the stream's next object to read ahead now, for a read of blocks [0,
     `wanted`) of the last run of blocks of the stream in this object (`sizes` and `present`
-    to its end, as `plan_fetches` takes them): once readahead is due (less than half a
-    window at hand after the wanted blocks, as `plan_fetches` decides) and the window
-    reaches past this object's last block, the rest of the window goes on into the next
-    object, so the reader neither waits for that object's index and first block nor ramps
-    up again there. 0: not now."""
+    to its end, as `plan_fetches` takes them): a whole window, once readahead is due (less
+    than half a window at hand after the wanted blocks, as `plan_fetches` decides) and less
+    than half a window is left in this object. The reader then neither waits for the next
+    object's index and first block nor ramps up again there, and its windows there start
+    at the object's start: an object of up to n windows costs n GETs, where windows carried
+    over object ends would cut one more GET at each end. What it holds unread stays within
+    one and a half windows, as within an object. 0: not now."""
     if window <= 0:
         return 0
     ahead, _ = _at_hand(sizes, present, wanted)
-    rest = sum(sizes[wanted:])
-    if 2 * ahead >= window or rest >= window:
+    if 2 * ahead >= window or 2 * sum(sizes[wanted:]) >= window:
         return 0
-    return window - rest
+    return window
 
 
 def _at_hand(sizes: Sequence[int], present: Sequence[bool], wanted: int) -> tuple[int, int]:
@@ -198,7 +208,9 @@ def plan_fetches(
     Returns the GETs the read waits for, one per run of missing wanted blocks, and at most
     one readahead GET to start in the background. Readahead starts once fewer than half a
     window of bytes after the wanted blocks are at hand, and fetches up to a window (at
-    least one block) of the missing blocks from the first one missing. It rides on the
+    least one block) of the missing blocks from the first one missing, and the rest of the
+    run with them when less than a quarter of a window of it would be left (a GET of its
+    own for the few last blocks of an object is not worth it). It rides on the
     read's own GET when that one ends where readahead begins and is no larger than it, so
     a read never waits for more than twice the bytes it asked for."""
     now: list[tuple[int, int]] = []
@@ -216,6 +228,9 @@ def plan_fetches(
     while end < len(sizes) and not present[end] and (end == gap or fetched + sizes[end] <= window):
         fetched += sizes[end]
         end += 1
+    rest = sum(sizes[end:])
+    if 0 < 4 * rest < window and not any(present[end:]):
+        end, fetched = len(sizes), fetched + rest
     if now and now[-1][1] == gap and fetched <= sum(sizes[now[-1][0] : gap]):
         now[-1] = (now[-1][0], end)
         return now, None

@@ -389,12 +389,12 @@ async def test_a_catch_up_read_over_several_stream_objects_reads_ahead_across_th
         await cache.close()
     assert bases == list(range(per_object * objects))  # each batch once, in order
     assert cache.max_readahead_bytes == 8 * MiB  # one reader: a quarter of the cache
-    # Each object costs its index read and two block GETs: the rest of a window that
-    # reached past the previous object (the first object: the first read's blocks and a
-    # quarter window with them, a reader catching up does not ramp up from one block),
-    # then one window to its end. Without readahead across objects it was 17: the read
+    # Each object (8 MiB: one window) costs its index read and one block GET, read ahead
+    # while the reader was in the object before, plus, in the first object, the first
+    # read's own GET (its blocks and a quarter window with them: a reader catching up does
+    # not ramp up from one block). Without readahead across objects it was 17: the read
     # waited at each object's start for its index and its first block, a GET of its own.
     print(f"GETs: {cache.gets} ({cache.index_gets} index reads)")
-    assert cache.index_gets == objects and cache.gets <= 3 * objects
+    assert cache.index_gets == objects and cache.gets <= 2 * objects + 1
     if store.s3_gets() is not None:
         assert store.s3_gets() == cache.gets

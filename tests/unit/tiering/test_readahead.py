@@ -1,5 +1,6 @@
 """Readahead across a stream's objects and within the cache's bound: the pure decisions
-(`window_bound`, `Readahead` catching up, `read_past_run`) and the cache reading ahead
+(`window_bound`, `Readahead` catching up, `read_past_run`, the last blocks of a run taken
+along, a block's first read not making it recently used) and the cache reading ahead
 into the next committed range's index and first blocks.
 
 The store is test_blockcache's in-memory one, which records every GET.
@@ -10,8 +11,15 @@ from __future__ import annotations
 import pytest
 
 from proxy.reads.blockcache import BlockCache, NextRange
-from proxy.reads.blockplan import Readahead, read_past_run, window_bound
-from tests.unit.tiering.test_blockcache import STREAM, CountingStore, entry, put_object, settle
+from proxy.reads.blockplan import BlockLru, Readahead, plan_fetches, read_past_run, window_bound
+from tests.unit.tiering.test_blockcache import (
+    STREAM,
+    CountingStore,
+    entry,
+    put_object,
+    settle,
+    view,
+)
 
 MiB = 1024 * 1024
 
@@ -53,17 +61,43 @@ def test_the_window_carries_on_from_one_object_into_the_next_of_the_stream():
     assert windows == [0, 1000, 2000, 4000, 8000, 8000]
 
 
-def test_readahead_goes_past_the_run_once_due_and_the_window_reaches_beyond_it():
+def test_readahead_goes_past_the_run_a_whole_window_once_less_than_half_is_left_in_it():
     sizes = [100] * 6
-    # 200 bytes after the wanted block, a window of 1000: the rest, 800, goes on
-    assert read_past_run(sizes, [True] * 6, wanted=4, window=1000) == 800
-    assert read_past_run(sizes, [False] * 6, wanted=4, window=1000) == 800
+    # 200 bytes left after the wanted block, a window of 1000: a window of the next object
+    assert read_past_run(sizes, [True] * 6, wanted=4, window=1000) == 1000
+    assert read_past_run(sizes, [False] * 6, wanted=4, window=1000) == 1000
     assert read_past_run(sizes, [True] * 6, wanted=6, window=1000) == 1000  # at its end
     # half a window at hand: readahead is not due yet
     assert read_past_run(sizes, [True] * 6, wanted=1, window=1000) == 0
-    # the window does not reach past the run, or there is none
+    # half a window or more left in this object, or no window
+    assert read_past_run(sizes, [False] * 6, wanted=1, window=1000) == 0
     assert read_past_run(sizes, [False] * 6, wanted=1, window=400) == 0
     assert read_past_run(sizes, [True] * 6, wanted=5, window=0) == 0
+
+
+def test_readahead_takes_the_runs_last_blocks_along_rather_than_leave_them_a_get():
+    sizes = [100] * 10
+    # a window of 500 from block 1 would leave 400 (not less than a quarter of it): cut
+    assert plan_fetches(sizes, [True] + [False] * 9, wanted=1, window=500)[1] == (1, 6)
+    # from block 3 it would leave 200, less than a quarter of 1000: to the end
+    assert plan_fetches(sizes, [True] * 3 + [False] * 7, wanted=3, window=1000)[1] == (3, 10)
+    assert plan_fetches([100] * 13, [True] * 3 + [False] * 10, 3, window=800)[1] == (3, 11)
+    # not past a block at hand
+    sizes = [100] * 12
+    present = [True] * 3 + [False] * 8 + [True]
+    assert plan_fetches(sizes, present, wanted=3, window=800)[1] == (3, 11)
+
+
+def test_a_blocks_first_read_leaves_it_to_go_before_blocks_not_read_yet():
+    lru = BlockLru(3000)
+    for position in (0, 1000, 2000):
+        lru.insert("k", [(position, view(1000))])
+    assert lru.get(("k", 0)) is not None  # read once, by a reader moving on
+    lru.insert("k", [(3000, view(1000))])
+    assert lru.positions("k") == [1000, 2000, 3000]  # block 0 went first
+    assert lru.get(("k", 1000)) is not None and lru.get(("k", 1000)) is not None
+    lru.insert("k", [(4000, view(1000))])  # read again: recently used, 2000 goes
+    assert lru.positions("k") == [1000, 3000, 4000]
 
 
 # -- the cache -----------------------------------------------------------------------------
@@ -90,18 +124,20 @@ async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(stor
             await settle()
         await settle()
         # within the first object: two blocks (the read's and a quarter of 4000 riding on
-        # it), then two (the window doubled); at its third block the window (4000) reaches
-        # 3000 past its end, and the reader's first read of the next object finds them
-        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 3000)]
+        # it), then two (the window doubled); at its third block less than half the window
+        # (4000) is left in it: a window of the next object
+        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 4000)]
         assert [key for key, _ in store.tails] == [first, second]
-        assert cache.cached_positions(second) == [e.position for e in second_index[:3]]
+        assert cache.cached_positions(second) == [e.position for e in second_index[:4]]
         gets = len(store.gets)
         blocks = await cache.blocks(second, second_index, 1, reader_id="r")
-        assert blocks[0] == bytes([0]) * 1000 and len(store.gets) == gets  # 2000 at hand
-        # the window goes on (4000): with less than half of it at hand, a window more
+        assert blocks[0] == bytes([0]) * 1000
         await cache.blocks(second, second_index[1:], 1, reader_id="r")
+        assert len(store.gets) == gets  # half the window (4000) at hand
+        # the window goes on: with less than half of it at hand, the next window
+        await cache.blocks(second, second_index[2:], 1, reader_id="r")
         await settle()
-        assert store.gets[gets:] == [(second, 3000, 7000)]
+        assert store.gets[gets:] == [(second, 4000, 8000)]
         assert cache.hits >= 5 and cache.index_gets == 2
     finally:
         await cache.close()
