@@ -3,9 +3,10 @@ takes (`blockcache.py` is the asyncio side that issues them).
 
 - `BlockLru` holds blocks within a byte bound, evicting the least recently used, and
   charges each GET's buffer whole while any block cut from it is cached (`blockcache.py`,
-  "Memory"). A block's first read does not make it recently used, its second does: a
-  catch-up reader reads each block once, and blocks it has read must go before those
-  that readahead fetched for readers that have not read them yet.
+  "Memory"). A block's first read makes it the first to go, its second makes it recently
+  used: a catch-up reader reads each block once, and the blocks readers have read must
+  go before those that readahead fetched for readers that have not read them yet,
+  however long those wait (readers move at different speeds).
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
   ranged GETs that takes: one per run of adjacent missing blocks. `window_bound` keeps the
   readers' windows together within the cache; `read_past_run` says how far readahead goes
@@ -37,10 +38,10 @@ class _Buffer:
 
 
 class BlockLru:
-    """Blocks within `capacity` bytes, least recently used evicted first, where a block is
-    used when it is cached and when it is read again after its first read (see the
-    module's doc). `bytes` is what the cached blocks keep alive: their buffers, counted
-    whole."""
+    """Blocks within `capacity` bytes: blocks read once evicted first, then the least
+    recently used, where a block is used when it is cached and when it is read again
+    after its first read (see the module's doc). `bytes` is what the cached blocks keep
+    alive: their buffers, counted whole."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -60,8 +61,9 @@ class BlockLru:
             return None
         if block in self._read:
             self._blocks.move_to_end(block)
-        else:
+        else:  # read once: the first to go
             self._read.add(block)
+            self._blocks.move_to_end(block, last=False)
         return slot[0]
 
     def insert(self, key: str, blocks: Sequence[tuple[int, memoryview]]) -> bool:
