@@ -168,6 +168,11 @@ class BlockCache:
         if not 1 <= wanted <= len(run):
             raise ValueError(f"{wanted} blocks wanted of a run of {len(run)}")
         state = self._readahead(reader_id)
+        starts_in = (key, run[0].position)
+        for block in state.held:  # blocks the reader has moved past
+            if block != starts_in:
+                self._lru.passed(block)
+        state.held = tuple((key, entry.position) for entry in run[:wanted])
         bound = window_bound(self.max_readahead_bytes, self.capacity_bytes, self._active())
         catching_up = after is not None
         window = state.next_read(run[0], run[wanted - 1], bound=bound, catching_up=catching_up)

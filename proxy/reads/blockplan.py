@@ -3,10 +3,10 @@ takes (`blockcache.py` is the asyncio side that issues them).
 
 - `BlockLru` holds blocks within a byte bound, evicting the least recently used, and
   charges each GET's buffer whole while any block cut from it is cached (`blockcache.py`,
-  "Memory"). A block's first read makes it the first to go, its second makes it recently
-  used: a catch-up reader reads each block once, and the blocks readers have read must
-  go before those that readahead fetched for readers that have not read them yet,
-  however long those wait (readers move at different speeds).
+  "Memory"). A block its reader has moved past (`passed`) is the first to go: the
+  blocks catch-up readers have read must go before those readahead fetched for readers
+  that have not read them yet, however long those wait (readers move at different
+  speeds); read again, by anyone, it is recently used again.
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
   ranged GETs that takes: one per run of adjacent missing blocks. `window_bound` keeps the
   readers' windows together within the cache; `read_past_run` says how far readahead goes
@@ -38,10 +38,9 @@ class _Buffer:
 
 
 class BlockLru:
-    """Blocks within `capacity` bytes: blocks read once evicted first, then the least
-    recently used, where a block is used when it is cached and when it is read again
-    after its first read (see the module's doc). `bytes` is what the cached blocks keep
-    alive: their buffers, counted whole."""
+    """Blocks within `capacity` bytes: those passed evicted first, then the least recently
+    used (see the module's doc). `bytes` is what the cached blocks keep alive: their
+    buffers, counted whole."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -50,7 +49,6 @@ class BlockLru:
         self.bytes = 0
         self.evictions = 0
         self._blocks: OrderedDict[BlockKey, tuple[memoryview, _Buffer]] = OrderedDict()
-        self._read: set[BlockKey] = set()  # blocks read since they were cached
 
     def __contains__(self, block: BlockKey) -> bool:
         return block in self._blocks
@@ -59,12 +57,13 @@ class BlockLru:
         slot = self._blocks.get(block)
         if slot is None:
             return None
-        if block in self._read:
-            self._blocks.move_to_end(block)
-        else:  # read once: the first to go
-            self._read.add(block)
-            self._blocks.move_to_end(block, last=False)
+        self._blocks.move_to_end(block)
         return slot[0]
+
+    def passed(self, block: BlockKey) -> None:
+        """Its reader has moved past the block: it goes first, unless read again."""
+        if block in self._blocks:
+            self._blocks.move_to_end(block, last=False)
 
     def insert(self, key: str, blocks: Sequence[tuple[int, memoryview]]) -> bool:
         """Cache `(position, view)` blocks of object `key` cut from one buffer that holds
@@ -102,7 +101,6 @@ class BlockLru:
 
     def _remove(self, block: BlockKey, *, compact: bool) -> None:
         view, buffer = self._blocks.pop(block)
-        self._read.discard(block)
         buffer.blocks.discard(block)
         buffer.live -= len(view)
         if not buffer.blocks:
@@ -143,13 +141,15 @@ class Readahead:
     after the one it reads), to a quarter of the bound, so that it does not ramp up from
     one block. Offsets, not objects, make a read sequential: the window carries on from
     one object of the stream into the next. `spilled` is the next object readahead went
-    on into already; `read_at` when the reader last read (its owner's clock)."""
+    on into already; `read_at` when the reader last read (its owner's clock); `held` the
+    blocks its last read returned."""
 
     max_bytes: int
     window: int = 0
     last: tuple[int, int, int] | None = None  # the last read's stream, first and end offset
     spilled: str | None = None
     read_at: float = 0.0
+    held: tuple[BlockKey, ...] = ()
 
     def next_read(
         self,

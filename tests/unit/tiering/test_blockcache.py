@@ -158,8 +158,7 @@ def test_a_get_buffer_is_charged_whole_until_eviction_leaves_half_of_it_then_cop
     lru.insert("a", [(n * 1000, run[n * 1000 : n * 1000 + 1000]) for n in range(4)])
     lru.insert("b", [(0, view(1000))])
     assert lru.bytes == 5000
-    lru.get(("a", 3000))
-    lru.get(("a", 3000))  # a hot block of the run: read again
+    lru.get(("a", 3000))  # a hot block of the run
     lru.insert("c", [(0, view(1000))])
     # evicting block 0 frees nothing (the buffer lives on in blocks 1-3); evicting block
     # 1 leaves half of it cached, so blocks 2 and 3 get copies and the buffer is let go
@@ -168,10 +167,9 @@ def test_a_get_buffer_is_charged_whole_until_eviction_leaves_half_of_it_then_cop
     for position in (2000, 3000):
         copy = lru.get(("a", position))
         assert copy is not None and copy.obj is not buffer and copy == run[position:][:1000]
-    # block 2000, read once, goes first: a copied block, which frees its own bytes
-    lru.insert("d", [(0, view(2000))])
-    lru.insert("e", [(0, view(1000))])  # evicts b
-    lru.insert("f", [(0, view(1000))])  # evicts c
+    lru.insert("d", [(0, view(2000))])  # evicts b
+    lru.insert("e", [(0, view(1000))])  # evicts c
+    lru.insert("f", [(0, view(1000))])  # evicts a copied block, which frees its own bytes
     assert lru.positions("a") == [3000] and lru.evictions == 5
     assert lru.bytes == 1000 + 2000 + 1000 + 1000
     assert lru.forget("a") == 1 and lru.bytes == 4000 and lru.evictions == 5

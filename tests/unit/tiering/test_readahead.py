@@ -88,16 +88,36 @@ def test_readahead_takes_the_runs_last_blocks_along_rather_than_leave_them_a_get
     assert plan_fetches(sizes, present, wanted=3, window=800)[1] == (3, 11)
 
 
-def test_a_blocks_first_read_leaves_it_to_go_before_blocks_not_read_yet():
+def test_a_block_its_reader_moved_past_goes_before_blocks_not_read_yet():
     lru = BlockLru(3000)
     for position in (0, 1000, 2000):
         lru.insert("k", [(position, view(1000))])
-    assert lru.get(("k", 0)) is not None  # read once, by a reader moving on
+    assert lru.get(("k", 0)) is not None  # read: recently used
+    lru.passed(("k", 0))  # and its reader moved on
     lru.insert("k", [(3000, view(1000))])
     assert lru.positions("k") == [1000, 2000, 3000]  # block 0 went first
-    assert lru.get(("k", 1000)) is not None and lru.get(("k", 1000)) is not None
-    lru.insert("k", [(4000, view(1000))])  # read again: recently used, 2000 goes
-    assert lru.positions("k") == [1000, 3000, 4000]
+    lru.passed(("k", 1000))
+    assert lru.get(("k", 1000)) is not None  # read again (another reader): in use
+    lru.insert("k", [(4000, view(1000))])
+    assert lru.positions("k") == [1000, 3000, 4000]  # 2000, least recently used, went
+
+
+async def test_the_blocks_a_reader_moved_past_go_first_not_those_it_reads_again(store):
+    """A fetch that ends inside a block starts the next one in it again: that block is not
+    passed; the blocks before it are."""
+    cache = BlockCache(store, capacity_bytes=4000, max_readahead_bytes=0)
+    key, index = put_object(store, 1, [1000] * 8)
+    try:
+        await cache.index(key, len(store.objects[key]))
+        await cache.blocks(key, index, 2, reader_id="r")  # blocks 0, 1
+        await cache.blocks(key, index[1:], 2, reader_id="r")  # 1 again, 2: 0 passed
+        await cache.blocks(key, index[4:], 1, reader_id="x")  # 4
+        await cache.blocks(key, index[5:], 1, reader_id="y")  # 5: evicts 0, not 1 or 4
+        assert cache.cached_positions(key) == [
+            e.position for e in (index[1], index[2], index[4], index[5])
+        ]
+    finally:
+        await cache.close()
 
 
 # -- the cache -----------------------------------------------------------------------------
