@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.tiered_read [--bytes 2000000000] [--rounds 2]
         [--clients librdkafka,java] [--tail-rate 5] [--tail-seconds 60] [--json out.json]
+        [--catchup-readers 1,6]
 
 On the stack of benchmarks/tiered.py (3 brokers in racks zone-a/b/c, MinIO counting its
 requests, proxies a, b, c, a owning every tiered partition), two topics of `--bytes` of
@@ -12,10 +13,13 @@ objects. Per round, in reverse order every other round:
 - catch-up, every partition from offset 0, no group: `direct` from Kafka; `cold` through
   b just restarted (it owns nothing: every byte comes from S3 through its block cache);
   `warm` through b right after. MB/s, S3 GETs per GB read, b's block-cache hit ratio;
+  with `--catchup-readers 1,6`, the tiered reads again of the first 1 (then 6) partitions
+  only: that many streams read at once through b's cache (modes `cold x1`, `warm x1`);
 - tail, a producer in zone-a paced at `--tail-rate` MB/s stamping each value, a consumer
   at the end: `direct`; `local` (through a, the owner); `remote` (the consumer through b:
   the tail over the peer protocol); `storm` (`local` while three catch-up readers, through
-  a, b and c, re-read the tiered topic). End-to-end and produce percentiles.
+  a, b and c, re-read the tiered topic). End-to-end and produce percentiles. None with
+  `--tail-seconds 0`.
 
 Every consumer runs in a process of its own (this module with --worker), apart from the
 producer's interpreter. Markdown report on stdout; `--json` has it all.
@@ -98,6 +102,8 @@ def consume(spec: dict) -> dict:
     consumer = Consumer(settings | {"enable.auto.offset.store": False})
     start = [TopicPartition(topic, p, 0) for p in range(spec["partitions"])]
     consumer.list_topics(topic, timeout=30)  # connections and metadata before the clock
+    if want < 0:  # every record of the partitions assigned, as their ends say
+        want = sum(consumer.get_watermark_offsets(tp, timeout=30)[1] for tp in start)
     if tail:  # the ends before the producer starts: nothing it sends is skipped
         for tp in start:
             tp.offset = consumer.get_watermark_offsets(tp, timeout=30)[1]
@@ -259,7 +265,21 @@ class ReadBench:
         self.written["commit_wait_s"] = time.monotonic() - started
         if self.args.compacted:
             started = time.monotonic()
-            wait_until(f"{tiered} compacted", lambda: self.fleet.compacted(tiered), 900.0)
+            compacted = lambda: self.fleet.compacted(tiered)  # noqa: E731
+            # the last uploads can be no more small objects than the streams they hold:
+            # rewriting them would not leave fewer objects (compaction_plan.py, rule 5),
+            # and compaction waits for more. A record per partition more, an upload of its
+            # own, until there are more of them
+            self.written["nudged"] = 0
+            for _ in range(3 * self.args.partitions):
+                try:
+                    wait_until(f"{tiered} compacted", compacted, 15.0)
+                    break
+                except RuntimeError:
+                    self.base.produce("librdkafka", "local", tiered, self.args.partitions, None)
+                    self.written["nudged"] += self.args.partitions
+            else:
+                wait_until(f"{tiered} compacted", compacted, 60.0)
             self.written["compaction_wait_s"] = time.monotonic() - started
 
     def warm_up(self) -> None:
@@ -309,13 +329,22 @@ class ReadBench:
         for line in stages.describe(phase.stages):
             print(f"    {line}", flush=True)
 
-    def catchup(self, client: str, mode: str, rnd: int) -> None:
+    def catchup(self, client: str, mode: str, rnd: int, readers: int | None = None) -> None:
+        """`readers`: the first that many partitions only, every record of them (librdkafka);
+        the phase's mode is then e.g. `cold x1`."""
         topic = self.topics["catchup", "direct" if mode == "direct" else "tiered"]
         via = None if mode == "direct" else "b"
         if mode == "cold":
             self.restart("b")
 
         def run() -> tuple[dict, int]:
+            if readers is not None:
+                reader = self.reader(via, topic, -1, partitions=readers)
+                try:
+                    result = reader.result(timeout=max(660.0, self.records / 1000 + 60))
+                finally:
+                    reader.stop()
+                return result, result["bytes"]
             if client == "librdkafka":
                 result = self.read(via, topic, self.records)
                 return result, result["bytes"]
@@ -323,7 +352,7 @@ class ReadBench:
             java = self.base.java.consume(self.bootstrap(via), topic, self.records, group)
             return java.to_json(), self.records * self.args.record_size
 
-        self.measure("catchup", client, mode, rnd, topic, run)
+        self.measure("catchup", client, catchup_mode(mode, readers), rnd, topic, run)
 
     def tail(self, mode: str, rnd: int) -> None:
         """A paced producer in zone-a (through a when tiered), a consumer at the end;
@@ -367,8 +396,24 @@ class ReadBench:
         for client in self.args.clients:
             for mode in ("cold", "warm", "direct") if flip else CATCHUP:  # warm after cold
                 self.catchup(client, mode, rnd)
-        for mode in TAIL[::-1] if flip else TAIL:
+        for readers in self.args.catchup_readers:
+            for mode in ("cold", "warm"):
+                self.catchup("librdkafka", mode, rnd, readers)
+        for mode in (TAIL[::-1] if flip else TAIL) if self.args.tail_seconds > 0 else ():
             self.tail(mode, rnd)
+
+
+def catchup_mode(mode: str, readers: int | None) -> str:
+    return mode if readers is None else f"{mode} x{readers}"
+
+
+def catchup_names(args) -> dict[str, str]:
+    """CATCHUP_NAMES and, with --catchup-readers, the modes of those reads."""
+    names = dict(CATCHUP_NAMES)
+    for readers in args.catchup_readers:
+        for mode in ("cold", "warm"):
+            names[catchup_mode(mode, readers)] = f"{mode}, {readers} partition(s) (b)"
+    return names
 
 
 def describe(p: ReadPhase) -> str:
@@ -398,6 +443,10 @@ def catchup_figures(p: ReadPhase) -> dict[str, float | None]:
         "bytes out of S3 per byte read": c["s3_out"] / p.read_bytes,
         "block-cache hit ratio (b)": c["b hits"] / wanted if tiered and wanted else None,
         "block-cache GETs per GB (b's count)": c.get("b gets", 0.0) / gb if tiered else None,
+        "of which index reads per GB (b's count)": (
+            c.get("b index_gets", 0.0) / gb if tiered else None
+        ),
+        "block-cache misses (b)": c.get("b misses", 0.0) if tiered else None,
         **{f"CPU s per GiB read: {who}": p.cpu_s[who] / gib for who in CPU_OF},
     }
 
@@ -532,7 +581,7 @@ def render(run: dict, summary: dict, args) -> str:
         ),
     ]
     for client, rows in summary["catchup"].items():
-        out += ["", f"##### {CONSUMER_NAMES[client]}", "", *table(rows, CATCHUP_NAMES)]
+        out += ["", f"##### {CONSUMER_NAMES[client]}", "", *table(rows, catchup_names(args))]
     out += [
         "",
         "#### Tail end-to-end latency (librdkafka)",
@@ -588,8 +637,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="every proxy's tiering.bandwidth_bytes_per_s (0: unlimited, the default): "
         "produce never waits for it, reads do",
     )
+    add(
+        "--catchup-readers",
+        default="",
+        help="also read the tiered topic's first N partitions only, cold and warm, for each "
+        "N listed (e.g. 1,6): N streams read at once through b's block cache",
+    )
     add("--json", type=Path, help="also write every phase's figures here")
     args = parser.parse_args(argv)
+    args.catchup_readers = [int(n) for n in args.catchup_readers.split(",") if n]
+    if not all(1 <= n <= args.partitions for n in args.catchup_readers):
+        parser.error("--catchup-readers: each between 1 and --partitions")
     args.clients = [c for c in CLIENTS if c in args.clients.split(",")]
     if not args.clients or "librdkafka" not in args.clients:
         parser.error("--clients: librdkafka, and java if wanted")

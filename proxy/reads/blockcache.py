@@ -9,7 +9,9 @@ against its CRC once, when it enters the cache. Three parts:
   ranged GETs that takes: one per run of adjacent missing blocks. Pure, in `blockplan.py`.
 - `BlockCache`, here, is the asyncio side: it issues the GETs, lets concurrent readers of
   a block share one GET (single flight), and keeps the parsed index of each object it
-  reads (one tail read per object).
+  reads (one tail read per object). A read given the stream's next committed range
+  (`NextRange`) reads ahead into it once its window reaches past this object: that
+  object's index and first blocks, in the background.
 
 Memory. A GET of adjacent blocks returns one buffer, and its blocks are cached as
 memoryview slices of it, without a copy. A slice keeps the whole buffer alive, so the
@@ -23,8 +25,10 @@ until the reader drops them; that memory is the reader's, not the cache's.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
-from collections.abc import Coroutine, Hashable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -33,29 +37,53 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from proxy.objects.format import (
     IndexEntry,
     ObjectFormatError,
+    find_entries,
     index_in_tail,
     parse_footer,
     parse_index,
     read_block,
 )
 from proxy.objects.store import ObjectNotFound, ObjectStore
-from proxy.reads.blockplan import BlockKey, BlockLru, Readahead, plan_fetches
+from proxy.reads.blockplan import (
+    BlockKey,
+    BlockLru,
+    Readahead,
+    plan_fetches,
+    read_past_run,
+    window_bound,
+)
 
 MiB = 1024 * 1024
 DEFAULT_CAPACITY_BYTES = 256 * MiB
-DEFAULT_MAX_READAHEAD_BYTES = 16 * MiB  # a quarter of the cache at most; see docs/benchmarks.md
+# a quarter of the cache at most, and a share of it among the readers reading at once
+# (window_bound); see docs/benchmarks.md
+DEFAULT_MAX_READAHEAD_BYTES = 64 * MiB
+ACTIVE_READER_S = 2.0  # a reader that read this recently shares the cache with the others
+MAX_COUNTED_READERS = 64  # more than this many active readers: the window is as small
 DEFAULT_INDEX_ENTRIES = 1024  # objects whose parsed index is kept
 DEFAULT_INDEX_READ_BYTES = 64 * 1024  # the tail read: the footer and, usually, the index
 DEFAULT_READERS = 10_000  # readers whose readahead state is kept
+
+
+@dataclass(frozen=True, slots=True)
+class NextRange:
+    """The stream's committed range after the one a read is in: where its readahead goes
+    on to. `start_offset` is where the read would go on in it."""
+
+    object_key: str
+    object_size: int
+    stream_id: int
+    start_offset: int
+    end_offset: int
 
 
 class BlockCache:
     """Blocks and parsed indexes of the objects in `store`, for all readers of a proxy.
 
     Counters (plain attributes): `hits` and `misses` of the blocks reads want, `gets` and
-    `bytes_fetched` of every GET issued (index reads included), `index_hits` and
-    `index_misses`; `bytes` and `evictions` come from the LRU. `registry` also exposes
-    them as tierproxy_block_cache_* metrics."""
+    `bytes_fetched` of every GET issued (index reads included), `index_hits`,
+    `index_misses` and `index_gets` (the GETs of index reads); `bytes` and `evictions`
+    come from the LRU. `registry` also exposes them as tierproxy_block_cache_* metrics."""
 
     def __init__(
         self,
@@ -67,6 +95,7 @@ class BlockCache:
         index_read_bytes: int = DEFAULT_INDEX_READ_BYTES,
         readers: int = DEFAULT_READERS,
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if min(index_entries, index_read_bytes, readers) < 1 or max_readahead_bytes < 0:
             raise ValueError(
@@ -80,8 +109,9 @@ class BlockCache:
         self._index_entries = index_entries
         self._index_read_bytes = index_read_bytes
         self._reader_limit = readers
+        self._clock = clock
         self.hits = self.misses = self.gets = self.bytes_fetched = 0
-        self.index_hits = self.index_misses = 0
+        self.index_hits = self.index_misses = self.index_gets = 0
         self._inflight: dict[BlockKey, asyncio.Future[memoryview]] = {}
         self._indexes: OrderedDict[str, tuple[IndexEntry, ...]] = OrderedDict()
         self._index_inflight: dict[str, asyncio.Future[tuple[IndexEntry, ...]]] = {}
@@ -119,21 +149,33 @@ class BlockCache:
             self.index_hits += 1
             return index
         self.index_misses += 1
-        future = self._index_inflight.get(key)
-        if future is None:
-            future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
-            self._spawn(self._load_index(key, object_size, future, self._generation))
-        return await asyncio.shield(future)
+        return await asyncio.shield(self._index_future(key, object_size))
 
     async def blocks(
-        self, key: str, run: Sequence[IndexEntry], wanted: int, *, reader_id: Hashable
+        self,
+        key: str,
+        run: Sequence[IndexEntry],
+        wanted: int,
+        *,
+        reader_id: Hashable,
+        after: NextRange | None = None,
     ) -> list[memoryview]:
         """The first `wanted` blocks of `run`, adjacent blocks of one stream in object
         `key` as `find_entries` gives them, and readahead into the rest of `run` for the
-        reader `reader_id`."""
+        reader `reader_id`. With `after`, `run` goes to the end of the reader's committed
+        range and `after` is the stream's next one: readahead goes on into it, and the
+        reader counts as catching up (its window does not start from one block)."""
         if not 1 <= wanted <= len(run):
             raise ValueError(f"{wanted} blocks wanted of a run of {len(run)}")
-        window = self._readahead(reader_id).next_read(run[0], run[wanted - 1])
+        state = self._readahead(reader_id)
+        starts_in = (key, run[0].position)
+        for block in state.held:  # blocks the reader has moved past
+            if block != starts_in:
+                self._lru.passed(block)
+        state.held = tuple((key, entry.position) for entry in run[:wanted])
+        bound = window_bound(self.max_readahead_bytes, self.capacity_bytes, self._active())
+        catching_up = after is not None
+        window = state.next_read(run[0], run[wanted - 1], bound=bound, catching_up=catching_up)
         views: list[memoryview | None] = [None] * wanted
         waits: dict[int, asyncio.Future[memoryview]] = {}
         present: list[bool] = []
@@ -163,6 +205,11 @@ class BlockCache:
             waits.update((first + n, f) for n, f in enumerate(futures) if first + n < wanted)
         if later is not None:
             self._start_get(key, run[later[0] : later[1]])
+        if after is not None and len(present) == len(run) and state.spilled != after.object_key:
+            spill = read_past_run(sizes, present, wanted, window)
+            if spill > 0:
+                state.spilled = after.object_key
+                self._read_ahead_into(after, spill)
         for i, future in sorted(waits.items()):
             views[i] = await asyncio.shield(future)
         return [view for view in views if view is not None]  # all of them, by now
@@ -199,7 +246,60 @@ class BlockCache:
                 self._readers.popitem(last=False)
         else:
             self._readers.move_to_end(reader_id)
+        state.read_at = self._clock()
         return state
+
+    def _active(self) -> int:
+        """Readers that read within ACTIVE_READER_S (up to MAX_COUNTED_READERS): the most
+        recent are last in `_readers`."""
+        since, count = self._clock() - ACTIVE_READER_S, 0
+        for state in reversed(self._readers.values()):
+            if state.read_at < since or count == MAX_COUNTED_READERS:
+                break
+            count += 1
+        return count
+
+    def _read_ahead_into(self, after: NextRange, size: int) -> None:
+        """Up to `size` bytes of the first blocks of `after` not at hand yet, once its index
+        is: now, or as soon as its index read ends. That is a callback on the index read,
+        not a task: it runs before the reader, should the reader get there first and wait
+        for the same index, so that it finds the blocks in flight. A failure is left to
+        the read that gets there: it meets it itself."""
+        index = self._indexes.get(after.object_key)
+        if index is not None:
+            self._read_ahead_blocks(after, size, index)
+            return
+        self.index_misses += 1
+        future = self._index_future(after.object_key, after.object_size)
+        future.add_done_callback(lambda done: self._index_read(after, size, done))
+
+    def _index_read(
+        self, after: NextRange, size: int, future: asyncio.Future[tuple[IndexEntry, ...]]
+    ) -> None:
+        if not future.cancelled() and future.exception() is None:
+            self._read_ahead_blocks(after, size, future.result())
+
+    def _read_ahead_blocks(self, after: NextRange, size: int, index: Sequence[IndexEntry]) -> None:
+        run = find_entries(index, after.stream_id, after.start_offset)
+        present, sizes, total = [], [], 0
+        for entry in run:
+            if entry.start_offset >= after.end_offset or total >= 2 * size:
+                break
+            block = (after.object_key, entry.position)
+            present.append(block in self._lru or block in self._inflight)
+            sizes.append(entry.size)
+            total += entry.size
+        _, ahead = plan_fetches(sizes, present, 0, size)
+        if ahead is not None:
+            self._start_get(after.object_key, run[ahead[0] : ahead[1]])
+
+    def _index_future(self, key: str, object_size: int) -> asyncio.Future[tuple[IndexEntry, ...]]:
+        """The index read of `key` in flight, begun now if none is."""
+        future = self._index_inflight.get(key)
+        if future is None:
+            future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
+            self._spawn(self._load_index(key, object_size, future, self._generation))
+        return future
 
     def _start_get(self, key: str, entries: Sequence[IndexEntry]) -> list[asyncio.Future]:
         futures = [asyncio.get_running_loop().create_future() for _ in entries]
@@ -251,12 +351,14 @@ class BlockCache:
         try:
             try:
                 self.gets += 1
+                self.index_gets += 1
                 tail = await self.store.get_tail(key, min(object_size, self._index_read_bytes))
                 self.bytes_fetched += len(tail)
                 footer = parse_footer(tail, object_size, key)
                 data: bytes | memoryview | None = index_in_tail(tail, object_size, footer)
                 if data is None:  # the index is larger than the tail read
                     self.gets += 1
+                    self.index_gets += 1
                     data = await self.store.get(key, footer.index_position, footer.index_end)
                     self.bytes_fetched += len(data)
                 index = parse_index(data, footer, key)
@@ -301,7 +403,8 @@ class _Collector:
             (CounterMetricFamily, "fetched_bytes", "Bytes the GETs read", c.bytes_fetched),
             (CounterMetricFamily, "evictions", "Blocks evicted to fit", c.evictions),
             (CounterMetricFamily, "index_hits", "Indexes found in the cache", c.index_hits),
-            (CounterMetricFamily, "index_misses", "Indexes read", c.index_misses),
+            (CounterMetricFamily, "index_misses", "Indexes not in the cache", c.index_misses),
+            (CounterMetricFamily, "index_gets", "GETs of index reads", c.index_gets),
             (GaugeMetricFamily, "bytes", "Bytes the cached blocks keep alive", c.bytes),
             (GaugeMetricFamily, "capacity_bytes", "The cache's bound", c.capacity_bytes),
         ):

@@ -3,9 +3,14 @@ takes (`blockcache.py` is the asyncio side that issues them).
 
 - `BlockLru` holds blocks within a byte bound, evicting the least recently used, and
   charges each GET's buffer whole while any block cut from it is cached (`blockcache.py`,
-  "Memory").
+  "Memory"). A block its reader has moved past (`passed`) is the first to go: the
+  blocks catch-up readers have read must go before those readahead fetched for readers
+  that have not read them yet, however long those wait (readers move at different
+  speeds); read again, by anyone, it is recently used again.
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
-  ranged GETs that takes: one per run of adjacent missing blocks.
+  ranged GETs that takes: one per run of adjacent missing blocks. `window_bound` keeps the
+  readers' windows together within the cache; `read_past_run` says how far readahead goes
+  on into the stream's next object once it reaches the end of this one's blocks.
 
 Pure: no I/O, no asyncio.
 """
@@ -33,8 +38,9 @@ class _Buffer:
 
 
 class BlockLru:
-    """Blocks within `capacity` bytes, least recently used evicted first. `bytes` is what
-    the cached blocks keep alive: their buffers, counted whole (see the module's doc)."""
+    """Blocks within `capacity` bytes: those passed evicted first, then the least recently
+    used (see the module's doc). `bytes` is what the cached blocks keep alive: their
+    buffers, counted whole."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 0:
@@ -53,6 +59,11 @@ class BlockLru:
             return None
         self._blocks.move_to_end(block)
         return slot[0]
+
+    def passed(self, block: BlockKey) -> None:
+        """Its reader has moved past the block: it goes first, unless read again."""
+        if block in self._blocks:
+            self._blocks.move_to_end(block, last=False)
 
     def insert(self, key: str, blocks: Sequence[tuple[int, memoryview]]) -> bool:
         """Cache `(position, view)` blocks of object `key` cut from one buffer that holds
@@ -110,29 +121,84 @@ class BlockLru:
         buffer.blocks.clear()
 
 
+def window_bound(max_bytes: int, capacity: int, active_readers: int) -> int:
+    """The most one reader may read ahead: `max_bytes`, at most a quarter of the cache, and
+    a share of it small enough that the unread readahead of `active_readers` reading at
+    once fits in it with room to spare. A reader holds up to one and a half windows unread
+    (`plan_fetches` fetches a window once less than half of one is left), so a window of
+    capacity / (2 x readers) keeps all of theirs within three quarters of the cache: larger
+    windows had six readers evict each other's blocks before they were read."""
+    return max(0, min(max_bytes, capacity // 4, capacity // (2 * max(1, active_readers))))
+
+
 @dataclass(slots=True)
 class Readahead:
     """One reader's readahead window, in bytes. A read that moves on from the previous one
     (it starts after that one's first block, at most at the block after its last) is
-    sequential and doubles the window, from one block up to `max_bytes`; one that starts
-    in the same block again (a fetch ended inside it) keeps it; any other resets it."""
+    sequential and doubles the window, from one block up to `max_bytes` (or the `bound`
+    given); one that starts in the same block again (a fetch ended inside it) keeps it; any
+    other resets it: to nothing, or, for a reader catching up (a whole committed range
+    after the one it reads), to a quarter of the bound, so that it does not ramp up from
+    one block. Offsets, not objects, make a read sequential: the window carries on from
+    one object of the stream into the next. `spilled` is the next object readahead went
+    on into already; `read_at` when the reader last read (its owner's clock); `held` the
+    blocks its last read returned."""
 
     max_bytes: int
     window: int = 0
     last: tuple[int, int, int] | None = None  # the last read's stream, first and end offset
+    spilled: str | None = None
+    read_at: float = 0.0
+    held: tuple[BlockKey, ...] = ()
 
-    def next_read(self, first: IndexEntry, last: IndexEntry) -> int:
+    def next_read(
+        self,
+        first: IndexEntry,
+        last: IndexEntry,
+        *,
+        bound: int | None = None,
+        catching_up: bool = False,
+    ) -> int:
         """The window for a read of the blocks `first` to `last` of one stream."""
+        cap = self.max_bytes if bound is None else min(self.max_bytes, bound)
         previous = self.last
         self.last = (first.stream_id, first.start_offset, last.end_offset)
         if previous is not None and previous[0] == first.stream_id:
             if previous[1] < first.start_offset <= previous[2]:
-                self.window = min(self.max_bytes, max(2 * self.window, first.size))
+                self.window = min(cap, max(2 * self.window, first.size))
                 return self.window
             if first.start_offset == previous[1]:
+                self.window = min(cap, self.window)
                 return self.window
-        self.window = 0
+        self.window = min(cap, max(cap // 4, first.size)) if catching_up and cap > 0 else 0
+        return self.window
+
+
+def read_past_run(sizes: Sequence[int], present: Sequence[bool], wanted: int, window: int) -> int:
+    """Bytes of the stream's next object to read ahead now, for a read of blocks [0,
+    `wanted`) of the last run of blocks of the stream in this object (`sizes` and `present`
+    to its end, as `plan_fetches` takes them): a whole window, once readahead is due (less
+    than half a window at hand after the wanted blocks, as `plan_fetches` decides) and less
+    than half a window is left in this object. The reader then neither waits for the next
+    object's index and first block nor ramps up again there, and its windows there start
+    at the object's start: an object of up to n windows costs n GETs, where windows carried
+    over object ends would cut one more GET at each end. What it holds unread stays within
+    one and a half windows, as within an object. 0: not now."""
+    if window <= 0:
         return 0
+    ahead, _ = _at_hand(sizes, present, wanted)
+    if 2 * ahead >= window or 2 * sum(sizes[wanted:]) >= window:
+        return 0
+    return window
+
+
+def _at_hand(sizes: Sequence[int], present: Sequence[bool], wanted: int) -> tuple[int, int]:
+    """The bytes of the blocks present right after the wanted ones, and the first missing."""
+    ahead, gap = 0, wanted
+    while gap < len(sizes) and present[gap]:
+        ahead += sizes[gap]
+        gap += 1
+    return ahead, gap
 
 
 def plan_fetches(
@@ -144,7 +210,9 @@ def plan_fetches(
     Returns the GETs the read waits for, one per run of missing wanted blocks, and at most
     one readahead GET to start in the background. Readahead starts once fewer than half a
     window of bytes after the wanted blocks are at hand, and fetches up to a window (at
-    least one block) of the missing blocks from the first one missing. It rides on the
+    least one block) of the missing blocks from the first one missing, and the rest of the
+    run with them when less than a quarter of a window of it would be left (a GET of its
+    own for the few last blocks of an object is not worth it). It rides on the
     read's own GET when that one ends where readahead begins and is no larger than it, so
     a read never waits for more than twice the bytes it asked for."""
     now: list[tuple[int, int]] = []
@@ -155,16 +223,16 @@ def plan_fetches(
             now[-1] = (now[-1][0], i + 1)
         else:
             now.append((i, i + 1))
-    ahead, gap = 0, wanted
-    while gap < len(sizes) and present[gap]:
-        ahead += sizes[gap]
-        gap += 1
+    ahead, gap = _at_hand(sizes, present, wanted)
     if window <= 0 or gap == len(sizes) or 2 * ahead >= window:
         return now, None
     end, fetched = gap, 0
     while end < len(sizes) and not present[end] and (end == gap or fetched + sizes[end] <= window):
         fetched += sizes[end]
         end += 1
+    rest = sum(sizes[end:])
+    if 0 < 4 * rest < window and not any(present[end:]):
+        end, fetched = len(sizes), fetched + rest
     if now and now[-1][1] == gap and fetched <= sum(sizes[now[-1][0] : gap]):
         now[-1] = (now[-1][0], end)
         return now, None

@@ -4,7 +4,8 @@ Any proxy serves the offsets committed to objects, so consumers read in their ow
 what no object holds yet (the owner's uncommitted tail, offsets below the cutover not
 offloaded yet) the caller answers from elsewhere. A read returns the stream's record
 batches as they are stored, memoryview slices of cached blocks: no batch is copied or
-decoded, and the work is per batch (its header), never per record.
+decoded, and the work is per batch (its header), never per record. Each read names the
+stream's next committed range to the cache, so that readahead goes on into it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import StreamRange
 from proxy.objects.format import IndexEntry, ObjectFormatError, find_entries
 from proxy.objects.store import ObjectNotFound
-from proxy.reads.blockcache import BlockCache
+from proxy.reads.blockcache import BlockCache, NextRange
 from proxy.records.batches import HEADER_SIZE, CorruptBatchError, read_batch_header
 
 
@@ -93,12 +94,13 @@ class StreamReader:
         fill = _Fill(offset, max_bytes)
         position = offset
         while not fill.full:
-            found = state.objects_for(stream, position, limit=1)
+            found = state.objects_for(stream, position, limit=2)
             if not found:
                 break
             committed = found[0]
+            after = _next_range(committed, found[1]) if len(found) > 1 else None
             try:
-                await self._read_range(committed, position, fill, reader_id)
+                await self._read_range(committed, position, fill, reader_id, after)
             except (ObjectFormatError, ObjectNotFound):
                 self.cache.forget(committed.object_key)
                 raise
@@ -107,7 +109,12 @@ class StreamReader:
         return ReadResult(tuple(fill.batches), next_offset, fill.size)
 
     async def _read_range(
-        self, committed: StreamRange, position: int, fill: _Fill, reader_id: Hashable
+        self,
+        committed: StreamRange,
+        position: int,
+        fill: _Fill,
+        reader_id: Hashable,
+        after: NextRange | None,
     ) -> None:
         """Batches of the committed range from `position` on, until the range ends or
         `fill` is full."""
@@ -117,11 +124,24 @@ class StreamReader:
         done = 0
         while done < len(run) and not fill.full:
             wanted = _blocks_wanted(run, done, fill.room)
-            blocks = await self.cache.blocks(key, run[done:], wanted, reader_id=reader_id)
+            blocks = await self.cache.blocks(
+                key, run[done:], wanted, reader_id=reader_id, after=after
+            )
             for entry, block in zip(run[done : done + wanted], blocks, strict=True):
                 if not _take_batches(key, entry, block, committed.end_offset, fill):
                     return
             done += wanted
+
+
+def _next_range(committed: StreamRange, following: StreamRange) -> NextRange:
+    start = max(following.start_offset, committed.end_offset)
+    return NextRange(
+        following.object_key,
+        following.object_size,
+        following.stream_id,
+        start,
+        following.end_offset,
+    )
 
 
 def _blocks_of(

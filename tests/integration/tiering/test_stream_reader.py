@@ -28,7 +28,7 @@ from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectNotFound
 from proxy.reads.blockcache import DEFAULT_INDEX_READ_BYTES, BlockCache
 from proxy.reads.stream_reader import ReadResult, StreamReader
-from proxy.records.batches import with_base_offset
+from proxy.records.batches import read_batch_header, with_base_offset
 from tests.support.batches import build_batch
 from tests.support.stores import PrefixedStore
 
@@ -359,3 +359,42 @@ async def test_a_compaction_between_two_objects_of_a_read_repeats_no_batch(store
     assert swapping.swapped
     assert [bytes(b) for b in got.batches] == [b.data for b in first + second]
     assert got.next_offset == second[-1].next
+
+
+async def test_a_catch_up_read_over_several_stream_objects_reads_ahead_across_them(store):
+    """A consumer catching up one stream from offset 0 over five 8 MiB stream objects of
+    1 MiB blocks (64 MiB objects scaled down 8x), through a 32 MiB cache (an 8 MiB window,
+    a quarter of it): every batch comes back exactly once, in order, and the GETs stay
+    within the bound below; readahead goes on from each object into the next."""
+    layout = Layout()
+    stream = stream_id(TOPIC, 11)
+    layout.tier([11])
+    template = kafka_batch(1, 16_000, 11)
+    per_object, objects = 512, 5  # batches of ~16 KB: 8 MiB per object
+    for first in range(0, per_object * objects, per_object):
+        offsets = range(first, first + per_object)
+        run = [Batch(o, o + 1, bytes(with_base_offset(template, o))) for o in offsets]
+        layout.commit(ObjectKind.STREAM, {stream: run}, 1 * MiB)
+    await put_all(store, layout)
+    cache = BlockCache(store, capacity_bytes=32 * MiB)
+    reader = StreamReader(cache)
+    offset, bases = 0, []
+    try:
+        while got := await reader.read(layout.state, stream, offset, MiB, reader_id="consumer"):
+            for batch in got.batches:
+                bases.append(read_batch_header(batch, 0).base_offset)
+                assert bytes(batch) == layout.batches[stream][bases[-1]].data
+            offset = got.next_offset
+    finally:
+        await cache.close()
+    assert bases == list(range(per_object * objects))  # each batch once, in order
+    assert cache.max_readahead_bytes == 8 * MiB  # one reader: a quarter of the cache
+    # Each object (8 MiB: one window) costs its index read and one block GET, read ahead
+    # while the reader was in the object before, plus, in the first object, the first
+    # read's own GET (its blocks and a quarter window with them: a reader catching up does
+    # not ramp up from one block). Without readahead across objects it was 17: the read
+    # waited at each object's start for its index and its first block, a GET of its own.
+    print(f"GETs: {cache.gets} ({cache.index_gets} index reads)")
+    assert cache.index_gets == objects and cache.gets <= 2 * objects + 1
+    if store.s3_gets() is not None:
+        assert store.s3_gets() == cache.gets

@@ -57,12 +57,15 @@ class CountingStore:
         return [end - start for _, start, end in self.gets]
 
 
-def put_object(store: CountingStore, object_id: int, sizes: list[int]) -> tuple[str, tuple]:
-    """An object of one stream with blocks of these sizes, each of 10 offsets; block n's
-    bytes are all n."""
+def put_object(
+    store: CountingStore, object_id: int, sizes: list[int], first_offset: int = 0
+) -> tuple[str, tuple]:
+    """An object of one stream with blocks of these sizes, each of 10 offsets from
+    `first_offset` on; block n's bytes are all n."""
     writer = ObjectWriter(object_id, ObjectKind.STREAM, version=1)  # blocks of filler bytes
     for n, size in enumerate(sizes):
-        writer.add_block(STREAM, bytes([n % 256]) * size, 10 * n, 10 * n + 10, 10)
+        start = first_offset + 10 * n
+        writer.add_block(STREAM, bytes([n % 256]) * size, start, start + 10, 10)
     built = writer.build()
     store.objects[built.key] = built.to_bytes()
     return built.key, built.index
@@ -111,7 +114,7 @@ def test_plan_fetches_reads_ahead_in_the_background_when_less_than_half_a_window
     # a block in flight or cached ends the readahead GET; a block larger than the window
     # is fetched alone
     assert plan_fetches(sizes, present, wanted=2, window=1000) == ([], (3, 8))
-    assert plan_fetches([100, 5000, 100], [True, False, False], 1, 1000) == ([], (1, 2))
+    assert plan_fetches([100, 5000, 300], [True, False, False], 1, 1000) == ([], (1, 2))
     assert plan_fetches(sizes, [True] * 10, wanted=1, window=10_000) == ([], None)  # run end
 
 
