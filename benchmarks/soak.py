@@ -1,16 +1,19 @@
 """Soak: the fault suite's scenario for N seeds back to back, one table (issue 18).
 
     .venv/bin/python -m benchmarks.soak [--runs 20] [--seeds 1,2,3] [--json soak.json]
+                                        [--keep DIR]
 
 Each run is `pytest tests/integration/faults/test_fault_injection.py` in a process of its
 own with `TIERPROXY_FAULT_SEED` set (random seeds unless `--seeds`), its own Kafka and
 MinIO, as in CI; the figures it writes (`fault-figures.json` in its tmp dir) make one row:
 faults injected, records acknowledged, lost, duplicates of each kind (in the log, served
 again), the recovery times (median and max over every fault of the run), what was left
-in the bucket (orphans, S3-WAL objects, garbage past the grace) and the result. A run
+in the bucket (orphans, S3-WAL objects, garbage past the grace), how many recoveries the
+consumer needed its extra time for (`slow_consumer_recoveries`) and the result. A run
 that fails still gives its row when it got as far as writing its figures; one that did
 not says where pytest stopped. The figures that matter: lost 0 and duplicates 0 in every
-row. Markdown on stdout, as the runs end; `--json` has every run's figures.
+row. Markdown on stdout, as the runs end; `--json` has every run's figures. `--keep DIR`
+keeps each run's tmp dir (the proxies' and Kafka's logs) under DIR; else they are deleted.
 
 Outside CI: a run takes 5-10 minutes on the shared 2-core machine.
 """
@@ -31,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITE = "tests/integration/faults/test_fault_injection.py"
 HEADER = (
     "| seed | result | faults | acknowledged | lost | duplicates (in the log / served "
-    "again) | recovery median / max (s) | orphans / S3-WAL / garbage past grace | wall (s) |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "again) | recovery median / max (s) | orphans / S3-WAL / garbage past grace | consumer "
+    "slow | wall (s) |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -64,7 +68,7 @@ def row(run: dict) -> str:
     f = run["figures"]
     result = "passed" if run["passed"] else f"failed: {run['failure']}"
     if f is None:
-        return f"| {run['seed']} | {result} | - | - | - | - | - | - | {run['wall_s']} |"
+        return f"| {run['seed']} | {result} | - | - | - | - | - | - | - | {run['wall_s']} |"
     kinds = f.get("recovery_s", {}).values()
     # the slowest kind's median, and the slowest single recovery
     recovery = (
@@ -78,10 +82,11 @@ def row(run: dict) -> str:
         f" / {len(f.get('garbage_left_after_grace', []))}"
     )
     duplicates = f"{f.get('duplicates_in_the_log', '-')} / {f.get('duplicates_served_again', '-')}"
+    slow = len(f.get("slow_consumer_recoveries", []))
     return (
         f"| {run['seed']} | {result} | {f['faults_total']} ({faults}) | "
         f"{f['records_acknowledged']:,} | {f['lost']} | {duplicates} | {recovery} | {left} | "
-        f"{run['wall_s']} |"
+        f"{slow} | {run['wall_s']} |"
     )
 
 
@@ -90,6 +95,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--seeds", help="comma-separated seeds (else random)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="keep each run's tmp dir under this dir")
     args = parser.parse_args()
     if args.seeds:
         seeds = [int(s) for s in args.seeds.split(",")]
@@ -99,7 +105,8 @@ def main() -> None:
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         for i, seed in enumerate(seeds):
-            run = run_one(seed, Path(tmp) / f"run{i}")
+            base = (args.keep or Path(tmp)) / f"run{i}-{seed}"
+            run = run_one(seed, base)
             runs.append(run)
             print(row(run), flush=True)
             if args.json:
