@@ -261,9 +261,24 @@ class FleetConsumer:
             topic = json.loads(text)["topics"][self.topic]["partitions"]
         except (ValueError, KeyError) as exc:
             return f"{waited}; statistics without the topic ({exc!r})"
-        keys = ("fetch_state", "next_offset", "hi_offset", "fetchq_cnt", "leader")
+        keys = (
+            "fetch_state", "next_offset", "app_offset", "eof_offset", "hi_offset", "ls_offset",
+            "fetchq_cnt", "rxmsgs", "leader",
+        )  # fmt: skip
         parts = {p: [topic[p].get(k) for k in keys] for p in sorted(topic) if p != "-1"}
-        return f"{waited}; librdkafka {now - at:.1f} s ago, per partition {keys}: {parts}"
+        # each broker connection: its state, requests awaiting an answer, connects, the
+        # partitions it fetches (a partition nobody fetches is delegated to no broker)
+        brokers = {
+            b.get("nodeid"): [
+                b.get("state"), b.get("waitresp_cnt"), b.get("connects"),
+                sorted(b.get("toppars", {})),
+            ]
+            for b in json.loads(text).get("brokers", {}).values()
+        }  # fmt: skip
+        return (
+            f"{waited}; librdkafka {now - at:.1f} s ago, per partition {keys}: {parts}; "
+            f"brokers (state, waiting answers, connects, partitions): {brokers}"
+        )
 
     def _run(self) -> None:
         settings = {
