@@ -50,6 +50,8 @@ def run_one(seed: int, base: Path) -> dict:
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.monotonic() - began
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "pytest.out").write_text(done.stdout + done.stderr)  # why a run failed
     found = sorted(base.glob("**/fault-figures.json"))
     figures = json.loads(found[-1].read_text()) if found else None
     summary = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
