@@ -50,7 +50,7 @@ def run_one(seed: int, base: Path) -> dict:
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     wall = time.monotonic() - began
-    base.mkdir(parents=True, exist_ok=True)
+    base.mkdir(exist_ok=True)
     (base / "pytest.out").write_text(done.stdout + done.stderr)  # why a run failed
     found = sorted(base.glob("**/fault-figures.json"))
     figures = json.loads(found[-1].read_text()) if found else None
@@ -103,6 +103,8 @@ def main() -> None:
         seeds = [int(s) for s in args.seeds.split(",")]
     else:
         seeds = [random.SystemRandom().randrange(2**32) for _ in range(args.runs)]
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)  # pytest makes --basetemp, not parents
     runs = []
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
