@@ -18,7 +18,10 @@ consumer alone gets CONSUMER_EXTRA_S more once 1 and 2 hold, and the figures lis
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -208,6 +211,43 @@ class Injector:
             )
         return None
 
+    def _stuck_consumer_evidence(self) -> str:
+        """Whether the consumer or the fleet holds it back: a fresh consumer, same settings
+        and zone, reads on from the stuck one's positions for up to 20 s (it reaches the
+        acknowledged ends: the fleet serves, the old client is wedged); and every thread's
+        native stack of this process (librdkafka's own threads included) by gdb, to a file
+        beside the consumer's log."""
+        ends = {p: offset + 1 for p, offset in self.progress.max_offset.items()}
+        probe = FleetConsumer(
+            self.consumer.bootstrap, self.topic, dict(self.consumer.position), self.consumer.zone
+        ).start()
+        began = time.monotonic()
+        while not probe.caught_up(ends) and time.monotonic() - began < 20.0:
+            time.sleep(0.2)
+        verdict = (
+            f"a fresh consumer from its positions read to the acknowledged ends in "
+            f"{time.monotonic() - began:.1f} s"
+            if probe.caught_up(ends)
+            else f"a fresh consumer from its positions got no further than {probe.position} "
+            f"in 20 s ({probe.state()})"
+        )
+        probe.stop()
+        folder = (
+            self.consumer.log_path.parent if self.consumer.log_path else Path(tempfile.gettempdir())
+        )
+        stacks = folder / f"consumer-stuck-stacks-{int(time.time())}.txt"
+        try:
+            done = subprocess.run(
+                ["gdb", "-p", str(os.getpid()), "-batch", "-nx", "-ex", "info threads",
+                 "-ex", "thread apply all bt 40"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            stacks.write_text(done.stdout + done.stderr)
+            where = f"native stacks in {stacks}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            where = f"no native stacks ({exc!r})"
+        return f"{verdict}; {where}"
+
     def _warnings(self, lines: int = 12) -> str:
         """Each proxy's last WARNING and ERROR lines: in the assertion itself, since a CI
         summary may keep only that of a failure."""
@@ -245,6 +285,8 @@ class Injector:
                 )
             if at_deadline is None and time.monotonic() > deadline:
                 at_deadline = f"{why}\n{self._warnings(6)}"
+                if consumer_only:
+                    at_deadline += f"\n{self._stuck_consumer_evidence()}"
             time.sleep(0.2)
         done = time.monotonic()
         if done > deadline:  # the consumer took its extra time
