@@ -96,6 +96,9 @@ class ShardOwner:
         self.shard = shard
         self.name = name
         self.epoch = 0  # the epoch of this owner's claim
+        # the last claim's owner when this one claimed ("": none): another member's name
+        # means this member's own records of the shard's streams are from before it
+        self.previous_owner = ""
         self.reader = ShardReader(
             kafka_settings, topic, shard, shard_count, on_record=self._observed
         )
@@ -209,7 +212,7 @@ class ShardOwner:
     async def _claim(self) -> None:
         state = self.state
         claim = ShardClaim(state.generation, state.epoch + 1, self.name, self._clock())
-        self.epoch, self._lost = claim.epoch, None
+        self.epoch, self._lost, self.previous_owner = claim.epoch, None, state.owner
         # A claim cut short by a cancellation (a revoke) may still be committed, and the
         # shard would then wait for this member, which would not know it had claimed it.
         # So the claim runs to its end, and the cancellation is raised after it, with

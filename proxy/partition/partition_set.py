@@ -5,6 +5,14 @@ all of them: `recovery.read_wal_batches`), routes `produce(stream_id, records, a
 each one's `TieredPartition` (`owner.py`), wires them to the log cache and the record of
 dropped batches, and gives them up. A partition whose WAL write failed is noted in
 `broken`: its shard is to be given up.
+
+The WAL entries of a stream are its log only while the ownership that wrote them goes on
+(docs/sequencer.md, "Rebuilding a partition"). When another member owned the stream since
+(an unclean takeover: this proxy killed or paused, its shard taken after
+`unclean_takeover_after_s`), the new owner's log went on from the committed end without
+them, and may hold other records at their offsets: `disown` marks every entry of those
+streams written so far as stale, and neither the rebuild nor the uploader (`stale`) uses
+them again.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from proxy.partition.sequence_holes import SequenceHoles
 from proxy.partition.txn_gate import Verify
 from proxy.reads.logcache import LogCache
 from proxy.wal.port import Log
+from proxy.wal.types import WalEntry
 
 __all__ = ["PartitionSet"]
 
@@ -48,6 +57,22 @@ class PartitionSet:
         self.log_cache = log_cache
         self._partitions: dict[int, TieredPartition] = {}
         self.broken: dict[int, BaseException] = {}
+        # stream -> WAL offset: its entries starting below it are stale (`disown`)
+        self._stale_below: dict[int, int] = {}
+
+    def disown(self, streams: Iterable[int]) -> None:
+        """Every WAL entry of `streams` written so far is stale: another member owned
+        them since this proxy wrote it (module docstring). Not for a stream served here."""
+        end = self._wal.durable_end
+        for stream in streams:
+            if stream in self._partitions:
+                raise ValueError(f"stream {stream} is served here: its WAL entries are its log")
+            self._stale_below[stream] = max(self._stale_below.get(stream, 0), end)
+
+    def stale(self, entry: WalEntry) -> bool:
+        """Whether the entry was written under an ownership of its stream that another
+        member's took over since (`disown`): not to be replayed nor uploaded."""
+        return entry.position.start < self._stale_below.get(entry.stream_id, 0)
 
     async def recover(
         self,
@@ -65,7 +90,7 @@ class PartitionSet:
         if self.log_cache is not None:
             ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
             tail = RecoveredTail(ends, self.log_cache.room)
-        batches = await read_wal_batches(self._wal, set(streams), tail)
+        batches = await read_wal_batches(self._wal, set(streams), tail, self.stale)
         for stream in streams:
             partition = await TieredPartition.recover(
                 stream,

@@ -28,6 +28,7 @@ from proxy.partition.rules import (
 from proxy.partition.sequencer import PartitionSequencer
 from proxy.records.batches import BatchHeader
 from proxy.wal.port import Log
+from proxy.wal.types import WalEntry
 
 __all__ = ["ReadCommitted", "ReadUpstream", "read_wal_batches", "rebuild"]
 
@@ -92,13 +93,19 @@ async def rebuild(
 
 
 async def read_wal_batches(
-    wal: Log, streams: Collection[int] | None = None, tail: RecoveredTail | None = None
+    wal: Log,
+    streams: Collection[int] | None = None,
+    tail: RecoveredTail | None = None,
+    stale: Callable[[WalEntry], bool] | None = None,
 ) -> dict[int, list[BatchHeader]]:
     """One pass over the WAL's replay: each stream's batch headers in order (only those of
-    `streams`, if given). Headers only: the batch bytes are not kept, except those `tail`
-    keeps (the entries past each stream's committed end, for the log cache)."""
+    `streams`, if given, and none of the entries `stale` names: PartitionSet.disown).
+    Headers only: the batch bytes are not kept, except those `tail` keeps (the entries
+    past each stream's committed end, for the log cache)."""
     found: dict[int, list[BatchHeader]] = {}
     async for entry in wal.replay():
+        if stale is not None and stale(entry):
+            continue
         if streams is None or entry.stream_id in streams:
             headers = entry_batches(entry.stream_id, entry.base_offset, entry.batch)
             found.setdefault(entry.stream_id, []).extend(headers)

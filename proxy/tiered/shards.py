@@ -27,6 +27,9 @@ class ShardsHost(Protocol):
     """What the shard callbacks need of the tiered service."""
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def readers(self) -> Sequence[ShardReader]: ...
 
     @property
@@ -51,8 +54,25 @@ class ShardsHost(Protocol):
 
 
 async def owned(service: ShardsHost, owner: ShardOwner) -> None:
-    """A shard became this proxy's: rebuild and start its streams' partitions."""
+    """A shard became this proxy's: rebuild and start its streams' partitions. When
+    another member claimed it since this one last did, what this one's WAL holds of its
+    streams is not their log (an unclean takeover went on without it): disowned first."""
+    if owner.previous_owner not in ("", service.name):
+        disown(service, owner.state, owner.previous_owner)
     await recover_streams(service, owner.state, owner.state.stream_ids())
+
+
+def disown(service: ShardsHost, state: MetadataState, since: str) -> None:
+    """The WAL entries of the shard's streams written so far are stale: `since` owned the
+    shard after this member (PartitionSet.disown)."""
+    partitions = service.partitions
+    assert partitions is not None  # the service is started
+    log.debug(
+        "metadata shard %d: %s owned it since %s did: the WAL entries of its streams written "
+        "before are not used (uploaded or lost with its takeover)",
+        *(state.shard, since, service.name),
+    )
+    partitions.disown(s for s in state.stream_ids() if partitions.get(s) is None)
 
 
 async def recover_streams(service: ShardsHost, state: MetadataState, streams: list[int]) -> None:

@@ -179,6 +179,9 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
         stages=service.stages,
     )
     stack.push_async_callback(partitions.close)
+    for reader in service.readers:  # before the uploader reads the WAL
+        if reader.state.owner not in ("", service.name):
+            shards.disown(service, reader.state, reader.state.owner)
     if config.transaction_partition_verification:  # before a partition is owned here
         verifier = service.txn_verifier = TxnVerifier(service.kafka_settings, registry)
         stack.push_async_callback(verifier.close)
@@ -201,7 +204,9 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
             stages=service.stages,
         )
         stack.push_async_callback(s3wal.close)
-    uploads = service.uploads = UploadLoop(service, wal, store, service.allocate)
+    uploads = service.uploads = UploadLoop(
+        service, wal, store, service.allocate, stale=partitions.stale
+    )
     stack.push_async_callback(uploads.close)
     assignment = service.assignment = ShardAssignment(
         service.kafka_settings,

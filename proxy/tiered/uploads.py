@@ -23,7 +23,13 @@ from proxy.objects.store import ObjectStore
 from proxy.reads.logcache import LogCache
 from proxy.upkeep.orphan_plan import commit_age_limit
 from proxy.upload.plan import ObjectIdAllocator
-from proxy.upload.uploader import CommitRefused, UploadedObject, Uploader, UploaderConfig
+from proxy.upload.uploader import (
+    CommitRefused,
+    Stale,
+    UploadedObject,
+    Uploader,
+    UploaderConfig,
+)
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
 
@@ -64,8 +70,10 @@ class UploadLoop:
         wal: WriteAheadLog | S3WriteAheadLog,
         store: ObjectStore,
         allocate: ObjectIdAllocator,
+        stale: Stale | None = None,
     ) -> None:
         self._service, self._wal, self._store, self._allocate = service, wal, store, allocate
+        self._stale = stale  # WAL entries never to upload (PartitionSet.stale)
         self.uploader: Uploader | None = None  # the current one
 
     async def run(self) -> None:
@@ -79,6 +87,7 @@ class UploadLoop:
                 self.commit,
                 self._allocate,
                 committed_end=lambda stream: service.state(stream).stream_end(stream),
+                stale=self._stale,
                 config=config,
             )
             self.uploader.start()

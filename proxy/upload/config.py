@@ -58,7 +58,7 @@ class UploaderStats:
     put_failures: int = 0  # failed ones, retried
     id_collisions: int = 0  # creates that met another process's object: new ids drawn
     late_puts: int = 0  # rounds of objects too old to commit when PUT, uploaded again
-    skipped_entries: int = 0  # already committed before a restart
+    skipped_entries: int = 0  # already committed before a restart, or stale
     trim_failures: int = 0
     last_upload_seconds: float = 0.0  # read to trim
     max_upload_seconds: float = 0.0

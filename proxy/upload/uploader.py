@@ -23,6 +23,9 @@ the PUT rate is bounded whatever the number of partitions.
 - After a restart the uploader starts at `wal.trimmed_to`. Entries a crash left between
   commit and trim are skipped by `committed_end(stream)`, the stream's committed end in
   the metadata, so nothing is uploaded twice.
+- Entries `stale(entry)` names (written under an ownership of their stream that another
+  member's took over uncleanly since: `PartitionSet.disown`) are skipped and trimmed,
+  never uploaded: the log of their stream went on without them.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ log = logging.getLogger(__name__)
 
 Commit = Callable[[Sequence[UploadedObject]], Awaitable[object]]
 CommittedEnd = Callable[[int], int | None]
+Stale = Callable[[WalEntry], bool]
 
 
 class UploadError(Exception):
@@ -84,6 +88,7 @@ class Uploader:
         allocate_id: ObjectIdAllocator,
         *,
         committed_end: CommittedEnd | None = None,
+        stale: Stale | None = None,
         config: UploaderConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
@@ -91,6 +96,7 @@ class Uploader:
         self.config = config or UploaderConfig()
         self._wal, self._store, self._commit = wal, store, commit
         self._allocate_id, self._committed_end = allocate_id, committed_end
+        self._stale = stale
         self._clock, self._rng = clock, rng or random.Random()
         # owned by the task
         self._position = wal.trimmed_to  # an entry's start: everything before is committed
@@ -251,17 +257,20 @@ class Uploader:
         started = self._last_start = self._clock()
         entries = await self._read()
         ends = self._committed_ends(entries)
+        # asked on the loop, like the committed ends; trimmed past like committed entries
+        live = entries if self._stale is None else [e for e in entries if not self._stale(e)]
         # planning and building are per-batch work and copies: off the event loop
-        plan = await asyncio.to_thread(plan_upload, entries, self.config.limits, ends.get)
+        plan = await asyncio.to_thread(plan_upload, live, self.config.limits, ends.get)
         uploaded: list[UploadedObject] = []
         if plan.objects:
             uploaded = await self._put_fresh(plan)
             await self._commit_all(uploaded)
-        if plan.wal_end is not None:
-            await self._trim(plan.wal_end)
-            self._position = plan.wal_end
+        if entries:
+            wal_end = entries[-1].position.end
+            await self._trim(wal_end)
+            self._position = wal_end
         self._backlog_since = started if self._wal.durable_end > self._position else None
-        self._count(plan, uploaded, self._clock() - started)
+        self._count(plan, uploaded, self._clock() - started, len(entries) - len(live))
 
     async def _read(self) -> list[WalEntry]:
         entries: list[WalEntry] = []
@@ -397,7 +406,9 @@ class Uploader:
             self._stats = replace(self._stats, trim_failures=self._stats.trim_failures + 1)
             log.warning("uploader: trimming the WAL to %d: %s", offset, exc)
 
-    def _count(self, plan: UploadPlan, objects: list[UploadedObject], seconds: float) -> None:
+    def _count(
+        self, plan: UploadPlan, objects: list[UploadedObject], seconds: float, stale: int
+    ) -> None:
         s = self._stats
         sets = sum(1 for o in objects if o.kind is ObjectKind.STREAM_SET)
         self._stats = replace(
@@ -407,7 +418,7 @@ class Uploader:
             stream_set_objects=s.stream_set_objects + sets,
             stream_objects=s.stream_objects + len(objects) - sets,
             object_bytes=s.object_bytes + sum(o.size for o in objects),
-            skipped_entries=s.skipped_entries + plan.skipped_entries,
+            skipped_entries=s.skipped_entries + plan.skipped_entries + stale,
             last_upload_seconds=seconds,
             max_upload_seconds=max(s.max_upload_seconds, seconds),
             total_upload_seconds=s.total_upload_seconds + seconds,

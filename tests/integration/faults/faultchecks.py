@@ -15,6 +15,8 @@ import itertools
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -200,11 +202,7 @@ def finish(
     against the metadata. `log_starts`: partitions whose log start was moved on purpose
     (DeleteRecords, retention); the consumer read what lies below it before, the objects
     need not hold it any more, so committed is compared with consumed from it on."""
-    for producer in producers:
-        producer.stop(flush_timeout_s=120)
-    for producer in producers:
-        assert not producer.errors, f"{producer.name}: {producer.errors[:5]}"
-        assert producer.flushed == 0 and producer.sent == len(producer.acks), producer.name
+    stop_load(producers)
     progress.update()
     ends = {p: offset + 1 for p, offset in progress.max_offset.items()}
     wait_for(lambda: consumer.caught_up(ends), bool, "the consumer at the end", 60)
@@ -231,6 +229,15 @@ def finish(
     figures.notes["committed_differs_from_consumed"] = sum(
         1 for at, value in consumed.items() if kept(at) and from_objects.get(at) != value
     ) + len({at for at in from_objects if kept(at)} - set(consumed))
+
+
+def stop_load(producers: list) -> None:
+    """The load stopped and flushed: every record sent acknowledged, no delivery error."""
+    for producer in producers:
+        producer.stop(flush_timeout_s=120)
+    for producer in producers:
+        assert not producer.errors, f"{producer.name}: {producer.errors[:5]}"
+        assert producer.flushed == 0 and producer.sent == len(producer.acks), producer.name
 
 
 def read_back(
@@ -321,6 +328,49 @@ def write_figures(
     figures.notes["left_running"] = left_running(processes)
     figures.notes["test_s"] = round(time.monotonic() - began, 1)
     print(figures.write(path))
+
+
+@dataclass
+class FleetRun:
+    """A fleet of a test's own on a MinIO of its own (`fleet_run`), and what its end stops:
+    the producers (steady_load fills `producers`) and the consumers."""
+
+    minio: MinioServer
+    fleet: TieredFleet
+    producers: list = field(default_factory=list)
+    consumers: list = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def fleet_run(
+    kafka_bootstrap: str,
+    tmp_path: Path,
+    name: str,
+    figures: Figures,
+    zones: tuple[str, ...],
+    tiering: dict[str, Any] | None = None,
+) -> Iterator[FleetRun]:
+    """A MinIO of its own (`minio-<name>`) and a fleet of `zones` (not started) on the
+    session's Kafka, with the fault suite's tiering settings (or `tiering`); at the end,
+    whatever happened, the loads stopped, the fleet closed, MinIO stopped and the figures
+    written to `<name>-figures.json` (the proxies' ERROR lines, what is left running,
+    `test_s` from MinIO's start). The tests that break nothing the session shares."""
+    began = time.monotonic()
+    minio = MinioServer(name=f"minio-{name}", base_dir=tmp_path / "minio")
+    fleet = None
+    run = None
+    try:
+        minio.start()
+        fleet = TieredFleet(
+            kafka_bootstrap, minio, tmp_path, zones=zones, tiering=tiering or TIERING
+        )
+        run = FleetRun(minio, fleet)
+        yield run
+    finally:
+        try:
+            close_run([*run.producers, *run.consumers] if run else [], fleet, minio)
+        finally:
+            write_figures(figures, fleet, [minio], began, tmp_path / f"{name}-figures.json")
 
 
 def assert_nothing_lost(figures: Figures) -> None:

@@ -175,14 +175,16 @@ def start_load(
     rate: float = RATE,
     value_bytes: int = VALUE_BYTES,
     settings: dict | None = None,
+    prefix: str = "load",
 ) -> Progress:
-    """The steady load: one `LoadProducer` a zone (`load-a`, `load-b`, ...) writing `rate`
-    records a second round robin over the partitions, appended to `producers` as each
-    starts (the caller stops them, however far this got); their `Progress`."""
+    """The steady load: one `LoadProducer` a zone (`load-a`, `load-b`, ...: `prefix`)
+    writing `rate` records a second round robin over the partitions, appended to
+    `producers` as each starts (the caller stops them, however far this got); their
+    `Progress`."""
     progress = Progress(partitions)
     for zone in zones:
         producer = LoadProducer(
-            f"load-{zone[-1]}",
+            f"{prefix}-{zone[-1]}",
             bootstrap,
             topic,
             partitions,

@@ -52,6 +52,11 @@ CONSUMER_EXTRA_S = 60.0
 DELIVERY_GRACE_S = 3.0
 
 
+def claims(fleet: TieredFleet) -> dict[int, list]:
+    """shard -> [its last claim's owner, epoch], as the figures keep them."""
+    return {shard: [owner, epoch] for shard, (owner, epoch, _) in fleet.owners().items()}
+
+
 def broker_roles(bootstrap: str, topic: str, group: str) -> tuple[int, Counter[int], int]:
     """The coordinator of `group`, how many of `topic`'s partitions each broker leads, and
     the node the cluster names its controller (every node is a KRaft voter too)."""

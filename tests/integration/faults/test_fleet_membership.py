@@ -22,13 +22,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from cutover_load import LoadProducer
-from faultchecks import TIERING, assert_nothing_lost, close_run, finish, write_figures
+from faultchecks import assert_nothing_lost, finish, fleet_run
 from faultload import Figures
-from faultsteps import steady_load
-from tieredfleet import TieredFleet
-
-from proxy.devstack import MinioServer
+from faultsteps import claims, steady_load
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -36,41 +32,33 @@ PARTITIONS = 4
 ZONES = ("zone-a", "zone-b", "zone-c")
 
 
-def _claims(fleet: TieredFleet) -> dict[int, list]:
-    return {shard: [owner, epoch] for shard, (owner, epoch, _) in fleet.owners().items()}
-
-
 def test_a_member_joining_and_one_leaving_under_load_lose_and_repeat_nothing(
     kafka_cluster, tmp_path
 ):
     figures = Figures(seed=0)  # nothing random is chosen here
     began = time.monotonic()
-    minio = MinioServer(name="minio-members", base_dir=tmp_path / "minio")
-    fleet = None
-    producers: list[LoadProducer] = []
-    consumer = None
-    try:
-        minio.start()
-        fleet = TieredFleet(kafka_cluster.bootstrap, minio, tmp_path, zones=ZONES, tiering=TIERING)
+    with fleet_run(kafka_cluster.bootstrap, tmp_path, "membership", figures, ZONES) as run:
+        fleet = run.fleet
         a, b, c = (fleet[zone] for zone in ZONES)
         fleet.start("zone-a", "zone-b")
         fleet.wait_until_owned()
-        topic_id, injector = steady_load(fleet, PARTITIONS, producers, tmp_path, figures)
+        topic_id, injector = steady_load(fleet, PARTITIONS, run.producers, tmp_path, figures)
         progress, consumer = injector.progress, injector.consumer
+        run.consumers.append(consumer)
         figures.notes["setup_s"] = round(time.monotonic() - began, 1)
-        before_join = _claims(fleet)
+        before_join = claims(fleet)
 
         injected = time.monotonic()
         fleet.start("zone-c")
         fleet.wait_until_owned({a.name, b.name, c.name}, timeout=30)
         injector.recovered("member joins", injected, time.monotonic(), 30)
-        after_join = _claims(fleet)
+        after_join = claims(fleet)
 
         injected = time.monotonic()
         fleet.stop("zone-b")
         fleet.wait_until_owned({a.name, c.name}, timeout=30)
         injector.recovered("member leaves", injected, time.monotonic(), 30)
-        after_leave = _claims(fleet)
+        after_leave = claims(fleet)
         figures.notes["shards"] = {
             "before_join": before_join,
             "after_join": after_join,
@@ -82,10 +70,7 @@ def test_a_member_joining_and_one_leaving_under_load_lose_and_repeat_nothing(
             for line in proxy.log().splitlines()
             if "handed over uncleanly" in line
         ]
-        finish(fleet, minio, topic_id, producers, progress, consumer, figures)
-    finally:
-        close_run([*producers, consumer], fleet, minio)
-    write_figures(figures, fleet, [minio], began, tmp_path / "membership-figures.json")
+        finish(fleet, run.minio, topic_id, run.producers, progress, consumer, figures)
 
     shards = figures.notes["shards"]
     names = (a.name, b.name, c.name)

@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
-from test_tiered_partition import CUTOVER, RECORDS, S0, Shard, config_for, nth, ok
+from test_tiered_partition import CUTOVER, NOW_MS, RECORDS, S0, Shard, config_for, nth, ok
 
+from proxy.metadata.records import ObjectCommit, ShardClaim
 from proxy.objects.local import LocalDirectoryStore
 from proxy.partition.committed import committed_blocks
 from proxy.partition.owner import PartitionConfig, TieredPartition
+from proxy.partition.partition_set import PartitionSet
 from proxy.partition.sequence_holes import SequenceHoles
+from proxy.tiered import shards
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WriteAheadLog
 
@@ -125,3 +129,77 @@ async def test_a_gap_the_proxy_did_not_make_gets_kafkas_answer_even_after_a_take
         async with new:
             result = await new.produce(nth(PID, 2), -1)
             assert result.error_code == ErrorCode.out_of_order_sequence_number, result
+
+
+def commits_at(shard: Shard, epoch: int):
+    """The uploader's commit callback of the owner of `epoch`."""
+
+    async def commit(objects) -> None:
+        for o in objects:
+            shard.write(ObjectCommit(0, o.object_id, o.kind, o.size, epoch, NOW_MS, o.ranges))
+
+    return commit
+
+
+async def test_a_member_taken_over_uncleanly_does_not_bring_back_its_stale_wal_entries(tmp_path):
+    """proxy-a acknowledged five batches of S0 (its WAL only) and was killed; proxy-b took
+    the shard over uncleanly (`unclean_takeover_after_s`) at the committed end, the
+    cutover, and committed two batches of its own producer there. proxy-a restarts with
+    its old WAL and is given the shard again: its partition goes on from proxy-b's log
+    (its stale batches neither replayed nor served: before, they came back as the log past
+    proxy-b's end), and its uploader trims them without uploading them."""
+    shard = Shard()  # claimed by proxy-a at epoch 1
+    async with await WriteAheadLog.open(config_for(tmp_path / "a")) as wal:
+        old = PartitionSet(wal)
+        await old.recover([S0], shard.state)
+        for n in range(5):
+            ok(await old.produce(S0, nth(PID, n), -1), CUTOVER + RECORDS * n)
+        await old.close()  # killed: nothing uploaded
+    shard.write(ShardClaim(0, 2, "proxy-b", NOW_MS))  # the unclean takeover
+    async with LocalDirectoryStore(tmp_path / "objects") as store:
+        async with await WriteAheadLog.open(config_for(tmp_path / "b")) as wal:
+            taker = PartitionSet(wal)
+            await taker.recover([S0], shard.state)
+            for n in range(2):
+                ok(await taker.produce(S0, nth(8, n), -1), CUTOVER + RECORDS * n)
+            async with Uploader(wal, store, commits_at(shard, 2), ObjectIdAllocator(2)) as up:
+                await up.flush()
+            await taker.close()
+        assert shard.state.stream_end(S0) == CUTOVER + 6
+
+        shard.write(ShardClaim(0, 3, "proxy-a", NOW_MS))  # given back to proxy-a
+        async with await WriteAheadLog.open(config_for(tmp_path / "a")) as wal:
+            assert len([e async for e in wal.replay()]) == 5  # the stale entries
+            partitions = PartitionSet(wal)
+            service = SimpleNamespace(
+                name="proxy-a",
+                partitions=partitions,
+                store=store,
+                kafka_settings={},
+                topics=None,
+                is_sealed=lambda stream: False,
+                notify=lambda: None,
+            )
+            owner = SimpleNamespace(state=shard.state, previous_owner="proxy-b")
+            await shards.owned(service, owner)
+            partition = partitions.get(S0)
+            assert partition.log_end_offset == partition.high_watermark == CUTOVER + 6
+            ok(await partitions.produce(S0, nth(8, 2), -1), CUTOVER + 6)  # proxy-b's producer
+            ok(await partitions.produce(S0, nth(8, 1), -1), CUTOVER + 3)  # a retry: duplicate
+            uploader = Uploader(
+                wal,
+                store,
+                commits_at(shard, 3),
+                ObjectIdAllocator(3),
+                committed_end=shard.state.stream_end,
+                stale=partitions.stale,
+                config=QUIET,
+            )
+            async with uploader:
+                await uploader.flush()
+            assert uploader.stats.skipped_entries == 5
+            assert wal.trimmed_to == wal.durable_end
+            await partitions.close()
+        assert shard.state.stream_end(S0) == CUTOVER + 9
+        blocks = [b async for b in committed_blocks(store, shard.state, S0, CUTOVER, CUTOVER + 9)]
+        assert [h.producer_id for b in blocks for h in b.headers] == [8, 8, 8]

@@ -102,6 +102,7 @@ class Partitions:
 async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
     partitions, woken = Partitions(), []
     host = SimpleNamespace(
+        name="proxy-a",
         readers=[],
         partitions=partitions,
         store=object(),
@@ -110,7 +111,8 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),
     )
-    owner = SimpleNamespace(state=SimpleNamespace(stream_ids=lambda: [1, 2, 3]))
+    # the last claim before this one was this member's: its WAL entries are its log
+    owner = SimpleNamespace(state=SimpleNamespace(stream_ids=lambda: [1, 2, 3]), previous_owner="")
     await shards.owned(host, owner)
     assert partitions.recovered == [[1, 3]]
     assert woken == [True]
