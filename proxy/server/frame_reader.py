@@ -74,13 +74,19 @@ def _unreferenced(buffer: bytearray) -> bool:
     return True
 
 
+# A connection's buffer starts this small and doubles, up to its capacity, as its unread
+# bytes need: an idle connection holds little (bytearray(n) writes every byte of it).
+INITIAL_BUFFER_BYTES = 16 * 1024
+
+
 class BufferedFrameReader:
-    """A `FrameReader` over a buffer of `capacity` bytes, fed by `FrameProtocol`."""
+    """A `FrameReader` over a buffer of up to `capacity` bytes, fed by `FrameProtocol`."""
 
     def __init__(self, capacity: int, loop: asyncio.AbstractEventLoop) -> None:
         self._capacity = capacity
         self._loop = loop
-        self._buffer = bytearray(capacity)
+        self._size = min(capacity, INITIAL_BUFFER_BYTES)  # the buffer's, now
+        self._buffer = bytearray(self._size)
         self._view = memoryview(self._buffer)
         self._spare: bytearray | None = None  # an earlier buffer, reused once unreferenced
         self._start = 0  # unread bytes: [_start, _end)
@@ -130,8 +136,12 @@ class BufferedFrameReader:
                 self._wake()
             return
         self._end += nbytes
-        if self._end == self._capacity:  # full: nothing more until a read makes room
-            self._pause()
+        if self._end == self._size:
+            if self._size < self._capacity and (self._end - self._start) * 2 > self._size:
+                # mostly unread: a larger buffer (the views handed out stay in the old)
+                self._replace(min(self._size * 2, self._capacity))
+            else:  # nothing more until a read makes room
+                self._pause()
         if self._end - self._start >= self._want:
             self._wake()
 
@@ -190,7 +200,9 @@ class BufferedFrameReader:
                 raise self._exception
             if self._eof:
                 raise asyncio.IncompleteReadError(bytes(self._view[self._start : self._end]), n)
-            if self._capacity - self._start < n:
+            if n > self._size:
+                self._replace(min(max(n, self._size * 2), self._capacity))
+            elif self._size - self._start < n:
                 self._move_to_front()
             elif self._start == self._end and self._start and self._consumers_idle():
                 self._start = self._end = 0  # empty: start over at the front, no copy
@@ -211,18 +223,27 @@ class BufferedFrameReader:
         if start == 0:
             return
         if not self._consumers_idle():
-            spare = self._spare
-            self._spare = self._buffer
-            self._view.release()  # views handed out keep the old buffer alive, not this
-            if spare is None or not _unreferenced(spare):
-                spare = bytearray(self._capacity)
-            old = memoryview(self._buffer)
-            self._buffer = spare
-            self._view = memoryview(spare)
-            self._view[: end - start] = old[start:end]
-            old.release()
-        elif end > start:
+            self._replace(self._size)
+            return
+        if end > start:
             self._view[: end - start] = self._view[start:end]  # memoryview: a memmove
+        self._start, self._end = 0, end - start
+
+    def _replace(self, size: int) -> None:
+        """Move the unread bytes to the start of another buffer of `size` bytes: the
+        spare if it is that size and unreferenced, else a new one. The old one becomes
+        the spare; the views handed out keep it alive, unchanged."""
+        start, end = self._start, self._end
+        spare = self._spare
+        self._spare = self._buffer
+        self._view.release()  # views handed out keep the old buffer alive, not this
+        if spare is None or len(spare) != size or not _unreferenced(spare):
+            spare = bytearray(size)
+        old = memoryview(self._buffer)
+        self._buffer, self._size = spare, size
+        self._view = memoryview(spare)
+        self._view[: end - start] = old[start:end]
+        old.release()
         self._start, self._end = 0, end - start
 
     def _consumers_idle(self) -> bool:

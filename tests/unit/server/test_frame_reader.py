@@ -131,6 +131,27 @@ async def test_read_returns_what_has_come_and_empty_at_the_end():
     assert bytes(await reader.read(100)) == b""
 
 
+async def test_a_frame_larger_than_the_first_buffer_grows_it():
+    reader = BufferedFrameReader(1 << 20, asyncio.get_running_loop())
+    small = framed(b"s" * 100)
+    big = framed(bytes(range(256)) * 400)  # 100 KiB: more than the first buffer
+    task = asyncio.ensure_future(read_frames(reader, 3))
+    await feed(reader, small + big + small)
+    assert await task == [small, big, small]
+
+
+async def test_an_unread_buffer_grows_instead_of_pausing_until_its_capacity():
+    capacity = 64 * 1024
+    reader = BufferedFrameReader(capacity, asyncio.get_running_loop())
+    kept = []
+    data = bytes(range(256)) * (capacity // 256)
+    await feed(reader, data)  # nobody reads: it grows until it holds all of it
+    assert reader.buffered == capacity
+    kept.append(await reader.readexactly(10))
+    assert bytes(await reader.read(capacity)) == data[10:]
+    assert bytes(kept[0]) == data[:10]
+
+
 class HoldingTransport:
     """A transport that has not sent what it was given yet (or has)."""
 
