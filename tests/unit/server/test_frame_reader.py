@@ -235,9 +235,9 @@ def test_frames_over_a_socket_in_pieces(loop_name):
     run_on(loop_name, 64, test)
 
 
+@pytest.mark.parametrize("capacity", [4096, 64 * 1024])  # the second grows to it first
 @pytest.mark.parametrize("loop_name", LOOPS)
-def test_a_full_buffer_pauses_reading_until_a_read_makes_room(loop_name):
-    capacity = 4096
+def test_a_full_buffer_pauses_reading_until_a_read_makes_room(loop_name, capacity):
     data = bytes(range(256)) * 4096  # 1 MiB: far more than the buffer and the sockets
 
     async def test(protocol, peer, loop) -> None:
@@ -257,8 +257,9 @@ def test_a_full_buffer_pauses_reading_until_a_read_makes_room(loop_name):
     run_on(loop_name, capacity, test)
 
 
+@pytest.mark.parametrize("capacity", [4096, 1 << 20])  # read on its own; the buffer grows
 @pytest.mark.parametrize("loop_name", LOOPS)
-def test_a_frame_larger_than_the_buffer_over_a_socket(loop_name):
+def test_a_frame_larger_than_the_buffer_over_a_socket(loop_name, capacity):
     big = framed(bytes(range(256)) * 1000)
     small = framed(b"after")
 
@@ -268,7 +269,7 @@ def test_a_frame_larger_than_the_buffer_over_a_socket(loop_name):
         assert bytes(await protocol.reader.read_frame(no_check)) == small
         await sender
 
-    run_on(loop_name, 4096, test)
+    run_on(loop_name, capacity, test)
 
 
 @pytest.mark.parametrize("loop_name", LOOPS)
