@@ -17,8 +17,9 @@ those transports hold nothing (`forwards_to`); until then the reader moves on to
 buffer and leaves the old one to the views that still hold it.
 
 Flow control: reading pauses while the buffer is full and resumes once a read has made
-room, so a connection holds at most its buffer (plus a frame larger than the buffer,
-read into a buffer of its own); writing is an ordinary `asyncio.StreamWriter` whose
+room, so a connection holds at most its buffer (which starts small and doubles up to the
+capacity while its bytes are mostly unread), plus a frame larger than the capacity, read
+into a buffer of its own; writing is an ordinary `asyncio.StreamWriter` whose
 `drain()` waits while the transport's buffer is above its limit.
 """
 
