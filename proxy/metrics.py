@@ -154,13 +154,13 @@ class ProxyMetrics:
         self._requests_by_key: dict[int, object] = {}
         self._latency_by_key: dict[int, object] = {}
 
-    def request(self, api_key: int) -> None:
-        """Count one request; the labelled child is looked up once per API key, not per
-        request (`labels()` takes a lock and builds a tuple)."""
+    def request(self, api_key: int, count: int = 1) -> None:
+        """Count requests of one API key; the labelled child is looked up once per API
+        key, not per request (`labels()` takes a lock and builds a tuple)."""
         child = self._requests_by_key.get(api_key)
         if child is None:
             child = self._requests_by_key[api_key] = self.requests.labels(str(api_key))
-        child.inc()
+        child.inc(count)
 
     def answered(self, api_key: int, seconds: float) -> None:
         """One answer written: one histogram observation (children cached as above)."""

@@ -36,7 +36,8 @@ from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
-from proxy.server.control import ControlConnection, SaslFailed, Streams
+from proxy.server.control import ControlConnection, FrameStreams, SaslFailed
+from proxy.server.frame_reader import BufferedFrameReader, FrameProtocol
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tls import client_context, server_context
 from proxy.tiered.metrics import TieringMetrics
@@ -221,19 +222,18 @@ class Proxy:
             except asyncio.CancelledError:
                 pass  # the proxy is stopping; ending quietly keeps asyncio from logging it
 
-        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        def accept(reader: BufferedFrameReader, writer: asyncio.StreamWriter) -> None:
             # A plain callback, not a coroutine: stop() cancels the connection even if its
             # task never got to run (proxy.lifecycle.run_connection).
             writer.transport.set_write_buffer_limits(high=limits.buffer_bytes)
             connection = ClientConnection(self, reader, writer, node_id, name)
             run_connection(self._connections, writer, serve(connection))
 
-        self._servers[node_id] = await asyncio.start_server(
-            accept,
+        self._servers[node_id] = await asyncio.get_running_loop().create_server(
+            lambda: FrameProtocol(limits.buffer_bytes, accept),
             self.config.listeners.bind_host,
             port,
             ssl=self._server_ssl,
-            limit=limits.buffer_bytes,
             reuse_address=True,
             # workers: N, every worker binds the same client ports (config/workers.py)
             reuse_port=self.config.workers > 1,
@@ -275,10 +275,10 @@ class Proxy:
         host, port = random.choice(self.config.upstream.bootstrap)
         return None, host, port
 
-    async def open_upstream(self, host: str, port: int) -> Streams:
+    async def open_upstream(self, host: str, port: int) -> FrameStreams:
         """A connection to a broker, for a client connection (tests wrap this to count
         the connections clients cause)."""
-        return await self.control.open(host, port)
+        return await self.control.open_frames(host, port)
 
     def api_ranges(self) -> dict[int, tuple[int, int]]:
         return self._api_ranges

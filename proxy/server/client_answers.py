@@ -38,6 +38,10 @@ class ClientAnswers:
         self._writer = writer
         self._zone = zone
         self._local_answer = asyncio.Event()  # set when an answer is made here
+        # Bytes written and not yet added to the metrics (`publish`): a prometheus_client
+        # inc takes a lock, so the counters are updated per batch of answers.
+        self._bytes_out = 0
+        self._to_client = 0
 
     def enqueue(self, slot: Slot) -> None:
         self.order.owe(slot, time.perf_counter())
@@ -63,6 +67,7 @@ class ClientAnswers:
         """An answer was made here (a tiered part): send what is ready, and wake a
         streamed answer waiting for its turn behind it."""
         self.flush()
+        self.publish()  # made by a tiered task, not one of the connection's loops
         self._local_answer.set()
         self._local_answer = asyncio.Event()
 
@@ -89,13 +94,23 @@ class ClientAnswers:
         else:
             self._writer.writelines(pieces)
         size = sum(len(piece) for piece in pieces)
-        self._metrics.bytes_out.inc(size)
+        self._bytes_out += size
         if not local:  # a broker's answer: it crossed the proxy-to-broker hop too
-            self._zone.count_to_client(size)
+            self._to_client += size
         tap = self._proxy.tap
         if tap is not None:
             for piece in pieces:
                 tap(piece)
+
+    def publish(self) -> None:
+        """Add the bytes written since the last call to the metrics: the connection
+        calls it before its loops wait for more to read, and as it closes."""
+        if self._bytes_out:
+            self._metrics.bytes_out.inc(self._bytes_out)
+            self._bytes_out = 0
+        if self._to_client:
+            self._zone.count_to_client(self._to_client)
+            self._to_client = 0
 
     async def drain(self) -> None:
         try:

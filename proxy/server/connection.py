@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import NoReturn
 
 from proxy.apis import HANDLING, TIERED_API_KEYS, ApiHandling
 from proxy.apis.api01_fetch import request_rack_id
@@ -47,6 +48,7 @@ from proxy.server.connection_state import (
     check_request_size,
     read_request_header,
 )
+from proxy.server.frame_reader import BufferedFrameReader
 from proxy.server.split_answers import SplitAnswers
 from proxy.server.streams import (
     UpstreamClosed,
@@ -75,7 +77,7 @@ class ClientConnection:
     def __init__(
         self,
         proxy,  # proxy.server.app.Proxy; not imported to keep the import graph acyclic
-        client_reader: asyncio.StreamReader,
+        client_reader: BufferedFrameReader,
         client_writer: asyncio.StreamWriter,
         target_node: int | None,
         listener: str,
@@ -88,7 +90,7 @@ class ClientConnection:
         peer = client_writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "unknown"
         self.zone = ConnectionZone(proxy, self.peer, peer[0] if peer else None, listener)
-        self.upstream_reader: asyncio.StreamReader | None = None
+        self.upstream_reader: BufferedFrameReader | None = None
         self.upstream_writer: asyncio.StreamWriter | None = None
         limits = proxy.config.limits
         self._answers = ClientAnswers(proxy, client_writer, self.zone, limits.max_inflight_requests)
@@ -96,6 +98,11 @@ class ClientConnection:
         self._split = SplitAnswers(self)
         self._upstream_task: asyncio.Task[None] | None = None
         self._max_frame = proxy.config.limits.max_frame_bytes
+        # Requests read and not yet added to the metrics (`_publish`): per API key, and
+        # their bytes (in; and to the broker, the part forwarded).
+        self._requests: dict[int, int] = {}
+        self._bytes_in = 0
+        self._to_broker = 0
         self._chunk_bytes = proxy.config.limits.buffer_bytes
 
     # -- lifecycle -------------------------------------------------------------------
@@ -124,6 +131,7 @@ class ClientConnection:
         finally:
             metrics.connections.dec()
             await self._close()
+            self._publish()
 
     def _reject(self, exc: RejectedFrame) -> None:
         self.proxy.metrics.rejected_frames.labels(exc.reason).inc()
@@ -178,21 +186,23 @@ class ClientConnection:
     # -- client to upstream ------------------------------------------------------------
 
     async def _client_loop(self) -> None:
-        metrics = self.proxy.metrics
-        read_ahead = None  # a first frame size read while looking for a PROXY header
+        reader = self.client_reader
+        requests = self._requests
         if self.proxy.config.listeners.proxy_protocol != "off":
-            read_ahead = await self._read_proxy_header()
+            await self._read_proxy_header()
         while True:
-            if read_ahead is None:
-                size_bytes = await self._read_client(4, between_frames=True)
-            else:
-                size_bytes, read_ahead = read_ahead, None
-            (size,) = FRAME_SIZE.unpack(size_bytes)
-            check_request_size(size, self._max_frame)  # before reading any of the body
-            frame = memoryview(await self._read_client(size, between_frames=False))
+            if not reader.has_frame():
+                self._publish()  # the metrics, before waiting for more to read
+            # The frame, its size in front: a view of the reader's buffer, valid until
+            # the next read (frame_reader.py), forwarded as it is in one send.
+            framed = await self._read_request()
+            size = len(framed) - 4
+            frame = framed[4:]
             header = read_request_header(frame)
-            metrics.request(header.api_key)
-            metrics.bytes_in.inc(size + 4)
+            requests[header.api_key] = requests.get(header.api_key, 0) + 1
+            self._bytes_in += size + 4
+            if header.client_id != self.zone.client_id:
+                self._publish()  # counted in the zone of the requests before
             self.zone.on_client_id(header.client_id)
             if not self._answers.room.is_set():
                 await self._answers.room.wait()
@@ -208,8 +218,12 @@ class ClientConnection:
                     rack = request_rack_id(header.api_version, frame[header.size :])
                 except FrameError:
                     rack = None  # forwarded as it is: the broker judges the request
+                self._publish()  # counted in the zone of the requests before
                 self.zone.on_fetch_rack(rack)
             if self.proxy.tiering is not None and header.api_key in TIERED_API_KEYS:
+                # A copy: a plan keeps the request beyond the next read.
+                framed = memoryview(bytes(framed))
+                frame = framed[4:]
                 plan = await self._plan(header, frame)
                 if plan is not None and plan.local is not None:
                     await self._split.request(header, plan, expects_answer, size + 4)
@@ -221,11 +235,27 @@ class ClientConnection:
                 self.enqueue(slot)
                 self.forwarded(slot)
             assert self.upstream_writer is not None
-            self.upstream_writer.writelines((size_bytes, frame))  # one send, not two
-            self.zone.count_to_broker(size + 4)
+            self.upstream_writer.write(framed)
+            self._to_broker += size + 4
             await self.upstream_writer.drain()
             if self._upstream_task is not None and self._upstream_task.done():
                 self._upstream_task.result()  # re-raise why upstream stopped
+
+    def _publish(self) -> None:
+        """Add what was counted since the last call to the metrics: per batch of
+        requests, not per request (a prometheus_client inc takes a lock)."""
+        metrics = self.proxy.metrics
+        if self._requests:
+            for api_key, count in self._requests.items():
+                metrics.request(api_key, count)
+            self._requests.clear()
+        if self._bytes_in:
+            metrics.bytes_in.inc(self._bytes_in)
+            self._bytes_in = 0
+        if self._to_broker:
+            self.zone.count_to_broker(self._to_broker)
+            self._to_broker = 0
+        self._answers.publish()
 
     async def _plan(self, header: RequestHeader, frame: memoryview) -> Plan | None:
         """How a request of an API `HANDLING` marks tiered splits between the tiered
@@ -239,18 +269,30 @@ class ClientConnection:
         except FrameError as exc:
             raise RejectedFrame("malformed_request", str(exc)) from None
 
-    async def _read_proxy_header(self) -> bytes | None:
+    async def _read_proxy_header(self) -> None:
         """Take the client's real address from a PROXY header, if the connection starts
-        with one; return the 4 bytes read if it does not (the first frame's size)."""
-        first = await self._read_client(4, between_frames=True)
+        with one (if not, its first 4 bytes, a frame size, are left unread)."""
+        reader = self.client_reader
+        try:
+            first = bytes(await reader.peek(4))
+        except asyncio.IncompleteReadError as exc:
+            self._truncated(exc, "frame size")
         if detect(first) == "none":
             if self.proxy.config.listeners.proxy_protocol == "required":
                 raise RejectedFrame("missing_proxy_header", "no PROXY protocol header")
-            return first
-        buffer = first
+            return
+        buffer = b""
+        want = 4
         try:
-            while (parsed := parse_proxy_header(buffer))[0] is None:
-                buffer += await self._read_client(parsed[1], between_frames=False)
+            while True:
+                try:
+                    buffer += await reader.readexactly(want)
+                except asyncio.IncompleteReadError as exc:
+                    self._truncated(exc, "frame")
+                parsed = parse_proxy_header(buffer)
+                if parsed[0] is not None:
+                    break
+                want = parsed[1]
         except FrameError as exc:
             raise RejectedFrame("malformed_proxy_header", str(exc)) from None
         header = parsed[0]
@@ -258,22 +300,33 @@ class ClientConnection:
             self.peer = f"{header.source_address}:{header.source_port} (via {self.peer})"
             self.zone.peer = self.peer
             self.zone.source_address = header.source_address
-        return None
 
-    async def _read_client(self, n: int, between_frames: bool) -> bytes:
+    async def _read_request(self) -> memoryview:
+        """The next request frame, its size in front (valid until the next read)."""
         try:
-            return await self.client_reader.readexactly(n)
+            return await self.client_reader.read_frame(self._check_size)
         except asyncio.IncompleteReadError as exc:
-            upstream = self._upstream_task
-            if upstream is not None and upstream.done():
-                upstream.result()  # the proxy closed the client: upstream went away
-            if between_frames and not exc.partial:
-                raise  # a clean end: the client went away between frames
-            part = "frame size" if between_frames else "frame"
-            raise RejectedFrame(
-                "truncated_frame",
-                f"connection closed after {len(exc.partial)} of the {n} bytes of a {part}",
-            ) from None
+            if len(exc.partial) < 4:  # a clean end if nothing came
+                self._truncated(exc, "frame size")
+            partial = exc.partial[4:]
+            expected = (exc.expected or 4) - 4
+            self._truncated(asyncio.IncompleteReadError(partial, expected), "frame")
+
+    def _check_size(self, size: int) -> None:
+        check_request_size(size, self._max_frame)  # before reading any of the body
+
+    def _truncated(self, exc: asyncio.IncompleteReadError, part: str) -> NoReturn:
+        """The client closed mid-read: a clean end between frames (IncompleteReadError
+        again), else RejectedFrame; why upstream stopped, if it did so first."""
+        upstream = self._upstream_task
+        if upstream is not None and upstream.done():
+            upstream.result()  # the proxy closed the client: upstream went away
+        if part == "frame size" and not exc.partial:
+            raise exc  # a clean end: the client went away between frames
+        raise RejectedFrame(
+            "truncated_frame",
+            f"connection closed after {len(exc.partial)} of the {exc.expected} bytes of a {part}",
+        ) from None
 
     def _answer_api_versions(self, header: RequestHeader, body: memoryview) -> int:
         """Answer here (queued behind earlier answers); the answer's size."""
@@ -302,6 +355,9 @@ class ClientConnection:
         node_id, host, port = self.proxy.upstream_address_for(self.target_node)
         self.zone.on_upstream(node_id)
         self.upstream_reader, self.upstream_writer = await self.proxy.open_upstream(host, port)
+        # Each reader's views are written to the other side (frame_reader.py).
+        self.client_reader.forwards_to(self.upstream_writer.transport)
+        self.upstream_reader.forwards_to(self.client_writer.transport)
         self._upstream_task = asyncio.create_task(self._upstream_loop())
 
     # -- upstream to client ------------------------------------------------------------
@@ -311,11 +367,12 @@ class ClientConnection:
         assert reader is not None
         try:
             while True:
+                if not reader.has_frame():
+                    self._publish()  # the metrics, before waiting for more to read
                 try:
-                    size_bytes = await reader.readexactly(4)
+                    (size,) = FRAME_SIZE.unpack(await reader.peek(4))
                 except asyncio.IncompleteReadError:
                     raise UpstreamClosed("connection closed by the broker") from None
-                (size,) = FRAME_SIZE.unpack(size_bytes)
                 if not 4 <= size <= MAX_RESPONSE_BYTES:
                     raise UpstreamClosed(f"response frame size {size} out of range")
                 slot = self._order.next_from_upstream()  # taken once answered in full
@@ -324,6 +381,7 @@ class ClientConnection:
                 api = HANDLING.get(slot.api_key)
                 rewrites = api is not None and api.rewrites(slot.api_version)
                 if slot.plan is not None and slot.plan.local is not None:
+                    await reader.readexactly(4)
                     frame = await read_whole(reader, size, self._chunk_bytes)
                     check_correlation_id(slot.correlation_id, frame)
                     slot.data = await self._split.merged(slot, frame)
@@ -331,17 +389,16 @@ class ClientConnection:
                     self._answers.flush()
                     await self._answers.drain()
                 elif api is not None and rewrites and not _walks(api, size, self._chunk_bytes):
-                    frame = await read_whole(reader, size, self._chunk_bytes)
-                    check_correlation_id(slot.correlation_id, frame)
-                    slot.data = self._rewritten(api, slot, size_bytes, frame)
+                    framed = await read_exactly(reader, size + 4)
+                    check_correlation_id(slot.correlation_id, framed[4:])
+                    if not self._order.is_next(slot):  # queued beyond the next read
+                        framed = memoryview(bytearray(framed))
+                    slot.data = self._rewritten(api, slot, framed)
                     self._answered_upstream(slot)
                     self._answers.flush()
                     await self._answers.drain()
                 else:  # as it comes; an answer to rewrite here is one to walk (Fetch v16+)
-                    correlation_id = await read_exactly(reader, 4)
-                    check_correlation_id(slot.correlation_id, correlation_id)
-                    head = size_bytes + correlation_id
-                    await self._pass_through(slot, head, size - 4, walk=rewrites)
+                    await self._pass_through(slot, size, walk=rewrites)
                     self._answered_upstream(slot)
         except ClientGone:
             # Not upstream's fault: the client loop sees the connection end and closes.
@@ -355,48 +412,51 @@ class ClientConnection:
             raise UpstreamClosed(reason) from None
 
     def _rewritten(
-        self, api: ApiHandling, slot: Slot, size_bytes: bytes, frame: bytearray
+        self, api: ApiHandling, slot: Slot, framed: memoryview
     ) -> tuple[bytes | bytearray | memoryview, ...]:
         """The framed answer with the brokers it names replaced by the proxy's listeners,
         in pieces: an answer that names none (most Fetch answers) is not copied."""
-        view = memoryview(frame)
+        view = framed[4:]
         head = response_header_size(slot.api_key, slot.api_version, view)
         body = view[head:]
         assert api.rewrite is not None  # `rewrites`
         rewritten = api.rewrite(slot.api_version, body, self.zone.advertise)
         if rewritten is body:
-            return size_bytes, frame
+            return (framed,)
         return FRAME_SIZE.pack(head + len(rewritten)), view[:head], rewritten
 
-    async def _pass_through(self, slot: Slot, head: bytes, remaining: int, walk: bool) -> None:
-        """Send an answer on as it arrives, a buffer at a time: a Fetch answer may be tens
-        of MiB, and the proxy holds no more of it than its buffers, however large."""
+    async def _pass_through(self, slot: Slot, size: int, walk: bool) -> None:
+        """Send an answer of `size` bytes (after its own size) on as it arrives, a buffer
+        at a time: a Fetch answer may be tens of MiB, and the proxy holds no more of it
+        than its buffers, however large. Its turn comes first, so that each piece read is
+        written before the next read (the reader's views are valid until then)."""
         answers = self._answers
         await answers.wait_turn(slot)
         reader = self.upstream_reader
         assert reader is not None
-        unsent_head: bytes | None = head  # sent with the first chunk, in one system call
         if walk:  # a large Fetch v16+ answer (`_walks`)
+            head = bytes(await read_exactly(reader, 8))  # kept while the walk reads on
+            check_correlation_id(slot.correlation_id, head[4:])
             version = slot.api_version
             await stream_walked_answer(
-                reader, head, remaining, walk_fetch_answer(version), self._chunk_bytes,
+                reader, head, size - 4, walk_fetch_answer(version), self._chunk_bytes,
                 answers.write, answers.drain,
                 lambda tail: rewrite_tail(version, tail, self.zone.advertise),
             )  # fmt: skip
-            unsent_head, remaining = None, 0
+            answers.streamed(slot)
+            return
+        remaining = size + 4
+        first = True
         while remaining:
-            chunk = await reader.read(min(remaining, self._chunk_bytes))
-            if not chunk:
+            chunk = await reader.read(min(remaining, self._chunk_bytes), 8 if first else 1)
+            if len(chunk) < (8 if first else 1):
                 raise UpstreamClosed(f"connection closed by the broker, {remaining} bytes short")
-            if unsent_head is None:
-                answers.write(chunk)
-            else:
-                answers.write(unsent_head, chunk)
-                unsent_head = None
+            if first:  # size and correlation id in front
+                check_correlation_id(slot.correlation_id, chunk[4:8])
+                first = False
+            answers.write(chunk)
             remaining -= len(chunk)
             await answers.drain()
-        if unsent_head is not None:  # an answer of nothing but its correlation id
-            answers.write(unsent_head)
         answers.streamed(slot)
 
     def _answered_upstream(self, slot: Slot) -> None:

@@ -37,10 +37,12 @@ from proxy.kafka.sasl import (
     plain_message,
 )
 from proxy.routing.brokers import BrokerDirectory
+from proxy.server.frame_reader import BufferedFrameReader, open_frames
 
 log = logging.getLogger("tierproxy.proxy")
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+FrameStreams = tuple[BufferedFrameReader, asyncio.StreamWriter]
 Ranges = dict[int, tuple[int, int]]  # api key -> (min version, max version)
 # (node id, host, port, rack) of each broker a Metadata answer names
 BrokerRows = list[tuple[int, str, int, str | None]]
@@ -77,6 +79,21 @@ class ControlConnection:
                 ssl=self._ssl,
                 server_hostname=host if self._ssl else None,
                 limit=self._buffer_bytes,
+            ),
+            self.config.connect_timeout_s,
+        )
+        writer.transport.set_write_buffer_limits(high=self._buffer_bytes)
+        return reader, writer
+
+    async def open_frames(self, host: str, port: int) -> FrameStreams:
+        """As `open`, for a client connection's upstream: read into a buffer it owns."""
+        reader, writer = await asyncio.wait_for(
+            open_frames(
+                host,
+                port,
+                self._buffer_bytes,
+                ssl=self._ssl,
+                server_hostname=host if self._ssl else None,
             ),
             self.config.connect_timeout_s,
         )

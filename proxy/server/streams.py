@@ -1,4 +1,8 @@
-"""Reading Kafka frames off asyncio streams: helpers of the connection loops."""
+"""Reading Kafka frames off a connection's `FrameReader`: helpers of the connection loops.
+
+The reader's views are valid until its next read (frame_reader.py): what is kept longer
+is copied here (`read_whole`, and the pieces `stream_walked_answer` gathers).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,14 @@ from collections.abc import Awaitable, Callable
 
 from proxy.kafka.frames import FrameError
 from proxy.kafka.wire import INT32
+from proxy.server.frame_reader import FrameReader
 
 
 class UpstreamClosed(Exception):
     """The broker closed the connection or answered out of turn."""
 
 
-async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
+async def read_exactly(reader: FrameReader, n: int) -> memoryview:
     try:
         return await reader.readexactly(n)
     except asyncio.IncompleteReadError as exc:
@@ -22,9 +27,8 @@ async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
         ) from None
 
 
-async def read_whole(reader: asyncio.StreamReader, n: int, chunk_bytes: int) -> bytearray:
-    """n bytes in one allocation, read a buffer at a time: `readexactly` would gather
-    them in the reader's buffer and copy them out, holding two or three times as much."""
+async def read_whole(reader: FrameReader, n: int, chunk_bytes: int) -> bytearray:
+    """n bytes in one allocation of the caller's own, read a buffer at a time."""
     frame = bytearray(n)
     got = 0
     with memoryview(frame) as view:
@@ -37,7 +41,7 @@ async def read_whole(reader: asyncio.StreamReader, n: int, chunk_bytes: int) -> 
     return frame
 
 
-def check_correlation_id(expected: int, frame: bytes | bytearray) -> None:
+def check_correlation_id(expected: int, frame: bytes | bytearray | memoryview) -> None:
     (correlation_id,) = INT32.unpack_from(frame, 0)
     if correlation_id != expected:
         raise UpstreamClosed(f"correlation id {correlation_id}, expected {expected}")
@@ -48,7 +52,7 @@ _GATHER_BELOW = 4096
 
 
 async def stream_walked_answer(
-    reader: asyncio.StreamReader,
+    reader: FrameReader,
     head: bytes,
     remaining: int,
     walk,  # fetch_stream.Walk
@@ -71,7 +75,7 @@ async def stream_walked_answer(
             if size > remaining:
                 raise FrameError(f"the answer ends {size - remaining} bytes early")
             if want > 0 or size < _GATHER_BELOW:
-                data = await read_exactly(reader, size)
+                data = bytes(await read_exactly(reader, size))  # kept past the next read
                 pending.append(data)
                 gathered += size
                 remaining -= size
