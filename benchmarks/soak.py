@@ -8,8 +8,7 @@ own with `TIERPROXY_FAULT_SEED` set (random seeds unless `--seeds`), its own Kaf
 MinIO, as in CI; the figures it writes (`fault-figures.json` in its tmp dir) make one row:
 faults injected, records acknowledged, lost, duplicates of each kind (in the log, served
 again), the recovery times (median and max over every fault of the run), what was left
-in the bucket (orphans, S3-WAL objects, garbage past the grace), how many recoveries the
-consumer needed its extra time for (`slow_consumer_recoveries`) and the result. A run
+in the bucket (orphans, S3-WAL objects, garbage past the grace) and the result. A run
 that fails still gives its row when it got as far as writing its figures; one that did
 not says where pytest stopped. The figures that matter: lost 0 and duplicates 0 in every
 row. Markdown on stdout, as the runs end; `--json` has every run's figures. `--keep DIR`
@@ -34,9 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SUITE = "tests/integration/faults/test_fault_injection.py"
 HEADER = (
     "| seed | result | faults | acknowledged | lost | duplicates (in the log / served "
-    "again) | recovery median / max (s) | orphans / S3-WAL / garbage past grace | consumer "
-    "slow | wall (s) |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    "again) | recovery median / max (s) | orphans / S3-WAL / garbage past grace | wall (s) |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -70,7 +68,7 @@ def row(run: dict) -> str:
     f = run["figures"]
     result = "passed" if run["passed"] else f"failed: {run['failure']}"
     if f is None:
-        return f"| {run['seed']} | {result} | - | - | - | - | - | - | - | {run['wall_s']} |"
+        return f"| {run['seed']} | {result} | - | - | - | - | - | - | {run['wall_s']} |"
     kinds = f.get("recovery_s", {}).values()
     # the slowest kind's median, and the slowest single recovery
     recovery = (
@@ -84,11 +82,10 @@ def row(run: dict) -> str:
         f" / {len(f.get('garbage_left_after_grace', []))}"
     )
     duplicates = f"{f.get('duplicates_in_the_log', '-')} / {f.get('duplicates_served_again', '-')}"
-    slow = len(f.get("slow_consumer_recoveries", []))
     return (
         f"| {run['seed']} | {result} | {f['faults_total']} ({faults}) | "
         f"{f['records_acknowledged']:,} | {f['lost']} | {duplicates} | {recovery} | {left} | "
-        f"{slow} | {run['wall_s']} |"
+        f"{run['wall_s']} |"
     )
 
 

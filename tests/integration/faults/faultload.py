@@ -209,7 +209,20 @@ def stop_quietly(stoppables: list) -> None:
 
 class FleetConsumer:
     """A librdkafka consumer reading every partition through the fleet from the cutover
-    on, in a thread; `records[p]` is (offset, value) in the order they came."""
+    on, in a thread; `records[p]` is (offset, value) in the order they came.
+
+    Its re-bootstrap is off (`metadata_recovery`). librdkafka (2.10 and later) re-bootstraps
+    as soon as every broker it knows is down, which for a client of a zone is every time
+    that zone's proxy dies (all the broker ids it was given are that proxy's listeners);
+    the brokers it decommissions then can deadlock its main thread with an
+    OffsetForLeaderEpoch answer being handled at that moment: a lock-order inversion,
+    confluentinc/librdkafka#5476 (open; fix proposed in #5304), found here with gdb
+    (docs/reliability.md, "A consumer stuck after a kill -9"). The consumer then stops
+    for good, fetching nothing and emitting no statistics. With the re-bootstrap off it
+    reconnects to the brokers it knows, as librdkafka did before 2.10.
+    """
+
+    metadata_recovery = "none"  # librdkafka's metadata.recovery.strategy (see above)
 
     def __init__(
         self,
@@ -293,6 +306,7 @@ class FleetConsumer:
             "fetch.error.backoff.ms": 100,
             "reconnect.backoff.max.ms": 1000,
             "statistics.interval.ms": 5000,  # state(): kept, read only when behind
+            "metadata.recovery.strategy": self.metadata_recovery,
             "stats_cb": self._keep_stats,
         }
         if self.debug:

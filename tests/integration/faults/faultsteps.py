@@ -12,8 +12,9 @@ the paused one resumed, the broker or MinIO started again):
    the highest offset acknowledged by then.
 
 The recovery time is from the end of the fault to all three; the outage time from the
-injection to all three. Each must come within a stated bound, else the suite fails; the
-consumer alone gets CONSUMER_EXTRA_S more once 1 and 2 hold, and the figures list it.
+injection to all three. Each must come within a stated bound, else the suite fails; a
+consumer still behind at the bound when 1 and 2 hold is examined before the failure (a
+fresh consumer from its positions, every thread's native stack: `_stuck_consumer_evidence`).
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ from proxy.devstack.toxiproxy import Link, Toxic
 
 RECOVERY_BOUND_S = 30.0  # a proxy killed or paused, a broker restarted
 OUTAGE_RECOVERY_BOUND_S = 60.0  # MinIO back: the full WAL drains, the queued produce lands
-# Once the fleet has recovered (shards claimed, produce acknowledged), a consumer still
-# behind gets this much more: one CI run saw librdkafka's consumer ~36 s behind 30 s after
-# a kill -9 (docs/reliability.md, "Open"); such a recovery is counted in the figures
-# (`slow_consumer_recoveries`) rather than failing the run, and still fails past it.
-CONSUMER_EXTRA_S = 60.0
 
 
 # After the WAL's last append was fsynced and counted, its answer reaches the client and
@@ -221,7 +217,9 @@ class Injector:
         and zone, reads on from the stuck one's positions for up to 20 s (it reaches the
         acknowledged ends: the fleet serves, the old client is wedged); and every thread's
         native stack of this process (librdkafka's own threads included) by gdb, to a file
-        beside the consumer's log."""
+        beside the consumer's log (how librdkafka's deadlock #5476 was found: FleetConsumer).
+        gdb writes to the file itself: it stops this process while it works, so this
+        process could not empty a pipe for it."""
         ends = {p: offset + 1 for p, offset in self.progress.max_offset.items()}
         probe = FleetConsumer(
             self.consumer.bootstrap, self.topic, dict(self.consumer.position), self.consumer.zone
@@ -242,12 +240,13 @@ class Injector:
         )
         stacks = folder / f"consumer-stuck-stacks-{int(time.time())}.txt"
         try:
-            done = subprocess.run(
-                ["gdb", "-p", str(os.getpid()), "-batch", "-nx", "-ex", "info threads",
-                 "-ex", "thread apply all bt 40"],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
-            stacks.write_text(done.stdout + done.stderr)
+            with stacks.open("w") as out:
+                subprocess.run(
+                    ["gdb", "-p", str(os.getpid()), "-batch", "-nx", "-ex", "info threads",
+                     "-ex", "thread apply all bt 40"],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    timeout=120, check=False,
+                )  # fmt: skip
             where = f"native stacks in {stacks}"
         except (OSError, subprocess.TimeoutExpired) as exc:
             where = f"no native stacks ({exc!r})"
@@ -281,22 +280,15 @@ class Injector:
         before: dict | None = None,
     ) -> float:
         deadline = ended + bound
-        at_deadline = None  # why it had not recovered by the bound (the consumer only)
         while (why := self._not_yet(ended, victim, before or {})) is not None:
-            consumer_only = why.startswith("consumer behind")  # the rest has recovered
-            if time.monotonic() > deadline + (CONSUMER_EXTRA_S if consumer_only else 0.0):
+            if time.monotonic() > deadline:
+                if why.startswith("consumer behind"):  # the rest has recovered
+                    why += f"\n{self._stuck_consumer_evidence()}"
                 raise AssertionError(
                     f"{kind}: not recovered {bound} s after it ended: {why}\n{self._warnings()}"
                 )
-            if at_deadline is None and time.monotonic() > deadline:
-                at_deadline = f"{why}\n{self._warnings(6)}"
-                if consumer_only:
-                    at_deadline += f"\n{self._stuck_consumer_evidence()}"
             time.sleep(0.2)
         done = time.monotonic()
-        if done > deadline:  # the consumer took its extra time
-            slow = self.figures.notes.setdefault("slow_consumer_recoveries", [])
-            slow.append([kind, round(done - ended, 2), at_deadline])
         self.figures.fault(kind, injected, ended, done)
         return done - ended
 

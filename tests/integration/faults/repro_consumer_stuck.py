@@ -1,8 +1,12 @@
 """Reproducer of the consumer stuck after a `kill -9` (issue 18; docs/reliability.md,
 "Open"). Not part of the suite: pytest collects only `test_*.py`; run it by name:
 
-    TIERPROXY_REPRO_CYCLES=40 .venv/bin/python -m pytest \\
+    TIERPROXY_REPRO_CYCLES=40 [TIERPROXY_REPRO_REBOOTSTRAP=1] .venv/bin/python -m pytest \\
         tests/integration/faults/repro_consumer_stuck.py -q -s -p no:cacheprovider
+
+`TIERPROXY_REPRO_REBOOTSTRAP=1` gives the consumer librdkafka's default re-bootstrap,
+which the suite's consumers turn off (faultload.FleetConsumer): with it, the consumer
+deadlocked in librdkafka (confluentinc/librdkafka#5476) at cycle 13 of the first run.
 
 Both times the suite's consumer stopped for good, the proxy it reads through (zone-a) had
 been killed again a few seconds after it came back, while the consumer was reconnecting.
@@ -23,7 +27,7 @@ import time
 import pytest
 from cutover_load import LoadProducer
 from faultchecks import TIERING, close_run
-from faultload import Figures
+from faultload import Figures, FleetConsumer
 from faultsteps import RECOVERY_BOUND_S, steady_load
 from tieredfleet import TieredFleet
 
@@ -36,6 +40,8 @@ def test_consumer_reads_on_after_quick_second_kills(kafka_cluster, tmp_path):
     cycles = int(os.environ.get("TIERPROXY_REPRO_CYCLES", "20"))
     rng = random.Random(int(os.environ.get("TIERPROXY_FAULT_SEED", "0")))
     figures = Figures(seed=0)
+    if os.environ.get("TIERPROXY_REPRO_REBOOTSTRAP") == "1":
+        FleetConsumer.metadata_recovery = "rebootstrap"  # librdkafka's default
     minio = MinioServer(name="minio-repro", base_dir=tmp_path / "minio")
     fleet = None
     producers: list[LoadProducer] = []
@@ -64,6 +70,5 @@ def test_consumer_reads_on_after_quick_second_kills(kafka_cluster, tmp_path):
             except AssertionError as exc:
                 raise AssertionError(f"cycle {cycle}: {exc}") from None
             print(f"cycle {cycle}: recovered in {took:.1f} s", flush=True)
-        print(f"slow: {figures.notes.get('slow_consumer_recoveries')}")
     finally:
         close_run([*producers, consumer], fleet, minio)
