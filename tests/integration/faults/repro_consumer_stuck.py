@@ -1,5 +1,5 @@
 """Reproducer of the consumer stuck after a `kill -9` (issue 18; docs/reliability.md,
-"Open"). Not part of the suite: pytest collects only `test_*.py`; run it by name:
+"What the suite found"). Not part of the suite: pytest collects only `test_*.py`; run it by name:
 
     TIERPROXY_REPRO_CYCLES=40 [TIERPROXY_REPRO_REBOOTSTRAP=1] .venv/bin/python -m pytest \\
         tests/integration/faults/repro_consumer_stuck.py -q -s -p no:cacheprovider
