@@ -51,6 +51,13 @@ TRANSIENT_KAFKA_CLIENT_STATES = (
     "not found in cluster metadata",  # a topic the proxy just created
 )
 
+# What aiokafka logs as an error and retries, that is a passing state only most of the time:
+# a broker answers UnknownTopicOrPartition for a topic created a moment ago until it has
+# applied the creation (KRaft brokers apply the metadata log each in their own time), and
+# also for a topic deleted under the proxy, which does not pass. Written as a warning: seen
+# by an operator, not an error of the proxy.
+WARNED_KAFKA_CLIENT_STATES = ("UnknownTopicOrPartitionError",)
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -70,14 +77,19 @@ class JsonFormatter(logging.Formatter):
 
 def is_transient_kafka_client_state(record: logging.LogRecord) -> bool:
     """A warning or error of the Kafka client library about a state it retries itself."""
+    return _kafka_client_state(record, TRANSIENT_KAFKA_CLIENT_STATES)
+
+
+def _kafka_client_state(record: logging.LogRecord, states: tuple[str, ...]) -> bool:
     if not record.name.startswith(KAFKA_CLIENT_LOGGER) or record.levelno < logging.WARNING:
         return False
     message = record.getMessage()
-    return any(state in message for state in TRANSIENT_KAFKA_CLIENT_STATES)
+    return any(state in message for state in states)
 
 
 class DemoteTransient(logging.Filter):
-    """Writes the Kafka client library's transient states at debug (or not at all)."""
+    """Writes the Kafka client library's transient states at debug (or not at all), and the
+    states it retries that may last (WARNED_KAFKA_CLIENT_STATES) as warnings."""
 
     def __init__(self, level: int) -> None:
         super().__init__()
@@ -87,6 +99,11 @@ class DemoteTransient(logging.Filter):
         if is_transient_kafka_client_state(record):
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return self.level <= logging.DEBUG
+        if record.levelno > logging.WARNING and _kafka_client_state(
+            record, WARNED_KAFKA_CLIENT_STATES
+        ):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            return self.level <= logging.WARNING
         return True
 
 

@@ -63,20 +63,26 @@ def minio_binary() -> Path:
     return binary
 
 
+# Ports this process has handed out: never handed out twice, as a caller may bind its port
+# only after asking for the next one.
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` now. Callers bind it soon after; the kernel hands out
-    ephemeral ports in sequence, so a collision needs a wrap-around in between."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free on `host` now, for a server the caller starts soon after: chosen as
+    `free_port_block` chooses (below the kernel's ephemeral range, where no outgoing
+    connection can take it between this check and the bind)."""
+    return free_port_block(1, host) + 1
 
 
 def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
     """A base port such that base+1 .. base+count are free now.
 
     Chosen below the kernel's ephemeral range, where no outgoing connection takes a
-    port: on a busy machine thousands of ephemeral ports sit in TIME_WAIT, so a block
-    next to a `free_port()` is often not free.
+    port: on a busy machine thousands of ephemeral ports sit in TIME_WAIT, and a port
+    the kernel hands out for a bind to 0 is the next one it hands to a connection (the CI
+    run of 2026-11-27 lost a test to one). None of the ports was handed out before by
+    this process.
     """
     low = 10_000
     try:
@@ -85,17 +91,21 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) ->
         high = 32_768
     for _ in range(attempts):
         base = random.randrange(low, high - count - 1)
+        ports = range(base + 1, base + count + 1)
+        if _handed_out.intersection(ports):
+            continue
         sockets = []
         try:
-            for port in range(base + 1, base + count + 1):
+            for port in ports:
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 sockets.append(sock)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy
                 sock.bind((host, port))
-            return base
         except OSError:
             continue
         finally:
             for sock in sockets:
                 sock.close()
+        _handed_out.update(ports)
+        return base
     raise RuntimeError(f"no block of {count} free ports found")

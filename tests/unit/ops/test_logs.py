@@ -101,6 +101,22 @@ def test_the_kafka_clients_transient_states_are_debug_not_errors(restore_logging
     assert levels == [("error", "aiokafka.consumer.fetcher"), ("error", "tierproxy.tiering")]
 
 
+@pytest.mark.parametrize("level", ["info", "warning", "error"])
+def test_an_unknown_topic_the_client_retries_is_a_warning(restore_logging, level):
+    # a broker that has not applied a topic's creation yet (CI of 2026-11-28), or a topic
+    # deleted under the proxy: retried by aiokafka, worth seeing, not an error of the proxy
+    out = io.StringIO()
+    configure_logging(level, "json", stream=out)
+    logging.getLogger("aiokafka.consumer.fetcher").error(
+        "Failed fetch offsets from 3: [Error 3] UnknownTopicOrPartitionError: "
+        "TopicPartition(topic='meta-1', partition=3)"
+    )
+    logging.getLogger("tierproxy.metadata").error("UnknownTopicOrPartitionError: not aiokafka's")
+    levels = [(r["level"], r["logger"]) for r in map(json.loads, _lines(out))]
+    client = [] if level == "error" else [("warning", "aiokafka.consumer.fetcher")]
+    assert levels == [*client, ("error", "tierproxy.metadata")]
+
+
 def test_at_debug_the_transient_states_are_written_as_debug(restore_logging):
     out = io.StringIO()
     configure_logging("debug", "json", stream=out)
