@@ -80,9 +80,9 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) ->
 
     Chosen below the kernel's ephemeral range, where no outgoing connection takes a
     port: on a busy machine thousands of ephemeral ports sit in TIME_WAIT, and a port
-    the kernel hands out for a bind to 0 is the next one it hands to a connection (the CI
-    run of 2026-11-27 lost a test to one). None of the ports was handed out before by
-    this process.
+    the kernel hands out for a bind to 0 is the next one it hands to a connection (a
+    fresh clone's run of 2026-11-28 lost a test to one). None of the ports was handed
+    out before by this process.
     """
     low = 10_000
     try:

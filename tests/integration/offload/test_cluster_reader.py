@@ -160,7 +160,8 @@ def test_a_leader_change_mid_read_is_followed(kafka_cluster, caplog):
     head = [next(reader) for _ in range(5)]
     move_leader(kafka_cluster, topic, 0, then)
     # the old leader answers the reader's next fetch as a leader until it has applied the
-    # move itself (CI of 2026-11-27: the whole rest was read from it before it had)
+    # move itself (a fresh clone's run of 2026-11-28: the whole rest was read from it
+    # before it had)
     wait_until_broker_knows_leader(kafka_cluster.bootstrap, topic, first, then)
     rest = list(reader)
     assert b"".join(b.data for b in head + rest) == segment_bytes(kafka_cluster, topic, 0)
