@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(fleet.stop)
         fleet.start()
         proxy_code = git_state()  # what the proxies have just loaded
-        base = stack.enter_context(closing(Bench(args, kafka, cluster, minio, fleet)))
+        base = Bench(args, kafka, cluster, minio, fleet)
         bench = ReadBench(args, base, work)
         print(f"writing {args.bytes / GB:.2f} GB direct and through a...", flush=True)
         bench.write()
