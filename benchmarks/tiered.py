@@ -668,8 +668,8 @@ def render(run: dict, summary: dict, args) -> str:
         "kind as the proxies counted them (`tierproxy_s3wal_puts`, "
         "`tierproxy_uploader_objects`, `tierproxy_compaction_objects_written`). "
         "Compaction runs when its timer says, so its PUTs land in whichever phase runs "
-        "then; MinIO's count holds a few more (the metadata snapshots, the bucket's "
-        "checks).",
+        "then; MinIO's count also holds any PUT of another kind (the log cleaner's, an "
+        "S3-backed WAL's).",
         "",
         *table(modes),
         row("record values produced", lambda x: f"{x['produced'] / GB:.3f} GB"),
