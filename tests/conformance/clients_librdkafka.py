@@ -264,7 +264,11 @@ class Librdkafka:
         for topic in topics:
             consumer = self._consumer(bootstrap, op.zone, group, "error")
             try:
-                consumer.assign([TopicPartition(topic, 0)])
+                # Explicit offsets need no assignment. An assigned partition starts a fetch
+                # whose offset reset ("error": none committed, or below a deleted log start)
+                # can race close() and deadlock librdkafka (confluentinc/librdkafka#4514:
+                # rd_kafka_offset_reset_op_cb re-entered while destroying, seen in a fresh
+                # clone's run of 2026-11-28: `close()` never returned).
                 consumer.commit(offsets=[TopicPartition(topic, 0, op.offset)], asynchronous=False)
                 [read] = consumer.committed([TopicPartition(topic, 0)], timeout=TIMEOUT_S)
                 answers[topic] = ("committed", read.offset)
