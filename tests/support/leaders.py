@@ -16,10 +16,9 @@ from kio.schema.alter_partition_reassignments.v0 import request as reassign
 from kio.schema.alter_partition_reassignments.v0.response import (
     AlterPartitionReassignmentsResponse,
 )
-from kio.schema.metadata.v12 import request as metadata_request
-from kio.schema.metadata.v12.response import MetadataResponse
-from kio.schema.types import TopicName
 
+from offload_jobs.kafka_client import METADATA_VERSION, ReaderSettings, metadata, parse_bootstrap
+from proxy.apis.api03_metadata import read_brokers, read_partition_leaders
 from proxy.kafka.messages import decode_response, encode_request
 
 
@@ -32,40 +31,26 @@ def reassign_replicas(address: str, topic: str, partition: int, replicas: list[i
             reassign.ReassignablePartition(partition_index=partition, replicas=tuple(replicas)),
         )),),
     )  # fmt: skip
-    answer = _ask(address, request, AlterPartitionReassignmentsResponse)
-    assert answer.error_code == 0, answer
-    assert all(p.error_code == 0 for t in answer.responses for p in t.partitions), answer
-
-
-def _ask(address: str, request, response_type):
-    """One request to the broker at `address` (host:port), its decoded answer."""
-    host, port = address.rsplit(":", 1)
+    host, port = address.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(encode_request(request, correlation_id=1))
         size = int.from_bytes(sock.recv(4, socket.MSG_WAITALL), "big")
         frame = sock.recv(size, socket.MSG_WAITALL)
-    return decode_response(frame, response_type)[1]
-
-
-def _metadata(address: str, topic: str) -> MetadataResponse:
-    request = metadata_request.MetadataRequest(
-        topics=(metadata_request.MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    return _ask(address, request, MetadataResponse)
+    _, answer = decode_response(frame, AlterPartitionReassignmentsResponse)
+    assert answer.error_code == 0, answer
+    assert all(p.error_code == 0 for t in answer.responses for p in t.partitions), answer
 
 
 def leaders_seen_by_each_broker(bootstrap: str, topic: str, partition: int) -> dict[int, int]:
     """{broker: the partition's leader in that broker's own Metadata answer}: each KRaft
     broker applies a leader change in its own time, so they can differ for a while."""
-    brokers = _metadata(bootstrap.split(",")[0], topic).brokers
+    settings = ReaderSettings.of({})
+    body = metadata(parse_bootstrap(bootstrap), topic, settings)
     seen = {}
-    for broker in brokers:
-        answer = _metadata(f"{broker.host}:{broker.port}", topic)
-        partitions = [p for t in answer.topics if t.name == topic for p in t.partitions]
-        leader = [p.leader_id for p in partitions if p.partition_index == partition]
-        seen[int(broker.node_id)] = int(leader[0]) if leader else -1
+    for node, host, port, _ in read_brokers(METADATA_VERSION, body):
+        answer = metadata([(host, port)], topic, settings)
+        _, leaders = read_partition_leaders(METADATA_VERSION, answer, topic)
+        seen[node] = leaders[partition][1] if partition in leaders else -1
     return seen
 
 
@@ -83,9 +68,6 @@ def move_leader(cluster, topic: str, partition: int, to: int, timeout_s: float =
     reassign_replicas(cluster.bootstrap.split(",")[0], topic, partition, [to, *others])
     admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic, partition)]).result(30)
     deadline = time.monotonic() + timeout_s
-    while leader_of(admin, topic, partition) != to:
-        assert time.monotonic() < deadline, f"the leader did not move to broker {to}"
-        time.sleep(0.2)
     while True:
         seen = leaders_seen_by_each_broker(cluster.bootstrap, topic, partition)
         if set(seen.values()) == {to}:
