@@ -446,6 +446,9 @@ def catchup_figures(p: ReadPhase) -> dict[str, float | None]:
         "of which index reads per GB (b's count)": (
             c.get("b index_gets", 0.0) / gb if tiered else None
         ),
+        "blocks that came with an index read (b)": (
+            c.get("b tail_blocks", 0.0) if tiered else None
+        ),
         "block-cache misses (b)": c.get("b misses", 0.0) if tiered else None,
         **{f"CPU s per GiB read: {who}": p.cpu_s[who] / gib for who in CPU_OF},
     }

@@ -11,7 +11,9 @@ against its CRC once, when it enters the cache. Three parts:
   a block share one GET (single flight), and keeps the parsed index of each object it
   reads (one tail read per object). A read given the stream's next committed range
   (`NextRange`) reads ahead into it once its window reaches past this object: that
-  object's index and first blocks, in the background.
+  object's index and first blocks, in the background. Of a stream object, that index
+  read takes the object's last blocks along when they are few (`tail_read`), so that a
+  sequential reader's index read costs no GET of its own.
 
 Memory. A GET of adjacent blocks returns one buffer, and its blocks are cached as
 memoryview slices of it, without a copy. A slice keeps the whole buffer alive, so the
@@ -35,6 +37,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from proxy.objects.format import (
+    Buffer,
     IndexEntry,
     ObjectFormatError,
     find_entries,
@@ -43,6 +46,7 @@ from proxy.objects.format import (
     parse_index,
     read_block,
 )
+from proxy.objects.keys import ObjectKind, parse_object_key
 from proxy.objects.store import ObjectNotFound, ObjectStore
 from proxy.reads.blockplan import (
     BlockKey,
@@ -50,6 +54,7 @@ from proxy.reads.blockplan import (
     Readahead,
     plan_fetches,
     read_past_run,
+    tail_read,
     window_bound,
 )
 
@@ -82,8 +87,9 @@ class BlockCache:
 
     Counters (plain attributes): `hits` and `misses` of the blocks reads want, `gets` and
     `bytes_fetched` of every GET issued (index reads included), `index_hits`,
-    `index_misses` and `index_gets` (the GETs of index reads); `bytes` and `evictions`
-    come from the LRU. `registry` also exposes them as tierproxy_block_cache_* metrics."""
+    `index_misses` and `index_gets` (the GETs of index reads), `tail_blocks` (blocks
+    that came with an index read); `bytes` and `evictions` come from the LRU.
+    `registry` also exposes them as tierproxy_block_cache_* metrics."""
 
     def __init__(
         self,
@@ -111,7 +117,7 @@ class BlockCache:
         self._reader_limit = readers
         self._clock = clock
         self.hits = self.misses = self.gets = self.bytes_fetched = 0
-        self.index_hits = self.index_misses = self.index_gets = 0
+        self.index_hits = self.index_misses = self.index_gets = self.tail_blocks = 0
         self._inflight: dict[BlockKey, asyncio.Future[memoryview]] = {}
         self._indexes: OrderedDict[str, tuple[IndexEntry, ...]] = OrderedDict()
         self._index_inflight: dict[str, asyncio.Future[tuple[IndexEntry, ...]]] = {}
@@ -270,7 +276,10 @@ class BlockCache:
             self._read_ahead_blocks(after, size, index)
             return
         self.index_misses += 1
-        future = self._index_future(after.object_key, after.object_size)
+        tail = None
+        if _one_stream(after.object_key):
+            tail = tail_read(after.object_size, size, self._index_read_bytes)
+        future = self._index_future(after.object_key, after.object_size, tail)
         future.add_done_callback(lambda done: self._index_read(after, size, done))
 
     def _index_read(
@@ -293,12 +302,16 @@ class BlockCache:
         if ahead is not None:
             self._start_get(after.object_key, run[ahead[0] : ahead[1]])
 
-    def _index_future(self, key: str, object_size: int) -> asyncio.Future[tuple[IndexEntry, ...]]:
-        """The index read of `key` in flight, begun now if none is."""
+    def _index_future(
+        self, key: str, object_size: int, tail: int | None = None
+    ) -> asyncio.Future[tuple[IndexEntry, ...]]:
+        """The index read of `key` in flight, begun now if none is: a read of the object's
+        last `tail` bytes, whose whole blocks it caches, or, by default, of the few that
+        usually hold its index."""
         future = self._index_inflight.get(key)
         if future is None:
             future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
-            self._spawn(self._load_index(key, object_size, future, self._generation))
+            self._spawn(self._load_index(key, object_size, tail, future, self._generation))
         return future
 
     def _start_get(self, key: str, entries: Sequence[IndexEntry]) -> list[asyncio.Future]:
@@ -345,6 +358,7 @@ class BlockCache:
         self,
         key: str,
         object_size: int,
+        tail_bytes: int | None,
         future: asyncio.Future[tuple[IndexEntry, ...]],
         generation: int,
     ) -> None:
@@ -352,7 +366,8 @@ class BlockCache:
             try:
                 self.gets += 1
                 self.index_gets += 1
-                tail = await self.store.get_tail(key, min(object_size, self._index_read_bytes))
+                wanted = min(object_size, tail_bytes or self._index_read_bytes)
+                tail = await self.store.get_tail(key, wanted)
                 self.bytes_fetched += len(tail)
                 footer = parse_footer(tail, object_size, key)
                 data: bytes | memoryview | None = index_in_tail(tail, object_size, footer)
@@ -362,6 +377,7 @@ class BlockCache:
                     data = await self.store.get(key, footer.index_position, footer.index_end)
                     self.bytes_fetched += len(data)
                 index = parse_index(data, footer, key)
+                blocks = self._blocks_in_tail(key, index, tail, object_size) if tail_bytes else []
             finally:
                 del self._index_inflight[key]
         except BaseException as error:
@@ -373,7 +389,24 @@ class BlockCache:
             self._indexes[key] = index
             if len(self._indexes) > self._index_entries:
                 self._indexes.popitem(last=False)
+            if blocks and self._lru.insert(key, blocks, buffer_size=len(tail)):
+                self.tail_blocks += len(blocks)
         future.set_result(index)
+
+    def _blocks_in_tail(
+        self, key: str, index: Sequence[IndexEntry], tail: Buffer, object_size: int
+    ) -> list[tuple[int, memoryview]]:
+        """The whole blocks a tail read holds that the cache has not and is not fetching,
+        CRC checked (a corrupt one fails the index read, so nothing of its object is
+        cached); views of `tail`, not copies."""
+        start = object_size - len(tail)
+        return [
+            (entry.position, read_block(tail, entry, key, start))
+            for entry in index
+            if entry.position >= start
+            and (key, entry.position) not in self._lru
+            and (key, entry.position) not in self._inflight
+        ]
 
     def _failed(self, key: str, futures: Sequence[asyncio.Future], error: BaseException) -> None:
         """A failed GET fails all its waiters and caches nothing; nothing of a corrupt or
@@ -386,6 +419,15 @@ class BlockCache:
                 future.exception()  # seen: a readahead GET may have no waiter
             else:
                 future.cancel()
+
+
+def _one_stream(key: str) -> bool:
+    """Whether object `key` is a stream object: its last blocks are the stream's that a
+    reader reading on into it will read (a stream set object's are other streams')."""
+    try:
+        return parse_object_key(key)[1] == ObjectKind.STREAM
+    except ValueError:
+        return False
 
 
 class _Collector:
@@ -405,6 +447,12 @@ class _Collector:
             (CounterMetricFamily, "index_hits", "Indexes found in the cache", c.index_hits),
             (CounterMetricFamily, "index_misses", "Indexes not in the cache", c.index_misses),
             (CounterMetricFamily, "index_gets", "GETs of index reads", c.index_gets),
+            (
+                CounterMetricFamily,
+                "tail_blocks",
+                "Blocks that came with an index read",
+                c.tail_blocks,
+            ),
             (GaugeMetricFamily, "bytes", "Bytes the cached blocks keep alive", c.bytes),
             (GaugeMetricFamily, "capacity_bytes", "The cache's bound", c.capacity_bytes),
         ):

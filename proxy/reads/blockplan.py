@@ -10,7 +10,8 @@ takes (`blockcache.py` is the asyncio side that issues them).
 - `Readahead` and `plan_fetches` decide how far ahead of a reader to fetch and which
   ranged GETs that takes: one per run of adjacent missing blocks. `window_bound` keeps the
   readers' windows together within the cache; `read_past_run` says how far readahead goes
-  on into the stream's next object once it reaches the end of this one's blocks.
+  on into the stream's next object once it reaches the end of this one's blocks, and
+  `tail_read` how much of that object's tail its index read takes along.
 
 Pure: no I/O, no asyncio.
 """
@@ -65,12 +66,15 @@ class BlockLru:
         if block in self._blocks:
             self._blocks.move_to_end(block, last=False)
 
-    def insert(self, key: str, blocks: Sequence[tuple[int, memoryview]]) -> bool:
-        """Cache `(position, view)` blocks of object `key` cut from one buffer that holds
-        exactly them (one GET), then evict down to the capacity. The new blocks are the
-        most recently used, so eviction reaches them only after everything else, which
-        leaves room for them. A buffer larger than the capacity is not cached: False."""
-        size = sum(len(view) for _, view in blocks)
+    def insert(
+        self, key: str, blocks: Sequence[tuple[int, memoryview]], buffer_size: int | None = None
+    ) -> bool:
+        """Cache `(position, view)` blocks of object `key` cut from one buffer (one GET) of
+        `buffer_size` bytes (by default: exactly them), then evict down to the capacity.
+        The new blocks are the most recently used, so eviction reaches them only after
+        everything else, which leaves room for them. A buffer larger than the capacity is
+        not cached: False."""
+        size = sum(len(view) for _, view in blocks) if buffer_size is None else buffer_size
         if size > self.capacity:
             return False
         buffer = _Buffer(size)
@@ -210,9 +214,11 @@ def plan_fetches(
     Returns the GETs the read waits for, one per run of missing wanted blocks, and at most
     one readahead GET to start in the background. Readahead starts once fewer than half a
     window of bytes after the wanted blocks are at hand, and fetches up to a window (at
-    least one block) of the missing blocks from the first one missing, and the rest of the
-    run with them when less than a quarter of a window of it would be left (a GET of its
-    own for the few last blocks of an object is not worth it). It rides on the
+    least one block) of the missing blocks from the first one missing, and the missing
+    blocks after them with them when less than a quarter of a window of those would be
+    left before the run's end or a block at hand (a GET of its own for the few last
+    blocks of an object, or the few before its tail that `tail_read` fetched, is not
+    worth it). It rides on the
     read's own GET when that one ends where readahead begins and is no larger than it, so
     a read never waits for more than twice the bytes it asked for."""
     now: list[tuple[int, int]] = []
@@ -230,10 +236,39 @@ def plan_fetches(
     while end < len(sizes) and not present[end] and (end == gap or fetched + sizes[end] <= window):
         fetched += sizes[end]
         end += 1
-    rest = sum(sizes[end:])
-    if 0 < 4 * rest < window and not any(present[end:]):
-        end, fetched = len(sizes), fetched + rest
+    stop = end  # the missing blocks right after: to the run's end or a block at hand
+    while stop < len(sizes) and not present[stop]:
+        stop += 1
+    rest = sum(sizes[end:stop])
+    if 0 < 4 * rest < window:
+        end, fetched = stop, fetched + rest
     if now and now[-1][1] == gap and fetched <= sum(sizes[now[-1][0] : gap]):
         now[-1] = (now[-1][0], end)
         return now, None
     return now, (gap, end)
+
+
+def tail_read(object_size: int, window: int, index_bytes: int) -> int:
+    """The bytes of a stream object's tail to read for its index when readahead goes on
+    into it (`read_past_run`) with windows of `window` bytes, given that `index_bytes` of
+    tail usually hold the footer and the index.
+
+    Windows cut a sequential reader's reads of the object from its first byte: an object
+    of n windows and a bit costs its index read, n window GETs and the bit (taken along
+    with the last window when it is less than a quarter of one, `plan_fetches`). The
+    tail read takes what the last window would read instead when that is little: the
+    bit, when it is at most a quarter of a window (so that a reader holds at most a
+    quarter of a window more than it would), or the whole object when the object is at
+    most a window (the reader would read it whole at once anyway). The index read then
+    costs no GET of its own. Otherwise only `index_bytes`: the last window is too large
+    to hold from the object's first read on. The cut is a guess from sizes alone (the
+    index's own size is not known before it is read): `plan_fetches` takes the few
+    blocks a guess too late leaves along with the window before them."""
+    plain = min(object_size, index_bytes)
+    if window <= 0:
+        return plain
+    windows = max(0, object_size - index_bytes) // window
+    if windows == 0:
+        return object_size
+    tail = object_size - windows * window
+    return tail if 4 * (tail - index_bytes) <= window else plain

@@ -58,11 +58,15 @@ class CountingStore:
 
 
 def put_object(
-    store: CountingStore, object_id: int, sizes: list[int], first_offset: int = 0
+    store: CountingStore,
+    object_id: int,
+    sizes: list[int],
+    first_offset: int = 0,
+    kind: ObjectKind = ObjectKind.STREAM,
 ) -> tuple[str, tuple]:
-    """An object of one stream with blocks of these sizes, each of 10 offsets from
-    `first_offset` on; block n's bytes are all n."""
-    writer = ObjectWriter(object_id, ObjectKind.STREAM, version=1)  # blocks of filler bytes
+    """An object (of `kind`) of one stream with blocks of these sizes, each of 10 offsets
+    from `first_offset` on; block n's bytes are all n."""
+    writer = ObjectWriter(object_id, kind, version=1)  # blocks of filler bytes
     for n, size in enumerate(sizes):
         start = first_offset + 10 * n
         writer.add_block(STREAM, bytes([n % 256]) * size, start, start + 10, 10)
@@ -109,7 +113,11 @@ def test_plan_fetches_one_get_per_run_of_missing_wanted_blocks():
 def test_plan_fetches_reads_ahead_in_the_background_when_less_than_half_a_window_is_left():
     sizes = [100] * 10
     present = [True, True, True, False, False, False, False, False, True, False]
-    assert plan_fetches(sizes, present, wanted=1, window=401) == ([], (3, 7))
+    # block 7, less than a quarter of a window before a block at hand, comes along
+    assert plan_fetches(sizes, present, wanted=1, window=401) == ([], (3, 8))
+    # two blocks (200) before the block at hand are not less than a quarter of 401: cut
+    present_later = [True] * 3 + [False] * 6 + [True]
+    assert plan_fetches(sizes, present_later, wanted=1, window=401) == ([], (3, 7))
     assert plan_fetches(sizes, present, wanted=1, window=400) == ([], None)  # 200 ahead
     # a block in flight or cached ends the readahead GET; a block larger than the window
     # is fetched alone

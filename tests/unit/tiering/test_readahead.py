@@ -10,8 +10,17 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.keys import ObjectKind
 from proxy.reads.blockcache import BlockCache, NextRange
-from proxy.reads.blockplan import BlockLru, Readahead, plan_fetches, read_past_run, window_bound
+from proxy.reads.blockplan import (
+    BlockLru,
+    Readahead,
+    plan_fetches,
+    read_past_run,
+    tail_read,
+    window_bound,
+)
 from tests.unit.tiering.test_blockcache import (
     STREAM,
     CountingStore,
@@ -88,6 +97,22 @@ def test_readahead_takes_the_runs_last_blocks_along_rather_than_leave_them_a_get
     assert plan_fetches(sizes, present, wanted=3, window=800)[1] == (3, 11)
 
 
+def test_the_tail_read_of_an_object_read_ahead_into_takes_its_few_last_blocks_along():
+    index = 1000  # the bytes of tail that usually hold the index
+    # at most a window (and the index): the whole object
+    assert tail_read(4000, window=4000, index_bytes=index) == 4000
+    assert tail_read(4999, window=4000, index_bytes=index) == 4999
+    # two windows and a bit of at most a quarter of one: the bit with the index
+    assert tail_read(9000, window=4000, index_bytes=index) == 1000
+    assert tail_read(10_000, window=4000, index_bytes=index) == 2000
+    # ... and not a larger bit: the index alone
+    assert tail_read(10_001, window=4000, index_bytes=index) == index
+    assert tail_read(12_000, window=4000, index_bytes=index) == index
+    # no window (no readahead) and objects smaller than the index read
+    assert tail_read(50_000, window=0, index_bytes=index) == index
+    assert tail_read(600, window=4000, index_bytes=index) == 600
+
+
 def test_a_block_its_reader_moved_past_goes_before_blocks_not_read_yet():
     lru = BlockLru(3000)
     for position in (0, 1000, 2000):
@@ -133,7 +158,11 @@ def next_range(store: CountingStore, key: str, index, start: int = 0) -> NextRan
 
 
 async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(store):
-    cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
+    # a tail read of 1000 bytes: the next object's last window (its blocks 4-7) is too
+    # large to take along with its index (tail_read)
+    cache = BlockCache(
+        store, capacity_bytes=1 << 20, max_readahead_bytes=4000, index_read_bytes=1000
+    )
     first, first_index = put_object(store, 1, [1000] * 4)
     second, second_index = put_object(store, 2, [1000] * 8, first_offset=40)
     after = next_range(store, second, second_index, start=40)
@@ -159,6 +188,109 @@ async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(stor
         await settle()
         assert store.gets[gets:] == [(second, 4000, 8000)]
         assert cache.hits >= 5 and cache.index_gets == 2
+    finally:
+        await cache.close()
+
+
+async def read_first_object(cache: BlockCache, first: str, first_index, after: NextRange):
+    """A reader reads the first object block by block, with readahead into `after`."""
+    await cache.index(first, len(cache.store.objects[first]))
+    for n in range(len(first_index)):
+        await cache.blocks(first, first_index[n:], 1, reader_id="r", after=after)
+        await settle()
+    await settle()
+
+
+async def read_object(cache: BlockCache, key: str, index) -> list[bytes]:
+    blocks = []
+    for n in range(len(index)):
+        blocks += await cache.blocks(key, index[n:], 1, reader_id="r")
+        await settle()
+    return [bytes(b) for b in blocks]
+
+
+async def test_the_index_read_ahead_takes_an_object_of_at_most_a_window_whole(store):
+    cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
+    first, first_index = put_object(store, 1, [1000] * 4)
+    second, second_index = put_object(store, 2, [1000] * 3, first_offset=40)
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        # one GET of the second object, its tail read: the whole of it
+        assert store.tails[-1] == (second, len(store.objects[second]))
+        assert [g for g in store.gets if g[0] == second] == []
+        assert cache.tail_blocks == 3
+        assert await read_object(cache, second, second_index) == [
+            bytes([n]) * 1000 for n in range(3)
+        ]
+        assert [g for g in store.gets if g[0] == second] == [] and cache.index_gets == 2
+    finally:
+        await cache.close()
+
+
+async def test_the_index_read_ahead_takes_the_few_last_blocks_along_and_saves_a_get(store):
+    cache = BlockCache(
+        store, capacity_bytes=1 << 20, max_readahead_bytes=4000, index_read_bytes=1000
+    )
+    first, first_index = put_object(store, 1, [1000] * 4)
+    # 9 blocks: two windows of 4000 and one block; the tail read takes that block along
+    second, second_index = put_object(store, 2, [1000] * 9, first_offset=40)
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        size = len(store.objects[second])
+        assert store.tails[-1] == (second, size - 8000)
+        assert cache.cached_positions(second)[-1] == second_index[-1].position
+        blocks = await read_object(cache, second, second_index)
+        assert blocks == [bytes([n]) * 1000 for n in range(9)]
+        # two window GETs: without the tail's block, a third for it (a quarter of the
+        # window is not more than it)
+        assert [g for g in store.gets if g[0] == second] == [
+            (second, 0, 4000),
+            (second, 4000, 8000),
+        ]
+        assert cache.tail_blocks == 1
+    finally:
+        await cache.close()
+
+
+async def test_the_index_read_ahead_of_a_stream_set_object_takes_no_blocks_along(store):
+    cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
+    first, first_index = put_object(store, 1, [1000] * 4)
+    second, second_index = put_object(store, 2, [1000] * 3, 40, kind=ObjectKind.STREAM_SET)
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        # the usual tail read (the whole object here, it is that small), and the blocks
+        # fetched by a GET of their own: a stream set object's last blocks may be any
+        # stream's
+        assert cache.tail_blocks == 0
+        assert [g for g in store.gets if g[0] == second] == [(second, 0, 3000)]
+    finally:
+        await cache.close()
+
+
+async def test_a_corrupt_block_in_the_tail_read_fails_only_the_read_that_reaches_it(store):
+    cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
+    first, first_index = put_object(store, 1, [1000] * 4)
+    second, second_index = put_object(store, 2, [1000] * 3, first_offset=40)
+    data = bytearray(store.objects[second])
+    data[second_index[2].position] ^= 0xFF  # the last block
+    store.objects[second] = bytes(data)
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        assert cache.tail_blocks == 0 and not cache.cached_positions(second)
+        assert await read_object(cache, second, second_index[:2]) == [
+            bytes([0]) * 1000,
+            bytes([1]) * 1000,
+        ]
+        with pytest.raises(ObjectFormatError, match=second):
+            await cache.blocks(second, second_index[2:], 1, reader_id="r")
     finally:
         await cache.close()
 
