@@ -30,6 +30,9 @@ mkdir -p "$cache/test-times"
 start=$(date +%s)
 # Every process the suite starts inherits this mark (see the leftover check below).
 export TIERPROXY_SUITE_RUN="suite-$$-$start"
+# A test stuck past its timeout where pytest-timeout cannot stop it ends its process, with
+# every thread's stack in these files (tests/conftest.py, pytest_runtest_protocol).
+export TIERPROXY_HANG_LOG="$logs/hang"
 .venv/bin/python -m pytest --part pure -n "$workers" --dist worksteal "${color[@]}" \
   --junitxml="$cache/test-times/pure.xml" "$@" | tee "$logs/pure"
 pure=${PIPESTATUS[0]}
@@ -40,6 +43,12 @@ if [ "$pure" = 0 ] || [ "$pure" = 1 ] || [ "$pure" = 5 ]; then
   shared=${PIPESTATUS[0]}
 fi
 took=$(( $(date +%s) - start ))
+for hang in "$logs"/hang.*; do
+  if [ -s "$hang" ]; then
+    echo "[test] a test hung and its pytest process was ended: $(head -1 "$hang")" >&2
+    tail -n +2 "$hang" >&2
+  fi
+done
 
 # Only what this run started (it inherited TIERPROXY_SUITE_RUN): a `make run` or another
 # checkout's services using the same cache are not the suite's to kill.

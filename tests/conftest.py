@@ -13,6 +13,8 @@ would start its own); `pure` is the rest.
 
 from __future__ import annotations
 
+import faulthandler
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from proxy.devstack.process import tracked_processes
 
 ZONES = ["zone-a", "zone-b", "zone-c"]
 SESSION_SERVICES = {"kafka_cluster", "s3_server", "spark", "spark_cluster"}
+HANG_GRACE_S = 120  # past a test's own timeout: pytest-timeout could not stop it
 
 
 def pytest_addoption(parser):
@@ -103,3 +106,52 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(
                 (f"log tail: {proc.name} ({proc.log_path})", proc.tail(40) or "(empty)")
             )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test pytest-timeout cannot stop (its signal waits for the Python code, and a
+    client library's C call may never return, confluentinc/librdkafka#4514) would hold
+    the run until CI's limit. With TIERPROXY_HANG_LOG set (scripts/test.sh sets it),
+    `HANG_GRACE_S` past the test's timeout the file `<TIERPROXY_HANG_LOG>.<pid>` gets the
+    test's id and the stack of every thread, and the process exits (status 1); the file
+    is empty while no test hangs."""
+    hang_log = _hang_log()
+    if hang_log is None:
+        yield
+        return
+    hang_log.seek(0)
+    hang_log.truncate()
+    hang_log.write(f"{item.nodeid} ran past its timeout; the stack of every thread:\n")
+    hang_log.flush()
+    faulthandler.dump_traceback_later(_timeout_s(item) + HANG_GRACE_S, exit=True, file=hang_log)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        hang_log.seek(0)
+        hang_log.truncate()
+        hang_log.flush()
+
+
+_hang_logs: dict[int, object] = {}
+
+
+def _hang_log():
+    base = os.environ.get("TIERPROXY_HANG_LOG")
+    if not base:
+        return None
+    pid = os.getpid()
+    if pid not in _hang_logs:
+        _hang_logs[pid] = open(f"{base}.{pid}", "w")  # noqa: SIM115 (open for the session)
+    return _hang_logs[pid]
+
+
+def _timeout_s(item) -> float:
+    """The test's pytest-timeout timeout: its marker's, else the ini's."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+        if value is not None:
+            return float(value)
+    return float(item.config.getini("timeout") or 0) or 600.0
