@@ -397,16 +397,20 @@ class BlockCache:
         self, key: str, index: Sequence[IndexEntry], tail: Buffer, object_size: int
     ) -> list[tuple[int, memoryview]]:
         """The whole blocks a tail read holds that the cache has not and is not fetching,
-        CRC checked (a corrupt one fails the index read, so nothing of its object is
-        cached); views of `tail`, not copies."""
+        CRC checked; views of `tail`, not copies. A corrupt block is left out, not an
+        error of the index read: the read that reaches it fetches it and fails there,
+        naming it, and the reads before it do not fail for it."""
         start = object_size - len(tail)
-        return [
-            (entry.position, read_block(tail, entry, key, start))
-            for entry in index
-            if entry.position >= start
-            and (key, entry.position) not in self._lru
-            and (key, entry.position) not in self._inflight
-        ]
+        blocks = []
+        for entry in index:
+            block = (key, entry.position)
+            if entry.position < start or block in self._lru or block in self._inflight:
+                continue
+            try:
+                blocks.append((entry.position, read_block(tail, entry, key, start)))
+            except ObjectFormatError:
+                continue
+        return blocks
 
     def _failed(self, key: str, futures: Sequence[asyncio.Future], error: BaseException) -> None:
         """A failed GET fails all its waiters and caches nothing; nothing of a corrupt or
