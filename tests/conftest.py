@@ -16,6 +16,7 @@ from __future__ import annotations
 import faulthandler
 import os
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -116,15 +117,15 @@ def pytest_runtest_protocol(item, nextitem):
     `HANG_GRACE_S` past the test's timeout the file `<TIERPROXY_HANG_LOG>.<pid>` gets the
     test's id and the stack of every thread, and the process exits (status 1); the file
     is empty while no test hangs."""
-    hang_log = _hang_log()
-    if hang_log is None:
+    hang_log, timeout_s = _hang_log(), _timeout_s(item)
+    if hang_log is None or timeout_s <= 0:  # no timeout (a marker's 0): nothing to enforce
         yield
         return
     hang_log.seek(0)
     hang_log.truncate()
     hang_log.write(f"{item.nodeid} ran past its timeout; the stack of every thread:\n")
     hang_log.flush()
-    faulthandler.dump_traceback_later(_timeout_s(item) + HANG_GRACE_S, exit=True, file=hang_log)
+    faulthandler.dump_traceback_later(timeout_s + HANG_GRACE_S, exit=True, file=hang_log)
     try:
         yield
     finally:
@@ -134,10 +135,16 @@ def pytest_runtest_protocol(item, nextitem):
         hang_log.flush()
 
 
-_hang_logs: dict[int, object] = {}
+_hang_logs: dict[int, TextIO] = {}
 
 
-def _hang_log():
+def pytest_unconfigure(config):
+    for hang_log in _hang_logs.values():
+        hang_log.close()
+    _hang_logs.clear()
+
+
+def _hang_log() -> TextIO | None:
     base = os.environ.get("TIERPROXY_HANG_LOG")
     if not base:
         return None
@@ -148,10 +155,10 @@ def _hang_log():
 
 
 def _timeout_s(item) -> float:
-    """The test's pytest-timeout timeout: its marker's, else the ini's."""
+    """The test's pytest-timeout timeout: its marker's, else the ini's (0: none)."""
     marker = item.get_closest_marker("timeout")
     if marker is not None:
         value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
         if value is not None:
             return float(value)
-    return float(item.config.getini("timeout") or 0) or 600.0
+    return float(item.config.getini("timeout") or 0)
