@@ -98,9 +98,17 @@ class TieringService:
         shard_count = self.config.shard_count
         topic = self.config.metadata_topic
         self.readers = [
-            ShardReader(kafka_settings, topic, k, shard_count, on_record=self._on_record)
+            ShardReader(
+                kafka_settings,
+                topic,
+                k,
+                shard_count,
+                on_record=functools.partial(self._on_record, k),
+            )
             for k in range(shard_count)
         ]
+        self.claimed_epochs: dict[int, int] = {}  # shard -> this process's latest claim
+        self._claims = shards.ClaimWatch(self)
         self.topics = TopicIndex([reader.state for reader in self.readers])
         self.in_flight: dict[str, int] = {}  # topic name -> passthrough produce in flight
         self._changed = asyncio.Event()
@@ -301,9 +309,10 @@ class TieringService:
 
     # -- metadata changes ----------------------------------------------------------------
 
-    def _on_record(self, offset: int, verdict: object) -> None:
+    def _on_record(self, shard: int, offset: int, verdict: object) -> None:
         self.topics.stale()
         self.notify()
+        self._claims.record(shard)
 
     def notify(self) -> None:
         """Wake whoever waits in `changed` (a new event for the next wait)."""

@@ -44,6 +44,11 @@ class ShardsHost(Protocol):
     @property
     def topics(self) -> TopicIndex: ...
 
+    @property
+    def claimed_epochs(self) -> dict[int, int]:
+        """shard -> the latest epoch at which this process claimed it (owned())."""
+        ...
+
     def is_sealed(self, stream: int) -> bool:
         """Whether an untier sealed the stream (upkeep/seals.py): it is not started."""
         ...
@@ -57,6 +62,8 @@ async def owned(service: ShardsHost, owner: ShardOwner) -> None:
     """A shard became this proxy's: rebuild and start its streams' partitions. When
     another member claimed it since this one last did, what this one's WAL holds of its
     streams is not their log (an unclean takeover went on without it): disowned first."""
+    epochs = service.claimed_epochs
+    epochs[owner.shard] = max(epochs.get(owner.shard, 0), owner.epoch)
     if owner.previous_owner not in ("", service.name):
         disown(service, owner.state, owner.previous_owner)
     await recover_streams(service, owner.state, owner.state.stream_ids())
@@ -73,6 +80,48 @@ def disown(service: ShardsHost, state: MetadataState, since: str) -> None:
         *(state.shard, since, service.name),
     )
     partitions.disown(s for s in state.stream_ids() if partitions.get(s) is None)
+
+
+def claimed_elsewhere(service: ShardsHost, shard: int) -> None:
+    """When another member claimed the shard after this process last did (at a later
+    epoch): the WAL entries this member wrote for its streams, not served here now, are
+    stale (disown). Called when the shard's reader reads a claim, and once a lost shard's
+    partitions are stopped, whichever comes last: a member paused past the takeover bound
+    learns both on resuming, in either order, and its uploader would otherwise try their
+    entries again and again and hold the WAL until it claims the shard again. Harmless
+    after a clean hand-over (its entries are uploaded); never wrong, as a later claim of
+    another member makes them not the streams' log whatever happens next (owned() would
+    disown them at this member's next claim). The epoch, not only the name: the
+    service's reader may not have read this process's own newer claim yet, and the
+    entries written under it are the log."""
+    state = service.readers[shard].state
+    if state.owner in ("", service.name):
+        return
+    if state.epoch <= service.claimed_epochs.get(shard, 0):
+        return  # a claim from before this process's own last one
+    try:
+        disown(service, state, state.owner)
+    except Exception:  # the metadata reader calls this: it must go on
+        log.exception("metadata shard %d: disowning its streams' WAL entries failed", shard)
+
+
+class ClaimWatch:
+    """Calls `claimed_elsewhere` when a shard's last claim changes hands, as the service's
+    reader of the shard applies a record (its `on_record`): a check per record, the
+    disowning only when the owner changed. Before the service's partitions exist (its
+    start), nothing: the start disowns what its readers' states say."""
+
+    def __init__(self, service: ShardsHost) -> None:
+        self._service = service
+        self._owners: dict[int, str] = {}  # shard -> its last claim's owner, last looked at
+
+    def record(self, shard: int) -> None:
+        owner = self._service.readers[shard].state.owner
+        if owner == self._owners.get(shard):
+            return
+        self._owners[shard] = owner
+        if self._service.partitions is not None:
+            claimed_elsewhere(self._service, shard)
 
 
 async def recover_streams(service: ShardsHost, state: MetadataState, streams: list[int]) -> None:
@@ -111,6 +160,7 @@ async def lost(service: ShardsHost, shard: int) -> None:
     assert partitions is not None
     streams = [s for s in service.readers[shard].state.stream_ids() if partitions.get(s)]
     await asyncio.gather(*(partitions.remove(s) for s in streams))
+    claimed_elsewhere(service, shard)
 
 
 def partition_broken(stream: int, error: BaseException) -> None:

@@ -171,35 +171,132 @@ async def test_a_member_taken_over_uncleanly_does_not_bring_back_its_stale_wal_e
         async with await WriteAheadLog.open(config_for(tmp_path / "a")) as wal:
             assert len([e async for e in wal.replay()]) == 5  # the stale entries
             partitions = PartitionSet(wal)
-            service = SimpleNamespace(
-                name="proxy-a",
-                partitions=partitions,
-                store=store,
-                kafka_settings={},
-                topics=None,
-                is_sealed=lambda stream: False,
-                notify=lambda: None,
-            )
-            owner = SimpleNamespace(state=shard.state, previous_owner="proxy-b")
+            service = service_of(partitions, shard, store)
+            owner = SimpleNamespace(state=shard.state, previous_owner="proxy-b", shard=0, epoch=3)
             await shards.owned(service, owner)
             partition = partitions.get(S0)
             assert partition.log_end_offset == partition.high_watermark == CUTOVER + 6
             ok(await partitions.produce(S0, nth(8, 2), -1), CUTOVER + 6)  # proxy-b's producer
             ok(await partitions.produce(S0, nth(8, 1), -1), CUTOVER + 3)  # a retry: duplicate
-            uploader = Uploader(
-                wal,
-                store,
-                commits_at(shard, 3),
-                ObjectIdAllocator(3),
-                committed_end=shard.state.stream_end,
-                stale=partitions.stale,
-                config=QUIET,
-            )
-            async with uploader:
-                await uploader.flush()
+            uploader = await flush_uploads(wal, store, shard, partitions, epoch=3, first_id=3)
             assert uploader.stats.skipped_entries == 5
             assert wal.trimmed_to == wal.durable_end
             await partitions.close()
         assert shard.state.stream_end(S0) == CUTOVER + 9
         blocks = [b async for b in committed_blocks(store, shard.state, S0, CUTOVER, CUTOVER + 9)]
         assert [h.producer_id for b in blocks for h in b.headers] == [8, 8, 8]
+
+
+def service_of(partitions: PartitionSet, shard: Shard, store=None, **epochs: int):
+    """proxy-a's tiered service as the shard callbacks (tiered/shards.py) see it."""
+    return SimpleNamespace(
+        name="proxy-a",
+        partitions=partitions,
+        store=store,
+        kafka_settings={},
+        topics=None,
+        readers=[SimpleNamespace(state=shard.state)],
+        claimed_epochs={0: epochs.get("claimed", 0)} if "claimed" in epochs else {},
+        is_sealed=lambda stream: False,
+        notify=lambda: None,
+    )
+
+
+async def serve_five_batches(tmp_path, shard: Shard):
+    """proxy-a's WAL and partitions, S0 served with five batches acknowledged and not
+    uploaded (the shard claimed at epoch 1)."""
+    wal = await WriteAheadLog.open(config_for(tmp_path / "a"))
+    partitions = PartitionSet(wal)
+    await partitions.recover([S0], shard.state)
+    for n in range(5):
+        ok(await partitions.produce(S0, nth(PID, n), -1), CUTOVER + RECORDS * n)
+    return wal, partitions
+
+
+async def flush_uploads(
+    wal, store, shard: Shard, partitions: PartitionSet, *, epoch: int = 1, first_id: int = 9
+) -> Uploader:
+    """An upload of everything the WAL holds, committed as the owner of `epoch`, stale
+    entries trimmed (the uploader proxy-a runs)."""
+    uploader = Uploader(
+        wal,
+        store,
+        commits_at(shard, epoch),
+        ObjectIdAllocator(first_id),
+        committed_end=shard.state.stream_end,
+        stale=partitions.stale,
+        config=QUIET,
+    )
+    async with uploader:
+        await uploader.flush()
+    return uploader
+
+
+async def test_a_member_paused_past_the_takeover_disowns_its_entries_when_it_resumes(tmp_path):
+    """proxy-a serves S0, five batches acknowledged and not uploaded, and is paused past
+    the takeover bound: proxy-b claims the shard (epoch 2). On resuming, proxy-a loses the
+    shard and its reader reads proxy-b's claim, in either order: the entries are disowned
+    then, and its uploader trims them without uploading them. (Before, nothing disowned
+    them until proxy-a claimed the shard again: its uploader tried to commit them again
+    and again, and the WAL kept them.)"""
+    for reader_first in (False, True):
+        shard = Shard()
+        wal, partitions = await serve_five_batches(tmp_path / str(reader_first), shard)
+        service = service_of(partitions, shard, claimed=1)
+        shard.write(ShardClaim(0, 2, "proxy-b", NOW_MS))  # the takeover, while paused
+        if reader_first:  # the reader reads the claim while S0 is still served: kept
+            shards.claimed_elsewhere(service, 0)
+            assert [partitions.stale(e) async for e in wal.replay()] == [False] * 5
+        await shards.lost(service, 0)  # stops S0's partition, then disowns
+        if not reader_first:
+            shards.claimed_elsewhere(service, 0)  # the reader's turn: nothing more to do
+        assert partitions.get(S0) is None
+        async with LocalDirectoryStore(tmp_path / f"objects-{reader_first}") as store:
+            uploader = await flush_uploads(wal, store, shard, partitions)
+        assert uploader.stats.skipped_entries == 5
+        assert wal.trimmed_to == wal.durable_end
+        await partitions.close()
+        await wal.close()
+
+
+async def test_a_claim_older_than_this_members_own_disowns_nothing(tmp_path):
+    """The service's reader may read another member's claim after this member claimed
+    the shard again at a later epoch (it lags the owner's own reader): the entries
+    written under the later claim are the log, not to be disowned."""
+    shard = Shard()
+    shard.write(ShardClaim(0, 2, "proxy-b", NOW_MS))
+    wal, partitions = await serve_five_batches(tmp_path, shard)
+    service = service_of(partitions, shard, claimed=3)  # the reader has not read epoch 3
+    await shards.lost(service, 0)
+    shards.claimed_elsewhere(service, 0)
+    assert [partitions.stale(e) async for e in wal.replay()] == [False] * 5
+    # without this member's own claim, the same entries are stale
+    shards.claimed_elsewhere(service_of(partitions, shard), 0)
+    assert [partitions.stale(e) async for e in wal.replay()] == [True] * 5
+    await partitions.close()
+    await wal.close()
+
+
+async def test_the_claim_watch_disowns_when_the_shards_reader_reads_another_members_claim(
+    tmp_path, caplog
+):
+    """The service's reader of the shard calls the watch at each record: proxy-b's claim
+    read after the shard's partitions were stopped here disowns their entries; proxy-a's
+    own claim does nothing; before the partitions exist, nothing."""
+    shard = Shard()
+    wal, partitions = await serve_five_batches(tmp_path, shard)
+    service = service_of(partitions, shard, claimed=1)
+    watch = shards.ClaimWatch(service)
+    watch.record(0)  # proxy-a's own claim: nothing
+    await partitions.remove(S0)  # lost (fenced) before its reader read the claim
+    assert [partitions.stale(e) async for e in wal.replay()] == [False] * 5
+    shard.write(ShardClaim(0, 2, "proxy-b", NOW_MS))
+    watch.record(0)
+    assert [partitions.stale(e) async for e in wal.replay()] == [True] * 5
+    await partitions.close()
+    await wal.close()
+    # before the service's partitions exist (its start disowns then): no disown tried,
+    # so no error logged
+    with caplog.at_level(logging.ERROR, logger="tierproxy.tiering"):
+        shards.ClaimWatch(service_of(None, shard)).record(0)
+    assert caplog.records == []
