@@ -1,7 +1,9 @@
 """Readahead across a stream's objects and within the cache's bound: the pure decisions
 (`window_bound`, `Readahead` catching up, `read_past_run`, the last blocks of a run taken
-along, a block's first read not making it recently used) and the cache reading ahead
-into the next committed range's index and first blocks.
+along, `tail_read`, a block's first read not making it recently used) and the cache
+reading ahead into the next committed range's index and first blocks, the index read of
+a stream object taking its last few blocks along (a corrupt one left to the read that
+reaches it).
 
 The store is test_blockcache's in-memory one, which records every GET.
 """
