@@ -110,12 +110,16 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
         topics=None,
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),
+        claimed_epochs={},
     )
     # the last claim before this one was this member's: its WAL entries are its log
-    owner = SimpleNamespace(state=SimpleNamespace(stream_ids=lambda: [1, 2, 3]), previous_owner="")
+    owner = SimpleNamespace(
+        state=SimpleNamespace(stream_ids=lambda: [1, 2, 3]), previous_owner="", shard=0, epoch=4
+    )
     await shards.owned(host, owner)
     assert partitions.recovered == [[1, 3]]
     assert woken == [True]
+    assert host.claimed_epochs == {0: 4}  # the claim this process made, kept for the shard
 
 
 async def test_the_start_stack_undoes_in_the_reverse_order_tasks_cancelled_and_awaited():
