@@ -446,7 +446,10 @@ def catchup_figures(p: ReadPhase) -> dict[str, float | None]:
         "of which index reads per GB (b's count)": (
             c.get("b index_gets", 0.0) / gb if tiered else None
         ),
-        "blocks that came with an index read (b)": (
+        "blocks that came with an index read of an object's first window (b)": (
+            c.get("b head_blocks", 0.0) if tiered else None
+        ),
+        "blocks that came with an index read of an object's tail (b)": (
             c.get("b tail_blocks", 0.0) if tiered else None
         ),
         "block-cache misses (b)": c.get("b misses", 0.0) if tiered else None,

@@ -13,6 +13,12 @@ so a ListOffsets timestamp lookup reads the index and one block instead of every
 header; version 1 objects (no max timestamp: `IndexEntry.max_timestamp` is None) are
 still read, and still written when a writer is asked for them.
 
+Version 3 is ``[head][index][data blocks][index][footer]``: a copy of the index in front
+of the blocks, behind a small head (`parse_head`), so that a reader reading an object
+from its start gets the index with its first blocks in one ranged read instead of
+reading the tail first; readers that start at the tail read it as before. The copy costs
+52 bytes per block (0.005 % of a 1 MiB block).
+
 This module is the layout and its reader (footer, index, blocks, each checked); the
 writer that lays objects out is `objects/format_writer.py` (`ObjectWriter`).
 
@@ -30,9 +36,15 @@ import crc32c
 
 from proxy.objects.keys import ObjectKind, object_key, parse_object_key
 
-FORMAT_VERSION = 2  # what writers write
-READ_VERSIONS = (1, 2)  # what readers read
+FORMAT_VERSION = 3  # what writers write
+READ_VERSIONS = (1, 2, 3)  # what readers read
 HEAD_MAGIC = b"TPOF"
+# Version 3's head: magic, version, head size, object id, kind, reserved, block count,
+# index size, index CRC, head CRC (of the bytes before it)
+FRONT_MAGIC = b"TPOH"
+_HEAD = struct.Struct(">4sHHQB3sIIII")
+HEAD_SIZE = _HEAD.size  # 36
+_HEAD_CRC_COVERS = HEAD_SIZE - 4
 TAIL_MAGIC = b"TPOE"
 # magic, kind, reserved, object id, index position, index size, block count, index CRC,
 # version, footer size, footer CRC, magic
@@ -45,7 +57,7 @@ _FOOTER_CRC_COVERS = FOOTER_SIZE - 8  # every footer byte before the CRC and the
 _ENTRY_V1 = struct.Struct(">QqQIQII")
 # ... and (version 2) the block's max timestamp
 _ENTRY_V2 = struct.Struct(">QqQIQIIq")
-_ENTRIES = {1: _ENTRY_V1, 2: _ENTRY_V2}
+_ENTRIES = {1: _ENTRY_V1, 2: _ENTRY_V2, 3: _ENTRY_V2}
 INDEX_ENTRY_SIZE_V1 = _ENTRY_V1.size  # 44
 INDEX_ENTRY_SIZE = _ENTRY_V2.size  # 52, the size writers write
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP
@@ -60,6 +72,14 @@ def index_entry_size(version: int) -> int:
     if version not in _ENTRIES:
         raise ValueError(f"object format version {version}: known versions are {READ_VERSIONS}")
     return _ENTRIES[version].size
+
+
+def layout_bytes(version: int) -> tuple[int, int]:
+    """What a version `version` object adds to its blocks' bytes: a fixed part (the
+    footer; and the head in version 3) and a part per block (its index entry; twice in
+    version 3, the copy in front). Planners size objects exactly with it."""
+    entry = index_entry_size(version)
+    return (FOOTER_SIZE + HEAD_SIZE, 2 * entry) if version >= 3 else (FOOTER_SIZE, entry)
 
 
 class ObjectFormatError(ValueError):
@@ -92,6 +112,12 @@ class Footer:
     @property
     def object_size(self) -> int:
         return self.index_position + self.index_size + FOOTER_SIZE
+
+    @property
+    def data_start(self) -> int:
+        """Where the first block begins: after the head and the index's copy in version 3,
+        at the object's first byte before."""
+        return HEAD_SIZE + self.index_size if self.version >= 3 else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +175,62 @@ def pack_footer(footer: Footer) -> bytes:
     )
     covered = packed[:_FOOTER_CRC_COVERS]
     return covered + crc32c.crc32c(covered).to_bytes(4, "big") + TAIL_MAGIC
+
+
+def pack_head(footer: Footer) -> bytes:
+    """A version 3 object's head (`parse_head` reads it back); the index follows it."""
+    covered = _HEAD.pack(
+        FRONT_MAGIC,
+        footer.version,
+        HEAD_SIZE,
+        footer.object_id,
+        footer.kind,
+        bytes(3),
+        footer.block_count,
+        footer.index_size,
+        footer.index_crc,
+        0,
+    )[:_HEAD_CRC_COVERS]
+    return covered + crc32c.crc32c(covered).to_bytes(4, "big")
+
+
+def parse_head(head: Buffer, object_size: int, key: str) -> Footer | None:
+    """What the head of a version 3 object says, from the object's first bytes (at least
+    HEAD_SIZE of them): a `Footer` equal to the one at its end, whose `data_start` is
+    where its index's copy ends. None when these bytes are not a sound head of this
+    object: an object of an earlier version (it starts with a block), or a damaged head,
+    which costs its reader the tail read that finds the index at the end instead. The
+    index's copy is checked by `parse_index` against the CRC the head gives."""
+    view = as_view(head)
+    if len(view) < HEAD_SIZE or bytes(view[:4]) != FRONT_MAGIC:
+        return None
+    fields = _HEAD.unpack_from(view)
+    _, version, head_size, object_id, kind, reserved, blocks, index_size, index_crc, crc = fields
+    if crc != crc32c.crc32c(view[:_HEAD_CRC_COVERS]) or head_size != HEAD_SIZE:
+        return None
+    if version != 3 or kind not in set(ObjectKind) or reserved != bytes(3):
+        return None
+    index_position = object_size - FOOTER_SIZE - index_size
+    if blocks < 1 or blocks * _ENTRIES[version].size != index_size:
+        return None
+    if index_position < HEAD_SIZE + index_size + blocks:  # a block holds a byte at least
+        return None
+    try:
+        if parse_object_key(key) != (object_id, ObjectKind(kind)):
+            return None
+    except ValueError:
+        return None
+    return Footer(
+        object_id, ObjectKind(kind), index_position, index_size, blocks, index_crc, version
+    )
+
+
+def index_in_head(head: Buffer, footer: Footer) -> memoryview | None:
+    """The index's copy in a version 3 object's first bytes, when they reach far enough."""
+    view = as_view(head)
+    if len(view) < footer.data_start:
+        return None
+    return view[HEAD_SIZE : footer.data_start]
 
 
 def parse_footer(tail: Buffer, object_size: int, key: str) -> Footer:
@@ -227,7 +309,8 @@ def index_in_tail(tail: Buffer, object_size: int, footer: Footer) -> memoryview 
 def parse_index(index: Buffer, footer: Footer, key: str) -> tuple[IndexEntry, ...]:
     """The index entries, checked against the index CRC and for a sound layout: sorted by
     (stream id, start offset), each stream's blocks consecutive, blocks filling the bytes
-    before the index with no gap or overlap."""
+    between `footer.data_start` and the index with no gap or overlap. Either copy of a
+    version 3 object's index reads the same."""
     view = as_view(index)
     if len(view) != footer.index_size:
         raise ObjectFormatError(
@@ -244,7 +327,7 @@ def parse_index(index: Buffer, footer: Footer, key: str) -> tuple[IndexEntry, ..
             f"index CRC mismatch: stored {footer.index_crc:#010x}, computed {computed:#010x}",
         )
     entries: list[IndexEntry] = []
-    position = 0
+    position = footer.data_start
     previous: IndexEntry | None = None
     for number, fields in enumerate(_ENTRIES[footer.version].iter_unpack(view)):
         stream_id, start, delta, count, block_position, size, crc, *max_ts = fields

@@ -15,6 +15,7 @@ import crc32c
 
 from proxy.objects.format import (
     FORMAT_VERSION,
+    HEAD_SIZE,
     I64_MAX,
     NO_TIMESTAMP,
     READ_VERSIONS,
@@ -23,7 +24,9 @@ from proxy.objects.format import (
     Footer,
     IndexEntry,
     as_view,
+    index_entry_size,
     pack_footer,
+    pack_head,
     pack_index,
 )
 from proxy.objects.keys import U64_MAX, ObjectKind, object_key
@@ -171,12 +174,15 @@ class ObjectWriter:
             raise
 
     def build(self) -> BuiltObject:
-        """Lay out the object: blocks, index, footer."""
+        """Lay out the object: blocks, index, footer; in version 3 behind a head and a
+        copy of the index."""
         if not self._streams:
             raise ValueError(f"{self.key}: an object holds at least one block")
         pieces: list[memoryview] = []
         entries = []
-        position = 0
+        blocks = sum(len(run) for run in self._streams.values())
+        front = HEAD_SIZE + blocks * index_entry_size(self.version) if self.version >= 3 else 0
+        position = front
         for stream_id in sorted(self._streams):
             for start, end, count, view, crc, max_ts in self._streams[stream_id]:
                 entries.append(
@@ -196,6 +202,8 @@ class ObjectWriter:
             crc32c.crc32c(index),
             self.version,
         )
+        if front:
+            pieces[:0] = [memoryview(pack_head(footer)), memoryview(index)]
         pieces.append(memoryview(index))
         pieces.append(memoryview(pack_footer(footer)))
         return BuiltObject(self.key, footer, tuple(entries), tuple(pieces), footer.object_size)

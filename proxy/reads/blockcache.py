@@ -12,8 +12,11 @@ against its CRC once, when it enters the cache. Three parts:
   reads (one tail read per object). A read given the stream's next committed range
   (`NextRange`) reads ahead into it once its window reaches past this object: that
   object's index and first blocks, in the background. Of a stream object, that index
-  read takes the object's last blocks along when they are few (`tail_read`), so that a
-  sequential reader's index read costs no GET of its own.
+  read is a read of the object's first window (`_load_index`): in a version 3 object
+  the index's copy and the first blocks behind it, one GET; in an earlier version the
+  first blocks, then the tail for the index, which takes the object's last blocks along
+  when they are few (`tail_read`). Either way a sequential reader's index read costs no
+  GET of its own.
 
 Memory. A GET of adjacent blocks returns one buffer, and its blocks are cached as
 memoryview slices of it, without a copy. A slice keeps the whole buffer alive, so the
@@ -29,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Hashable, Iterator, Sequence
+from collections.abc import Callable, Container, Coroutine, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +40,17 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from proxy.objects.format import (
+    HEAD_SIZE,
     Buffer,
+    Footer,
     IndexEntry,
     ObjectFormatError,
+    as_view,
     find_entries,
+    index_in_head,
     index_in_tail,
     parse_footer,
+    parse_head,
     parse_index,
     read_block,
 )
@@ -87,8 +95,9 @@ class BlockCache:
 
     Counters (plain attributes): `hits` and `misses` of the blocks reads want, `gets` and
     `bytes_fetched` of every GET issued (index reads included), `index_hits`,
-    `index_misses` and `index_gets` (the GETs of index reads), `tail_blocks` (blocks
-    that came with an index read); `bytes` and `evictions` come from the LRU.
+    `index_misses` and `index_gets` (the GETs of index reads), `head_blocks` and
+    `tail_blocks` (blocks that came with an index read of the object's first bytes or
+    of its tail); `bytes` and `evictions` come from the LRU.
     `registry` also exposes them as tierproxy_block_cache_* metrics."""
 
     def __init__(
@@ -117,7 +126,8 @@ class BlockCache:
         self._reader_limit = readers
         self._clock = clock
         self.hits = self.misses = self.gets = self.bytes_fetched = 0
-        self.index_hits = self.index_misses = self.index_gets = self.tail_blocks = 0
+        self.index_hits = self.index_misses = self.index_gets = 0
+        self.head_blocks = self.tail_blocks = 0
         self._inflight: dict[BlockKey, asyncio.Future[memoryview]] = {}
         self._indexes: OrderedDict[str, tuple[IndexEntry, ...]] = OrderedDict()
         self._index_inflight: dict[str, asyncio.Future[tuple[IndexEntry, ...]]] = {}
@@ -276,10 +286,10 @@ class BlockCache:
             self._read_ahead_blocks(after, size, index)
             return
         self.index_misses += 1
-        tail = None
+        head = None
         if _one_stream(after.object_key):
-            tail = tail_read(after.object_size, size, self._index_read_bytes)
-        future = self._index_future(after.object_key, after.object_size, tail)
+            head = min(after.object_size, HEAD_SIZE + self._index_read_bytes + size)
+        future = self._index_future(after.object_key, after.object_size, head=head, window=size)
         future.add_done_callback(lambda done: self._index_read(after, size, done))
 
     def _index_read(
@@ -303,15 +313,17 @@ class BlockCache:
             self._start_get(after.object_key, run[ahead[0] : ahead[1]])
 
     def _index_future(
-        self, key: str, object_size: int, tail: int | None = None
+        self, key: str, object_size: int, *, head: int | None = None, window: int = 0
     ) -> asyncio.Future[tuple[IndexEntry, ...]]:
-        """The index read of `key` in flight, begun now if none is: a read of the object's
-        last `tail` bytes, whose whole blocks it caches, or, by default, of the few that
-        usually hold its index."""
+        """The index read of `key` in flight, begun now if none is: by default a read of
+        the few bytes of the object's tail that usually hold its index; with `head`, a
+        read of the object's first `head` bytes, whose whole blocks it caches
+        (`_load_index`)."""
         future = self._index_inflight.get(key)
         if future is None:
             future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
-            self._spawn(self._load_index(key, object_size, tail, future, self._generation))
+            load = self._load_index(key, object_size, head, window, future, self._generation)
+            self._spawn(load)
         return future
 
     def _start_get(self, key: str, entries: Sequence[IndexEntry]) -> list[asyncio.Future]:
@@ -358,26 +370,46 @@ class BlockCache:
         self,
         key: str,
         object_size: int,
-        tail_bytes: int | None,
+        head_bytes: int | None,
+        window: int,
         future: asyncio.Future[tuple[IndexEntry, ...]],
         generation: int,
     ) -> None:
+        """Read the index of `key`. Without `head_bytes`: a read of the tail (a second
+        one if the index is larger). With it (a stream object that readahead goes on
+        into with windows of `window` bytes): a read of the object's first `head_bytes`,
+        which in a version 3 object holds the index's copy and the first blocks; in an
+        earlier version (or one whose head or index copy is damaged: the tail has the
+        index too) it holds blocks only, and the tail read follows, taking the object's
+        last blocks along when they are few (`tail_read`), none when the first read held
+        the whole object. The whole blocks either read holds are cached."""
+        cut: list[tuple[Buffer, int, int]] = []  # (buffer, its position, the counter's)
         try:
             try:
-                self.gets += 1
-                self.index_gets += 1
-                wanted = min(object_size, tail_bytes or self._index_read_bytes)
-                tail = await self.store.get_tail(key, wanted)
-                self.bytes_fetched += len(tail)
-                footer = parse_footer(tail, object_size, key)
-                data: bytes | memoryview | None = index_in_tail(tail, object_size, footer)
-                if data is None:  # the index is larger than the tail read
-                    self.gets += 1
-                    self.index_gets += 1
-                    data = await self.store.get(key, footer.index_position, footer.index_end)
-                    self.bytes_fetched += len(data)
-                index = parse_index(data, footer, key)
-                blocks = self._blocks_in_tail(key, index, tail, object_size) if tail_bytes else []
+                index = None
+                if head_bytes:
+                    head = await self._get_counted(key, 0, min(object_size, head_bytes))
+                    cut.append((head, 0, 0))
+                    index = await self._index_in_head(key, head, object_size)
+                if index is None:
+                    whole = bool(cut) and len(cut[0][0]) == object_size
+                    tail_bytes = min(object_size, self._index_read_bytes)
+                    if cut and not whole:
+                        tail_bytes = tail_read(object_size, window, self._index_read_bytes)
+                    tail = cut[0][0] if whole else await self._get_tail_counted(key, tail_bytes)
+                    footer = parse_footer(tail, object_size, key)
+                    data: Buffer | None = index_in_tail(tail, object_size, footer)
+                    if data is None:  # the index is larger than the tail read
+                        data = await self._get_counted(key, footer.index_position, footer.index_end)
+                    index = parse_index(data, footer, key)
+                    if head_bytes and not whole:
+                        cut.append((tail, object_size - len(tail), 1))
+                blocks: list[tuple[list[tuple[int, memoryview]], Buffer, int]] = []
+                taken: set[int] = set()
+                for buffer, at, counter in cut:  # a block in both reads: from the first
+                    views = self._blocks_in(key, index, buffer, at, taken)
+                    taken.update(position for position, _ in views)
+                    blocks.append((views, buffer, counter))
             finally:
                 del self._index_inflight[key]
         except BaseException as error:
@@ -389,25 +421,71 @@ class BlockCache:
             self._indexes[key] = index
             if len(self._indexes) > self._index_entries:
                 self._indexes.popitem(last=False)
-            if blocks and self._lru.insert(key, blocks, buffer_size=len(tail)):
-                self.tail_blocks += len(blocks)
+            for views, buffer, counter in blocks:
+                if views and self._lru.insert(key, views, buffer_size=len(buffer)):
+                    if counter:
+                        self.tail_blocks += len(views)
+                    else:
+                        self.head_blocks += len(views)
         future.set_result(index)
 
-    def _blocks_in_tail(
-        self, key: str, index: Sequence[IndexEntry], tail: Buffer, object_size: int
+    async def _index_in_head(
+        self, key: str, head: Buffer, object_size: int
+    ) -> tuple[IndexEntry, ...] | None:
+        """The index of a version 3 object from its first bytes `head` (and the rest of
+        its copy, should they end within it); None when they are no sound head and copy,
+        for the tail to tell."""
+        footer: Footer | None = parse_head(head, object_size, key)
+        if footer is None:
+            return None
+        data: Buffer | None = index_in_head(head, footer)
+        if data is None:  # the index's copy goes on past the first read: the rest of it
+            rest = await self._get_counted(key, len(head), footer.data_start)
+            data = bytes(as_view(head)[HEAD_SIZE:]) + bytes(rest)
+        try:
+            return parse_index(data, footer, key)
+        except ObjectFormatError:
+            return None
+
+    async def _get_counted(self, key: str, start: int, end: int) -> Buffer:
+        """A GET of the index read, counted."""
+        self.gets += 1
+        self.index_gets += 1
+        data = await self.store.get(key, start, end)
+        self.bytes_fetched += len(data)
+        return data
+
+    async def _get_tail_counted(self, key: str, size: int) -> Buffer:
+        self.gets += 1
+        self.index_gets += 1
+        data = await self.store.get_tail(key, size)
+        self.bytes_fetched += len(data)
+        return data
+
+    def _blocks_in(
+        self,
+        key: str,
+        index: Sequence[IndexEntry],
+        data: Buffer,
+        start: int,
+        taken: Container[int] = (),
     ) -> list[tuple[int, memoryview]]:
-        """The whole blocks a tail read holds that the cache has not and is not fetching,
-        CRC checked; views of `tail`, not copies. A corrupt block is left out, not an
-        error of the index read: the read that reaches it fetches it and fails there,
-        naming it, and the reads before it do not fail for it."""
-        start = object_size - len(tail)
+        """The whole blocks that `data`, the object's bytes from `start` on, holds and the
+        cache has not, is not fetching and (`taken` positions) has from another read,
+        CRC checked; views of `data`, not copies. A
+        corrupt block is left out, not an error of the index read: the read that reaches
+        it fetches it and fails there, naming it, and the reads before it do not fail for
+        it."""
+        end = start + len(data)
         blocks = []
         for entry in index:
             block = (key, entry.position)
-            if entry.position < start or block in self._lru or block in self._inflight:
+            if entry.position < start or entry.end_position > end:
+                continue
+            if block in self._lru or block in self._inflight or entry.position in taken:
                 continue
             try:
-                blocks.append((entry.position, read_block(tail, entry, key, start)))
+                blocks.append((entry.position, read_block(data, entry, key, start)))
             except ObjectFormatError:
                 continue
         return blocks
@@ -453,8 +531,14 @@ class _Collector:
             (CounterMetricFamily, "index_gets", "GETs of index reads", c.index_gets),
             (
                 CounterMetricFamily,
+                "head_blocks",
+                "Blocks that came with an index read of an object's first bytes",
+                c.head_blocks,
+            ),
+            (
+                CounterMetricFamily,
                 "tail_blocks",
-                "Blocks that came with an index read",
+                "Blocks that came with an index read of an object's tail",
                 c.tail_blocks,
             ),
             (GaugeMetricFamily, "bytes", "Bytes the cached blocks keep alive", c.bytes),

@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 from proxy.metadata.records import OffsetRange
 from proxy.metadata.streams import OFFLOAD_ID_BIT, shard_of
 from proxy.objects.format import (
-    FOOTER_SIZE,
     FORMAT_VERSION,
     READ_VERSIONS,
     U32_MAX,
-    index_entry_size,
+    layout_bytes,
 )
 from proxy.objects.format_writer import DEFAULT_MAX_BLOCK_BYTES, BuiltObject, ObjectWriter
 from proxy.objects.keys import ObjectKind, object_key
@@ -321,9 +320,9 @@ def _pack(
     fit. A stream's run may so end in one object and go on in the next."""
     objects: list[ObjectPlan] = []
     runs: dict[int, _RunCost] = {}
-    size = FOOTER_SIZE
     max_block, version = limits.max_block_bytes, limits.format_version
-    entry_size = index_entry_size(version)
+    fixed, entry_size = layout_bytes(version)
+    size = fixed
 
     def close() -> None:
         plans = tuple(runs[stream].run() for stream in sorted(runs))
@@ -335,7 +334,7 @@ def _pack(
             cost, blocks, block_bytes = run.grown_by(entry, max_block, entry_size)
             if runs and size + cost > limits.max_object_bytes:
                 close()
-                runs, size = {}, FOOTER_SIZE
+                runs, size = {}, fixed
                 run = _RunCost(stream)
                 cost, blocks, block_bytes = run.grown_by(entry, max_block, entry_size)
             run.add(entry, blocks, block_bytes)

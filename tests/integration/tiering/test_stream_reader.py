@@ -191,14 +191,16 @@ async def test_every_offset_reads_exactly_the_batches_kafka_would_return(store, 
                 where = f"stream {stream} offset {offset} max bytes {max_bytes}"
                 assert [bytes(b) for b in got.batches] == batches, where
                 assert (got.next_offset, got.size) == (next_offset, sum(map(len, batches)))
-    # Everything fits in the cache: each object's tail was read once (the whole object,
+    # Everything fits in the cache: each object's index was read once (the whole object,
     # as they are smaller than a tail read) and each block once, most of them in runs.
-    # The stream objects were read ahead into: their blocks came with that tail read,
-    # which is one buffer, charged whole (index and footer too).
+    # The stream objects were read ahead into: their index read is a read of their first
+    # window (version 3: the head and the index's copy in front), the whole object here;
+    # their blocks came with it, one buffer, charged whole (head, indexes and footer too).
     blocks = [entry for built in layout.objects for entry in built.index]
     assert all(built.size <= DEFAULT_INDEX_READ_BYTES for built in layout.objects)
     whole = [built for built in layout.objects if built.footer.kind == ObjectKind.STREAM]
-    assert cache.tail_blocks == sum(len(built.index) for built in whole)
+    assert all(built.footer.version == 3 for built in layout.objects)
+    assert cache.head_blocks == sum(len(built.index) for built in whole)
     overhead = sum(built.size - sum(e.size for e in built.index) for built in whole)
     assert cache.evictions == 0 and cache.bytes == sum(e.size for e in blocks) + overhead
     block_gets = cache.bytes - sum(built.size for built in whole)  # the other blocks
@@ -396,14 +398,15 @@ async def test_a_catch_up_read_over_several_stream_objects_reads_ahead_across_th
     assert bases == list(range(per_object * objects))  # each batch once, in order
     assert cache.max_readahead_bytes == 8 * MiB  # one reader: a quarter of the cache
     # Each object after the first (8 MiB: at most a window) costs one GET, its index read,
-    # which readahead made whole while the reader was in the object before (tail_read);
+    # which readahead made whole while the reader was in the object before (a read of
+    # its first window, the whole object);
     # the first object its index read and the reads' own GETs (the first one's blocks and
     # a quarter window with them: a reader catching up does not ramp up from one block).
     # Without readahead across objects it was 17: the read waited at each object's start
     # for its index and its first block, a GET of its own; with the index read apart from
     # the blocks, 11 at most.
     print(f"GETs: {cache.gets} ({cache.index_gets} index reads)")
-    assert cache.index_gets == objects and cache.tail_blocks == (objects - 1) * 8
+    assert cache.index_gets == objects and cache.head_blocks == (objects - 1) * 8
     assert cache.gets <= objects + 2
     if store.s3_gets() is not None:
         assert store.s3_gets() == cache.gets

@@ -63,13 +63,17 @@ def put_object(
     sizes: list[int],
     first_offset: int = 0,
     kind: ObjectKind = ObjectKind.STREAM,
+    version: int = 1,
 ) -> tuple[str, tuple]:
-    """An object (of `kind`) of one stream with blocks of these sizes, each of 10 offsets
-    from `first_offset` on; block n's bytes are all n."""
-    writer = ObjectWriter(object_id, kind, version=1)  # blocks of filler bytes
+    """An object (of `kind`, format `version`) of one stream with blocks of these sizes,
+    each of 10 offsets from `first_offset` on; block n's bytes are all n."""
+    writer = ObjectWriter(object_id, kind, version=version)  # blocks of filler bytes
     for n, size in enumerate(sizes):
         start = first_offset + 10 * n
-        writer.add_block(STREAM, bytes([n % 256]) * size, start, start + 10, 10)
+        no_timestamp = None if version == 1 else -1  # filler: no batch headers to read
+        writer.add_block(
+            STREAM, bytes([n % 256]) * size, start, start + 10, 10, max_timestamp=no_timestamp
+        )
     built = writer.build()
     store.objects[built.key] = built.to_bytes()
     return built.key, built.index

@@ -1,4 +1,4 @@
-"""Rolling out object format version 2 (docs/operations.md, "Upgrades"): the setting
+"""Rolling out object format versions 2 and 3 (docs/operations.md, "Upgrades"): the setting
 `tiering.object_format_version` is checked like the other tiering settings, reaches every
 writer (the uploader, the compactor, the offload jobs), and what a writer set to 1 wrote
 is read by this release: the objects' readers, the time index lookup, the compactor."""
@@ -31,15 +31,16 @@ def tiering(**section):
     return parse_config({**BASE, "tiering": section}).tiering
 
 
-def test_version_2_is_the_default_and_1_is_allowed():
-    assert FORMAT_VERSION == 2
-    assert tiering().object_format_version == 2
+def test_version_3_is_the_default_and_2_and_1_are_allowed():
+    assert FORMAT_VERSION == 3
+    assert tiering().object_format_version == 3
+    assert tiering(object_format_version=2).object_format_version == 2
     assert tiering(object_format_version=1).object_format_version == 1
 
 
 @pytest.mark.parametrize(
     ("value", "reason"),
-    [(3, "not an object format version"), (0, "below the minimum"), ("2", "whole number")],
+    [(4, "not an object format version"), (0, "below the minimum"), ("2", "whole number")],
 )
 def test_other_versions_are_refused_naming_the_key(value, reason):
     with pytest.raises(ConfigError, match=reason) as caught:
@@ -49,12 +50,12 @@ def test_other_versions_are_refused_naming_the_key(value, reason):
 
 def test_plan_limits_refuse_an_unknown_version():
     with pytest.raises(ValueError, match="format_version"):
-        PlanLimits(format_version=3)
+        PlanLimits(format_version=4)
     with pytest.raises(ValueError, match="format_version"):
         CompactionSettings(format_version=0)
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_the_uploader_writes_the_configured_version_at_the_planned_size(version):
     config = uploader_config(tiering(object_format_version=version))
     assert config.object_format_version == version
@@ -89,7 +90,7 @@ def test_an_uploaded_version_1_object_answers_timestamp_lookups():
     assert found is not None and (found.offset, found.timestamp) == (1, target)
 
 
-@pytest.mark.parametrize(("sources", "written"), [(1, 1), (1, 2), (2, 1)])
+@pytest.mark.parametrize(("sources", "written"), [(1, 1), (1, 2), (2, 1), (2, 3), (3, 2)])
 async def test_the_compactor_reads_either_version_and_writes_the_configured_one(
     tmp_path, sources, written
 ):

@@ -23,6 +23,7 @@ from proxy.objects.format import (
     find_entries,
     index_in_tail,
     parse_footer,
+    parse_head,
     parse_index,
     read_block,
     read_object,
@@ -388,7 +389,7 @@ GOOD_ENTRIES = [
         pytest.param(flip(DATA, len(DATA) - 11), "footer CRC mismatch", id="version-flip"),
         pytest.param(flip(DATA, len(DATA) - 5), "footer CRC mismatch", id="crc-flip"),
         pytest.param(flip(DATA, len(DATA) - 33), "footer CRC mismatch", id="index-size-flip"),
-        pytest.param(refooter(DATA, version=3), "unsupported format version 3", id="newer"),
+        pytest.param(refooter(DATA, version=4), "unsupported format version 4", id="newer"),
         pytest.param(refooter(DATA, version=0), "unsupported format version 0", id="v0"),
         pytest.param(refooter(DATA, footer_size=64), "footer size 64", id="footer-size"),
         pytest.param(refooter(DATA, head_magic=b"XXXX"), "bad footer magic", id="head-magic"),
@@ -510,5 +511,7 @@ def test_the_worked_example_in_the_docs_is_what_the_code_writes():
     assert written == built.to_bytes()
     assert built.key in text
     assert f"{built.footer.index_crc:08x}" in text
-    header, _ = next(iter_batches(written))
+    assert built.footer.version == 3
+    assert parse_head(written, len(written), built.key) == built.footer
+    header, _ = next(iter_batches(written[built.footer.data_start :]))
     assert header.base_offset == 5

@@ -1,9 +1,12 @@
 """Readahead across a stream's objects and within the cache's bound: the pure decisions
 (`window_bound`, `Readahead` catching up, `read_past_run`, the last blocks of a run taken
 along, `tail_read`, a block's first read not making it recently used) and the cache
-reading ahead into the next committed range's index and first blocks, the index read of
-a stream object taking its last few blocks along (a corrupt one left to the read that
-reaches it).
+reading ahead into the next committed range's index and first blocks. That index read
+of a stream object reads the object's first window: in a version 3 object the index's
+copy and the first blocks in one GET (a damaged head, or an index copy longer than the
+read, costs one more GET, not the read); in an earlier version (`put_object` writes
+version 1 unless told) the first blocks, then the tail, which takes the last few blocks
+along. A corrupt block either read holds is left to the read that reaches it.
 
 The store is test_blockcache's in-memory one, which records every GET.
 """
@@ -162,7 +165,8 @@ def next_range(store: CountingStore, key: str, index, start: int = 0) -> NextRan
 
 
 async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(store):
-    # a tail read of 1000 bytes: the next object's last window (its blocks 4-7) is too
+    # a version 1 object: its first window (and the 1036 bytes a head and index would
+    # take), then a tail read of 1000 bytes, as its last window (its blocks 4-7) is too
     # large to take along with its index (tail_read)
     cache = BlockCache(
         store, capacity_bytes=1 << 20, max_readahead_bytes=4000, index_read_bytes=1000
@@ -178,20 +182,22 @@ async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(stor
         await settle()
         # within the first object: two blocks (the read's and a quarter of 4000 riding on
         # it), then two (the window doubled); at its third block less than half the window
-        # (4000) is left in it: a window of the next object
-        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 4000)]
+        # (4000) is left in it: a window of the next object, its first 5036 bytes
+        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 5036)]
         assert [key for key, _ in store.tails] == [first, second]
-        assert cache.cached_positions(second) == [e.position for e in second_index[:4]]
+        assert cache.cached_positions(second) == [e.position for e in second_index[:5]]
+        assert cache.head_blocks == 5 and cache.tail_blocks == 0
         gets = len(store.gets)
         blocks = await cache.blocks(second, second_index, 1, reader_id="r")
         assert blocks[0] == bytes([0]) * 1000
-        await cache.blocks(second, second_index[1:], 1, reader_id="r")
+        for n in (1, 2):
+            await cache.blocks(second, second_index[n:], 1, reader_id="r")
         assert len(store.gets) == gets  # half the window (4000) at hand
         # the window goes on: with less than half of it at hand, the next window
-        await cache.blocks(second, second_index[2:], 1, reader_id="r")
+        await cache.blocks(second, second_index[3:], 1, reader_id="r")
         await settle()
-        assert store.gets[gets:] == [(second, 4000, 8000)]
-        assert cache.hits >= 5 and cache.index_gets == 2
+        assert store.gets[gets:] == [(second, 5000, 8000)]
+        assert cache.hits >= 5 and cache.index_gets == 3
     finally:
         await cache.close()
 
@@ -221,14 +227,15 @@ async def test_the_index_read_ahead_takes_an_object_of_at_most_a_window_whole(st
         await read_first_object(
             cache, first, first_index, next_range(store, second, second_index, 40)
         )
-        # one GET of the second object, its tail read: the whole of it
-        assert store.tails[-1] == (second, len(store.objects[second]))
-        assert [g for g in store.gets if g[0] == second] == []
-        assert cache.tail_blocks == 3
+        # one GET of the second object, its index read: the whole of it, no tail read
+        whole = [(second, 0, len(store.objects[second]))]
+        assert [g for g in store.gets if g[0] == second] == whole
+        assert [t for t in store.tails if t[0] == second] == []
+        assert cache.head_blocks == 3
         assert await read_object(cache, second, second_index) == [
             bytes([n]) * 1000 for n in range(3)
         ]
-        assert [g for g in store.gets if g[0] == second] == [] and cache.index_gets == 2
+        assert [g for g in store.gets if g[0] == second] == whole and cache.index_gets == 2
     finally:
         await cache.close()
 
@@ -249,13 +256,13 @@ async def test_the_index_read_ahead_takes_the_few_last_blocks_along_and_saves_a_
         assert cache.cached_positions(second)[-1] == second_index[-1].position
         blocks = await read_object(cache, second, second_index)
         assert blocks == [bytes([n]) * 1000 for n in range(9)]
-        # two window GETs: without the tail's block, a third for it (a quarter of the
-        # window is not more than it)
+        # the first window with the index read, then one: without the tail's block, a
+        # third for it (a quarter of the window is not more than it)
         assert [g for g in store.gets if g[0] == second] == [
-            (second, 0, 4000),
-            (second, 4000, 8000),
+            (second, 0, 5036),
+            (second, 5000, 8000),
         ]
-        assert cache.tail_blocks == 1
+        assert cache.tail_blocks == 1 and cache.head_blocks == 5
     finally:
         await cache.close()
 
@@ -270,17 +277,20 @@ async def test_the_index_read_ahead_of_a_stream_set_object_takes_no_blocks_along
         )
         # the usual tail read (the whole object here, it is that small), and the blocks
         # fetched by a GET of their own: a stream set object's last blocks may be any
-        # stream's
-        assert cache.tail_blocks == 0
+        # stream's, and its first too
+        assert cache.tail_blocks == cache.head_blocks == 0
         assert [g for g in store.gets if g[0] == second] == [(second, 0, 3000)]
     finally:
         await cache.close()
 
 
-async def test_a_corrupt_block_in_the_tail_read_fails_only_the_read_that_reaches_it(store):
+@pytest.mark.parametrize("version", [1, 3])
+async def test_a_corrupt_block_in_the_index_read_fails_only_the_read_that_reaches_it(
+    store, version
+):
     cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
     first, first_index = put_object(store, 1, [1000] * 4)
-    second, second_index = put_object(store, 2, [1000] * 3, first_offset=40)
+    second, second_index = put_object(store, 2, [1000] * 3, first_offset=40, version=version)
     data = bytearray(store.objects[second])
     data[second_index[2].position] ^= 0xFF  # the last block
     store.objects[second] = bytes(data)
@@ -290,16 +300,16 @@ async def test_a_corrupt_block_in_the_tail_read_fails_only_the_read_that_reaches
         for n in range(2):
             await cache.blocks(first, first_index[n:], 1, reader_id="r", after=after)
             await settle()
-        store.gate = asyncio.Event()  # the tail read of the second object waits
+        store.gate = asyncio.Event()  # the index read of the second object waits
         await cache.blocks(first, first_index[2:], 1, reader_id="r", after=after)
         await settle()
-        assert store.tails[-1][0] == second
+        assert store.gets[-1] == (second, 0, len(store.objects[second]))  # all of it
         # the reader gets to the second object while its index read is in flight
         index = asyncio.create_task(cache.index(second, len(store.objects[second])))
         await settle()
         store.gate.set()
         assert await index == second_index  # the corrupt block fails no index read
-        assert cache.tail_blocks == 2  # the two sound blocks came along
+        assert cache.head_blocks == 2  # the two sound blocks came along
         blocks = await read_object(cache, second, second_index[:2])
         assert blocks == [bytes([0]) * 1000, bytes([1]) * 1000]
         with pytest.raises(ObjectFormatError, match=second):
@@ -350,5 +360,82 @@ async def test_the_window_shrinks_while_more_readers_read_at_once(store):
         assert await next_get() == 10_000
         now[0] += 10  # the others stopped reading
         assert await next_get() == 20_000
+    finally:
+        await cache.close()
+
+
+# -- version 3: the index in front ---------------------------------------------------------
+
+
+def version_3_reader(store: CountingStore) -> tuple[BlockCache, tuple[str, tuple]]:
+    """A cache with windows of 4000 bytes and tail reads of 1000, and a first object (of
+    4 blocks of 1000) that a reader reads on from into the next."""
+    cache = BlockCache(
+        store, capacity_bytes=1 << 20, max_readahead_bytes=4000, index_read_bytes=1000
+    )
+    return cache, put_object(store, 1, [1000] * 4, version=3)
+
+
+async def test_a_version_3_objects_index_comes_with_its_first_window_in_one_get(store):
+    cache, (first, first_index) = version_3_reader(store)
+    second, second_index = put_object(store, 2, [1000] * 8, first_offset=40, version=3)
+    data_start = second_index[0].position
+    assert data_start == 36 + 8 * 52  # the head and the index's copy
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        # the index read: the head, 1000 bytes for the index's copy, a window; no tail
+        assert [g for g in store.gets if g[0] == second] == [(second, 0, 36 + 1000 + 4000)]
+        assert [t for t in store.tails if t[0] == second] == []
+        assert cache.head_blocks == 4  # the whole blocks in it
+        blocks = await read_object(cache, second, second_index)
+        assert blocks == [bytes([n]) * 1000 for n in range(8)]
+        # eight blocks, two windows: two GETs, the index read one of them
+        assert [g for g in store.gets if g[0] == second] == [
+            (second, 0, 5036),
+            (second, data_start + 4000, data_start + 8000),
+        ]
+        assert cache.index_gets == 2  # the first object's tail read, the second's head
+    finally:
+        await cache.close()
+
+
+@pytest.mark.parametrize("damaged", [10, 40], ids=["head", "index-copy"])
+async def test_a_damaged_head_costs_a_tail_read_not_the_read(store, damaged):
+    cache, (first, first_index) = version_3_reader(store)
+    second, second_index = put_object(store, 2, [1000] * 8, first_offset=40, version=3)
+    data = bytearray(store.objects[second])
+    data[damaged] ^= 0xFF
+    store.objects[second] = bytes(data)
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        assert [t for t in store.tails if t[0] == second] == [(second, 1000)]
+        assert await cache.index(second, len(data)) == second_index  # from the tail
+        blocks = await read_object(cache, second, second_index)
+        assert blocks == [bytes([n]) * 1000 for n in range(8)]
+        assert cache.head_blocks == 4  # the first read's blocks are no less sound
+    finally:
+        await cache.close()
+
+
+async def test_an_index_copy_longer_than_the_first_read_takes_one_more_get(store):
+    cache, (first, first_index) = version_3_reader(store)
+    # 100 blocks of 10 bytes: an index of 5200 bytes, longer than the first read
+    second, second_index = put_object(store, 2, [10] * 100, first_offset=40, version=3)
+    data_start = second_index[0].position
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        assert [g for g in store.gets if g[0] == second][:2] == [
+            (second, 0, 5036),
+            (second, 5036, data_start),  # the rest of the copy
+        ]
+        assert cache.has_index(second) and cache.head_blocks == 0
+        blocks = await read_object(cache, second, second_index)
+        assert blocks == [bytes([n]) * 10 for n in range(100)]
     finally:
         await cache.close()

@@ -147,13 +147,14 @@ def test_records_that_do_not_decompress_are_a_corrupt_batch():
 # -- the time index -----------------------------------------------------------------------
 
 
-def test_a_version_2_object_records_each_block_max_timestamp():
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_version_2_or_3_object_records_each_block_max_timestamp(version):
     first, second = batch((5, 900, 7), base_offset=0), batch((30, 20), base_offset=3)
-    writer = ObjectWriter(1, ObjectKind.STREAM)
+    writer = ObjectWriter(1, ObjectKind.STREAM, version=version)
     writer.add_batches(4, first + second, max_block_bytes=len(first))
     built = writer.build()
     footer, index = read_object(built.to_bytes(), built.key)
-    assert footer.version == 2 and footer.index_size == 2 * INDEX_ENTRY_SIZE == 104
+    assert footer.version == version and footer.index_size == 2 * INDEX_ENTRY_SIZE == 104
     assert [(e.start_offset, e.end_offset, e.max_timestamp) for e in index] == [
         (0, 3, 900),
         (3, 5, 30),
@@ -162,9 +163,10 @@ def test_a_version_2_object_records_each_block_max_timestamp():
     # the entry is version 1's 44 bytes and the max timestamp, i64, at byte 44
     data = built.to_bytes()
     entry = data[footer.index_position : footer.index_position + INDEX_ENTRY_SIZE]
-    first_block = memoryview(data)[: len(first)]
+    start = footer.data_start
+    first_block = memoryview(data)[start : start + len(first)]
     assert entry == struct.pack(
-        ">QqQIQIIq", 4, 0, 3, 3, 0, len(first), crc32c.crc32c(first_block), 900
+        ">QqQIQIIq", 4, 0, 3, 3, start, len(first), crc32c.crc32c(first_block), 900
     )
 
 

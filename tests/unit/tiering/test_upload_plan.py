@@ -189,8 +189,8 @@ def test_blocks_are_cut_at_batch_boundaries():
     (planned,) = plan_upload(wal.entries, PlanLimits(max_block_bytes=len(big) + 10)).objects
     built, _ = build_object(planned, 1)
     sizes = [h.size for e in wal.entries for h, _ in iter_batches(e.batch)]
-    batch_starts = {sum(sizes[:n]) for n in range(len(sizes) + 1)}
-    _, index = read_object(built.to_bytes(), built.key)
+    footer, index = read_object(built.to_bytes(), built.key)
+    batch_starts = {footer.data_start + sum(sizes[:n]) for n in range(len(sizes) + 1)}
     assert len(index) == planned.runs[0].blocks == 4
     for entry in index:
         assert entry.position in batch_starts and entry.end_position in batch_starts
