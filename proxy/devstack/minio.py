@@ -8,12 +8,14 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import botocore.session
 from botocore.config import Config
 
 from proxy.devstack.paths import free_port, minio_binary
 from proxy.devstack.process import ManagedProcess
+from proxy.objects.s3config import S3Config
 
 ACCESS_KEY = "tierproxy"
 SECRET_KEY = "tierproxy-secret"  # a throwaway credential of a loopback-only test server
@@ -70,6 +72,18 @@ class MinioServer:
     @property
     def secret_key(self) -> str:
         return SECRET_KEY
+
+    def s3_config(self, **overrides: Any) -> S3Config:
+        """An S3Config for this server's bucket (path style, as MinIO wants), with
+        `overrides` of its other settings."""
+        settings: dict[str, Any] = {
+            "bucket": self.bucket,
+            "endpoint_url": self.endpoint,
+            "access_key_id": ACCESS_KEY,
+            "secret_access_key": SECRET_KEY,
+            "path_style": True,
+        }
+        return S3Config(**(settings | overrides))
 
     def client_kwargs(self) -> dict[str, str]:
         """Keyword arguments for a botocore/aiobotocore `create_client("s3", ...)`."""

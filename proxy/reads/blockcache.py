@@ -12,11 +12,12 @@ against its CRC once, when it enters the cache. Three parts:
   reads (one tail read per object). A read given the stream's next committed range
   (`NextRange`) reads ahead into it once its window reaches past this object: that
   object's index and first blocks, in the background. Of a stream object, that index
-  read is a read of the object's first window (`_load_index`): in a version 3 object
-  the index's copy and the first blocks behind it, one GET; in an earlier version the
-  first blocks, then the tail for the index, which takes the object's last blocks along
-  when they are few (`tail_read`). Either way a sequential reader's index read costs no
-  GET of its own.
+  read takes blocks along (`_read_ahead_into`): after an object of format version 3, a
+  read of the next one's first window, which in a version 3 object holds the index's
+  copy and the first blocks behind it, one GET; after an earlier version, a read of the
+  tail, which holds the index and takes the object's last blocks along when they are
+  few (`tail_read`). Either way a sequential reader's index read costs no GET of its
+  own.
 
 Memory. A GET of adjacent blocks returns one buffer, and its blocks are cached as
 memoryview slices of it, without a copy. A slice keeps the whole buffer alive, so the
@@ -225,7 +226,8 @@ class BlockCache:
             spill = read_past_run(sizes, present, wanted, window)
             if spill > 0:
                 state.spilled = after.object_key
-                self._read_ahead_into(after, spill)
+                current = self._indexes.get(key)  # version 3 has its blocks after a head
+                self._read_ahead_into(after, spill, current is None or current[0].position > 0)
         for i, future in sorted(waits.items()):
             views[i] = await asyncio.shield(future)
         return [view for view in views if view is not None]  # all of them, by now
@@ -275,21 +277,28 @@ class BlockCache:
             count += 1
         return count
 
-    def _read_ahead_into(self, after: NextRange, size: int) -> None:
+    def _read_ahead_into(self, after: NextRange, size: int, headed: bool) -> None:
         """Up to `size` bytes of the first blocks of `after` not at hand yet, once its index
         is: now, or as soon as its index read ends. That is a callback on the index read,
         not a task: it runs before the reader, should the reader get there first and wait
         for the same index, so that it finds the blocks in flight. A failure is left to
-        the read that gets there: it meets it itself."""
+        the read that gets there: it meets it itself.
+
+        Of a stream object, the index read takes blocks along (`_load_index`): its first
+        window when the object the reader is in has its index in front (`headed`: format
+        version 3, as the stream's next object most likely is too), else its last few
+        blocks (`tail_read`), as an object of an earlier version has no index in front."""
         index = self._indexes.get(after.object_key)
         if index is not None:
             self._read_ahead_blocks(after, size, index)
             return
         self.index_misses += 1
-        head = None
+        head = tail = None
         if _one_stream(after.object_key):
-            head = min(after.object_size, HEAD_SIZE + self._index_read_bytes + size)
-        future = self._index_future(after.object_key, after.object_size, head=head, window=size)
+            tail = tail_read(after.object_size, size, self._index_read_bytes)
+            if headed:
+                head = min(after.object_size, HEAD_SIZE + self._index_read_bytes + size)
+        future = self._index_future(after.object_key, after.object_size, head=head, tail=tail)
         future.add_done_callback(lambda done: self._index_read(after, size, done))
 
     def _index_read(
@@ -313,16 +322,16 @@ class BlockCache:
             self._start_get(after.object_key, run[ahead[0] : ahead[1]])
 
     def _index_future(
-        self, key: str, object_size: int, *, head: int | None = None, window: int = 0
+        self, key: str, object_size: int, *, head: int | None = None, tail: int | None = None
     ) -> asyncio.Future[tuple[IndexEntry, ...]]:
         """The index read of `key` in flight, begun now if none is: by default a read of
-        the few bytes of the object's tail that usually hold its index; with `head`, a
-        read of the object's first `head` bytes, whose whole blocks it caches
-        (`_load_index`)."""
+        the few bytes of the object's tail that usually hold its index; with `head` a
+        read of the object's first `head` bytes, or with `tail` of its last `tail`
+        bytes, whose whole blocks it caches (`_load_index`)."""
         future = self._index_inflight.get(key)
         if future is None:
             future = self._index_inflight[key] = asyncio.get_running_loop().create_future()
-            load = self._load_index(key, object_size, head, window, future, self._generation)
+            load = self._load_index(key, object_size, head, tail, future, self._generation)
             self._spawn(load)
         return future
 
@@ -371,18 +380,17 @@ class BlockCache:
         key: str,
         object_size: int,
         head_bytes: int | None,
-        window: int,
+        tail_bytes: int | None,
         future: asyncio.Future[tuple[IndexEntry, ...]],
         generation: int,
     ) -> None:
-        """Read the index of `key`. Without `head_bytes`: a read of the tail (a second
-        one if the index is larger). With it (a stream object that readahead goes on
-        into with windows of `window` bytes): a read of the object's first `head_bytes`,
-        which in a version 3 object holds the index's copy and the first blocks; in an
-        earlier version (or one whose head or index copy is damaged: the tail has the
-        index too) it holds blocks only, and the tail read follows, taking the object's
-        last blocks along when they are few (`tail_read`), none when the first read held
-        the whole object. The whole blocks either read holds are cached."""
+        """Read the index of `key`: from a read of the object's first `head_bytes` when
+        given, which in a version 3 object holds the index's copy and the first blocks;
+        else, or when those bytes hold no sound head and copy (an earlier version, or
+        damage: the tail has the index too), from a read of its last `tail_bytes` (by
+        default the few that usually hold the index; a second read if the index is
+        larger), none when the first read held the whole object. The whole blocks the
+        reads of a given size hold are cached."""
         cut: list[tuple[Buffer, int, int]] = []  # (buffer, its position, the counter's)
         try:
             try:
@@ -393,16 +401,14 @@ class BlockCache:
                     index = await self._index_in_head(key, head, object_size)
                 if index is None:
                     whole = bool(cut) and len(cut[0][0]) == object_size
-                    tail_bytes = min(object_size, self._index_read_bytes)
-                    if cut and not whole:
-                        tail_bytes = tail_read(object_size, window, self._index_read_bytes)
-                    tail = cut[0][0] if whole else await self._get_tail_counted(key, tail_bytes)
+                    wanted = min(object_size, tail_bytes or self._index_read_bytes)
+                    tail = cut[0][0] if whole else await self._get_tail_counted(key, wanted)
                     footer = parse_footer(tail, object_size, key)
                     data: Buffer | None = index_in_tail(tail, object_size, footer)
                     if data is None:  # the index is larger than the tail read
                         data = await self._get_counted(key, footer.index_position, footer.index_end)
                     index = parse_index(data, footer, key)
-                    if head_bytes and not whole:
+                    if tail_bytes and not whole:
                         cut.append((tail, object_size - len(tail), 1))
                 blocks: list[tuple[list[tuple[int, memoryview]], Buffer, int]] = []
                 taken: set[int] = set()

@@ -27,7 +27,6 @@ from tieredfleet import TieredFleet, parse_value, wal_backlog
 from proxy.devstack import MinioServer
 from proxy.devstack.process import ManagedProcess
 from proxy.objects.s3 import S3Store
-from proxy.objects.s3config import S3Config
 from tests.support.waiting import wait_for
 
 
@@ -68,14 +67,7 @@ def bucket_keys(minio: MinioServer) -> dict[str, float | None]:
     """Every key in the bucket, with its LastModified (seconds since the epoch)."""
 
     async def keys() -> dict[str, float | None]:
-        config = S3Config(
-            bucket=minio.bucket,
-            endpoint_url=minio.endpoint,
-            access_key_id=minio.access_key,
-            secret_access_key=minio.secret_key,
-            path_style=True,
-        )
-        async with S3Store(config) as store:
+        async with S3Store(minio.s3_config()) as store:
             return {info.key: info.last_modified async for info in store.list("")}
 
     return asyncio.run(keys())

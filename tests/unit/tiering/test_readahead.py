@@ -2,11 +2,12 @@
 (`window_bound`, `Readahead` catching up, `read_past_run`, the last blocks of a run taken
 along, `tail_read`, a block's first read not making it recently used) and the cache
 reading ahead into the next committed range's index and first blocks. That index read
-of a stream object reads the object's first window: in a version 3 object the index's
-copy and the first blocks in one GET (a damaged head, or an index copy longer than the
-read, costs one more GET, not the read); in an earlier version (`put_object` writes
-version 1 unless told) the first blocks, then the tail, which takes the last few blocks
-along. A corrupt block either read holds is left to the read that reaches it.
+of a stream object takes blocks along: when the reader's object is of format version 3,
+a read of the next object's first window, which in a version 3 object holds the index's
+copy too (one GET; a damaged head, or an index copy longer than the read, costs one more
+GET, not the read; an earlier version is read from the tail next); else a read of its
+tail, which takes its last few blocks along (`put_object` writes version 1 unless told).
+A corrupt block either read holds is left to the read that reaches it.
 
 The store is test_blockcache's in-memory one, which records every GET.
 """
@@ -165,8 +166,7 @@ def next_range(store: CountingStore, key: str, index, start: int = 0) -> NextRan
 
 
 async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(store):
-    # a version 1 object: its first window (and the 1036 bytes a head and index would
-    # take), then a tail read of 1000 bytes, as its last window (its blocks 4-7) is too
+    # a tail read of 1000 bytes: the next object's last window (its blocks 4-7) is too
     # large to take along with its index (tail_read)
     cache = BlockCache(
         store, capacity_bytes=1 << 20, max_readahead_bytes=4000, index_read_bytes=1000
@@ -182,22 +182,20 @@ async def test_readahead_reads_the_next_objects_index_and_first_blocks_once(stor
         await settle()
         # within the first object: two blocks (the read's and a quarter of 4000 riding on
         # it), then two (the window doubled); at its third block less than half the window
-        # (4000) is left in it: a window of the next object, its first 5036 bytes
-        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 5036)]
+        # (4000) is left in it: a window of the next object
+        assert store.gets == [(first, 0, 2000), (first, 2000, 4000), (second, 0, 4000)]
         assert [key for key, _ in store.tails] == [first, second]
-        assert cache.cached_positions(second) == [e.position for e in second_index[:5]]
-        assert cache.head_blocks == 5 and cache.tail_blocks == 0
+        assert cache.cached_positions(second) == [e.position for e in second_index[:4]]
         gets = len(store.gets)
         blocks = await cache.blocks(second, second_index, 1, reader_id="r")
         assert blocks[0] == bytes([0]) * 1000
-        for n in (1, 2):
-            await cache.blocks(second, second_index[n:], 1, reader_id="r")
+        await cache.blocks(second, second_index[1:], 1, reader_id="r")
         assert len(store.gets) == gets  # half the window (4000) at hand
         # the window goes on: with less than half of it at hand, the next window
-        await cache.blocks(second, second_index[3:], 1, reader_id="r")
+        await cache.blocks(second, second_index[2:], 1, reader_id="r")
         await settle()
-        assert store.gets[gets:] == [(second, 5000, 8000)]
-        assert cache.hits >= 5 and cache.index_gets == 3
+        assert store.gets[gets:] == [(second, 4000, 8000)]
+        assert cache.hits >= 5 and cache.index_gets == 2
     finally:
         await cache.close()
 
@@ -227,15 +225,14 @@ async def test_the_index_read_ahead_takes_an_object_of_at_most_a_window_whole(st
         await read_first_object(
             cache, first, first_index, next_range(store, second, second_index, 40)
         )
-        # one GET of the second object, its index read: the whole of it, no tail read
-        whole = [(second, 0, len(store.objects[second]))]
-        assert [g for g in store.gets if g[0] == second] == whole
-        assert [t for t in store.tails if t[0] == second] == []
-        assert cache.head_blocks == 3
+        # one GET of the second object, its tail read: the whole of it
+        assert store.tails[-1] == (second, len(store.objects[second]))
+        assert [g for g in store.gets if g[0] == second] == []
+        assert cache.tail_blocks == 3
         assert await read_object(cache, second, second_index) == [
             bytes([n]) * 1000 for n in range(3)
         ]
-        assert [g for g in store.gets if g[0] == second] == whole and cache.index_gets == 2
+        assert [g for g in store.gets if g[0] == second] == [] and cache.index_gets == 2
     finally:
         await cache.close()
 
@@ -256,13 +253,13 @@ async def test_the_index_read_ahead_takes_the_few_last_blocks_along_and_saves_a_
         assert cache.cached_positions(second)[-1] == second_index[-1].position
         blocks = await read_object(cache, second, second_index)
         assert blocks == [bytes([n]) * 1000 for n in range(9)]
-        # the first window with the index read, then one: without the tail's block, a
-        # third for it (a quarter of the window is not more than it)
+        # two window GETs: without the tail's block, a third for it (a quarter of the
+        # window is not more than it)
         assert [g for g in store.gets if g[0] == second] == [
-            (second, 0, 5036),
-            (second, 5000, 8000),
+            (second, 0, 4000),
+            (second, 4000, 8000),
         ]
-        assert cache.tail_blocks == 1 and cache.head_blocks == 5
+        assert cache.tail_blocks == 1
     finally:
         await cache.close()
 
@@ -277,8 +274,8 @@ async def test_the_index_read_ahead_of_a_stream_set_object_takes_no_blocks_along
         )
         # the usual tail read (the whole object here, it is that small), and the blocks
         # fetched by a GET of their own: a stream set object's last blocks may be any
-        # stream's, and its first too
-        assert cache.tail_blocks == cache.head_blocks == 0
+        # stream's
+        assert cache.tail_blocks == 0
         assert [g for g in store.gets if g[0] == second] == [(second, 0, 3000)]
     finally:
         await cache.close()
@@ -289,7 +286,7 @@ async def test_a_corrupt_block_in_the_index_read_fails_only_the_read_that_reache
     store, version
 ):
     cache = BlockCache(store, capacity_bytes=1 << 20, max_readahead_bytes=4000)
-    first, first_index = put_object(store, 1, [1000] * 4)
+    first, first_index = put_object(store, 1, [1000] * 4, version=version)
     second, second_index = put_object(store, 2, [1000] * 3, first_offset=40, version=version)
     data = bytearray(store.objects[second])
     data[second_index[2].position] ^= 0xFF  # the last block
@@ -303,13 +300,17 @@ async def test_a_corrupt_block_in_the_index_read_fails_only_the_read_that_reache
         store.gate = asyncio.Event()  # the index read of the second object waits
         await cache.blocks(first, first_index[2:], 1, reader_id="r", after=after)
         await settle()
-        assert store.gets[-1] == (second, 0, len(store.objects[second]))  # all of it
+        if version == 3:  # the first window's read: all of the object
+            assert store.gets[-1] == (second, 0, len(store.objects[second]))
+        else:  # the tail read: all of the object too
+            assert store.tails[-1] == (second, len(store.objects[second]))
         # the reader gets to the second object while its index read is in flight
         index = asyncio.create_task(cache.index(second, len(store.objects[second])))
         await settle()
         store.gate.set()
         assert await index == second_index  # the corrupt block fails no index read
-        assert cache.head_blocks == 2  # the two sound blocks came along
+        came_along = cache.head_blocks if version == 3 else cache.tail_blocks
+        assert came_along == 2  # the two sound blocks
         blocks = await read_object(cache, second, second_index[:2])
         assert blocks == [bytes([0]) * 1000, bytes([1]) * 1000]
         with pytest.raises(ObjectFormatError, match=second):
@@ -437,5 +438,36 @@ async def test_an_index_copy_longer_than_the_first_read_takes_one_more_get(store
         assert cache.has_index(second) and cache.head_blocks == 0
         blocks = await read_object(cache, second, second_index)
         assert blocks == [bytes([n]) * 10 for n in range(100)]
+    finally:
+        await cache.close()
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 3), (3, 1)])
+async def test_the_index_read_ahead_follows_the_version_of_the_object_read_before(
+    store, before, after
+):
+    """Readahead reads the first window with the index when the object the reader is in
+    has its index in front (as the stream's next one most likely has too), else the
+    tail; a guess that is wrong costs no more GETs than the other way."""
+    cache = BlockCache(
+        store, capacity_bytes=1 << 20, max_readahead_bytes=4000, index_read_bytes=1000
+    )
+    first, first_index = put_object(store, 1, [1000] * 4, version=before)
+    second, second_index = put_object(store, 2, [1000] * 8, first_offset=40, version=after)
+    start = second_index[0].position
+    try:
+        await read_first_object(
+            cache, first, first_index, next_range(store, second, second_index, 40)
+        )
+        if before == 1:  # the tail read, then the first window
+            assert [t for t in store.tails if t[0] == second] == [(second, 1000)]
+            assert [g for g in store.gets if g[0] == second] == [(second, start, start + 4000)]
+        else:  # the first window, no index in it: then the tail read
+            assert [g for g in store.gets if g[0] == second] == [(second, 0, 5036)]
+            assert [t for t in store.tails if t[0] == second] == [(second, 1000)]
+            assert cache.head_blocks == 5
+        blocks = await read_object(cache, second, second_index)
+        assert blocks == [bytes([n]) * 1000 for n in range(8)]
+        assert len([g for g in store.gets if g[0] == second]) == 2  # and the tail read
     finally:
         await cache.close()
