@@ -198,6 +198,17 @@ def pick_port_base(node_ids: list[int]) -> int:
 
 
 def tierproxy_argv() -> list[str]:
+    """The command line of `tierproxy`, running this checkout's code: the venv's script
+    (or `-m proxy.cli`) with PYTHONPATH naming this checkout first, set here for every
+    process the run starts. Without it a benchmark run from a second work tree that
+    shares the first one's venv (an editable install, which resolves `proxy` in the tree
+    it was installed from) would measure that tree's proxy while naming its own commit
+    (`git_state`); the benchmark's own process imports its tree's code already (its
+    working directory comes first on its path)."""
+    here = str(repo_root())
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if paths[0] != here:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
     script = Path(sys.executable).parent / "tierproxy"
     return [str(script)] if script.exists() else [sys.executable, "-m", "proxy.cli"]
 
