@@ -46,6 +46,8 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 public class Conformance {
   static final ObjectMapper JSON = new ObjectMapper();
+  // as ops.DELETE_TIMEOUT_MS: Kafka holds a DeleteRecords until every replica moved its log start
+  static final int DELETE_TIMEOUT_MS = 60000;
   static final Map<String, KafkaProducer<byte[], byte[]>> PRODUCERS = new HashMap<>();
   static final Map<String, Admin> ADMINS = new HashMap<>();
   // a scenario's transactional producers, by transactional id, and those in a transaction
@@ -328,11 +330,15 @@ public class Conformance {
   }
 
   static Admin admin(JsonNode cmd) {
-    String key = cmd.get("bootstrap").asText() + "/" + cmd.get("zone").asText();
+    return admin(cmd, 15000);
+  }
+
+  static Admin admin(JsonNode cmd, int timeoutMs) {
+    String key = cmd.get("bootstrap").asText() + "/" + cmd.get("zone").asText() + "/" + timeoutMs;
     return ADMINS.computeIfAbsent(key, k -> {
       Properties props = common(cmd);
-      props.put("request.timeout.ms", "15000");
-      props.put("default.api.timeout.ms", "15000");
+      props.put("request.timeout.ms", String.valueOf(timeoutMs));
+      props.put("default.api.timeout.ms", String.valueOf(timeoutMs));
       return Admin.create(props);
     });
   }
@@ -377,7 +383,7 @@ public class Conformance {
       asked.put(tp, RecordsToDelete.beforeOffset(cmd.get("offset").asLong()));
     }
     Map<TopicPartition, org.apache.kafka.common.KafkaFuture<DeletedRecords>> result =
-        admin(cmd).deleteRecords(asked).lowWatermarks();
+        admin(cmd, DELETE_TIMEOUT_MS).deleteRecords(asked).lowWatermarks();
     ObjectNode answers = JSON.createObjectNode();
     for (TopicPartition tp : asked.keySet()) {
       ObjectNode n = JSON.createObjectNode();

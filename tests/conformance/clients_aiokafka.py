@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import ops
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.errors import KafkaError, OffsetOutOfRangeError
@@ -213,7 +214,7 @@ class Aiokafka:
     async def _delete_records(self, bootstrap: str, topics: list[str], op: DeleteRecords):
         admin = AIOKafkaAdminClient(
             bootstrap_servers=bootstrap, client_id=self._client_id(op.zone),
-            request_timeout_ms=15_000,  # Kafka answers a DeleteRecords at once
+            request_timeout_ms=ops.DELETE_TIMEOUT_MS,
         )  # fmt: skip
         await admin.start()
         answers = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
+import ops
 from answers import OUT_OF_RANGE, Record, end, error, offset_answer, relative
 from confluent_kafka import (
     OFFSET_INVALID,
@@ -23,7 +24,8 @@ from ops import Commit, DeleteRecords, Fetch, ListOffsets, Produce, Resume, TxnP
 from tests.support.clients import watermarks
 
 TIMEOUT_S = 30.0
-ADMIN_TIMEOUT_S = 15.0  # DeleteRecords, ListOffsets: Kafka answers them at once
+ADMIN_TIMEOUT_S = 15.0  # ListOffsets: Kafka answers it at once
+DELETE_TIMEOUT_S = ops.DELETE_TIMEOUT_MS / 1000
 
 
 def _name(err: KafkaError) -> str:
@@ -249,7 +251,7 @@ class Librdkafka:
     def delete_records(self, bootstrap: str, topics: list[str], op: DeleteRecords, base_ms: int):
         asked = [TopicPartition(t, 0, op.offset) for t in topics]
         futures = self._admin(bootstrap, op.zone).delete_records(
-            asked, request_timeout=ADMIN_TIMEOUT_S
+            asked, request_timeout=DELETE_TIMEOUT_S, operation_timeout=DELETE_TIMEOUT_S
         )
         answers = {}
         for tp, future in futures.items():

@@ -8,16 +8,23 @@ only what was produced after, delete the topic.
 
 The members pause every partition they are assigned until both hold a share, so no
 rebalance happens while records flow: a record read twice is then a real fault, not
-the at-least-once redelivery a rebalance is allowed to cause.
+the at-least-once redelivery a rebalance is allowed to cause. Kafka may still rebalance
+the group after that (seen on the loaded CI machine with kafka-python: a member dropped
+right after the split, the other reading everything, "a member got nothing: [20000,
+0]"); a run where a member's share changed after the split is checked for what Kafka
+then promises: every record read at least once, nothing else, the committed offsets at
+the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import pytest
@@ -49,6 +56,8 @@ GROUP_TIMEOUT = 90.0
 REJOIN_AFTER = 30.0  # a member still without a share this long is replaced
 
 Record = tuple[int, bytes, bytes]  # partition, key, value
+
+log = logging.getLogger(__name__)
 
 
 # -- group members, on threads for the blocking clients -----------------------------
@@ -162,6 +171,7 @@ class MemberThread(threading.Thread):
         self.member: GroupConsumer | None = None
         self.records: list[Record] = []
         self.error: BaseException | None = None
+        self.moved = False  # its share changed after the split set it going
 
     def assigned(self) -> set[int]:
         return set(self.member.assigned) if self.member is not None else set()
@@ -169,10 +179,15 @@ class MemberThread(threading.Thread):
     def run(self) -> None:
         try:
             self.member = self.make()
+            share: set[int] | None = None
             try:
                 while not self.stop.is_set():
                     if self.go.is_set() and self.member.paused:
+                        if share is None:
+                            share = set(self.member.assigned)
                         self.member.resume()
+                    if share is not None and self.member.assigned != share:
+                        self.moved = True
                     batch = self.member.poll()
                     if batch:
                         self.records.extend(batch)
@@ -190,9 +205,25 @@ def split_complete(assignments: list[set[int]]) -> bool:
     )
 
 
+def read_all(threads: list[MemberThread], count: int) -> bool:
+    """`count` records came; after a rebalance, `count` different ones (some may have
+    come twice)."""
+    if sum(len(t.records) for t in threads) < count:
+        return False
+    if not any(t.moved for t in threads):
+        return True
+    return len({record[1:] for t in threads for record in t.records}) >= count
+
+
+@dataclass(frozen=True)
+class GroupReads:
+    per_member: list[list[Record]]
+    moved: bool = False  # Kafka rebalanced the group after the split set it going
+
+
 def consume_as_group(
     make: Callable[[], GroupConsumer], members: int, count: int, settle: float = 0.0
-) -> list[list[Record]]:
+) -> GroupReads:
     """Run `members` consumers of one group until `count` records came (then `settle`
     seconds more, to catch extras); returns each member's records."""
     go = threading.Event()
@@ -219,7 +250,7 @@ def consume_as_group(
                         thread.join(30)
                         threads[at] = MemberThread(make, go)
                         threads[at].start()
-            if sum(len(t.records) for t in threads) >= count:
+            if read_all(threads, count):
                 break
             time.sleep(0.05)
         else:
@@ -237,16 +268,24 @@ def consume_as_group(
     errors = [t.error for t in threads if t.error is not None]
     if errors:
         raise errors[0]
-    return [t.records for t in threads]
+    return GroupReads([t.records for t in threads], any(t.moved for t in threads))
 
 
-def check_group_records(
-    compat, per_member: list[list[Record]], expected: list[tuple[bytes, bytes]]
-) -> None:
+def check_group_records(compat, reads: GroupReads, expected: list[tuple[bytes, bytes]]) -> None:
+    per_member = reads.per_member
+    got = [(key, value) for records in per_member for _, key, value in records]
+    if reads.moved:
+        # A rebalance after the split: a member may have lost its share before it read,
+        # and a batch read but not committed is read again by the next owner.
+        log.warning("the group rebalanced while reading: %s", [len(m) for m in per_member])
+        assert set(got) == set(expected), (
+            f"after a rebalance: {len(set(expected) - set(got))} missing, "
+            f"{len(set(got) - set(expected))} unexpected"
+        )
+        return
     assert all(per_member), f"a member got nothing: {[len(m) for m in per_member]}"
     partitions = [{partition for partition, _, _ in records} for records in per_member]
     assert not set.intersection(*partitions), f"members shared partitions: {partitions}"
-    got = [(key, value) for records in per_member for _, key, value in records]
     compat.assert_exactly_once(got, expected)
 
 
@@ -294,7 +333,7 @@ def test_librdkafka_full_scenario(bootstrap, compat):
 
     later = compat.records("rd-later", LATER)
     compat.produce(conf, topic, later)
-    resumed = consume_as_group(member, 1, LATER, settle=2.0)
+    resumed = consume_as_group(member, 1, LATER, settle=2.0).per_member
     compat.assert_exactly_once([(k, v) for _, k, v in resumed[0]], later)
 
     admin.delete_topics([topic])[topic].result(30)
@@ -338,7 +377,7 @@ def test_kafka_python_full_scenario(bootstrap, compat):
 
         later = compat.records("kp-later", LATER)
         kp_produce(bootstrap, topic, later)
-        resumed = consume_as_group(member, 1, LATER, settle=2.0)
+        resumed = consume_as_group(member, 1, LATER, settle=2.0).per_member
         compat.assert_exactly_once([(k, v) for _, k, v in resumed[0]], later)
 
         admin.delete_topics([topic])
@@ -446,7 +485,7 @@ async def test_aiokafka_full_scenario(bootstrap, compat):
         await aio_produce(bootstrap, topic, records)
 
         per_member = await aio_consume_as_group(bootstrap, group, topic, 2, RECORDS)
-        check_group_records(compat, per_member, records)
+        check_group_records(compat, GroupReads(per_member), records)
 
         committed = await admin.list_consumer_group_offsets(group)
         probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
