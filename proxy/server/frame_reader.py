@@ -21,6 +21,12 @@ room, so a connection holds at most its buffer (which starts small and doubles u
 capacity while its bytes are mostly unread), plus a frame larger than the capacity, read
 into a buffer of its own; writing is an ordinary `asyncio.StreamWriter` whose
 `drain()` waits while the transport's buffer is above its limit.
+
+Memory at rest: a buffer that grew (and the spare it left) goes back to the initial size
+once the reader has waited `idle_shrink_s` with nothing unread, so a connection that
+once carried large requests or answers and then idles holds 16 KiB, not twice the
+capacity (2 MiB by default) for the rest of its life. One timer per grown reader, armed
+when it starts waiting empty; a reader that keeps receiving pays nothing per frame.
 """
 
 from __future__ import annotations
@@ -78,13 +84,26 @@ def _unreferenced(buffer: bytearray) -> bool:
 # A connection's buffer starts this small and doubles, up to its capacity, as its unread
 # bytes need: an idle connection holds little (bytearray(n) writes every byte of it).
 INITIAL_BUFFER_BYTES = 16 * 1024
+# A grown buffer goes back to the initial size after the reader waited this long with
+# nothing unread: longer than the gaps of a busy connection (a consumer's long poll is
+# 0.5 s by default, a producer's linger milliseconds), short against a connection's life.
+IDLE_SHRINK_S = 10.0
 
 
 class BufferedFrameReader:
     """A `FrameReader` over a buffer of up to `capacity` bytes, fed by `FrameProtocol`."""
 
-    def __init__(self, capacity: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        loop: asyncio.AbstractEventLoop,
+        idle_shrink_s: float = IDLE_SHRINK_S,
+    ) -> None:
         self._capacity = capacity
+        self._idle_shrink_s = idle_shrink_s
+        self._idle_since = 0.0  # when the wait with nothing unread began
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self.idle_looks = 0  # times the idle timer looked at the reader (tests wait on it)
         self._loop = loop
         self._size = min(capacity, INITIAL_BUFFER_BYTES)  # the buffer's, now
         self._buffer = bytearray(self._size)
@@ -110,6 +129,12 @@ class BufferedFrameReader:
     @property
     def buffered(self) -> int:
         return self._end - self._start
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the buffer and of the spare it keeps for reuse (not those views
+        handed out still keep alive)."""
+        return self._size + (len(self._spare) if self._spare is not None else 0)
 
     def has_frame(self) -> bool:
         start = self._start
@@ -148,10 +173,12 @@ class BufferedFrameReader:
 
     def feed_eof(self) -> None:
         self._eof = True
+        self._disarm()
         self._wake()
 
     def set_exception(self, exc: BaseException) -> None:
         self._exception = exc
+        self._disarm()
         self._wake()
 
     # -- reads -----------------------------------------------------------------------
@@ -207,6 +234,10 @@ class BufferedFrameReader:
                 self._move_to_front()
             elif self._start == self._end and self._start and self._consumers_idle():
                 self._start = self._end = 0  # empty: start over at the front, no copy
+            if self._start == self._end and self._size > INITIAL_BUFFER_BYTES:
+                self._idle_since = self._loop.time()  # a grown buffer, nothing unread
+                if self._idle_timer is None:
+                    self._arm(self._idle_shrink_s)
             self._resume()
             self._want = n
             self._waiter = self._loop.create_future()
@@ -246,6 +277,38 @@ class BufferedFrameReader:
         self._view[: end - start] = old[start:end]
         old.release()
         self._start, self._end = 0, end - start
+
+    def _arm(self, delay: float) -> None:
+        self._idle_timer = self._loop.call_later(delay, self._shrink_if_idle)
+
+    def _disarm(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _shrink_if_idle(self) -> None:
+        """The idle timer: back to a buffer of the initial size, and no spare, if the
+        reader has waited `idle_shrink_s` with nothing unread; again later if it has
+        waited less; not at all if it is busy (the next empty wait arms it again)."""
+        self._idle_timer = None
+        self.idle_looks += 1
+        empty = self._start == self._end and self._large is None
+        if self._waiter is None or not empty or self._eof or self._exception is not None:
+            return
+        if self._want > INITIAL_BUFFER_BYTES:  # waits for a large read: it needs the room
+            return
+        waited = self._loop.time() - self._idle_since
+        if waited < self._idle_shrink_s:
+            self._arm(self._idle_shrink_s - waited)
+            return
+        self._spare = None
+        if self._size > INITIAL_BUFFER_BYTES:
+            # a new buffer, not the old one cut: views handed out keep the old one alive
+            self._view.release()
+            self._buffer = bytearray(INITIAL_BUFFER_BYTES)
+            self._view = memoryview(self._buffer)
+            self._size = INITIAL_BUFFER_BYTES
+            self._start = self._end = 0
 
     def _consumers_idle(self) -> bool:
         return all(t.get_write_buffer_size() == 0 for t in self._consumers)
@@ -302,9 +365,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self,
         capacity: int,
         on_connection: Callable[[BufferedFrameReader, asyncio.StreamWriter], None] | None = None,
+        idle_shrink_s: float = IDLE_SHRINK_S,
     ) -> None:
         self._loop = asyncio.get_running_loop()
-        self.reader = BufferedFrameReader(capacity, self._loop)
+        self.reader = BufferedFrameReader(capacity, self._loop, idle_shrink_s)
         self.writer: asyncio.StreamWriter | None = None
         self._on_connection = on_connection
         self._closed: asyncio.Future[None] = self._loop.create_future()

@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
-from proxy.server.frame_reader import BufferedFrameReader, FrameProtocol
+from proxy.server.frame_reader import INITIAL_BUFFER_BYTES, BufferedFrameReader, FrameProtocol
+from tests.support.waiting import eventually
 
 
 def framed(body: bytes) -> bytes:
@@ -183,21 +184,71 @@ async def test_a_view_a_transport_still_holds_is_never_overwritten():
     assert bytes(await task) == later
 
 
+async def test_a_grown_buffer_goes_back_to_the_initial_size_once_idle():
+    reader = BufferedFrameReader(1 << 20, asyncio.get_running_loop(), idle_shrink_s=0.05)
+    big = framed(bytes(range(256)) * 2000)  # 500 KiB: the buffer grows to 512 KiB
+    task = asyncio.ensure_future(read_frames(reader, 1))
+    await feed(reader, big)
+    assert await task == [big]
+    held = await asyncio.ensure_future(reader.read(0, minimum=0))  # a view of the old buffer
+    assert reader.held_bytes >= len(big)
+    waiting = asyncio.ensure_future(read_frames(reader, 3))  # nothing unread: idle
+    await eventually(lambda: reader.held_bytes == INITIAL_BUFFER_BYTES, what="the buffer shrinks")
+    assert bytes(held) == b""
+    small = framed(b"s" * 100)
+    await feed(reader, small + big + small)  # it grows again as it needs
+    assert await waiting == [small, big, small]
+
+
+async def test_a_view_handed_out_keeps_its_bytes_when_the_buffer_shrinks():
+    reader = BufferedFrameReader(1 << 20, asyncio.get_running_loop(), idle_shrink_s=0.05)
+    big = framed(bytes(range(256)) * 2000)
+    task = asyncio.ensure_future(reader.read_frame(no_check))
+    await feed(reader, big)
+    view = await task  # a transport may still hold it
+    waiting = asyncio.ensure_future(reader.read_frame(no_check))
+    await eventually(lambda: reader.held_bytes == INITIAL_BUFFER_BYTES, what="the buffer shrinks")
+    assert bytes(view) == big
+    await feed(reader, FRAMES[0])
+    assert bytes(await waiting) == FRAMES[0]
+
+
+async def test_a_reader_that_received_since_it_began_waiting_keeps_its_buffer():
+    # The timer is armed when the reader waits with nothing unread; half a frame comes
+    # before it goes off: it looks, finds bytes unread, and leaves the buffer as it is.
+    reader = BufferedFrameReader(1 << 20, asyncio.get_running_loop(), idle_shrink_s=0.05)
+    big = framed(bytes(range(256)) * 2000)
+    task = asyncio.ensure_future(read_frames(reader, 1))
+    await feed(reader, big)
+    assert await task == [big]
+    grown = reader.held_bytes
+    task = asyncio.ensure_future(read_frames(reader, 1))
+    await asyncio.sleep(0)  # it waits, nothing unread: the timer is armed
+    await feed(reader, big[:1000])
+    await eventually(lambda: reader.idle_looks == 1, what="the idle timer looks")
+    assert not task.done() and reader.held_bytes == grown
+    await feed(reader, big[1000:])
+    assert await task == [big]
+
+
 # -- over a loopback socket pair, on both event loops ----------------------------------
 
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
 Peer = Callable[[FrameProtocol, socket.socket, asyncio.AbstractEventLoop], Awaitable[None]]
 
 
-def run_on(loop_name: str, capacity: int, test: Peer) -> None:
-    """`test(protocol, peer, loop)` on `loop_name`: a `FrameProtocol` of `capacity` on
-    one end of a socket pair, the other end (non-blocking) for the test to drive."""
+def run_on(loop_name: str, capacity: int, test: Peer, **options) -> None:
+    """`test(protocol, peer, loop)` on `loop_name`: a `FrameProtocol` of `capacity` (and
+    `options`) on one end of a socket pair, the other end (non-blocking) for the test to
+    drive."""
 
     async def run() -> None:
         ours, theirs = socket.socketpair()
         theirs.setblocking(False)
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(lambda: FrameProtocol(capacity), sock=ours)
+        _, protocol = await loop.create_connection(
+            lambda: FrameProtocol(capacity, **options), sock=ours
+        )
         assert protocol.writer is not None
         try:
             await test(protocol, theirs, loop)
@@ -301,3 +352,27 @@ def test_drain_waits_while_the_peer_does_not_read(loop_name):
         await drained
 
     run_on(loop_name, 4096, test)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_a_grown_buffer_shrinks_when_idle_and_reads_on_over_a_socket(loop_name):
+    big = framed(bytes(range(256)) * 1000)
+    frames = [framed(bytes([i]) * (i * 611 % 9000)) for i in range(60)]
+
+    async def test(protocol, peer, loop) -> None:
+        reader = protocol.reader
+        await loop.sock_sendall(peer, big)
+        assert bytes(await reader.read_frame(no_check)) == big
+        grown = reader.held_bytes
+        waiting = asyncio.ensure_future(reader.read_frame(no_check))
+        await eventually(
+            lambda: reader.held_bytes == INITIAL_BUFFER_BYTES, what="the buffer shrinks"
+        )
+        assert grown > INITIAL_BUFFER_BYTES
+        sender = asyncio.ensure_future(loop.sock_sendall(peer, b"".join([big, *frames, big])))
+        got = [bytes(await waiting)]
+        got += [bytes(await reader.read_frame(no_check)) for _ in range(len(frames) + 1)]
+        await sender
+        assert got == [big, *frames, big]
+
+    run_on(loop_name, 1 << 20, test, idle_shrink_s=0.05)
