@@ -186,9 +186,9 @@ class MemberThread(threading.Thread):
                         if share is None:
                             share = set(self.member.assigned)
                         self.member.resume()
+                    batch = self.member.poll()  # the rebalance listener runs in it
                     if share is not None and self.member.assigned != share:
-                        self.moved = True
-                    batch = self.member.poll()
+                        self.moved = True  # before the batch counts (`read_all`)
                     if batch:
                         self.records.extend(batch)
                         self.member.commit()
