@@ -43,8 +43,6 @@ def _status_mib(field: str) -> float:
 
 
 async def _child(connections: int, frame_kib: int, idle_s: float, settle_s: float) -> dict:
-    import uvloop  # noqa: F401  (the proxy's loop; imported here, run by the caller)
-
     loop = asyncio.get_running_loop()
     frame = FRAME_SIZE.pack(frame_kib * 1024) + bytes(frame_kib * 1024)
     start = _status_mib("VmRSS")
