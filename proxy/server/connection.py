@@ -11,6 +11,15 @@ Two loops per connection, each owning one direction:
   Fetch v16+ answer too, walked as it streams and only its trailing tagged fields held
   back (fetch_stream.py).
 
+The relay: most frames need nothing but forwarding (a request of an API and version
+the proxy knows, from the client id seen before, not for a tiered topic; an answer
+up to `RELAY_ANSWER_BYTES` whose turn has come). Those are forwarded from the readers'
+callbacks as they arrive (`_relay_requests`, `_relay_answers`; frame_reader.py's
+`set_relay`), and each loop wakes only for a frame its relay leaves: the first request,
+ApiVersions, a new client id, a tiered request, a large or split answer, a slow peer.
+Both paths keep the same order, counts and flow control; the relay stops wherever the
+loop would wait.
+
 Backpressure comes from awaiting `drain()` on each side: a client that stops reading
 stops the upstream loop, the upstream socket fills, and the broker stops sending; the
 client loop awaits `drain()` after answering ApiVersions itself, so a client that sends
@@ -29,16 +38,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import NoReturn
+import struct
+from functools import cache
+from typing import NoReturn, cast
 
 from proxy.apis import HANDLING, TIERED_API_KEYS, ApiHandling
 from proxy.apis.api01_fetch import request_rack_id
 from proxy.apis.fetch_stream import rewrite_tail, walk_fetch_answer
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.frames import FRAME_SIZE, FrameError
-from proxy.kafka.headers import RequestHeader, response_header_size
+from proxy.kafka.headers import RequestHeader, produce_acks, response_header_size
 from proxy.kafka.proxy_header import detect
 from proxy.kafka.proxy_header import parse as parse_proxy_header
+from proxy.kafka.versions import is_known, request_header_version
 from proxy.server.client_answers import ClientAnswers, ClientGone
 from proxy.server.connection_state import (
     RejectedFrame,
@@ -48,7 +60,7 @@ from proxy.server.connection_state import (
     check_request_size,
     read_request_header,
 )
-from proxy.server.frame_reader import BufferedFrameReader
+from proxy.server.frame_reader import BufferedFrameReader, FrameProtocol
 from proxy.server.split_answers import SplitAnswers
 from proxy.server.streams import (
     UpstreamClosed,
@@ -68,6 +80,24 @@ log = logging.getLogger("tierproxy.connection")
 MAX_RESPONSE_BYTES = 1 << 30
 # After bad input, how long the answers to the requests read before it may take.
 OWED_ANSWERS_TIMEOUT_S = 10.0
+# Answers up to this size are relayed whole from the upstream reader's callback; a larger
+# one streams through the upstream loop as it arrives, a buffer at a time.
+RELAY_ANSWER_BYTES = 64 * 1024
+# Counts made by the relay reach the metrics this long after, at most (`_publish_soon`).
+PUBLISH_DELAY_S = 0.1
+# A framed request's fixed start: size, api key, version, correlation id, client id length.
+_REQUEST_START = struct.Struct(">ihhih")
+
+
+@cache
+def _relayed_header_version(api_key: int, api_version: int) -> int:
+    """The header version of a request the relay may forward (1 or 2), 0 if the client
+    loop must read it: ApiVersions (answered here), ControlledShutdown v0 (no client
+    id), or an API or version the proxy does not know (refused there)."""
+    if api_key == ApiKey.API_VERSIONS or not is_known(api_key, api_version):
+        return 0
+    version = request_header_version(api_key, api_version)
+    return version if version >= 1 else 0
 
 
 class ClientConnection:
@@ -104,6 +134,16 @@ class ClientConnection:
         self._bytes_in = 0
         self._to_broker = 0
         self._chunk_bytes = proxy.config.limits.buffer_bytes
+        # The relay's state: the client id's bytes (length in front) as the client loop
+        # last read them, the transports and protocols it writes to, its publish timer.
+        self._client_id_raw: bytes | None = None
+        self._upstream_transport: asyncio.WriteTransport | None = None
+        self._upstream_protocol: FrameProtocol | None = None
+        self._client_protocol = cast(FrameProtocol, client_writer.transport.get_protocol())
+        self._tiered_keys = TIERED_API_KEYS if proxy.tiering is not None else frozenset()
+        self._publish_timer: asyncio.TimerHandle | None = None
+        # Requests larger than the limit are judged by their size before the body is read.
+        client_reader.set_relay(None, self._max_frame + 4)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -131,6 +171,9 @@ class ClientConnection:
         finally:
             metrics.connections.dec()
             await self._close()
+            if self._publish_timer is not None:
+                self._publish_timer.cancel()
+                self._publish_timer = None
             self._publish()
 
     def _reject(self, exc: RejectedFrame) -> None:
@@ -191,14 +234,17 @@ class ClientConnection:
         if self.proxy.config.listeners.proxy_protocol != "off":
             await self._read_proxy_header()
         while True:
+            self._relay_requests()  # those already buffered, first
             if not reader.has_frame():
                 self._publish()  # the metrics, before waiting for more to read
+                await reader.wait_frame()  # the relay forwards what it can meanwhile
             # The frame, its size in front: a view of the reader's buffer, valid until
             # the next read (frame_reader.py), forwarded as it is in one send.
             framed = await self._read_request()
             size = len(framed) - 4
             frame = framed[4:]
             header = read_request_header(frame)
+            self._client_id_raw = _client_id_bytes(framed)
             requests[header.api_key] = requests.get(header.api_key, 0) + 1
             self._bytes_in += size + 4
             if header.client_id != self.zone.client_id:
@@ -240,6 +286,101 @@ class ClientConnection:
             await self.upstream_writer.drain()
             if self._upstream_task is not None and self._upstream_task.done():
                 self._upstream_task.result()  # re-raise why upstream stopped
+
+    def _relay_requests(self) -> None:
+        """Forward the buffered requests that need nothing but forwarding, as the client
+        loop would, up to the first that needs more (left for the loop), or until the
+        loop would wait: no room for another answer owed, upstream not writable."""
+        transport = self._upstream_transport
+        if transport is None:
+            return
+        reader = self.client_reader
+        upstream = self._upstream_protocol
+        assert upstream is not None
+        order = self._order
+        requests = self._requests
+        relayed = 0
+        while (framed := reader.next_frame()) is not None:
+            if upstream.writing_paused or not order.has_room or len(framed) < 14:
+                break
+            _, api_key, api_version, correlation_id, id_size = _REQUEST_START.unpack_from(framed)
+            header_version = _relayed_header_version(api_key, api_version)
+            if not header_version or api_key in self._tiered_keys:
+                break
+            if api_key == ApiKey.FETCH and self.zone.wants_fetch_rack:
+                break
+            end = 14 + max(0, id_size)
+            if framed[12:end] != self._client_id_raw:  # the zone may change
+                break
+            if header_version == 2:
+                if end >= len(framed) or framed[end]:  # tagged fields: the loop reads them
+                    break
+                end += 1
+            expects_answer = True
+            if api_key == ApiKey.PRODUCE:
+                try:
+                    expects_answer = produce_acks(api_version, framed[end:]) != 0
+                except FrameError:
+                    break  # the loop refuses it
+            size = len(framed)
+            reader.consume(size)
+            requests[api_key] = requests.get(api_key, 0) + 1
+            self._bytes_in += size
+            self._to_broker += size
+            if expects_answer:
+                slot = Slot(correlation_id, api_key, api_version)
+                self._answers.enqueue(slot)
+                order.forwarded(slot)
+            transport.write(framed)
+            relayed += 1
+        if relayed:
+            self._publish_soon()
+
+    def _relay_answers(self) -> None:
+        """Send on the buffered answers up to `RELAY_ANSWER_BYTES` whose turn has come,
+        as the upstream loop would (rewritten where they name brokers), up to the first
+        that needs more: one to merge with a tiered part, one behind an answer made here
+        that is not ready, a client not reading."""
+        reader = self.upstream_reader
+        assert reader is not None
+        order = self._order
+        answers = self._answers
+        client = self._client_protocol
+        relayed = 0
+        while (framed := reader.next_frame()) is not None:
+            slot = order.next_from_upstream()
+            if slot is None or slot.plan is not None or client.writing_paused:
+                break
+            if not order.is_next(slot) or len(framed) < 8:
+                break
+            if FRAME_SIZE.unpack_from(framed, 4)[0] != slot.correlation_id:
+                break  # the loop closes the connection over it
+            api = HANDLING.get(slot.api_key)
+            data: tuple[bytes | bytearray | memoryview, ...] = (framed,)
+            if api is not None and api.rewrites(slot.api_version):
+                try:
+                    data = self._rewritten(api, slot, framed)
+                except FrameError:
+                    break  # the loop reports it
+            reader.consume(len(framed))
+            order.answered_upstream()
+            answers.write(*data)
+            answers.streamed(slot)
+            relayed += 1
+        if relayed:
+            self._publish_soon()
+
+    def _publish_soon(self) -> None:
+        """The relay's counts, to the metrics within `PUBLISH_DELAY_S`: one timer per
+        connection at a time, not a publish per request."""
+        if self._publish_timer is None:
+            self._publish_timer = asyncio.get_running_loop().call_later(
+                PUBLISH_DELAY_S, self._published_late
+            )
+
+    def _published_late(self) -> None:
+        self._publish_timer = None
+        self._publish()
 
     def _publish(self) -> None:
         """Add what was counted since the last call to the metrics: per batch of
@@ -358,6 +499,10 @@ class ClientConnection:
         # Each reader's views are written to the other side (frame_reader.py).
         self.client_reader.forwards_to(self.upstream_writer.transport)
         self.upstream_reader.forwards_to(self.client_writer.transport)
+        self._upstream_transport = self.upstream_writer.transport
+        self._upstream_protocol = cast(FrameProtocol, self._upstream_transport.get_protocol())
+        self.client_reader.set_relay(self._relay_requests, self._max_frame + 4)
+        self.upstream_reader.set_relay(self._relay_answers, RELAY_ANSWER_BYTES)
         self._upstream_task = asyncio.create_task(self._upstream_loop())
 
     # -- upstream to client ------------------------------------------------------------
@@ -367,8 +512,10 @@ class ClientConnection:
         assert reader is not None
         try:
             while True:
+                self._relay_answers()  # those already buffered, first
                 if not reader.has_frame():
                     self._publish()  # the metrics, before waiting for more to read
+                    await reader.wait_frame()  # the relay sends what it can meanwhile
                 try:
                     (size,) = FRAME_SIZE.unpack(await reader.peek(4))
                 except asyncio.IncompleteReadError:
@@ -484,6 +631,15 @@ class ClientConnection:
             reason,
             extra={"client": self.peer, "reason": "upstream_closed"},
         )
+
+
+def _client_id_bytes(framed: memoryview) -> bytes | None:
+    """A framed request's client id as it lies, its length in front (what the relay
+    compares), if the frame is long enough to hold one."""
+    if len(framed) < 14:
+        return None
+    end = 14 + max(0, _REQUEST_START.unpack_from(framed)[4])
+    return bytes(framed[12:end]) if end <= len(framed) else None
 
 
 def _walks(api: ApiHandling | None, size: int, buffer_bytes: int) -> bool:

@@ -22,6 +22,14 @@ capacity while its bytes are mostly unread), plus a frame larger than the capaci
 into a buffer of its own; writing is an ordinary `asyncio.StreamWriter` whose
 `drain()` waits while the transport's buffer is above its limit.
 
+Relaying without waking the loop: a connection loop that waits for its next frame
+(`wait_frame`) may name a `relay` (`set_relay`), called as bytes arrive while it waits.
+The relay forwards the whole frames it can from where they lie (`next_frame`,
+`consume`) and leaves the rest; the loop is woken only for a frame the relay left, a
+frame too large to wait for whole, or the connection's end. A request or small answer
+that needs nothing but forwarding costs no future, no task step and no coroutine frames:
+that is most of the proxy's Python per request (docs/benchmarks.md, "The relay").
+
 Memory at rest: a buffer that grew (and the spare it left) goes back to the initial size
 once the reader has waited `idle_shrink_s` with nothing unread, so a connection that
 once carried large requests or answers and then idles holds 16 KiB, not twice the
@@ -120,11 +128,23 @@ class BufferedFrameReader:
         self._transport: asyncio.Transport | None = None
         self._paused = False
         self._consumers: tuple[asyncio.WriteTransport, ...] = ()
+        self._relay: Callable[[], None] | None = None
+        self._frame_limit = capacity  # `wait_frame` waits for frames up to this, whole
+        self._at_boundary = False  # the loop waits in `wait_frame`: the relay may run
+        self._relay_error: Exception | None = None
 
     def forwards_to(self, *transports: asyncio.WriteTransport) -> None:
         """The transports this reader's views are written to: its buffer's start is
         reused only while they hold no unsent data."""
         self._consumers = transports
+
+    def set_relay(self, relay: Callable[[], None] | None, frame_limit: int) -> None:
+        """`relay()` runs as bytes arrive while the loop waits in `wait_frame`, and takes
+        the whole frames it forwards itself (`next_frame`, `consume`); what it raises is
+        raised in the loop by `wait_frame`. `wait_frame`
+        returns at once for a frame larger than `frame_limit` (at most the capacity)."""
+        self._relay = relay
+        self._frame_limit = min(frame_limit, self._capacity)
 
     @property
     def buffered(self) -> int:
@@ -142,6 +162,22 @@ class BufferedFrameReader:
             return False
         (size,) = FRAME_SIZE.unpack_from(self._buffer, start)
         return self._end - start >= 4 + size
+
+    def next_frame(self) -> memoryview | None:
+        """The next frame, its size in front, if it is buffered whole (and no larger than
+        `frame_limit`), left unread: `consume(len(frame))` takes it. Valid until the next
+        read, as every view."""
+        start = self._start
+        if self._end - start < 4:
+            return None
+        (size,) = FRAME_SIZE.unpack_from(self._buffer, start)
+        if size < 0 or self._end - start < 4 + size or 4 + size > self._frame_limit:
+            return None
+        return self._view[start : start + 4 + size]
+
+    def consume(self, n: int) -> None:
+        """Take n bytes of what `next_frame` showed."""
+        self._start += n
 
     # -- fed by the protocol ---------------------------------------------------------
 
@@ -168,8 +204,21 @@ class BufferedFrameReader:
                 self._replace(min(self._size * 2, self._capacity))
             else:  # nothing more until a read makes room
                 self._pause()
-        if self._end - self._start >= self._want:
-            self._wake()
+        if self._end - self._start < self._want:
+            return
+        if self._at_boundary and self._relay is not None:
+            try:
+                self._relay()
+            except Exception as exc:  # noqa: BLE001 - raised in the loop, by `wait_frame`
+                self._relay_error = exc
+            need = self._frame_need()
+            if need and self._relay_error is None:  # nothing left for the loop: wait on
+                self._want = need
+                self._make_room(need)
+                self._resume()
+                return
+        self._at_boundary = False  # the loop takes over from the frame it is woken for
+        self._wake()
 
     def feed_eof(self) -> None:
         self._eof = True
@@ -209,6 +258,30 @@ class BufferedFrameReader:
             await self._fill(n)
         return self._view[self._start : self._start + n]
 
+    async def wait_frame(self) -> None:
+        """Until the next frame is buffered whole, or its size says it is larger than
+        `frame_limit` (or out of range), or the connection ended; the relay, if set, runs
+        meanwhile. Reads nothing: the loop reads the frame it was woken for. Raises what
+        the relay raised."""
+        while need := self._frame_need():
+            if self._exception is not None or self._eof:
+                return
+            await self._wait(need, at_boundary=True)
+            if self._relay_error is not None:
+                raise self._relay_error
+
+    def _frame_need(self) -> int:
+        """The bytes the next frame needs buffered before `wait_frame` returns (4 for
+        its size, then all of it); 0 once it may return."""
+        start = self._start
+        have = self._end - start
+        if have < 4:
+            return 4
+        (size,) = FRAME_SIZE.unpack_from(self._buffer, start)
+        if size < 0 or 4 + size > self._frame_limit or have >= 4 + size:
+            return 0
+        return 4 + size
+
     async def read_frame(self, check_size: Callable[[int], None]) -> memoryview:
         if self._end - self._start < 4:
             await self._fill(4)
@@ -228,24 +301,36 @@ class BufferedFrameReader:
                 raise self._exception
             if self._eof:
                 raise asyncio.IncompleteReadError(bytes(self._view[self._start : self._end]), n)
-            if n > self._size:
-                self._replace(min(max(n, self._size * 2), self._capacity))
-            elif self._size - self._start < n:
-                self._move_to_front()
-            elif self._start == self._end and self._start and self._consumers_idle():
-                self._start = self._end = 0  # empty: start over at the front, no copy
-            if self._start == self._end and self._size > INITIAL_BUFFER_BYTES:
-                self._idle_since = self._loop.time()  # a grown buffer, nothing unread
-                if self._idle_timer is None:
-                    self._arm(self._idle_shrink_s)
-            self._resume()
-            self._want = n
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-                self._want = 0
+            await self._wait(n)
+
+    async def _wait(self, n: int, at_boundary: bool = False) -> None:
+        """Once, until bytes arrive that make n unread (or the end); `at_boundary`: the
+        loop waits between frames, so the relay may run meanwhile."""
+        self._make_room(n)
+        self._resume()
+        self._want = n
+        self._at_boundary = at_boundary
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            self._want = 0
+            self._at_boundary = False
+
+    def _make_room(self, n: int) -> None:
+        """Before waiting for n (<= capacity) unread bytes: room for them from `_start`;
+        the idle timer armed if a grown buffer is left empty."""
+        if n > self._size:
+            self._replace(min(max(n, self._size * 2), self._capacity))
+        elif self._size - self._start < n:
+            self._move_to_front()
+        elif self._start == self._end and self._start and self._consumers_idle():
+            self._start = self._end = 0  # empty: start over at the front, no copy
+        if self._start == self._end and self._size > INITIAL_BUFFER_BYTES:
+            self._idle_since = self._loop.time()  # a grown buffer, nothing unread
+            if self._idle_timer is None:
+                self._arm(self._idle_shrink_s)
 
     def _move_to_front(self) -> None:
         """Put the unread bytes at the buffer's start: in place if no transport holds a
@@ -311,7 +396,10 @@ class BufferedFrameReader:
             self._start = self._end = 0
 
     def _consumers_idle(self) -> bool:
-        return all(t.get_write_buffer_size() == 0 for t in self._consumers)
+        for transport in self._consumers:  # a loop, not all(): this runs per frame
+            if transport.get_write_buffer_size():
+                return False
+        return True
 
     async def _read_large(self, n: int) -> memoryview:
         """A read larger than the buffer, into a buffer of its own (the caller's)."""
@@ -401,6 +489,12 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._connection_lost = True
         self._writing_paused = False
         self._wake_drains(exc or ConnectionResetError("Connection lost"))
+
+    @property
+    def writing_paused(self) -> bool:
+        """Whether the transport's buffer is above its limit (`drain()` would wait), or
+        the connection is gone: a relay writes nothing then."""
+        return self._writing_paused or self._connection_lost
 
     # -- what StreamWriter.drain() and wait_closed() use -----------------------------
 

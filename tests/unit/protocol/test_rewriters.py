@@ -327,3 +327,95 @@ def test_describe_cluster_with_an_error_code_unknown_to_kio_is_still_rewritten()
     assert out[4:6] == struct.pack(">h", 9999)
     fixed = out[:4] + encoded[4:6] + out[6:]
     assert decode(dc1.DescribeClusterResponse, fixed).brokers[0].host == "proxy.zone-a"
+
+
+def produce_answers(module, topic_ids: bool):
+    """Produce answers of one version in the shapes the quick check must tell apart:
+    (answer, whether its top-level tagged fields are empty)."""
+
+    def partition(index, **fields):
+        fields = {"record_errors": ()} | fields
+        return module.PartitionProduceResponse(
+            index=index, error_code=ErrorCode.none, base_offset=100 + index, **fields
+        )
+
+    def topic(n, partitions):
+        key = {"topic_id": uuid.UUID(int=n + 1)} if topic_ids else {"name": f"topic-{n}" * n}
+        return module.TopicProduceResponse(partition_responses=tuple(partitions), **key)
+
+    plain = [topic(n, [partition(i) for i in range(n + 1)]) for n in range(3)]
+    error = module.BatchIndexAndErrorMessage(batch_index=0, batch_index_error_message="bad")
+    endpoint = module.NodeEndpoint(node_id=4, host="b4", port=9092, rack=None)
+    shapes = [
+        (module.ProduceResponse(responses=(), throttle_time=NO_TIME), True),
+        (module.ProduceResponse(responses=tuple(plain), throttle_time=NO_TIME), True),
+        (module.ProduceResponse(responses=(topic(0, []),), throttle_time=NO_TIME), True),
+        (
+            module.ProduceResponse(
+                responses=tuple(plain), throttle_time=NO_TIME, node_endpoints=(endpoint,)
+            ),
+            False,
+        ),
+        (
+            module.ProduceResponse(
+                responses=(topic(1, [partition(0, record_errors=(error,))]),),
+                throttle_time=NO_TIME,
+            ),
+            True,
+        ),
+        (
+            module.ProduceResponse(
+                responses=(topic(1, [partition(0, error_message="no")]),), throttle_time=NO_TIME
+            ),
+            True,
+        ),
+        (
+            module.ProduceResponse(
+                responses=(
+                    topic(
+                        2,
+                        [
+                            partition(
+                                0,
+                                current_leader=module.LeaderIdAndEpoch(leader_id=4, leader_epoch=7),
+                            )
+                        ],
+                    ),
+                ),
+                throttle_time=NO_TIME,
+                node_endpoints=(endpoint,),
+            ),
+            False,
+        ),
+    ]
+    return shapes
+
+
+@pytest.mark.parametrize("version", [10, 11, 12, 13])
+def test_produce_quick_check_agrees_with_the_schema_walk(version):
+    """The quick check (api00_produce._no_top_level_tags) passes an answer on as it came
+    only when the schema walk finds no top-level tagged field; whatever it is unsure of
+    goes to the walk, which rewrites the endpoints and refuses a truncated answer."""
+    import importlib
+
+    from proxy.apis import api00_produce
+
+    module = importlib.import_module(f"kio.schema.produce.v{version}.response")
+    quick_passes = 0
+    for answer, no_tags in produce_answers(module, topic_ids=version >= 13):
+        body = memoryview(encode(answer))
+        start = tagged_fields_offset(type(answer), body)
+        assert (bytes(body[start:]) == b"\x00") == no_tags
+        quick = api00_produce._no_top_level_tags(version, body)
+        assert not quick or no_tags  # never says "none" when there are some
+        quick_passes += quick
+        out = RESPONSE_REWRITERS[0](version, body, Advertise())
+        if no_tags:
+            assert out is body or bytes(out) == bytes(body)
+        else:
+            assert decode(type(answer), out).node_endpoints[0].host == "proxy.zone-a"
+        for cut in range(len(body)):  # a truncated answer: never passed as it came
+            assert not api00_produce._no_top_level_tags(version, body[:cut])
+        with pytest.raises(FrameError):
+            RESPONSE_REWRITERS[0](version, body[: len(body) - 1], Advertise())
+    assert quick_passes >= 3  # the usual answers take the quick way

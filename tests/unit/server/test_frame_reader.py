@@ -229,6 +229,102 @@ async def test_a_reader_that_received_since_it_began_waiting_keeps_its_buffer():
     assert await task == [big]
 
 
+# -- the relay: frames forwarded from the reader's callback ------------------------------
+
+
+class Relay:
+    """Takes every frame whose first body byte is not b"!" (those it leaves to the loop)."""
+
+    def __init__(self, reader: BufferedFrameReader) -> None:
+        self.reader = reader
+        self.took: list[bytes] = []
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        while (frame := self.reader.next_frame()) is not None:
+            if frame[4:5] == b"!":
+                return
+            self.took.append(bytes(frame))
+            self.reader.consume(len(frame))
+
+
+async def test_frames_the_relay_takes_never_wake_the_waiting_loop():
+    reader = BufferedFrameReader(CAPACITY, asyncio.get_running_loop())
+    relay = Relay(reader)
+    reader.set_relay(relay, CAPACITY)
+    waiting = asyncio.ensure_future(reader.wait_frame())
+    await asyncio.sleep(0)
+    # every split point of frames that cross the buffer's end: relayed, none left
+    relayed = [framed(b"a" * 10), framed(b""), framed(b"0123456789" * 2), framed(b"b" * 3)]
+    stream = b"".join(relayed)
+    for i in range(len(stream)):
+        await feed(reader, stream[i : i + 1])
+        await asyncio.sleep(0)
+        assert not waiting.done()
+    assert relay.took == relayed and reader.buffered == 0
+    left = framed(b"!left")
+    await feed(reader, left[:3])  # a part: still waiting
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await feed(reader, left[3:] + framed(b"after"))
+    await waiting  # woken for the frame the relay left, which is read as usual
+    assert relay.took == relayed
+    assert bytes(await reader.read_frame(no_check)) == left
+    assert bytes(await reader.read_frame(no_check)) == framed(b"after")
+
+
+async def test_the_relay_runs_only_while_the_loop_waits_for_a_frame():
+    reader = BufferedFrameReader(CAPACITY, asyncio.get_running_loop())
+    relay = Relay(reader)
+    reader.set_relay(relay, CAPACITY)
+    reading = asyncio.ensure_future(reader.read_frame(no_check))  # the loop mid-frame
+    await asyncio.sleep(0)
+    await feed(reader, framed(b"a" * 5) + framed(b"b"))
+    assert bytes(await reading) == framed(b"a" * 5)
+    assert relay.calls == 0  # nothing taken from under a read
+    await reader.wait_frame()  # a whole frame is there: no wait, no relay
+    assert relay.calls == 0 and bytes(await reader.read_frame(no_check)) == framed(b"b")
+
+
+@pytest.mark.parametrize("size", [CAPACITY - 3, CAPACITY * 3, -5])
+async def test_wait_frame_returns_at_once_for_a_frame_over_the_limit(size):
+    """Over the limit (or a size out of range): the loop judges it by its size, before
+    its body comes, as `read_frame` does; the relay never sees it whole."""
+    reader = BufferedFrameReader(CAPACITY, asyncio.get_running_loop())
+    relay = Relay(reader)
+    reader.set_relay(relay, CAPACITY - 4)
+    waiting = asyncio.ensure_future(reader.wait_frame())
+    await asyncio.sleep(0)
+    await feed(reader, struct.pack(">i", size))
+    await asyncio.wait_for(waiting, 5)
+    assert relay.took == [] and reader.buffered == 4
+
+
+async def test_wait_frame_returns_at_the_end_and_after_a_relay_error():
+    reader = BufferedFrameReader(CAPACITY, asyncio.get_running_loop())
+    reader.set_relay(Relay(reader), CAPACITY)
+    waiting = asyncio.ensure_future(reader.wait_frame())
+    await asyncio.sleep(0)
+    await feed(reader, framed(b"x")[:3])
+    reader.feed_eof()
+    await asyncio.wait_for(waiting, 5)
+    with pytest.raises(asyncio.IncompleteReadError):
+        await reader.read_frame(no_check)
+
+    broken = BufferedFrameReader(CAPACITY, asyncio.get_running_loop())
+
+    def fails() -> None:
+        raise RuntimeError("the relay broke")
+
+    broken.set_relay(fails, CAPACITY)
+    waiting = asyncio.ensure_future(broken.wait_frame())
+    await asyncio.sleep(0)
+    await feed(broken, framed(b"y"))
+    with pytest.raises(RuntimeError, match="the relay broke"):
+        await asyncio.wait_for(waiting, 5)
+
+
 # -- over a loopback socket pair, on both event loops ----------------------------------
 
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -374,3 +470,35 @@ def test_a_grown_buffer_shrinks_when_idle_and_reads_on_over_a_socket(loop_name):
         assert got == [big, *frames, big]
 
     run_on(loop_name, 1 << 20, test, idle_shrink_s=0.05)
+
+
+@pytest.mark.parametrize("loop_name", LOOPS)
+def test_the_relay_over_a_socket_takes_every_frame_and_wakes_for_the_rest(loop_name):
+    frames = [framed(bytes([i % 200 + 40]) * (i * 37 % 300)) for i in range(200)]
+    frames[150] = framed(b"!" + frames[150][5:])  # one the relay leaves
+    stream = b"".join(frames)
+
+    async def test(protocol, peer, loop) -> None:
+        reader = protocol.reader
+        relay = Relay(reader)
+        reader.set_relay(relay, 4096)
+
+        async def send() -> None:
+            await loop.sock_sendall(peer, stream)
+            peer.shutdown(socket.SHUT_WR)
+
+        sender = asyncio.ensure_future(send())
+        left = []
+        while True:  # as connection.py's loops go
+            relay()  # what is buffered, first
+            if not reader.has_frame():
+                await reader.wait_frame()  # the relay takes what comes meanwhile
+                if not reader.has_frame():
+                    break  # the end
+            left.append(bytes(await reader.read_frame(no_check)))
+        await sender
+        assert left == [frames[150]]
+        assert relay.took == frames[:150] + frames[151:]
+        assert relay.calls < len(frames)  # several frames per call: the loop woke little
+
+    run_on(loop_name, 1024, test)  # every frame fits: the relay may take each whole

@@ -1,0 +1,173 @@
+"""Relay CPU benchmark: the passthrough proxy's CPU per Produce request, small requests.
+
+What the passthrough benchmark's paced phases measure (a proxy CPU s per GiB dominated by
+the cost of each request), in isolation and in less time: one Kafka broker, one proxy,
+one librdkafka producer in this process (its CPU is not the proxy's), and the proxy's CPU
+read from /proc before and after each phase and divided by the Produce requests the
+proxy counted (`tierproxy_requests_total{api_key="0"}`). Each proxied phase has a twin
+with the producer direct to Kafka, the proxy idle, for its background CPU over the same
+time (timers, metadata refresh, fleet heartbeats); that is reported beside, not
+subtracted.
+
+    .venv/bin/python -m benchmarks.relay_cpu --json relay.json
+
+Phases (`--records` each): `paced`: `--rate` records/s, linger 0, about one request per
+record (a request, its answer, and an idle wait between); `small batches`: full speed,
+`batch.size` 16 KiB, 1 KiB records (~15 records a request, up to five in flight per
+connection, as Java's ProducerPerformance sends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from benchmarks.common.clients import librdkafka_produce
+from benchmarks.common.procs import (
+    PerfRecord,
+    ProxyProcess,
+    PySpy,
+    cpu_seconds,
+    machine_description,
+    pick_port_base,
+    scrape,
+    summarize_perf,
+    summarize_pyspy,
+)
+from benchmarks.common.run import git_state, run_facts, write_json
+from proxy.devstack import KafkaCluster
+
+REQUESTS = "tierproxy_requests_total"
+
+
+def _produce_requests(url: str) -> float:
+    samples = scrape(url, (REQUESTS,)).get(REQUESTS, {})
+    return sum(v for labels, v in samples.items() if ("api_key", "0") in labels)
+
+
+def _share(count: int, samples: int) -> str:
+    return f"{count / samples:.1%}" if count else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=20000)
+    parser.add_argument("--record-size", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=1000, help="records/s when paced")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--profile", type=Path, help="profile the proxy in its proxied phases, output here"
+    )
+    parser.add_argument("--profiler", choices=("py-spy", "perf"), default="py-spy")
+    args = parser.parse_args()
+    facts = run_facts(args, git_state(), machine_description(), minio=False)
+    phases: list[dict] = []
+    profiles: dict[str, list[Path]] = {}
+    with tempfile.TemporaryDirectory(prefix="tierproxy-relay-") as tmp, ExitStack() as stack:
+        kafka = KafkaCluster(size=1, name="kafka-relay")
+        stack.callback(kafka.stop)
+        kafka.start()
+        metrics_port = pick_port_base([0])
+        proxy = ProxyProcess(
+            kafka.bootstrap,
+            [n.node_id for n in kafka.nodes],
+            Path(tmp),
+            settings={"metrics": {"bind_host": "127.0.0.1", "port": metrics_port}},
+        )
+        stack.callback(proxy.stop)
+        proxy.start()
+        proxy_pid = proxy.pid
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        topic = f"relay-{os.urandom(3).hex()}"
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(60)
+        kinds = {
+            "paced": ({"linger.ms": "0"}, args.rate),
+            "small batches": ({"linger.ms": "0", "batch.size": "16384"}, None),
+        }
+        # unmeasured: connections, metadata, the broker's JIT
+        for path in ("direct", "proxy"):
+            bootstrap = kafka.bootstrap if path == "direct" else proxy.bootstrap
+            librdkafka_produce(
+                bootstrap, topic, 20000, args.record_size, None, kinds["small batches"][0]
+            )
+        for rnd in range(args.rounds):
+            for kind, (settings, rate) in kinds.items():
+                for path in ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct"):
+                    bootstrap = kafka.bootstrap if path == "direct" else proxy.bootstrap
+                    profiler = None
+                    if args.profile and path == "proxy":
+                        args.profile.mkdir(parents=True, exist_ok=True)
+                        out = args.profile / f"{kind.replace(' ', '-')}-r{rnd}.{args.profiler}"
+                        profiles.setdefault(kind, []).append(out)
+                        if args.profiler == "perf":
+                            profiler = PerfRecord(out, frequency=1999)
+                        else:
+                            profiler = PySpy(proxy.pid, out, rate=500, native=True)
+                        profiler.start()
+                    requests0, cpu0 = _produce_requests(url), cpu_seconds(proxy.pid)
+                    load = os.getloadavg()[0]
+                    result = librdkafka_produce(
+                        bootstrap, topic, args.records, args.record_size, rate, settings
+                    )
+                    cpu = cpu_seconds(proxy.pid) - cpu0
+                    if profiler is not None:
+                        profiler.stop()
+                    requests = _produce_requests(url) - requests0
+                    phase = {
+                        "round": rnd, "kind": kind, "path": path, "seconds": result.seconds,
+                        "mb_per_s": result.mb_per_s, "latency_ms": result.latency_ms,
+                        "proxy_cpu_s": cpu, "requests": requests, "load": load,
+                    }  # fmt: skip
+                    phases.append(phase)
+                    per = f"{cpu / requests * 1e6:.0f} µs/request" if requests else "idle"
+                    print(
+                        f"r{rnd} {kind:13s} {path:6s} {result.mb_per_s:6.1f} MB/s "
+                        f"p50 {result.latency_ms['p50']:.1f} ms  proxy {cpu:.2f} CPU s over "
+                        f"{result.seconds:.1f} s, {requests:.0f} requests: {per}  load {load:.1f}",
+                        flush=True,
+                    )
+        del admin
+    print(f"\nproxy code {facts['proxy_code']}; {facts['date']}\n")
+    print(
+        "| phase | proxy CPU µs per request | proxy CPU s per GiB "
+        "| background CPU s per s (direct twin) |"
+    )
+    print("| --- | ---: | ---: | ---: |")
+    for kind in kinds:
+        proxied = [p for p in phases if p["kind"] == kind and p["path"] == "proxy"]
+        idle = [p for p in phases if p["kind"] == kind and p["path"] == "direct"]
+        per_request = [p["proxy_cpu_s"] / p["requests"] * 1e6 for p in proxied]
+        gib = args.records * args.record_size / 2**30
+        per_gib = [p["proxy_cpu_s"] / gib for p in proxied]
+        background = [p["proxy_cpu_s"] / p["seconds"] for p in idle]
+        print(
+            f"| {kind} | {', '.join(f'{v:.0f}' for v in per_request)} | "
+            f"{', '.join(f'{v:.1f}' for v in per_gib)} | "
+            f"{', '.join(f'{v:.3f}' for v in background)} |"
+        )
+    for kind, paths in profiles.items():
+        if args.profiler == "perf":
+            profile = summarize_perf(paths, proxy_pid, top=25)
+        else:
+            profile = summarize_pyspy(paths, top=25)
+        samples = profile.samples
+        print(f"\n{args.profiler}, {kind}: {samples} busy samples, {profile.idle_samples} idle")
+        print("| self | where | | share | grouped |\n| ---: | --- | --- | ---: | --- |")
+        for i in range(max(len(profile.top), len(profile.groups))):
+            a = profile.top[i] if i < len(profile.top) else ("", 0)
+            b = profile.groups[i] if i < len(profile.groups) else ("", 0)
+            print(f"| {_share(a[1], samples)} | `{a[0]}` | | {_share(b[1], samples)} | `{b[0]}` |")
+    write_json(args.json, {**facts, "phases": phases})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
