@@ -130,6 +130,15 @@ class ProxyMetrics:
             registry=self.registry,
         )
 
+        self.relayed_frames = Counter(
+            "tierproxy_relayed_frames",
+            "Requests and answers forwarded by the relay, from the reader's callback with no "
+            "loop step, by direction; the rest of tierproxy_requests_total (and its answers) "
+            "took the connection loop",
+            ["direction"],
+            registry=self.registry,
+        )
+
         self.unanswered = Counter(
             "tierproxy_unanswered_requests",
             "Requests read whose connection closed before their answer was written (the "

@@ -60,7 +60,7 @@ from proxy.server.connection_state import (
     check_request_size,
     read_request_header,
 )
-from proxy.server.frame_reader import BufferedFrameReader, FrameProtocol
+from proxy.server.frame_reader import BufferedFrameReader, FrameProtocol, RelayFailed
 from proxy.server.split_answers import SplitAnswers
 from proxy.server.streams import (
     UpstreamClosed,
@@ -133,6 +133,7 @@ class ClientConnection:
         self._requests: dict[int, int] = {}
         self._bytes_in = 0
         self._to_broker = 0
+        self._relayed = [0, 0]  # requests, answers forwarded by the relay (not the loop)
         self._chunk_bytes = proxy.config.limits.buffer_bytes
         # The relay's state: the client id's bytes (length in front) as the client loop
         # last read them, the transports and protocols it writes to, its publish timer.
@@ -160,6 +161,8 @@ class ClientConnection:
             pass  # the client went away; nothing to report
         except UpstreamClosed:
             pass  # counted and logged by the upstream loop
+        except RelayFailed as exc:
+            self._relay_failed("requests", exc)
         except OSError as exc:
             metrics.upstream_errors.labels("connect").inc()
             log.warning(
@@ -334,6 +337,7 @@ class ClientConnection:
             transport.write(framed)
             relayed += 1
         if relayed:
+            self._relayed[0] += relayed
             self._publish_soon()
 
     def _relay_answers(self) -> None:
@@ -368,6 +372,7 @@ class ClientConnection:
             answers.streamed(slot)
             relayed += 1
         if relayed:
+            self._relayed[1] += relayed
             self._publish_soon()
 
     def _publish_soon(self) -> None:
@@ -396,6 +401,11 @@ class ClientConnection:
         if self._to_broker:
             self.zone.count_to_broker(self._to_broker)
             self._to_broker = 0
+        relayed = self._relayed
+        if relayed[0] or relayed[1]:
+            metrics.relayed_frames.labels("request").inc(relayed[0])
+            metrics.relayed_frames.labels("answer").inc(relayed[1])
+            relayed[0] = relayed[1] = 0
         self._answers.publish()
 
     async def _plan(self, header: RequestHeader, frame: memoryview) -> Plan | None:
@@ -550,6 +560,10 @@ class ClientConnection:
         except ClientGone:
             # Not upstream's fault: the client loop sees the connection end and closes.
             raise ConnectionResetError("the client went away") from None
+        except RelayFailed as exc:
+            self._relay_failed("answers", exc)
+            self.client_writer.close()  # the client loop ends with it
+            raise UpstreamClosed(str(exc)) from None
         except (UpstreamClosed, FrameError, ConnectionError, asyncio.IncompleteReadError) as exc:
             # FrameError here is a response a rewriter could not read: upstream's fault.
             reason = str(exc) or exc.__class__.__name__
@@ -611,6 +625,19 @@ class ClientConnection:
         if slot.plan is not None:
             count_in_flight(self.proxy.tiering.in_flight, slot.plan.passthrough_topics, -1)
             slot.plan = None
+
+    def _relay_failed(self, direction: str, exc: RelayFailed) -> None:
+        """A fault of the proxy's own, not of the client or the broker: said loudly, with
+        its traceback, and the connection closed (the client reconnects)."""
+        log.error(
+            "closing client %s on %s: relaying %s failed: %s",
+            self.peer,
+            self.listener,
+            direction,
+            exc,
+            exc_info=exc.__cause__,
+            extra={"client": self.peer, "reason": "relay_failed"},
+        )
 
     def _upstream_lost(self, reason: str) -> None:
         self.proxy.metrics.upstream_errors.labels("closed").inc()

@@ -46,6 +46,11 @@ from typing import Protocol, cast
 from proxy.kafka.frames import FRAME_SIZE
 
 
+class RelayFailed(Exception):
+    """The relay set on a reader raised: the connection cannot go on (its cause is the
+    relay's exception)."""
+
+
 class FrameReader(Protocol):
     """What the connection loops read with; views are valid until the next read."""
 
@@ -141,8 +146,8 @@ class BufferedFrameReader:
     def set_relay(self, relay: Callable[[], None] | None, frame_limit: int) -> None:
         """`relay()` runs as bytes arrive while the loop waits in `wait_frame`, and takes
         the whole frames it forwards itself (`next_frame`, `consume`); what it raises is
-        raised in the loop by `wait_frame`. `wait_frame`
-        returns at once for a frame larger than `frame_limit` (at most the capacity)."""
+        raised in the loop by `wait_frame`, as `RelayFailed`. `wait_frame` returns at once
+        for a frame larger than `frame_limit` (at most the capacity)."""
         self._relay = relay
         self._frame_limit = min(frame_limit, self._capacity)
 
@@ -168,12 +173,16 @@ class BufferedFrameReader:
         `frame_limit`), left unread: `consume(len(frame))` takes it. Valid until the next
         read, as every view."""
         start = self._start
-        if self._end - start < 4:
-            return None
-        (size,) = FRAME_SIZE.unpack_from(self._buffer, start)
+        size = self._next_size(start)
         if size < 0 or self._end - start < 4 + size or 4 + size > self._frame_limit:
             return None
         return self._view[start : start + 4 + size]
+
+    def _next_size(self, start: int) -> int:
+        """The size the frame at `start` gives itself, -1 if it is not buffered yet."""
+        if self._end - start < 4:
+            return -1
+        return FRAME_SIZE.unpack_from(self._buffer, start)[0]
 
     def consume(self, n: int) -> None:
         """Take n bytes of what `next_frame` showed."""
@@ -268,7 +277,7 @@ class BufferedFrameReader:
                 return
             await self._wait(need, at_boundary=True)
             if self._relay_error is not None:
-                raise self._relay_error
+                raise RelayFailed(repr(self._relay_error)) from self._relay_error
 
     def _frame_need(self) -> int:
         """The bytes the next frame needs buffered before `wait_frame` returns (4 for
@@ -277,7 +286,7 @@ class BufferedFrameReader:
         have = self._end - start
         if have < 4:
             return 4
-        (size,) = FRAME_SIZE.unpack_from(self._buffer, start)
+        size = self._next_size(start)
         if size < 0 or 4 + size > self._frame_limit or have >= 4 + size:
             return 0
         return 4 + size

@@ -301,3 +301,39 @@ def test_unreadable_body_of_a_forwarded_request(small_frames_proxy, raw, witness
     ]
     assert len(warned) == 1 and "api key 3 v12 correlation id 7" in warned[0], warned
     witness.still_served()
+
+
+def test_a_fault_in_the_relay_closes_that_connection_alone(
+    small_frames_proxy, raw, wire, witness, warnings_log, monkeypatch
+):
+    """A request the relay (the forwarding done from the reader's callback) fails on is
+    the proxy's own fault: that client's connection closes with an error naming it and
+    the cause, and every other connection is served on."""
+    from proxy.server import connection
+
+    marker = "relay-breaker-" + uuid.uuid4().hex[:8]
+    reads_acks = connection.produce_acks
+
+    def breaks_on_marker(version, body):
+        if marker.encode() in bytes(body):
+            raise RuntimeError("a fault planted in the relay")
+        return reads_acks(version, body)
+
+    monkeypatch.setattr(connection, "produce_acks", breaks_on_marker)
+    proxy = small_frames_proxy
+    bad = raw(proxy.address)
+    bad.send(wire.metadata(1))  # the first request is the loop's; the relay takes over
+    assert wire.size.unpack_from(bad.read_frame())[0] == 1
+    bad.send(wire.produce(2, 9, marker, [b"never forwarded"], acks=1))
+    assert bad.closed_by_peer(timeout=10), "the proxy kept the connection open"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not [
+        r for r in warnings_log.records if f"client {bad.local} " in r.getMessage()
+    ]:
+        time.sleep(0.01)
+    said = [r for r in warnings_log.records if f"client {bad.local} " in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert said[0].levelno == logging.ERROR
+    assert "relaying requests failed" in said[0].getMessage()
+    assert said[0].exc_info is not None and isinstance(said[0].exc_info[1], RuntimeError)
+    witness.still_served()  # its Produce goes through the same relay, unharmed

@@ -92,3 +92,34 @@ def test_produce_with_acks_0_gets_no_answer(proxy, raw, kafka, wire, version):
     finally:
         consumer.close()
     assert values == [unacked, b"acked"]
+
+
+def test_requests_after_the_first_are_forwarded_by_the_relay_and_counted(proxy, raw, wire):
+    """Requests that need nothing but forwarding, behind the first (which the loop
+    reads, to learn the client id), go from the reader's callback and are counted as
+    relayed; ApiVersions, answered here, never is."""
+
+    def counts() -> dict[str, float]:
+        return {
+            d: proxy.metric("tierproxy_relayed_frames_total", direction=d)
+            for d in ("request", "answer")
+        }
+
+    relayed = counts()
+    client = raw(proxy.address)
+    client.send(wire.metadata(1))
+    assert wire.size.unpack_from(client.read_frame())[0] == 1
+    pipelined = list(range(2, 12))
+    client.send(*(wire.metadata(cid) for cid in pipelined), wire.api_versions(12))
+    answers = [wire.size.unpack_from(client.read_frame())[0] for _ in range(11)]
+    assert answers == [*pipelined, 12]
+    deadline = time.monotonic() + 5  # the relay's counts reach the metrics within 0.1 s
+    now = dict(relayed)
+    while time.monotonic() < deadline and (
+        now["request"] < relayed["request"] + 10 or now["answer"] < relayed["answer"] + 10
+    ):
+        time.sleep(0.02)
+        now = counts()
+    assert now["request"] == relayed["request"] + 10
+    # the answers to requests 2-11 (and perhaps the first's); never ApiVersions'
+    assert relayed["answer"] + 10 <= now["answer"] <= relayed["answer"] + 11

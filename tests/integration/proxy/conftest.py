@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.config import parse_config
@@ -343,7 +343,13 @@ class Compat:
         name = f"compat-{uuid.uuid4().hex[:10]}"
         admin = AdminClient(conf)
         for future in admin.create_topics([NewTopic(name, partitions, replication)]).values():
-            future.result(30)
+            try:
+                future.result(30)
+            except KafkaException as exc:
+                # The name is new: "already exists" is this request itself, retried by
+                # the broker that forwarded it when the KRaft controller moved meanwhile.
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
         deadline = time.monotonic() + 30
         while True:  # until the broker answering metadata knows every partition's leader
             topic = admin.list_topics(name, timeout=10).topics[name]

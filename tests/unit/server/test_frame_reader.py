@@ -14,7 +14,12 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
-from proxy.server.frame_reader import INITIAL_BUFFER_BYTES, BufferedFrameReader, FrameProtocol
+from proxy.server.frame_reader import (
+    INITIAL_BUFFER_BYTES,
+    BufferedFrameReader,
+    FrameProtocol,
+    RelayFailed,
+)
 from tests.support.waiting import eventually
 
 
@@ -321,8 +326,9 @@ async def test_wait_frame_returns_at_the_end_and_after_a_relay_error():
     waiting = asyncio.ensure_future(broken.wait_frame())
     await asyncio.sleep(0)
     await feed(broken, framed(b"y"))
-    with pytest.raises(RuntimeError, match="the relay broke"):
+    with pytest.raises(RelayFailed, match="the relay broke") as failed:
         await asyncio.wait_for(waiting, 5)
+    assert isinstance(failed.value.__cause__, RuntimeError)
 
 
 # -- over a loopback socket pair, on both event loops ----------------------------------
