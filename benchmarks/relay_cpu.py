@@ -14,7 +14,10 @@ subtracted.
 Phases (`--records` each): `paced`: `--rate` records/s, linger 0, about one request per
 record (a request, its answer, and an idle wait between); `small batches`: full speed,
 `batch.size` 16 KiB, 1 KiB records (~15 records a request, up to five in flight per
-connection, as Java's ProducerPerformance sends).
+connection, as Java's ProducerPerformance sends); `java paced`: the paced phase sent by
+Java's ProducerPerformance (acks=all, idempotent, linger 0). Each proxied phase also
+reports the share of requests the relay forwarded (`tierproxy_relayed_frames_total`):
+the rest took the connection loop.
 """
 
 from __future__ import annotations
@@ -23,32 +26,41 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from benchmarks.common.clients import librdkafka_produce
+from benchmarks.common.clients import JavaTools, librdkafka_produce
 from benchmarks.common.procs import (
     PerfRecord,
     ProxyProcess,
     PySpy,
-    cpu_seconds,
+    cpu_split,
     machine_description,
     pick_port_base,
     scrape,
     summarize_perf,
     summarize_pyspy,
+    syscalls,
 )
 from benchmarks.common.run import git_state, run_facts, write_json
 from proxy.devstack import KafkaCluster
+from proxy.devstack.paths import kafka_libs
 
 REQUESTS = "tierproxy_requests_total"
+PUBLISH_WAIT_S = 0.3  # > the connections' PUBLISH_DELAY_S
+RELAYED = "tierproxy_relayed_frames_total"
 
 
-def _produce_requests(url: str) -> float:
-    samples = scrape(url, (REQUESTS,)).get(REQUESTS, {})
-    return sum(v for labels, v in samples.items() if ("api_key", "0") in labels)
+def _produce_requests(url: str) -> tuple[float, float]:
+    """The Produce requests the proxy read, and the requests of any API its relay
+    forwarded (the rest took the connection loop)."""
+    samples = scrape(url, (REQUESTS, RELAYED))
+    produce = sum(v for k, v in samples.get(REQUESTS, {}).items() if ("api_key", "0") in k)
+    relayed = sum(v for k, v in samples.get(RELAYED, {}).items() if ("direction", "request") in k)
+    return produce, relayed
 
 
 def _share(count: int, samples: int) -> str:
@@ -89,17 +101,20 @@ def main() -> int:
         topic = f"relay-{os.urandom(3).hex()}"
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(60)
         kinds = {
-            "paced": ({"linger.ms": "0"}, args.rate),
-            "small batches": ({"linger.ms": "0", "batch.size": "16384"}, None),
+            "paced": ("librdkafka", {"linger.ms": "0"}, args.rate),
+            "small batches": ("librdkafka", {"linger.ms": "0", "batch.size": "16384"}, None),
+            "java paced": ("java", {"linger.ms": "0"}, args.rate),
         }
+        java = JavaTools(kafka_libs())
         # unmeasured: connections, metadata, the broker's JIT
         for path in ("direct", "proxy"):
             bootstrap = kafka.bootstrap if path == "direct" else proxy.bootstrap
             librdkafka_produce(
-                bootstrap, topic, 20000, args.record_size, None, kinds["small batches"][0]
+                bootstrap, topic, 20000, args.record_size, None, kinds["small batches"][1]
             )
+            java.produce(bootstrap, topic, 5000, args.record_size, None, {"linger.ms": "0"})
         for rnd in range(args.rounds):
-            for kind, (settings, rate) in kinds.items():
+            for kind, (client, settings, rate) in kinds.items():
                 for path in ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct"):
                     bootstrap = kafka.bootstrap if path == "direct" else proxy.bootstrap
                     profiler = None
@@ -112,35 +127,51 @@ def main() -> int:
                         else:
                             profiler = PySpy(proxy.pid, out, rate=500, native=True)
                         profiler.start()
-                    requests0, cpu0 = _produce_requests(url), cpu_seconds(proxy.pid)
+                    (requests0, relayed0), (user0, sys0) = (
+                        _produce_requests(url),
+                        cpu_split(proxy_pid),
+                    )
+                    reads0, writes0 = syscalls(proxy.pid)
                     load = os.getloadavg()[0]
-                    result = librdkafka_produce(
+                    produce = librdkafka_produce if client == "librdkafka" else java.produce
+                    result = produce(
                         bootstrap, topic, args.records, args.record_size, rate, settings
                     )
-                    cpu = cpu_seconds(proxy.pid) - cpu0
+                    user, sys_ = cpu_split(proxy_pid)
+                    user, sys_ = user - user0, sys_ - sys0
+                    cpu = user + sys_
+                    reads, writes = syscalls(proxy.pid)
+                    reads, writes = reads - reads0, writes - writes0
                     if profiler is not None:
                         profiler.stop()
-                    requests = _produce_requests(url) - requests0
+                    time.sleep(PUBLISH_WAIT_S)  # the relay's counts reach the metrics late
+                    requests, relayed = _produce_requests(url)
+                    requests, relayed = requests - requests0, relayed - relayed0
                     phase = {
                         "round": rnd, "kind": kind, "path": path, "seconds": result.seconds,
                         "mb_per_s": result.mb_per_s, "latency_ms": result.latency_ms,
-                        "proxy_cpu_s": cpu, "requests": requests, "load": load,
+                        "proxy_cpu_s": cpu, "requests": requests, "relayed": relayed,
+                        "reads": reads, "writes": writes, "user_s": user, "system_s": sys_,
+                        "load": load,
                     }  # fmt: skip
                     phases.append(phase)
                     per = f"{cpu / requests * 1e6:.0f} µs/request" if requests else "idle"
                     print(
                         f"r{rnd} {kind:13s} {path:6s} {result.mb_per_s:6.1f} MB/s "
                         f"p50 {result.latency_ms['p50']:.1f} ms  proxy {cpu:.2f} CPU s over "
-                        f"{result.seconds:.1f} s, {requests:.0f} requests: {per}  load {load:.1f}",
+                        f"{result.seconds:.1f} s, {requests:.0f} requests "
+                        f"({relayed:.0f} relayed, {reads} reads, {writes} writes): {per}  "
+                        f"load {load:.1f}",
                         flush=True,
                     )
         del admin
     print(f"\nproxy code {facts['proxy_code']}; {facts['date']}\n")
     print(
         "| phase | proxy CPU µs per request | proxy CPU s per GiB "
-        "| background CPU s per s (direct twin) |"
+        "| background CPU s per s (direct twin) | requests relayed "
+        "| reads, writes per request | of which system CPU |"
     )
-    print("| --- | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
     for kind in kinds:
         proxied = [p for p in phases if p["kind"] == kind and p["path"] == "proxy"]
         idle = [p for p in phases if p["kind"] == kind and p["path"] == "direct"]
@@ -148,10 +179,20 @@ def main() -> int:
         gib = args.records * args.record_size / 2**30
         per_gib = [p["proxy_cpu_s"] / gib for p in proxied]
         background = [p["proxy_cpu_s"] / p["seconds"] for p in idle]
+        relayed_shares = [p["relayed"] / p["requests"] for p in proxied if p["requests"]]
+        system_shares = [p["system_s"] / p["proxy_cpu_s"] for p in proxied if p["proxy_cpu_s"]]
+        calls = [
+            (p["reads"] / p["requests"], p["writes"] / p["requests"])
+            for p in proxied
+            if p["requests"]
+        ]
         print(
             f"| {kind} | {', '.join(f'{v:.0f}' for v in per_request)} | "
             f"{', '.join(f'{v:.1f}' for v in per_gib)} | "
-            f"{', '.join(f'{v:.3f}' for v in background)} |"
+            f"{', '.join(f'{v:.3f}' for v in background)} | "
+            f"{', '.join(f'{share:.0%}' for share in relayed_shares)} | "
+            f"{', '.join(f'{r:.1f}, {w:.1f}' for r, w in calls)} | "
+            f"{', '.join(f'{share:.0%}' for share in system_shares)} |"
         )
     for kind, paths in profiles.items():
         if args.profiler == "perf":

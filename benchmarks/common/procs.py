@@ -43,10 +43,23 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, all threads, in seconds."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process, all threads, in seconds."""
     with open(f"/proc/{pid}/stat") as stat:
         text = stat.read()
     fields = text[text.rindex(")") + 2 :].split()  # fields[0] is field 3 (state)
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14, 15
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
+
+def syscalls(pid: int) -> tuple[int, int]:
+    """The read and write system calls a process has made, all threads (/proc/<pid>/io:
+    syscr, syscw; a socket's recv and send count among them)."""
+    with open(f"/proc/{pid}/io") as io:
+        fields = dict(line.split(": ") for line in io.read().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
 
 
 def jit_cpu_seconds(pid: int) -> float:

@@ -16,7 +16,10 @@ and hands the tiered partitions' views on; `merge_responses` answers with the up
 answer and the local results, in the request's order. Per-partition work only. Network
 bytes are read by hand (never by kio's reader: `codec`); answers are written with kio, so
 upstream tagged fields kio does not know are dropped, and the node endpoints still name
-upstream brokers: the answer goes through `rewrite_response` as usual.
+upstream brokers: the answer goes through `rewrite_response` as usual. An answer of plain
+results (no record errors, no current leader, no node endpoints: every success) is
+written by hand instead, the same bytes at a fraction of kio's cost
+(`_write_plain_response`), since the tiered path writes one per request.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from proxy.kafka.wire import (
     skip,
     skip_tagged_fields,
     write_array_length,
+    write_string,
 )
 
 API_KEY = ApiKey.PRODUCE
@@ -379,12 +383,83 @@ def _encode_response(
     throttle_ms: int,
     endpoints: tuple[object, ...],
 ) -> bytes:
-    kio = layout.kio
-    by_topic: dict[TopicKey, list[object]] = {}
+    results = list(results)
     for result in results:
         if isinstance(result.topic, uuid.UUID) != layout.topic_id:
             names = "ids" if layout.topic_id else "names"
             raise ValueError(f"Produce v{layout.version} names topics by {names}: {result.topic!r}")
+    if not endpoints and all(_plain(result) for result in results):
+        return _write_plain_response(layout, results, throttle_ms)
+    return _encode_with_kio(layout, results, throttle_ms, endpoints)
+
+
+def _plain(result: PartitionResult) -> bool:
+    """A result with no record errors and no current leader (every success, most errors):
+    what `_write_plain_response` writes."""
+    return not result.record_errors and tuple(result.current_leader) == NO_LEADER
+
+
+_PLAIN_PARTITION = struct.Struct(">ihqq")  # index, error_code, base_offset, log_append_time
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+
+
+def _write_plain_response(
+    layout: _Layout, results: list[PartitionResult], throttle_ms: int
+) -> bytes:
+    """The answer written by hand, byte for byte what kio writes for it (the unit tests
+    compare the two over every version), for plain results only: kio builds a dataclass
+    per field and walks its schema, ~0.3 ms an answer, on the tiered produce path of every
+    request. Record errors, a current leader and node endpoints are rare (errors, a moved
+    leader) and go to kio."""
+    flexible = layout.flexible
+    by_topic: dict[TopicKey, list[PartitionResult]] = {}
+    for result in results:
+        by_topic.setdefault(result.topic, []).append(result)
+    out = [write_array_length(len(by_topic), flexible)]
+    for topic, partitions in by_topic.items():
+        if isinstance(topic, uuid.UUID):
+            out.append(topic.bytes)
+        else:
+            out.append(write_string(topic, flexible))
+        out.append(write_array_length(len(partitions), flexible))
+        for r in partitions:
+            out.append(
+                _PLAIN_PARTITION.pack(
+                    r.partition, r.error_code, r.base_offset, r.log_append_time_ms
+                )
+            )
+            if layout.log_start_offset:
+                out.append(_INT64.pack(r.log_start_offset))
+            if layout.record_errors:
+                out.append(write_array_length(0, flexible))  # no record errors
+                out.append(_nullable_string(r.error_message, flexible))
+            if flexible:
+                out.append(b"\x00")  # the partition's tagged fields: none
+        if flexible:
+            out.append(b"\x00")  # the topic's
+    out.append(_INT32.pack(throttle_ms))
+    if flexible:
+        out.append(b"\x00")  # the answer's
+    return b"".join(out)
+
+
+def _nullable_string(value: str | None, compact: bool) -> bytes:
+    if value is None:
+        return b"\x00" if compact else _INT16.pack(-1)
+    return write_string(value, compact)
+
+
+def _encode_with_kio(
+    layout: _Layout,
+    results: list[PartitionResult],
+    throttle_ms: int,
+    endpoints: tuple[object, ...],
+) -> bytes:
+    kio = layout.kio
+    by_topic: dict[TopicKey, list[object]] = {}
+    for result in results:
         by_topic.setdefault(result.topic, []).append(_partition_response(layout, result))
     key = "topic_id" if layout.topic_id else "name"
     topics = tuple(

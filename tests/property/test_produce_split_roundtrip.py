@@ -12,6 +12,7 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.apis import api00_produce
 from proxy.apis.api00_produce import (
     PartitionResult,
     merge_responses,
@@ -179,3 +180,38 @@ def test_merge_of_a_cut_answer_is_the_answer(case):
     request = read_produce_request(version, encode(kio_request(version, order)))
     merged = merge_responses(version, encode(upstream), local, request=request)
     assert merged == encode(answer)
+
+
+@st.composite
+def plain_results(draw):
+    """(version, results, throttle ms): results with no record errors and no current
+    leader, the answers the tiered path writes by hand."""
+    version = draw(st.sampled_from(VERSIONS))
+    names = draw(st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=3, unique=True))
+    topics = [kio_types.topic_key(version, name) for name in names]
+    results = draw(
+        st.lists(
+            st.builds(
+                PartitionResult,
+                st.sampled_from(topics),
+                st.integers(0, 2**31 - 1),
+                st.integers(-(2**15), 2**15 - 1),  # error codes kio does not know too
+                st.integers(-1, 2**63 - 1),
+                st.just(-1) | st.integers(0, 253402300799999),  # kio writes up to 9999-12-31
+                st.integers(-1, 2**63 - 1),
+                st.none() | st.text(max_size=12),
+            ),
+            max_size=8,
+        )
+    )
+    return version, results, draw(st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_results())
+def test_a_plain_answer_written_by_hand_is_what_kio_writes(case):
+    version, results, throttle_ms = case
+    layout = api00_produce._layout(version)
+    by_hand = api00_produce._write_plain_response(layout, results, throttle_ms)
+    assert by_hand == api00_produce._encode_with_kio(layout, results, throttle_ms, ())
+    assert api00_produce.build_produce_response(version, results, throttle_ms) == by_hand
