@@ -408,11 +408,11 @@ _INT16 = struct.Struct(">h")
 def _write_plain_response(
     layout: _Layout, results: list[PartitionResult], throttle_ms: int
 ) -> bytes:
-    """The answer written by hand, byte for byte what kio writes for it (the unit tests
-    compare the two over every version), for plain results only: kio builds a dataclass
-    per field and walks its schema, ~0.3 ms an answer, on the tiered produce path of every
-    request. Record errors, a current leader and node endpoints are rare (errors, a moved
-    leader) and go to kio."""
+    """The answer written by hand, byte for byte what kio writes for it (a property test
+    compares the two over every version), for plain results only: kio builds a dataclass
+    per field and walks its schema, ~25 µs an answer against ~2 µs here, on the tiered
+    produce path of every request. Record errors, a current leader and node endpoints
+    are rare (errors, a moved leader) and go to kio."""
     flexible = layout.flexible
     by_topic: dict[TopicKey, list[PartitionResult]] = {}
     for result in results:
