@@ -11,6 +11,12 @@ the WAL's fsync time, so the figure is per request, with the records per request
 Before the rounds, the proxy's CPU over `--idle-s` seconds with no client says what its
 background work (heartbeats, the metadata reader, timers) adds.
 
+The baseline runs in each round first: the same producer, the same rate, straight to the
+broker, on an untiered topic of one partition (RF 1) beside the tiered one. Its figures
+are the broker's CPU (the JVM, all threads) per Produce request, the requests counted by
+librdkafka's statistics. In the tiered phase the broker's CPU is shown too: the owner's
+metadata commits and the fleet's heartbeats are its share of a tiered produce.
+
     .venv/bin/python -m benchmarks.owner_cpu --json owner.json
     .venv/bin/python -m benchmarks.owner_cpu --profile /tmp/owner-prof   # py-spy, 500 Hz
 """
@@ -33,6 +39,7 @@ from benchmarks.common.procs import (
     ProxyProcess,
     PySpy,
     cpu_split,
+    jit_cpu_seconds,
     machine_description,
     scrape,
     summarize_pyspy,
@@ -94,13 +101,37 @@ def main() -> int:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"tierproxy topics tier {topic}: {done.stdout}{done.stderr}")
+        direct = f"direct-{os.urandom(3).hex()}"
+        admin.create_topics([NewTopic(direct, 1, 1)])[direct].result(60)
+        broker = kafka.nodes[0].process.pid
+        assert broker is not None
         paced = {"linger.ms": "0"}
         librdkafka_produce(proxy.bootstrap, topic, 2000, args.record_size, args.rate, paced)
-        before = sum(cpu_split(proxy.pid))
+        # the broker's JIT compiles its produce path in the first tens of thousands of
+        # records: warmed at full speed first, or its first round costs 2-4x the next
+        librdkafka_produce(kafka.bootstrap, direct, 30000, args.record_size, None, paced)
+        librdkafka_produce(kafka.bootstrap, direct, 2000, args.record_size, args.rate, paced)
+        before, broker_before = sum(cpu_split(proxy.pid)), sum(cpu_split(broker))
         time.sleep(args.idle_s)
         idle = (sum(cpu_split(proxy.pid)) - before) / args.idle_s
-        print(f"idle: {idle:.3f} CPU s per s", flush=True)
+        broker_idle = (sum(cpu_split(broker)) - broker_before) / args.idle_s
+        print(f"idle: proxy {idle:.3f}, broker {broker_idle:.3f} CPU s per s", flush=True)
         for rnd in range(args.rounds):
+            cpu0, jit0, load = sum(cpu_split(broker)), jit_cpu_seconds(broker), os.getloadavg()[0]
+            base = librdkafka_produce(
+                kafka.bootstrap, direct, args.records, args.record_size, args.rate, paced,
+                count_requests=True,
+            )  # fmt: skip
+            base_cpu = sum(cpu_split(broker)) - cpu0
+            jit = jit_cpu_seconds(broker) - jit0  # still compiling: counted, and shown
+            base_requests = int(base.details["produce_requests"])
+            print(
+                f"r{rnd} direct: broker {base_cpu:.2f} CPU s over {base.seconds:.1f} s, "
+                f"{base_requests} requests ({args.records / base_requests:.2f} records each): "
+                f"{base_cpu / base_requests * 1e6:.0f} µs/request, "
+                f"p50 {base.latency_ms['p50']:.1f} ms, JIT {jit:.2f} CPU s, load {load:.1f}",
+                flush=True,
+            )
             profiler = None
             if args.profile:
                 args.profile.mkdir(parents=True, exist_ok=True)
@@ -109,11 +140,13 @@ def main() -> int:
                 profiler = PySpy(proxy.pid, out, rate=500)
                 profiler.start()
             requests0, (user0, sys0) = _produce_requests(url), cpu_split(proxy.pid)
+            broker0 = sum(cpu_split(broker))
             load = os.getloadavg()[0]
             result = librdkafka_produce(
                 proxy.bootstrap, topic, args.records, args.record_size, args.rate, paced
             )
             user, system = cpu_split(proxy.pid)
+            broker_cpu = sum(cpu_split(broker)) - broker0
             if profiler is not None:
                 profiler.stop()
             requests = _produce_requests(url) - requests0
@@ -121,28 +154,44 @@ def main() -> int:
             row = {
                 "round": rnd, "seconds": result.seconds, "latency_ms": result.latency_ms,
                 "proxy_cpu_s": cpu, "system_s": system - sys0, "requests": requests,
-                "load": load,
+                "load": load, "broker_cpu_s": broker_cpu,
+                "direct": {
+                    "broker_cpu_s": base_cpu, "jit_cpu_s": jit, "requests": base_requests,
+                    "seconds": base.seconds, "latency_ms": base.latency_ms,
+                },
             }  # fmt: skip
             rounds.append(row)
             print(
                 f"r{rnd}: {cpu:.2f} CPU s over {result.seconds:.1f} s, {requests:.0f} requests "
                 f"({args.records / requests:.2f} records each): "
                 f"{cpu / requests * 1e6:.0f} µs/request, p50 {result.latency_ms['p50']:.1f} ms "
-                f"p99 {result.latency_ms['p99']:.1f} ms, load {load:.1f}",
+                f"p99 {result.latency_ms['p99']:.1f} ms, broker {broker_cpu:.2f} CPU s, "
+                f"load {load:.1f}",
                 flush=True,
             )
         del admin
     print(f"\nproxy code {facts['proxy_code']}; {facts['date']}\n")
-    print("| round | owner CPU µs per request | records per request | CPU s per GiB | p50 ms |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print(
+        "| round | path | CPU µs per request | records per request | CPU s per GiB "
+        "| and the broker's, beside the owner | p50 ms |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     gib = args.records * args.record_size / 2**30
     for row in rounds:
-        print(
-            f"| {row['round']} | {row['proxy_cpu_s'] / row['requests'] * 1e6:.0f} | "
-            f"{args.records / row['requests']:.2f} | {row['proxy_cpu_s'] / gib:.1f} | "
-            f"{row['latency_ms']['p50']:.1f} |"
-        )
-    print(f"\nbackground (idle, no client): {idle:.3f} CPU s per s")
+        d = row["direct"]
+        for path, cpu, jit, requests, beside, p50 in (
+            ("direct (the broker)", d["broker_cpu_s"], d["jit_cpu_s"], d["requests"], None,
+             d["latency_ms"]),
+            ("tiered (the owner)", row["proxy_cpu_s"], 0.0, row["requests"], row["broker_cpu_s"],
+             row["latency_ms"]),
+        ):  # fmt: skip
+            warm = f" ({(cpu - jit) / requests * 1e6:.0f} without JIT)" if jit else ""
+            print(
+                f"| {row['round']} | {path} | {cpu / requests * 1e6:.0f}{warm} "
+                f"| {args.records / requests:.2f} | {cpu / gib:.1f} "
+                f"| {'–' if beside is None else f'{beside / gib:.1f}'} | {p50['p50']:.1f} |"
+            )
+    print(f"\nbackground (idle, no client): proxy {idle:.3f}, broker {broker_idle:.3f} CPU s per s")
     if profiles:
         profile = summarize_pyspy(profiles, top=25)
         print(f"\npy-spy: {profile.samples} busy samples, {profile.idle_samples} idle")
@@ -152,7 +201,8 @@ def main() -> int:
             b = profile.groups[i] if i < len(profile.groups) else ("", 0)
             share = lambda n: f"{n / profile.samples:.1%}" if n else ""  # noqa: E731
             print(f"| {share(a[1])} | `{a[0]}` | | {share(b[1])} | `{b[0]}` |")
-    write_json(args.json, {**facts, "idle_cpu_s_per_s": idle, "rounds": rounds})
+    idles = {"idle_cpu_s_per_s": idle, "broker_idle_cpu_s_per_s": broker_idle}
+    write_json(args.json, {**facts, **idles, "rounds": rounds})
     return 0
 
 

@@ -238,11 +238,20 @@ def librdkafka_produce(
     rate: int | None = None,
     settings: dict[str, str] | None = None,
     stamp: bool = False,
+    count_requests: bool = False,
 ) -> ProduceResult:
     """Latency is from produce() to the delivery report, per record (perf_counter_ns).
     `settings`: more producer settings (client.id, batch.size, ...). `stamp`: each value
     starts with time.time_ns() at its produce() (8 bytes, big-endian), for end-to-end
-    latency."""
+    latency. `count_requests`: `details["produce_requests"]` is the Produce requests the
+    client sent over the run, from librdkafka's statistics (its brokers' `req.Produce`)."""
+    stats: list[int] = []
+
+    def on_stats(text: str) -> None:
+        brokers = json.loads(text).get("brokers", {}).values()
+        stats.append(sum(broker.get("req", {}).get("Produce", 0) for broker in brokers))
+
+    counting = {"statistics.interval.ms": 100, "stats_cb": on_stats} if count_requests else {}
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -251,8 +260,12 @@ def librdkafka_produce(
             "client.id": "tierproxy-bench",
         }
         | (settings or {})
+        | counting
     )
     producer.list_topics(topic, timeout=30)  # connections and metadata before the clock
+    if count_requests:
+        _next_stats(producer, stats)
+    sent_before = stats[-1] if stats else 0
     value = os.urandom(record_size)
     latencies: list[int] = []
     errors: list[str] = []
@@ -288,7 +301,21 @@ def librdkafka_produce(
             f"(first: {errors[:1]}), {len(latencies)} reports of {records}"
         )
     mb_per_s = records * record_size / MIB / seconds
-    return ProduceResult(records, mb_per_s, percentiles(latencies), seconds)
+    result = ProduceResult(records, mb_per_s, percentiles(latencies), seconds)
+    if count_requests:  # a report made after the last delivery counts every request
+        result.details["produce_requests"] = _next_stats(producer, stats) - sent_before
+    return result
+
+
+def _next_stats(producer: Producer, stats: list[int], timeout: float = 5.0) -> int:
+    """The Produce requests sent, from the next statistics report librdkafka makes."""
+    seen = len(stats)
+    deadline = time.monotonic() + timeout
+    while len(stats) == seen:
+        if time.monotonic() > deadline:
+            raise RuntimeError("librdkafka made no statistics report")
+        producer.poll(0.05)
+    return stats[-1]
 
 
 def librdkafka_consume(bootstrap: str, topic: str, records: int, group: str) -> ConsumeResult:
