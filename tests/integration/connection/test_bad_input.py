@@ -326,14 +326,51 @@ def test_a_fault_in_the_relay_closes_that_connection_alone(
     assert wire.size.unpack_from(bad.read_frame())[0] == 1
     bad.send(wire.produce(2, 9, marker, [b"never forwarded"], acks=1))
     assert bad.closed_by_peer(timeout=10), "the proxy kept the connection open"
+    _one_relay_error(warnings_log, bad.local, "requests")
+    witness.still_served()  # its Produce goes through the same relay, unharmed
+
+
+def test_a_fault_in_the_answer_relay_closes_that_connection_alone(
+    small_frames_proxy, raw, wire, witness, warnings_log, monkeypatch
+):
+    """An answer the relay (sending answers on from the upstream reader's callback) fails
+    on is the proxy's own fault too: that client's connection closes with one error
+    naming it, the direction and the cause; upstream is not blamed, and every other
+    connection is served on."""
+    from proxy.server import connection
+
+    rewrites = connection.ClientConnection._rewritten
+    armed: set[str] = set()
+
+    def breaks_when_armed(self, api, slot, framed):
+        if self.peer in armed:
+            raise RuntimeError("a fault planted in the answer relay")
+        return rewrites(self, api, slot, framed)
+
+    monkeypatch.setattr(connection.ClientConnection, "_rewritten", breaks_when_armed)
+    proxy = small_frames_proxy
+    lost = proxy.metric("tierproxy_upstream_errors_total", reason="closed")
+    bad = raw(proxy.address)
+    bad.send(wire.metadata(1))
+    assert wire.size.unpack_from(bad.read_frame())[0] == 1  # rewritten, sent on
+    armed.add(bad.local)  # the upstream loop waits for the next answer: the relay's
+    bad.send(wire.metadata(2))
+    assert bad.closed_by_peer(timeout=10), "the proxy kept the connection open"
+    _one_relay_error(warnings_log, bad.local, "answers")
+    assert proxy.metric("tierproxy_upstream_errors_total", reason="closed") == lost
+    witness.still_served()  # its answers go through the same relay, unharmed
+
+
+def _one_relay_error(warnings_log, client: str, direction: str) -> None:
+    """The one record said of `client`: an ERROR that the relay of `direction` failed,
+    with the planted RuntimeError as its cause."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not [
-        r for r in warnings_log.records if f"client {bad.local} " in r.getMessage()
+        r for r in warnings_log.records if f"client {client} " in r.getMessage()
     ]:
         time.sleep(0.01)
-    said = [r for r in warnings_log.records if f"client {bad.local} " in r.getMessage()]
+    said = [r for r in warnings_log.records if f"client {client} " in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
     assert said[0].levelno == logging.ERROR
-    assert "relaying requests failed" in said[0].getMessage()
+    assert f"relaying {direction} failed" in said[0].getMessage()
     assert said[0].exc_info is not None and isinstance(said[0].exc_info[1], RuntimeError)
-    witness.still_served()  # its Produce goes through the same relay, unharmed
