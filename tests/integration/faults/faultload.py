@@ -242,6 +242,10 @@ class FleetConsumer:
         self.records: dict[int, list[tuple[int, bytes]]] = {p: [] for p in starts}
         self.position: dict[int, int] = dict(starts)  # the next offset expected
         self.errors: Counter[str] = Counter()
+        # the latest error of each partition with its text, the time and the position then
+        # (an _AUTO_OFFSET_RESET says there whether the answer was OFFSET_OUT_OF_RANGE or
+        # a log truncation, and from which broker)
+        self.last_error: dict[int, str] = {}
         self.client_log: list[str] = []
         self.consumed_at = 0.0  # time.monotonic() of the last consume() call returning
         self._stats: tuple[float, str] | None = None  # (when, librdkafka's statistics JSON)
@@ -322,6 +326,9 @@ class FleetConsumer:
                 for msg in messages:
                     if msg.error() is not None:
                         self.errors[msg.error().name()] += 1
+                        at = self.position.get(msg.partition(), -1)
+                        when = time.strftime("%H:%M:%S")
+                        self.last_error[msg.partition()] = f"{when} at {at}: {msg.error().str()}"
                         continue
                     partition, offset = msg.partition(), msg.offset()
                     self.records[partition].append((offset, msg.value()))

@@ -207,7 +207,8 @@ class Injector:
             return (
                 f"consumer behind: (position, acknowledged end) {behind}; last "
                 f"acknowledgement (s ago) {acked}; shard owners {self.fleet.owners()}; "
-                f"{self.consumer.state()}; its errors {dict(self.consumer.errors)}, last "
+                f"{self.consumer.state()}; its errors {dict(self.consumer.errors)} (the latest "
+                f"per partition {self.consumer.last_error}), last "
                 f"log lines {log}"
             )
         return None
