@@ -1,7 +1,8 @@
 """A connection's Produce requests reach the tiered partitions in the order they came,
-whatever their partition counts (tiered/produce.py): a request of one partition is one
-task and a request of many is a task per partition, and every partition of a request is
-handed on before any of the connection's next request.
+whatever their partition counts (tiered/produce.py): every partition of a request is
+handed on before any of the connection's next request. A shortcut that awaited a
+one-partition request inside its own task, while a request of many partitions starts a
+task per partition, would break that order; this test fails for it.
 
 The host here is a stand-in for `TieringService` that records the order of its
 `produce` calls: what is tested is the order the plans start their partitions in, pure
