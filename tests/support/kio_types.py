@@ -36,3 +36,25 @@ def topic_key(version: int, name: str) -> str | uuid.UUID:
     """A topic as Produce and Fetch name it: by name, by id from v13 (an id derived from
     the name, so a test names the same topic alike in every version)."""
     return uuid.uuid5(uuid.NAMESPACE_DNS, name) if version >= 13 else name
+
+
+def produce_request(version: int, layout, *, transactional_id=None, acks=-1, timeout_ms=1500):
+    """kio's ProduceRequest of `version`: `layout` maps a topic's name to its
+    [(partition, records)] (records None: a null records field)."""
+    m = mod(load_types(0, "request"), version)
+    topics = tuple(
+        m.TopicProduceData(
+            **{"topic_id" if version >= 13 else "name": topic_key(version, name)},
+            partition_data=tuple(
+                m.PartitionProduceData(index=index, records=records)
+                for index, records in partitions
+            ),
+        )
+        for name, partitions in layout.items()
+    )
+    return m.ProduceRequest(
+        transactional_id=transactional_id,
+        acks=acks,
+        timeout=datetime.timedelta(milliseconds=timeout_ms),
+        topic_data=topics,
+    )

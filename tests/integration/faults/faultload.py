@@ -245,7 +245,7 @@ class FleetConsumer:
         # the latest error of each partition with its text, the time and the position then
         # (an _AUTO_OFFSET_RESET says there whether the answer was OFFSET_OUT_OF_RANGE or
         # a log truncation, and from which broker)
-        self.last_error: dict[int, str] = {}
+        self.last_error: dict[int | None, str] = {}  # partition (None: client-wide) -> text
         self.client_log: list[str] = []
         self.consumed_at = 0.0  # time.monotonic() of the last consume() call returning
         self._stats: tuple[float, str] | None = None  # (when, librdkafka's statistics JSON)

@@ -22,7 +22,7 @@ from proxy.apis.api00_produce import (
 from proxy.kafka.codec import decode, encode
 from proxy.kafka.frames import FrameError
 from tests.support.batches import seeded_batch as batch
-from tests.support.kio_types import mod, served
+from tests.support.kio_types import mod, produce_request, served
 from tests.support.kio_types import topic_key as key
 
 REQUESTS, RESPONSES, VERSIONS = served(0)
@@ -42,24 +42,8 @@ LAYOUT = {
 }
 
 
-def request(version: int, layout=None, *, transactional_id=None, acks=-1, timeout_ms=1500):
-    m = mod(REQUESTS, version)
-    topics = tuple(
-        m.TopicProduceData(
-            **{"topic_id" if version >= 13 else "name": key(version, name)},
-            partition_data=tuple(
-                m.PartitionProduceData(index=index, records=records)
-                for index, records in partitions
-            ),
-        )
-        for name, partitions in (LAYOUT if layout is None else layout).items()
-    )
-    return m.ProduceRequest(
-        transactional_id=transactional_id,
-        acks=acks,
-        timeout=datetime.timedelta(milliseconds=timeout_ms),
-        topic_data=topics,
-    )
+def request(version: int, layout=None, **options):
+    return produce_request(version, LAYOUT if layout is None else layout, **options)
 
 
 def only(layout, keep):

@@ -21,7 +21,7 @@ from proxy.kafka.codec import encode
 from proxy.metrics import Stages
 from proxy.tiered.produce import plan_produce
 from tests.support.batches import seeded_batch as batch
-from tests.unit.protocol.test_produce_split import request
+from tests.support.kio_types import produce_request
 
 VERSION = 9
 
@@ -60,7 +60,7 @@ class _Host:
 
 
 def _plan(host: _Host, layout: dict):
-    body = memoryview(encode(request(VERSION, layout)))
+    body = memoryview(encode(produce_request(VERSION, layout)))
     return plan_produce(host, memoryview(b""), body, VERSION)
 
 
