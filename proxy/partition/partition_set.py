@@ -18,6 +18,7 @@ them again.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from proxy.clock import now_ms
@@ -30,8 +31,11 @@ from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.partition.txn_gate import Verify
 from proxy.reads.logcache import LogCache
+from proxy.records.batches import BatchHeader
 from proxy.wal.port import Log
 from proxy.wal.types import WalEntry
+
+log = logging.getLogger("tierproxy.tiering")
 
 __all__ = ["PartitionSet"]
 
@@ -103,6 +107,7 @@ class PartitionSet:
                 on_broken=self._broken_partition,
                 read_upstream=read_upstream,
             )
+            _log_rebuilt(partition, metadata, batches.get(stream, []))
             self.add(partition, () if tail is None else tail.entries(stream))
 
     def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
@@ -170,3 +175,30 @@ class PartitionSet:
             self.log_cache.drop(stream_id)
         if self._on_broken is not None:
             self._on_broken(stream_id, error)
+
+
+def _log_rebuilt(
+    partition: TieredPartition, metadata: MetadataState, wal_batches: Sequence[BatchHeader]
+) -> None:
+    """One line per rebuilt partition, as Kafka logs each log it loads: where its log and
+    its producer state came from, for reading a failure after the fact."""
+    info = metadata.stream(partition.stream_id)
+    snapshot = metadata.producer_snapshot(partition.stream_id)
+    wal = (
+        f"{len(wal_batches)} WAL batches [{wal_batches[0].base_offset}, "
+        f"{wal_batches[-1].next_offset})"
+        if wal_batches
+        else "no WAL batches"
+    )
+    log.info(
+        "stream %d rebuilt at shard %d epoch %d: log [%d, %d), committed end %s, producer "
+        "state from %s, %s",
+        partition.stream_id,
+        metadata.shard,
+        metadata.epoch,
+        partition.log_start_offset,
+        partition.high_watermark,
+        None if info is None else info.end_offset,
+        "no snapshot" if snapshot is None else f"the snapshot at {snapshot.offset}",
+        wal,
+    )

@@ -149,12 +149,7 @@ async def test_a_member_taken_over_uncleanly_does_not_bring_back_its_stale_wal_e
     (its stale batches neither replayed nor served: before, they came back as the log past
     proxy-b's end), and its uploader trims them without uploading them."""
     shard = Shard()  # claimed by proxy-a at epoch 1
-    async with await WriteAheadLog.open(config_for(tmp_path / "a")) as wal:
-        old = PartitionSet(wal)
-        await old.recover([S0], shard.state)
-        for n in range(5):
-            ok(await old.produce(S0, nth(PID, n), -1), CUTOVER + RECORDS * n)
-        await old.close()  # killed: nothing uploaded
+    await five_acknowledged_then_killed(tmp_path / "a", shard)
     shard.write(ShardClaim(0, 2, "proxy-b", NOW_MS))  # the unclean takeover
     async with LocalDirectoryStore(tmp_path / "objects") as store:
         async with await WriteAheadLog.open(config_for(tmp_path / "b")) as wal:
@@ -185,6 +180,17 @@ async def test_a_member_taken_over_uncleanly_does_not_bring_back_its_stale_wal_e
         assert shard.state.stream_end(S0) == CUTOVER + 9
         blocks = [b async for b in committed_blocks(store, shard.state, S0, CUTOVER, CUTOVER + 9)]
         assert [h.producer_id for b in blocks for h in b.headers] == [8, 8, 8]
+
+
+async def five_acknowledged_then_killed(wal_dir, shard: Shard) -> None:
+    """A proxy with its WAL in `wal_dir` acknowledges five batches of S0 (one producer),
+    none uploaded, and stops as if killed."""
+    async with await WriteAheadLog.open(config_for(wal_dir)) as wal:
+        partitions = PartitionSet(wal)
+        await partitions.recover([S0], shard.state)
+        for n in range(5):
+            ok(await partitions.produce(S0, nth(PID, n), -1), CUTOVER + RECORDS * n)
+        await partitions.close()  # killed: nothing uploaded
 
 
 def service_of(partitions: PartitionSet, shard: Shard, store=None, **epochs: int):
@@ -300,3 +306,24 @@ async def test_the_claim_watch_disowns_when_the_shards_reader_reads_another_memb
     with caplog.at_level(logging.ERROR, logger="tierproxy.tiering"):
         shards.ClaimWatch(service_of(None, shard)).record(0)
     assert caplog.records == []
+
+
+async def test_each_rebuilt_partition_logs_where_its_log_and_state_came_from(tmp_path, caplog):
+    """A restart after five acknowledged batches (none uploaded): the rebuild logs, as
+    Kafka logs each log it loads, the log it serves and where it came from, so a failure
+    can be read from the proxy's log after the fact. The log starts at 0: Kafka's log below
+    the cutover is the stream's too."""
+    shard = Shard()
+    await five_acknowledged_then_killed(tmp_path / "a", shard)
+    end = CUTOVER + 5 * RECORDS
+    caplog.set_level(logging.INFO, logger="tierproxy.tiering")
+    async with await WriteAheadLog.open(config_for(tmp_path / "a")) as wal:
+        partitions = PartitionSet(wal)
+        await partitions.recover([S0], shard.state)
+        assert partitions.get(S0).high_watermark == end
+        await partitions.close()
+    rebuilt = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
+    assert rebuilt == [
+        f"stream {S0} rebuilt at shard 0 epoch 1: log [0, {end}), committed end "
+        f"{CUTOVER}, producer state from no snapshot, 5 WAL batches [{CUTOVER}, {end})"
+    ]
