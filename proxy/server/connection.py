@@ -141,7 +141,11 @@ class ClientConnection:
         self._upstream_transport: asyncio.WriteTransport | None = None
         self._upstream_protocol: FrameProtocol | None = None
         self._client_protocol = cast(FrameProtocol, client_writer.transport.get_protocol())
-        self._tiered_keys = TIERED_API_KEYS if proxy.tiering is not None else frozenset()
+        # From the config, not from `proxy.tiering`: the broker listeners open before the
+        # tiered service exists, and a connection accepted then is served once it does
+        # (`Proxy._serving`). Taken from `proxy.tiering` here, such a connection relayed
+        # every Fetch and Produce of tiered partitions to Kafka for its whole life.
+        self._tiered_keys = TIERED_API_KEYS if proxy.config.tiering.enabled else frozenset()
         self._publish_timer: asyncio.TimerHandle | None = None
         # Requests larger than the limit are judged by their size before the body is read.
         client_reader.set_relay(None, self._max_frame + 4)
