@@ -82,7 +82,7 @@ class _Request:
 @dataclass(slots=True, eq=False)
 class _InFlight:
     pending: PendingAppend
-    write: asyncio.Task[WalPosition]
+    write: asyncio.Future[WalPosition]  # the WAL's answer (`Log.submit`)
     # the request and retries of it: (answer, base offset, log append time)
     waiters: list[tuple[asyncio.Future[ProduceResult], int, int]]
     started: float = 0.0  # perf_counter() when handed to the WAL, if `stages` are observed
@@ -126,6 +126,9 @@ class TieredPartition:
         self._wake: asyncio.Future[None] | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # the loop the partition runs on, bound at start(): asyncio.get_running_loop() asks
+        # the kernel for the pid on each call (CPython 3.11), a cost per request here
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def recover(
@@ -163,7 +166,8 @@ class TieredPartition:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"partition {self.stream_id}")
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name=f"partition {self.stream_id}")
 
     async def __aenter__(self) -> TieredPartition:
         self.start()
@@ -227,7 +231,8 @@ class TieredPartition:
         if not self._open:
             self._dropped(records)
             return None if acks == 0 else not_owner(self.stream_id)
-        future = None if acks == 0 else asyncio.get_running_loop().create_future()
+        loop = self._loop or asyncio.get_running_loop()
+        future = None if acks == 0 else loop.create_future()
         request = _Request(records, future, log_append_time)
         if self.stages is not None:
             request.queued_at = time.perf_counter()
@@ -401,11 +406,12 @@ class TieredPartition:
                 item = next(i for i in self._in_flight if i.pending is result.awaiting)
                 item.waiters.append((future, result.base_offset, result.log_append_time_ms))
         else:
-            # Tasks start in creation order, so the WAL queues the writes in sequence order
-            # and makes them durable in that order.
-            write = asyncio.create_task(
-                self._wal.append(self.stream_id, result.base_offset, result.records)
-            )
+            # Queued in the WAL now, in sequence order, and made durable in that order.
+            try:
+                write = self._wal.submit(self.stream_id, result.base_offset, result.records)
+            except Exception as exc:  # closed or broken: answered by _settle, in order
+                write = (self._loop or asyncio.get_running_loop()).create_future()
+                write.set_exception(exc)
             write.add_done_callback(self._written)
             waiters = (
                 [] if future is None else [(future, result.base_offset, result.log_append_time_ms)]
@@ -415,7 +421,7 @@ class TieredPartition:
                 in_flight.started = time.perf_counter()
             self._in_flight.append(in_flight)
 
-    def _written(self, write: asyncio.Task[WalPosition]) -> None:
+    def _written(self, write: asyncio.Future[WalPosition]) -> None:
         if not write.cancelled():
             write.exception()  # retrieved here; _settle reads it in order
         self._poke()

@@ -79,20 +79,34 @@ def plan_produce(
             if any((t.topic, p.index) not in tiered_keys for p in t.partitions)
         )
     tiering.stages.since("decode", started)  # read, split by partition, per batch header
-    local = asyncio.ensure_future(_produce_local(tiering, view, tiered))
-    return ProducePlan(view, frame, local, kept, tiered_keys)
+    return ProducePlan(view, frame, _produce_local(tiering, view, tiered), kept, tiered_keys)
 
 
-async def _produce_local(
+def _produce_local(
     tiering: ProduceHost, view: ProduceRequestView, tiered: list[TieredPartition]
-) -> list[PartitionResult]:
-    # Each partition's produce is started now, in request order (a task's first step runs
-    # in creation order), and awaited together: partitions do not wait for one another.
+) -> asyncio.Future[list[PartitionResult]]:
+    """Each tiered partition's produce, started now, in request order, and gathered.
+
+    One task per partition, created here, in the connection's own step: a task's first
+    step runs in creation order, so every partition of this request is queued at its
+    sequencer before any partition of the connection's next request, whatever their
+    counts. The partitions do not wait for one another. One partition (a paced producer's
+    usual request) is one task and no gather."""
     started = time.perf_counter()
+    if len(tiered) == 1:
+        return asyncio.ensure_future(_alone(tiering, view, tiered[0], started))
     calls = [asyncio.ensure_future(_one(tiering, view, part)) for part in tiered]
-    results = list(await asyncio.gather(*calls))
+    gathered: asyncio.Future[list[PartitionResult]] = asyncio.gather(*calls)
+    gathered.add_done_callback(lambda _: tiering.stages.since("local", started))
+    return gathered
+
+
+async def _alone(
+    tiering: ProduceHost, view: ProduceRequestView, part: TieredPartition, started: float
+) -> list[PartitionResult]:
+    result = await _one(tiering, view, part)
     tiering.stages.since("local", started)  # every tiered partition of the request done
-    return results
+    return [result]
 
 
 async def _one(

@@ -391,7 +391,7 @@ class TieringService:
 
     async def _produce(self, part: Part) -> ProduceResult | None:
         found, partition, stream = part.topic, part.partition, part.stream
-        if self.state(stream).stream(stream) is None:
+        if self.state(stream).cutover(stream) is None:  # not tiered yet (no info copied)
             if not await self._wait_for_cutover(found, stream):
                 return ProduceResult(
                     ErrorCode.request_timed_out,

@@ -116,6 +116,7 @@ class WriteAheadLog(LogState):
         self._no_space_since: float | None = None  # a write found the disk full
         self._inbox: asyncio.Queue[_Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()  # built by `open`, on the loop it serves
         # called with each group's fsync time in seconds (the proxy's histogram), on the
         # writer thread: it must be thread-safe and cheap
         self.on_sync: Callable[[float], None] | None = None
@@ -163,11 +164,19 @@ class WriteAheadLog(LogState):
         """Write one record batch; return where it is once it is durable. Waits while the
         WAL is full. `batch` must not change until this returns. If the caller stops
         waiting (cancel), the entry may or may not end up in the WAL."""
+        return await self.submit(stream_id, base_offset, batch)
+
+    def submit(
+        self, stream_id: int, base_offset: int, batch: Buffer
+    ) -> asyncio.Future[WalPosition]:
+        """`append` without a coroutine: the write is queued now, behind every write
+        queued before it, and the future is its answer (the owner's hot path: no task per
+        append). Raises at once what `append` would (closed, broken, too large)."""
         self._check_open()
         header, size = entry_header(stream_id, base_offset, batch, self._config.capacity_bytes)
-        future: asyncio.Future[WalPosition] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[WalPosition] = self._loop.create_future()
         self._inbox.put_nowait(_Append(header, batch, size, future))
-        return await future
+        return future
 
     async def trim_to(self, offset: int) -> None:
         """Everything before WAL offset `offset` was uploaded and committed: release it.

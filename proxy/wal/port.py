@@ -7,6 +7,7 @@ one of the two has; mypy checks that both still fit it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -35,6 +36,10 @@ class Log(Protocol):
     def stats(self) -> WalStats: ...
 
     async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition: ...
+
+    def submit(
+        self, stream_id: int, base_offset: int, batch: Buffer
+    ) -> asyncio.Future[WalPosition]: ...
 
     async def trim_to(self, offset: int) -> None: ...
 

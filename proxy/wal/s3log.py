@@ -122,6 +122,7 @@ class S3WriteAheadLog(LogState):
         self._closed = False
         self._pending: collections.deque[_Append] = collections.deque()
         self._wakeup = asyncio.Event()
+        self._loop = asyncio.get_running_loop()  # built by `open`, on the loop it serves
         self._blocked_since: float | None = None
         self._task: asyncio.Task[None] | None = None
         # called with each PUT's time in seconds (the proxy's WAL latency histogram)
@@ -189,12 +190,19 @@ class S3WriteAheadLog(LogState):
     async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition:
         """Write one record batch; return where it is once its object is PUT. Waits while
         the WAL is full. `batch` must not change until this returns."""
+        return await self.submit(stream_id, base_offset, batch)
+
+    def submit(
+        self, stream_id: int, base_offset: int, batch: Buffer
+    ) -> asyncio.Future[WalPosition]:
+        """`append` without a coroutine: queued now, behind every write queued before it;
+        the future is its answer. Raises at once what `append` would."""
         self._check_open()
         header, size = entry_header(stream_id, base_offset, batch, self._config.capacity_bytes)
-        future: asyncio.Future[WalPosition] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[WalPosition] = self._loop.create_future()
         self._pending.append(_Append(header, batch, stream_id, base_offset, size, future))
         self._wakeup.set()
-        return await future
+        return future
 
     async def trim_to(self, offset: int) -> None:
         """Everything before WAL offset `offset` was uploaded and committed: release it,
