@@ -29,6 +29,7 @@ from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block, kafka_libs
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import stream_id
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -192,7 +193,13 @@ def test_every_client_reads_a_tiered_topic_across_the_cutover(kafka_cluster, tmp
         assert sum(cutover.values()) == BEFORE
         acked |= _produce(proxy.bootstrap, topic, "middle", MIDDLE)
         proxy.run(lambda: tiering.uploader.flush())
-        assert all(tiering.state(s).stream_end(s) > cutover[p] for p, s in enumerate(streams))
+        # flush() returns once the shards' owner wrote the commits; the service's own
+        # metadata readers (what `state` is) apply them when they read them, a moment on
+        wait_until(
+            lambda: all(tiering.state(s).stream_end(s) > cutover[p] for p, s in enumerate(streams)),
+            30,
+            "the uploads' commits read by the service",
+        )
         acked |= _produce(proxy.bootstrap, topic, "tail", TAIL)
         total = BEFORE + MIDDLE + TAIL
         assert len(acked) == total
