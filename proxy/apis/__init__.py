@@ -36,6 +36,7 @@ from proxy.apis import (
     api23_offset_for_leader_epoch,
     api24_add_partitions_to_txn,
     api60_describe_cluster,
+    api61_describe_producers,
 )
 from proxy.kafka.rewrite import Advertise, Rewriter
 
@@ -113,6 +114,8 @@ HANDLING: dict[int, ApiHandling] = {
             "DescribeCluster",
             api60_describe_cluster.rewrite_response,
         ),
+        # A tiered partition's producers are its owner's, not Kafka's (tiered/producers.py)
+        ApiHandling(api61_describe_producers.API_KEY, "DescribeProducers", tiered=Tiered.SPLIT),
     )
 }
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.clock import now_ms
 from proxy.metadata.state import MetadataState
 from proxy.metrics import Stages
@@ -260,6 +261,12 @@ class TieredPartition:
         """The producer has a transaction open here (pending appends included)."""
         entry = self._sequencer.producer_state(producer_id)
         return entry is not None and entry.current_txn_first_offset is not None
+
+    def producers(self) -> tuple[DescribedProducer, ...]:
+        """The partition's producers as DescribeProducers answers them (Kafka's active
+        producers: the committed state, in producer id order)."""
+        states = self._sequencer.producer_states
+        return tuple(states[pid].described() for pid in sorted(states))
 
     def has_transaction_of(self, producer_id: int) -> bool:
         """The producer has a transaction open here (pending appends included) or a batch

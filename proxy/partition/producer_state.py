@@ -15,9 +15,11 @@ Pure: no I/O, no asyncio.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kio.schema.errors import ErrorCode
+
+from proxy.apis.api61_describe_producers import DescribedProducer
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -65,7 +67,11 @@ class ProducerStateEntry:
     """What a partition knows of one producer id. `batches` is oldest first, at most 5,
     all of `producer_epoch`. `last_timestamp` is when it was last used (for expiration).
     `current_txn_first_offset`: the first offset of its open transaction in this
-    partition, None if none is open; `coordinator_epoch`: that of its last marker."""
+    partition, None if none is open; `coordinator_epoch`: that of its last marker.
+    `written_timestamp`: the timestamp of what it last wrote (the max timestamp of its
+    last batch, or its last marker's), which Kafka keeps as the entry's lastTimestamp and
+    DescribeProducers shows; None when not known (restored from a snapshot, which does not
+    hold it: `described` then takes the last batch's). Not compared: it only describes."""
 
     producer_id: int
     producer_epoch: int
@@ -73,10 +79,26 @@ class ProducerStateEntry:
     batches: tuple[BatchMetadata, ...] = ()
     coordinator_epoch: int = NO_COORDINATOR_EPOCH
     current_txn_first_offset: int | None = None
+    written_timestamp: int | None = field(default=None, compare=False)
 
     @property
     def last_seq(self) -> int:
         return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    def described(self) -> DescribedProducer:
+        """This producer as Kafka's DescribeProducers answers it."""
+        written = self.written_timestamp
+        if written is None:
+            written = self.batches[-1].timestamp if self.batches else NO_TIMESTAMP
+        first = self.current_txn_first_offset
+        return DescribedProducer(
+            self.producer_id,
+            self.producer_epoch,
+            self.last_seq,
+            written,
+            self.coordinator_epoch,
+            -1 if first is None else first,
+        )
 
     def find_duplicate(
         self, producer_epoch: int, first_seq: int, last_seq: int
@@ -105,15 +127,20 @@ class ProducerStateEntry:
             last_timestamp=now_ms,
             batches=(*kept, batch)[-NUM_BATCHES_TO_RETAIN:],
             current_txn_first_offset=first,
+            written_timestamp=batch.timestamp,
         )
 
     def with_marker(
-        self, producer_epoch: int, coordinator_epoch: int | None, now_ms: int
+        self,
+        producer_epoch: int,
+        coordinator_epoch: int | None,
+        now_ms: int,
+        marker_timestamp: int | None = None,
     ) -> ProducerStateEntry:
         """This entry after a transaction marker (Kafka's ProducerStateEntry.update): the
         transaction is over; a new epoch forgets the old epoch's batches.
         `coordinator_epoch` None keeps the known one (a replayed marker: its header does
-        not carry it)."""
+        not carry it). `marker_timestamp`: the marker's own (None: `now_ms`)."""
         kept = self.batches if producer_epoch == self.producer_epoch else ()
         coordinator = self.coordinator_epoch if coordinator_epoch is None else coordinator_epoch
         return replace(
@@ -123,6 +150,7 @@ class ProducerStateEntry:
             batches=kept,
             coordinator_epoch=coordinator,
             current_txn_first_offset=None,
+            written_timestamp=now_ms if marker_timestamp is None else marker_timestamp,
         )
 
 

@@ -273,7 +273,9 @@ class PartitionSequencer:
         completed = None
         if first is not None:
             completed = CompletedTxn(marker.producer_id, first, base, not marker.commit)
-        changed = entry.with_marker(marker.producer_epoch, marker.coordinator_epoch, now_ms)
+        changed = entry.with_marker(
+            marker.producer_epoch, marker.coordinator_epoch, now_ms, marker.timestamp
+        )
         pending = PendingAppend(
             out, base, base, append_time, {marker.producer_id: changed}, marker, completed
         )
@@ -345,7 +347,7 @@ class PartitionSequencer:
                 # in the record, not the header, so the known one is kept
                 self._markers.replayed.append((pid, epoch, header.max_timestamp))
                 if epoch >= entry.producer_epoch:
-                    self._set(pid, entry.with_marker(epoch, None, used))
+                    self._set(pid, entry.with_marker(epoch, None, used, header.max_timestamp))
             elif epoch >= entry.producer_epoch:  # an older epoch's batch changes nothing
                 delta = header.last_offset_delta
                 last_seq = increment_sequence(header.base_sequence, delta)

@@ -43,6 +43,13 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
     producer catch-up request
                      producer_id i64 (>= 0), timeout_ms i32 (>= 0); answered by an admin
                      response (protocol level 7)
+    producers request
+                     stream_id u64 (protocol level 9)
+    producers response
+                     error_code i16, producers count u32, then per producer:
+                     producer_id i64, producer_epoch i32, last_sequence i32,
+                     last_timestamp i64, coordinator_epoch i32,
+                     current_txn_start_offset i64 (-1: none)
 
 A new message is a new type, with a body of its own here and a protocol level in
 `codec.py` ("Protocol levels"); an optional trailer goes only to peers known to read it.
@@ -53,7 +60,9 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import astuple
 
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.messages import (
@@ -74,6 +83,8 @@ from proxy.peer.messages import (
     PingRequest,
     PingResponse,
     ProducerCatchUpRequest,
+    ProducersRequest,
+    ProducersResponse,
     TrimRequest,
     TrimResponse,
     buffer_size,
@@ -99,6 +110,9 @@ _PRODUCER_CATCH_UP = struct.Struct(">qi")  # producer_id, timeout_ms
 _CLEAN = struct.Struct(">QqI")  # stream_id, clean_end, objects count
 _CLEANED = struct.Struct(">QqqqH")  # object_id, size, start, end, replaces count
 _U64 = struct.Struct(">Q")
+_PRODUCERS = struct.Struct(">hI")  # error_code, producers count
+# producer id, epoch, last sequence, last timestamp, coordinator epoch, txn start offset
+_PRODUCER = struct.Struct(">qiiqiq")
 
 DIRECT = 1
 S3 = 2
@@ -111,6 +125,7 @@ PING_REQUEST, PING_RESPONSE = 10, 11
 CATCH_UP_REQUEST = 12
 PRODUCER_CATCH_UP_REQUEST = 13
 CLEAN_COMMIT_REQUEST = 14
+PRODUCERS_REQUEST, PRODUCERS_RESPONSE = 15, 16
 
 
 class PeerProtocolError(ValueError):
@@ -219,6 +234,14 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
     elif isinstance(message, ProducerCatchUpRequest):
         kind = PRODUCER_CATCH_UP_REQUEST
         body = _PRODUCER_CATCH_UP.pack(message.producer_id, message.timeout_ms)
+    elif isinstance(message, ProducersRequest):
+        kind = PRODUCERS_REQUEST
+        body = _U64.pack(message.stream_id)
+    elif isinstance(message, ProducersResponse):
+        kind = PRODUCERS_RESPONSE
+        parts = [_PRODUCERS.pack(message.error_code, len(message.producers))]
+        parts.extend(_PRODUCER.pack(*astuple(p)) for p in message.producers)
+        body = b"".join(parts)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return kind, body, tail
@@ -388,6 +411,21 @@ def _producer_catch_up_request(cur: _Cursor, cid: int) -> ProducerCatchUpRequest
     return ProducerCatchUpRequest(cid, *cur.fixed(_PRODUCER_CATCH_UP, "producer catch-up request"))
 
 
+def _producers_request(cur: _Cursor, cid: int) -> ProducersRequest:
+    return ProducersRequest(cid, cur.fixed(_U64, "producers request")[0])
+
+
+def _producers_response(cur: _Cursor, cid: int) -> ProducersResponse:
+    error_code, count = cur.fixed(_PRODUCERS, "producers response")
+    if count > (cur.end - cur.pos) // _PRODUCER.size:  # checked before anything is built
+        left = cur.end - cur.pos
+        raise PeerProtocolError(f"truncated producers response: {count} producers in {left} bytes")
+    producers = tuple(
+        DescribedProducer(*cur.fixed(_PRODUCER, "described producer")) for _ in range(count)
+    )
+    return ProducersResponse(cid, error_code, producers)
+
+
 DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     APPEND_REQUEST: _append_request,
     APPEND_RESPONSE: _append_response,
@@ -403,6 +441,8 @@ DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     PING_RESPONSE: _ping_response,
     CATCH_UP_REQUEST: _catch_up_request,
     PRODUCER_CATCH_UP_REQUEST: _producer_catch_up_request,
+    PRODUCERS_REQUEST: _producers_request,
+    PRODUCERS_RESPONSE: _producers_response,
 }
 
 

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import suppress
 
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
@@ -45,6 +46,8 @@ from proxy.peer.messages import (
     PingRequest,
     PingResponse,
     ProducerCatchUpRequest,
+    ProducersRequest,
+    ProducersResponse,
     TrimRequest,
     TrimResponse,
 )
@@ -407,6 +410,18 @@ class PeerClients:
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)
         return response.error_code, response.message
+
+    async def producers(
+        self, address: Address, stream_id: int
+    ) -> tuple[int, tuple[DescribedProducer, ...]]:
+        """(error code, producers) from the owner of `stream_id`, as DescribeProducers
+        answers them (only to an owner at `codec.PRODUCERS_PROTOCOL` or later)."""
+        request = ProducersRequest(0, stream_id)
+        response = await self._connection(address).call(
+            request, ProducersResponse, self.timeout_margin_s
+        )
+        assert isinstance(response, ProducersResponse)
+        return response.error_code, response.producers
 
     async def fetch(
         self,

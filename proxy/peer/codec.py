@@ -26,7 +26,8 @@ Every message is one frame, big-endian::
                                       10 ping request, 11 ping response,
                                       12 catch-up request, 13 producer catch-up
                                       request, 14 clean commit request (all three
-                                      answered by an admin response)
+                                      answered by an admin response),
+                                      15 producers request, 16 producers response
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -58,6 +59,8 @@ InitProducerId is answered without an older member's partitions caught up, as be
 8: the clean commit request (sent by `tierproxy clean`, not proxies, except a proxy
 handing it on to the shard's owner: an owner older than 8 closes the connection, which
 the job reports as a commit not made).
+9: the producers request (DescribeProducers on a tiered partition; sent only to an owner at
+9 or later: a partition whose owner is older is answered NOT_LEADER_OR_FOLLOWER).
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -85,6 +88,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "CATCH_UP_PROTOCOL",
     "CLEAN_COMMIT_PROTOCOL",
+    "PRODUCERS_PROTOCOL",
     "PRODUCER_CATCH_UP_PROTOCOL",
     "HEADER_SIZE",
     "PROTOCOL",
@@ -102,13 +106,14 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 8  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 9  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
 TXN_PROTOCOL = 6  # the first level that reads the append request's transaction trailer
 PRODUCER_CATCH_UP_PROTOCOL = 7  # the first level that reads the producer catch-up request
 CLEAN_COMMIT_PROTOCOL = 8  # the first level that reads the clean commit request
+PRODUCERS_PROTOCOL = 9  # the first level that reads the producers request
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
@@ -406,6 +407,42 @@ class ProducerCatchUpRequest:
         check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
 
 
+@dataclass(frozen=True, slots=True)
+class ProducersRequest:
+    """DescribeProducers on a tiered partition: the owner of `stream_id` answers its
+    producers as Kafka's leader would (`ProducersResponse`). Sent only to an owner at
+    `codec.PRODUCERS_PROTOCOL` or later."""
+
+    correlation_id: int
+    stream_id: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("stream_id", self.stream_id, 0, (1 << 64) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducersResponse:
+    """The answer to a ProducersRequest: Kafka's error code (NOT_LEADER_OR_FOLLOWER: the
+    stream is not served here) and the producers, none with an error."""
+
+    correlation_id: int
+    error_code: int
+    producers: tuple[DescribedProducer, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        check_range("producers count", len(self.producers), 0, U32_MAX)
+        for p in self.producers:
+            check_range("producer_id", p.producer_id, 0, I64_MAX)
+            check_range("producer_epoch", p.producer_epoch, -1, I32_MAX)
+            check_range("last_sequence", p.last_sequence, -1, I32_MAX)
+            check_range("last_timestamp", p.last_timestamp, -(1 << 63), I64_MAX)
+            check_range("coordinator_epoch", p.coordinator_epoch, -(1 << 31), I32_MAX)
+            check_range("current_txn_start_offset", p.current_txn_start_offset, -1, I64_MAX)
+
+
 PeerMessage = (
     AppendRequest
     | AppendResponse
@@ -421,6 +458,8 @@ PeerMessage = (
     | PingResponse
     | CatchUpRequest
     | ProducerCatchUpRequest
+    | ProducersRequest
+    | ProducersResponse
 )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from proxy import __version__
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.errors import TierproxyError
 from proxy.lifecycle import run_connection
 from proxy.partition.rules import ProduceResult
@@ -46,6 +47,8 @@ from proxy.peer.messages import (
     PingRequest,
     PingResponse,
     ProducerCatchUpRequest,
+    ProducersRequest,
+    ProducersResponse,
     TrimRequest,
     TrimResponse,
 )
@@ -65,6 +68,8 @@ OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
 OnCleanCommit = Callable[[CleanCommitRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[int, str]]]
+# stream id -> (error code, its producers as DescribeProducers shows them): in memory, no await
+OnProducers = Callable[[int], tuple[int, tuple[DescribedProducer, ...]]]
 
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
@@ -86,8 +91,11 @@ Request = (
     | PingRequest
     | CatchUpRequest
     | ProducerCatchUpRequest
+    | ProducersRequest
 )
-Answer = AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse
+Answer = (
+    AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse | ProducersResponse
+)
 READ_BYTES = 256 * 1024
 
 
@@ -106,7 +114,8 @@ class PeerServer:
     `on_clean_commit`, `tierproxy clean`'s commits, given `on_trim`, DeleteRecords on
     tiered partitions, given `on_catch_up`, the catch-up of a tiered partition's
     transaction markers before AddPartitionsToTxn is answered (and of a producer's
-    partitions before InitProducerId is);
+    partitions before InitProducerId is), given `on_producers`, DescribeProducers on
+    tiered partitions owned here;
     without a handler such a request is answered UNSUPPORTED_VERSION. A ping is answered
     with `name` (the proxy's fleet.name) and this code's version, without any handler.
 
@@ -130,6 +139,7 @@ class PeerServer:
         on_clean_commit: OnCleanCommit | None = None,
         on_trim: OnTrim | None = None,
         on_catch_up: OnCatchUp | None = None,
+        on_producers: OnProducers | None = None,
         name: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
@@ -144,6 +154,7 @@ class PeerServer:
         self._on_clean_commit = on_clean_commit
         self._on_trim = on_trim
         self._on_catch_up = on_catch_up
+        self._on_producers = on_producers
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
@@ -245,6 +256,8 @@ class PeerServer:
             response = await self._trim(request, peer)
         elif isinstance(request, CatchUpRequest | ProducerCatchUpRequest):
             response = await self._catch_up(request, peer)
+        elif isinstance(request, ProducersRequest):
+            response = self._producers(request, peer)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
@@ -314,6 +327,16 @@ class PeerServer:
         except Exception as exc:
             log.exception("trim of stream %d from %s failed", request.stream_id, peer)
             return TrimResponse(cid, ErrorCode.unknown_server_error, -1, _describe(exc))
+
+    def _producers(self, request: ProducersRequest, peer: str) -> ProducersResponse:
+        cid = request.correlation_id
+        if self._on_producers is None:
+            return ProducersResponse(cid, ErrorCode.unsupported_version)
+        try:
+            return ProducersResponse(cid, *self._on_producers(request.stream_id))
+        except Exception:
+            log.exception("producers of stream %d for %s failed", request.stream_id, peer)
+            return ProducersResponse(cid, ErrorCode.unknown_server_error)
 
     async def _catch_up(
         self, request: CatchUpRequest | ProducerCatchUpRequest, peer: str

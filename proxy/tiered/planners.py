@@ -18,6 +18,7 @@ from proxy.apis import api21_delete_records as api21
 from proxy.apis import api22_init_producer_id as api22
 from proxy.apis import api23_offset_for_leader_epoch as api23
 from proxy.apis import api24_add_partitions_to_txn as api24
+from proxy.apis import api61_describe_producers as api61
 from proxy.apis.api00_produce import TopicKey
 from proxy.kafka.frames import framed
 from proxy.tiered.deletes import plan_delete_records
@@ -26,6 +27,7 @@ from proxy.tiered.fencing import plan_init_producer_id
 from proxy.tiered.fetch import plan_fetch
 from proxy.tiered.offsets import plan_list_offsets
 from proxy.tiered.produce import plan_produce
+from proxy.tiered.producers import plan_describe_producers
 from proxy.tiered.txn import plan_add_partitions_to_txn
 
 
@@ -97,6 +99,10 @@ async def _add_partitions_to_txn(tiering, r: TieredRequest) -> Plan | None:
     return plan_add_partitions_to_txn(tiering, framed(r.head, r.body), r.body, r.api_version)
 
 
+async def _describe_producers(tiering, r: TieredRequest) -> Plan | None:
+    return plan_describe_producers(tiering, r.head, r.body, r.api_version)
+
+
 # (tiering service, request) -> the plan, or None to forward the request as it came;
 # FrameError if the request cannot be read
 Planner = Callable[[Any, TieredRequest], Awaitable[Plan | None]]
@@ -109,6 +115,7 @@ PLANNERS: dict[int, Planner] = {
     api22.API_KEY: _init_producer_id,
     api23.API_KEY: _offset_for_leader_epoch,
     api24.API_KEY: _add_partitions_to_txn,
+    api61.API_KEY: _describe_producers,
 }
 if PLANNERS.keys() != TIERED_API_KEYS:  # the registry and the planners say the same
     raise AssertionError(f"tiered planners {sorted(PLANNERS)} != {sorted(TIERED_API_KEYS)}")

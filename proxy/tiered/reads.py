@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.apis.fetch_split import (
     FetchPartitionView,
     TieredFetchPartition,
@@ -42,7 +43,7 @@ from proxy.objects.store import ObjectStoreError
 from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients
-from proxy.peer.codec import STABLE_PROTOCOL, frame_size
+from proxy.peer.codec import PRODUCERS_PROTOCOL, STABLE_PROTOCOL, frame_size
 from proxy.peer.messages import FetchRequest, FetchResponse
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
@@ -139,6 +140,36 @@ class TieredReads:
         end = self._committed_end(stream)
         tail = await self._owner_tail(stream, end, 0, 0)
         return max(end, tail.high_watermark) if tail is not None else None
+
+    def producers_here(self, stream: int) -> tuple[int, tuple[DescribedProducer, ...]]:
+        """A peer's DescribeProducers of a stream: its producers if it is served here, else
+        NOT_LEADER_OR_FOLLOWER."""
+        partition = self._partition(stream)
+        if partition is None:
+            return ErrorCode.not_leader_or_follower, ()
+        return ErrorCode.none, partition.producers()
+
+    async def owner_producers(self, stream: int) -> tuple[int, tuple[DescribedProducer, ...]]:
+        """(error code, the stream's producers as DescribeProducers answers them): the
+        partition's state here, else asked of its owner; NOT_LEADER_OR_FOLLOWER when no
+        owner answers (away, restarting, or of a release before `PRODUCERS_PROTOCOL`), as
+        a broker that is not the leader answers: the client asks again."""
+        partition = self._partition(stream)
+        if partition is not None:
+            return ErrorCode.none, partition.producers()
+        service = self.service
+        address = service.owner_address(stream)
+        owner = service.state(stream).owner
+        if address is None or service.peer_protocol(owner) < PRODUCERS_PROTOCOL:
+            return ErrorCode.not_leader_or_follower, ()
+        try:
+            code, producers = await service.peers.producers(address, stream)
+        except (ConnectionError, TimeoutError, OSError, RuntimeError) as exc:  # Runtime: closed
+            log.debug("producers of stream %d from %s: %r", stream, address, exc)
+            return ErrorCode.not_leader_or_follower, ()
+        if code != ErrorCode.none:
+            return ErrorCode.not_leader_or_follower, ()
+        return ErrorCode.none, producers
 
     async def owner_last_stable(self, stream: int) -> int | None:
         """The owner's last stable offset (read_committed's end), here or asked of the

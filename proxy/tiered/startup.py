@@ -253,6 +253,7 @@ async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> Non
         on_clean_commit=lambda request: commit_clean_job(service, service.log_cleaner, request),
         on_trim=lambda request: trim_stream(service, request),
         on_catch_up=lambda request: catch_up_here(service, request),
+        on_producers=service.reads.producers_here,
         name=service.name,
     )
     stack.push_async_callback(server.close)

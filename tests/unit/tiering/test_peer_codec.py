@@ -13,6 +13,7 @@ import uuid
 import pytest
 from crc32c import crc32c
 
+from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
@@ -40,6 +41,8 @@ from proxy.peer.messages import (
     PingRequest,
     PingResponse,
     ProducerCatchUpRequest,
+    ProducersRequest,
+    ProducersResponse,
     TrimRequest,
     TrimResponse,
 )
@@ -82,6 +85,20 @@ MESSAGES = [
     CatchUpRequest(0xFFFF_FFFF, (1 << 64) - 1, (1 << 31) - 1),
     ProducerCatchUpRequest(22, 1001, 5000),
     ProducerCatchUpRequest(0xFFFF_FFFF, (1 << 63) - 1, (1 << 31) - 1),
+    ProducersRequest(24, 42),
+    ProducersRequest(0xFFFF_FFFF, (1 << 64) - 1),
+    ProducersResponse(25, 0, (DescribedProducer(1001, 0, 41, 1_700_000_000_000, -1, -1),)),
+    ProducersResponse(
+        26,
+        0,
+        (
+            DescribedProducer(
+                (1 << 63) - 1, (1 << 31) - 1, (1 << 31) - 1, -(1 << 63), -(1 << 31), 7
+            ),
+            DescribedProducer(0, -1, -1, (1 << 63) - 1, (1 << 31) - 1, (1 << 63) - 1),
+        ),
+    ),
+    ProducersResponse(27, 6),
 ]
 # with the optional trailers of protocol 5 (a cut trailer leaves an older, valid frame)
 WITH_TRAILERS = [
@@ -268,7 +285,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 15, 255])
+@pytest.mark.parametrize("kind", [0, 17, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -432,7 +449,13 @@ def test_frames_of_the_older_messages_are_unchanged():
     """Adding a message type never changes another's frame: a proxy of an older version
     reads these, and this code reads theirs (the digest is of the frames before pings)."""
     newer = (
-        PingRequest | PingResponse | CatchUpRequest | ProducerCatchUpRequest | CleanCommitRequest
+        PingRequest
+        | PingResponse
+        | CatchUpRequest
+        | ProducerCatchUpRequest
+        | CleanCommitRequest
+        | ProducersRequest
+        | ProducersResponse
     )
     older = [m for m in MESSAGES if not isinstance(m, newer)]
     frames = b"".join(encode_frame(m) for m in older)
@@ -466,3 +489,21 @@ def test_the_producer_catch_up_request_is_type_13():
     assert frame[14:] == (1001).to_bytes(8, "big") + (5000).to_bytes(4, "big")
     with pytest.raises(PeerProtocolError, match="producer_id"):
         decode_frame(reframe(frame[8:14] + (-1).to_bytes(8, "big", signed=True) + frame[22:]))
+
+
+def test_the_producers_request_and_response_are_types_15_and_16():
+    request = encode_frame(ProducersRequest(5, 42))
+    assert request[8:14] == b"\x01\x0f\x00\x00\x00\x05"  # version 1, type 15
+    assert request[14:] == (42).to_bytes(8, "big")
+    producer = DescribedProducer(1001, 2, 41, 1_700_000_000_000, 3, 120)
+    response = encode_frame(ProducersResponse(6, 0, (producer,)))
+    assert response[8:14] == b"\x01\x10\x00\x00\x00\x06"  # type 16
+    assert response[14:] == struct.pack(">hI", 0, 1) + struct.pack(
+        ">qiiqiq", 1001, 2, 41, 1_700_000_000_000, 3, 120
+    )
+    # a count larger than the bytes that follow is refused before anything is built
+    huge = response[8:14] + struct.pack(">hI", 0, 0xFFFF_FFFF) + response[20:]
+    with pytest.raises(PeerProtocolError, match="truncated producers response"):
+        decode_frame(reframe(huge))
+    with pytest.raises(ValueError, match="last_sequence -2"):
+        ProducersResponse(7, 0, (DescribedProducer(1, 0, -2, 0, -1, -1),))
