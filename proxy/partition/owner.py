@@ -106,6 +106,8 @@ class TieredPartition:
         self.stream_id = stream_id
         self.config = config or PartitionConfig()
         self.log_start_offset = log_start_offset  # moved by the owner when the stream is trimmed
+        # (a log start, the base offset of the batch holding it): `last_stable_offset`
+        self._start_batch = (log_start_offset, log_start_offset)
         self._sequencer, self._wal = sequencer, wal
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
@@ -301,9 +303,27 @@ class TieredPartition:
         """Kafka's LSO: read_committed consumers read below it (sequencer.last_stable_offset).
         As in Kafka, the first offset of the oldest open transaction counts as no lower
         than the log start: records deleted (DeleteRecords, retention) hold nothing a
-        read_committed consumer could wait for (UnifiedLog.maybeIncrementFirstUnstableOffset)."""
-        stable = max(self._sequencer.last_stable_offset, self.log_start_offset)
+        read_committed consumer could wait for (UnifiedLog.maybeIncrementFirstUnstableOffset).
+        Kafka keeps that offset as the position of the batch holding it, so its LSO is then
+        the base offset of the batch holding the log start, below it when DeleteRecords cut
+        a batch (`note_start_batch`)."""
+        stable = self._sequencer.last_stable_offset
+        start = self.log_start_offset
+        if stable < start:
+            at, base = self._start_batch
+            stable = base if at == start else start
         return min(stable, self._sequencer.high_watermark)
+
+    def note_start_batch(self, log_start: int, base_offset: int) -> None:
+        """The batch holding `log_start` begins at `base_offset` (a DeleteRecords inside a
+        batch); `last_stable_offset` answers it while `log_start` is the log start."""
+        if not base_offset <= log_start:
+            raise ValueError(f"a batch holding {log_start} cannot begin at {base_offset}")
+        self._start_batch = (log_start, base_offset)
+
+    def opened_below(self, offset: int) -> bool:
+        """Whether a transaction open now began below `offset` (committed state)."""
+        return self._sequencer.last_stable_offset < min(offset, self._sequencer.high_watermark)
 
     def marker_resume(self) -> tuple[int | None, tuple[tuple[int, int, int], ...]]:
         """(where to read Kafka's log of the partition from, None: the cutover; the

@@ -44,7 +44,8 @@ from proxy.metadata.streams import shard_of
 from proxy.metadata.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
 from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
-from proxy.objects.store import ObjectStore
+from proxy.objects.format import ObjectFormatError
+from proxy.objects.store import ObjectStore, ObjectStoreError
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
@@ -55,6 +56,7 @@ from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
+from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.tiered import shards
 from proxy.tiered.beyond_cutover import BeyondCutover
@@ -64,6 +66,7 @@ from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner
 from proxy.tiered.ports import TieringHost
 from proxy.tiered.reads import TieredReads
 from proxy.tiered.startup import start_parts
+from proxy.tiered.timestamps import OwnerAway, StreamSearch
 from proxy.tiered.topic_configs import TopicConfigs
 from proxy.tiered.uploads import UploadLoop
 from proxy.upkeep.compactor import Compactor
@@ -288,6 +291,15 @@ class TieringService:
         from counts as the oldest, so nothing it might refuse is sent to it."""
         heartbeat = self.fleet.heartbeat(member) if member else None
         return OLD_PEER_PROTOCOL if heartbeat is None else heartbeat.peer_protocol
+
+    async def batch_base(self, stream: int, offset: int) -> int:
+        """The base offset of the stream's batch holding `offset` (timestamps.py); `offset`
+        when it cannot be read now (logged): the LSO then stops at the log start."""
+        try:
+            return await StreamSearch(self, stream).batch_holding(offset)
+        except (OwnerAway, ObjectFormatError, ObjectStoreError, CorruptBatchError) as exc:
+            log.warning("stream %d: the batch holding offset %d: %r", stream, offset, exc)
+            return offset
 
     async def on_peer_fetch(self, request: FetchRequest) -> TieredFetchResult:
         """A peer's read of the tail of a stream owned here (reads.py)."""

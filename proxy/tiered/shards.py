@@ -57,6 +57,10 @@ class ShardsHost(Protocol):
         """Wake whoever waits for a change (a partition started)."""
         ...
 
+    async def batch_base(self, stream: int, offset: int) -> int:
+        """The base offset of the stream's batch holding `offset` (TieringService)."""
+        ...
+
 
 async def owned(service: ShardsHost, owner: ShardOwner) -> None:
     """A shard became this proxy's: rebuild and start its streams' partitions. When
@@ -151,6 +155,11 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
         )
     finally:
         await upstream.close()
+    for stream in streams:  # a transaction open below a log start inside a batch
+        partition = partitions.get(stream)
+        if partition is not None and partition.opened_below(partition.log_start_offset):
+            start = partition.log_start_offset
+            partition.note_start_batch(start, await service.batch_base(stream, start))
     service.notify()
 
 

@@ -105,6 +105,21 @@ class StreamSearch:
                     return await self._below_high_watermark(hit)
         return None
 
+    async def batch_holding(self, offset: int) -> int:
+        """The base offset of the stream's batch holding `offset`: below it when the batch
+        began before it, `offset` itself when a batch begins there or none holds it yet
+        (the log end). For the LSO past a DeleteRecords (TieredPartition.note_start_batch)."""
+        found = self.state.objects_for(self.stream, offset, limit=1)
+        if found:
+            committed = found[0]
+            for entry in (await self._blocks(committed, offset))[:1]:
+                block = await self._block(committed.object_key, entry)
+                return _base_holding(block, offset)
+            return offset
+        async for piece, _ in self._tail(offset):
+            return _base_holding(piece, offset)
+        return offset
+
     # -- reads ------------------------------------------------------------------------
 
     async def _blocks(self, committed, position: int) -> list[IndexEntry]:
@@ -155,6 +170,14 @@ def _ready(piece: memoryview) -> Callable[[], Awaitable[memoryview]]:
         return piece
 
     return load
+
+
+def _base_holding(batches: memoryview, offset: int) -> int:
+    """The base offset of the first batch of `batches` ending past `offset`, at most `offset`."""
+    for header, _ in iter_batches(batches):
+        if header.next_offset > offset:
+            return min(header.base_offset, offset)
+    return offset
 
 
 def max_next_offset(pieces) -> int:

@@ -108,6 +108,11 @@ class TrimHost(ShardsAndPeers, OwnedPartitions, Protocol):
     @property
     def uploader(self) -> Uploader | None: ...
 
+    async def batch_base(self, stream: int, offset: int) -> int:
+        """The base offset of the stream's batch holding `offset` (`offset` itself when a
+        batch begins there or none holds it): where Kafka's LSO lands past a log start."""
+        ...
+
 
 class BackfillHost(ShardsAndPeers, Protocol):
     """An offload job's commit (backfill.py), at the owner of the stream's shard."""

@@ -30,17 +30,25 @@ HIGH_WATERMARK = -1
 
 
 async def write_trim(
-    service: OwnedPartitions, owner: ShardOwner, info: StreamInfo, log_start: int, now_ms: int
+    service: OwnedPartitions,
+    owner: ShardOwner,
+    info: StreamInfo,
+    log_start: int,
+    now_ms: int,
+    batch_base: int | None = None,
 ) -> Verdict:
-    """Write the StreamTrim and, once accepted, move the owned partition's log start."""
+    """Write the StreamTrim and, once accepted, move the owned partition's log start;
+    `batch_base`: where the batch holding `log_start` begins, if it began below it."""
     trim = StreamTrim(
         owner.state.generation, info.stream_id, info.incarnation, log_start, owner.epoch, now_ms
     )
     [verdict] = await owner.write([trim])
     if verdict.accepted:
         partition = service.partitions.get(info.stream_id) if service.partitions else None
-        if partition is not None:
-            partition.log_start_offset = max(partition.log_start_offset, log_start)
+        if partition is not None and log_start > partition.log_start_offset:
+            partition.log_start_offset = log_start
+            if batch_base is not None:
+                partition.note_start_batch(log_start, batch_base)
     return verdict
 
 
@@ -85,8 +93,11 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
     info = owner.state.stream(stream)
     if info is None:
         return ErrorCode.not_leader_or_follower, -1, f"stream {stream} is not served here now"
+    # a transaction open below the new log start: Kafka's LSO becomes the base offset of
+    # the batch holding it (TieredPartition.last_stable_offset)
+    base = await service.batch_base(stream, target) if partition.opened_below(target) else None
     try:
-        verdict = await write_trim(service, owner, info, target, now_ms())
+        verdict = await write_trim(service, owner, info, target, now_ms(), base)
     except ShardFenced as exc:
         return ErrorCode.not_leader_or_follower, -1, str(exc)
     if verdict.outcome is Outcome.REFUSE:

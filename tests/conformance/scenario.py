@@ -224,17 +224,24 @@ class Runner:
 
 
 def _deleted_max(kafka, tiered, kafka_watermarks: tuple[int, int]) -> bool:
-    """MAX_TIMESTAMP once every record is deleted: Kafka answers the largest timestamp of
-    its segments, the active one's deleted records included, while a tiered topic answers
-    what its stream still holds, none (docs/tiering.md, "What a client can tell"). Only
-    that case, both answers as described, is not compared."""
-    low, high = kafka_watermarks
+    """MAX_TIMESTAMP answered with a deleted record: Kafka answers the largest timestamp
+    of its segments, deleted records of the segment holding its log start included, while
+    a tiered topic answers the largest of what it still holds: the stream from its log
+    start, and Kafka's part below the cutover as Kafka counts it (docs/tiering.md, "What
+    a client can tell"). Only that case is not compared: Kafka's answer below its log
+    start, the tiered one none or a record no later than Kafka's."""
+    low, _ = kafka_watermarks
+    if not (isinstance(kafka, tuple) and kafka[0] == "offset" and 0 <= kafka[1] < low):
+        return False
+    if tiered == ("offset", -1, -1, None):
+        return True
     return (
-        low == high
-        and isinstance(kafka, tuple)
-        and kafka[0] == "offset"
-        and 0 <= kafka[1] < low
-        and tiered == ("offset", -1, -1, None)
+        isinstance(tiered, tuple)
+        and tiered[0] == "offset"
+        and tiered[1] >= 0
+        and isinstance(tiered[2], int)
+        and isinstance(kafka[2], int)
+        and tiered[2] <= kafka[2]
     )
 
 

@@ -10,7 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import SHAPES, TOPIC_CONFIGS, conformance_settings, scenarios, shaped
 
-pytestmark = [pytest.mark.kafka, pytest.mark.minio]
+pytestmark = [
+    pytest.mark.kafka,
+    pytest.mark.minio,
+    # the strategies draw from Hypothesis alone; the clients' threads (aiokafka's loop,
+    # kafka-python's) move the global random state meanwhile, which Hypothesis reports
+    # as a strategy using it (seen once in 150 examples, failing a passing scenario)
+    pytest.mark.filterwarnings(
+        "ignore:Do not use the `random` module inside strategies"
+        ":hypothesis.errors.HypothesisDeprecationWarning"
+    ),
+]
 
 
 @pytest.mark.parametrize("tier", ["before", "midway"])

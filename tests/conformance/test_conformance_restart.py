@@ -26,6 +26,7 @@ from ops import (
     Restart,
     Resume,
     Tier,
+    TxnProduce,
 )
 from scenario import Runner
 from tieredfleet import TieredFleet
@@ -104,4 +105,43 @@ def test_a_restarted_proxy_answers_as_kafka_after_a_mid_batch_delete(
 ):
     runner = Runner(restart_fleet, kafka_cluster.bootstrap, conformance_clients)
     scenario = runner.run(_scenario(random.Random(15)), tag="restart")
+    assert_conforms(scenario.rows, scenario.title)
+
+
+def _open_txn_scenario(rng: random.Random) -> list:
+    """A transaction open across a DeleteRecords inside its batch and a restart: Kafka's
+    LSO is then the base offset of that batch, below the log start; the rebuilt owner
+    must find it again (tiered/shards.recover_streams)."""
+    before, tiered = _batch(rng, 10, -600_000), _batch(rng, 10, -300_000)
+    opened = _batch(rng, 8, -60_000)
+    first = len(before) + len(tiered)  # the transaction's first offset
+    z = "zone-a"
+    codec = rng.choice([c for c in CODECS if c != "none"])
+
+    def committed(client: str) -> list:
+        return [
+            ListOffsets("latest", client, z, isolation="read_committed"),
+            Fetch(first + 3, client, z, "read_committed"),
+        ]
+
+    return [
+        Produce(before, codec, "librdkafka", z),
+        Tier(),
+        Produce(tiered, codec, "aiokafka", z),
+        TxnProduce(0, opened, "open", codec, "java", z),
+        DeleteRecords(first + 3, "librdkafka", z),
+        *committed("aiokafka"),
+        Restart(),
+        *committed("librdkafka"),
+        ListOffsets("earliest", "java", z),
+        TxnProduce(0, (), "abort", codec, "java", z),
+        *committed("java"),
+    ]
+
+
+def test_a_restarted_owner_keeps_kafkas_lso_past_a_delete_inside_an_open_transaction(
+    restart_fleet, conformance_clients, kafka_cluster
+):
+    runner = Runner(restart_fleet, kafka_cluster.bootstrap, conformance_clients)
+    scenario = runner.run(_open_txn_scenario(random.Random(16)), tag="rtxn")
     assert_conforms(scenario.rows, scenario.title)

@@ -469,3 +469,32 @@ async def test_transactions_and_markers_survive_a_restart_with_a_snapshot(tmp_pa
             ok(await partition.append_marker(Marker(8, 0, 4, True, NOW_MS + 4, 2003)), CUTOVER + 11)
             assert partition.last_stable_offset == partition.high_watermark == CUTOVER + 12
             assert partition.marker_resume() == (2004, ())
+
+
+async def test_past_a_log_start_inside_an_open_transactions_batch_the_lso_is_that_batchs_base(
+    tmp_path,
+):
+    """Kafka keeps the first unstable offset as the position of a batch: once DeleteRecords
+    moved the log start inside the batch of an open transaction, its LSO is that batch's
+    base offset, below the log start (UnifiedLog.maybeIncrementFirstUnstableOffset);
+    the conformance suite's delete_open_txn shape found it. Until the owner learns where
+    the batch begins, the LSO stops at the log start; a marker ends it as before."""
+    shard = Shard()
+    async with LocalDirectoryStore(tmp_path / "objects") as store:
+        async with uploading_owner(tmp_path, shard, store) as (_, _, partition):
+            ok(await partition.produce(nth(7, 0), -1), CUTOVER)
+            assert not partition.opened_below(CUTOVER + 4)
+            ok(await partition.produce(batch(8, 0, transactional=True), -1), CUTOVER + 3)
+            assert partition.opened_below(CUTOVER + 4) and not partition.opened_below(CUTOVER + 3)
+            partition.log_start_offset = CUTOVER + 4  # inside producer 8's batch
+            assert partition.last_stable_offset == CUTOVER + 4
+            partition.note_start_batch(CUTOVER + 4, CUTOVER + 3)
+            assert partition.last_stable_offset == CUTOVER + 3
+            with pytest.raises(ValueError, match="cannot begin"):
+                partition.note_start_batch(CUTOVER + 4, CUTOVER + 5)
+            partition.log_start_offset = CUTOVER + 5  # a later log start: noted for another
+            assert partition.last_stable_offset == CUTOVER + 5
+            ended = await partition.append_marker(Marker(8, 0, 4, True, NOW_MS + 1, 2000))
+            assert (ended.error_code, ended.base_offset) == (0, CUTOVER + 6)
+            assert partition.last_stable_offset == partition.high_watermark == CUTOVER + 7
+            assert not partition.opened_below(CUTOVER + 7)
