@@ -25,7 +25,7 @@ import subprocess
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse
@@ -34,7 +34,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 from kio.schema.types import TopicName
 from kio.static.primitive import i32, i64
 from raw_kafka import call
-from tieredfleet import TieredFleet
+from tieredfleet import TieredFleet, topic_id_of
 
 from proxy.devstack.paths import kafka_libs
 from proxy.records.batches import iter_batches
@@ -49,8 +49,9 @@ BASE_TS = 1_700_000_000_000
 Row = tuple[int, int, int, int, int, int]  # id, epoch, coordinator epoch, seq, ts, txn start
 
 
-def describe_producers(bootstrap: str, topic: str, partition: int) -> dict[int, Row]:
-    """`kafka-transactions.sh describe-producers`: its rows by producer id."""
+def transactions_command(bootstrap: str, *args: str) -> str:
+    """`kafka-transactions.sh` (Kafka's TransactionsCommand, the Java Admin client): its
+    output, once it succeeded."""
     argv = [
         shutil.which("java") or "java",
         "-Xmx256m",
@@ -59,17 +60,21 @@ def describe_producers(bootstrap: str, topic: str, partition: int) -> dict[int, 
         "org.apache.kafka.tools.TransactionsCommand",
         "--bootstrap-server",
         bootstrap,
-        "describe-producers",
-        "--topic",
-        topic,
-        "--partition",
-        str(partition),
+        *args,
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    lines = [line.split() for line in done.stdout.splitlines() if line.strip()]
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def describe_producers(bootstrap: str, topic: str, partition: int) -> dict[int, Row]:
+    """`kafka-transactions.sh describe-producers`: its rows by producer id."""
+    stdout = transactions_command(
+        bootstrap, "describe-producers", "--topic", topic, "--partition", str(partition)
+    )
+    lines = [line.split() for line in stdout.splitlines() if line.strip()]
     header, rows = lines[0], lines[1:]
-    assert header[:2] == ["ProducerId", "ProducerEpoch"], done.stdout
+    assert header[:2] == ["ProducerId", "ProducerEpoch"], stdout
     out: dict[int, Row] = {}
     for row in rows:
         start = -1 if row[5] == "None" else int(row[5])
@@ -187,6 +192,111 @@ def test_a_tiered_topics_producers_are_described_as_kafka_describes_them(
             "the aborted transaction closed",
             timeout=TIMEOUT_S,
         )
+    finally:
+        for producer in producers:
+            producer.flush(0)
+        fleet.close()
+
+
+def _committed_values(bootstrap: str, topic: str) -> list[bytes]:
+    """What a read_committed consumer reads of partition 0, to its end."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"abort-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        while True:
+            msg = consumer.poll(TIMEOUT_S)
+            assert msg is not None, f"{topic}: no end of partition in {TIMEOUT_S} s"
+            if msg.error() is None:
+                values.append(msg.value())
+            elif msg.error().code() == KafkaError._PARTITION_EOF:
+                return values
+            else:
+                raise AssertionError(f"{topic}: {msg.error()}")
+    finally:
+        consumer.close()
+
+
+def test_an_open_transaction_aborted_by_the_admin_tool_ends_as_on_kafka(
+    kafka_cluster, s3_server, tmp_path
+):
+    """`kafka-transactions.sh abort --start-offset` (the operator's cure for a hanging
+    transaction): the tool finds the producer by DescribeProducers (the owner's state on
+    the tiered topic) and sends WriteTxnMarkers to the partition's leader, which writes the
+    abort marker in Kafka's log; the marker follower carries it into the stream. Both
+    topics then read the same to read_committed consumers, without the aborted records,
+    also once the producer, which never learnt of it, commits."""
+    fleet = TieredFleet(kafka_cluster.bootstrap, s3_server, tmp_path)
+    producers: list[Producer] = []
+    try:
+        fleet.start()
+        fleet.wait_until_owned()
+        tiered = f"abort-tiered-{uuid.uuid4().hex[:8]}"
+        plain = f"abort-plain-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        for name in (tiered, plain):
+            admin.create_topics([NewTopic(name, 1, 3)])[name].result(30)
+        both = (tiered, plain)
+        bootstrap = fleet.bootstrap()
+        config = {"bootstrap.servers": bootstrap, "linger.ms": 5}
+        plain_producer = Producer(config)
+        producers.append(plain_producer)
+        _produce(plain_producer, both, 0, 3, BASE_TS)  # before the cutover
+        topic_id = wait_for(lambda: topic_id_of(admin, tiered), bool, f"{tiered} known")
+        fleet.tier(tiered)
+        assert fleet.wait_for_cutover(topic_id, 1) == {0: 3}
+        _produce(plain_producer, both, 0, 2, BASE_TS + 10_000)  # the stream's, committed
+
+        opened = Producer({**config, "transactional.id": f"pa-{uuid.uuid4().hex}"})
+        producers.append(opened)
+        opened.init_transactions(TIMEOUT_S)
+        opened.begin_transaction()
+        for topic in both:
+            for i in range(4):
+                opened.produce(topic, b"aborted-%d" % i, partition=0, timestamp=BASE_TS + i)
+        assert opened.flush(TIMEOUT_S) == 0
+        for topic in both:  # the open transaction, at the same offset of each topic
+            rows = describe_producers(bootstrap, topic, 0)
+            assert [r[5] for r in rows.values() if r[5] >= 0] == [5], (topic, rows)
+            transactions_command(
+                bootstrap, "abort", "--topic", topic, "--partition", "0", "--start-offset", "5"
+            )
+        for topic in both:  # on the tiered topic once the follower carried the marker
+            wait_for(
+                lambda t=topic: describe_producers(bootstrap, t, 0),
+                lambda rows: all(r[5] == -1 for r in rows.values()),
+                f"{topic}: the transaction aborted",
+                timeout=TIMEOUT_S,
+            )
+        rows = {t: describe_producers(bootstrap, t, 0) for t in both}
+        # the rows but the last timestamp: each log stamps its own marker
+        assert {k: v[:4] + v[5:] for k, v in rows[tiered].items()} == {
+            k: v[:4] + v[5:] for k, v in rows[plain].items()
+        }
+        expected = [b"v0", b"v1", b"v2", b"v0", b"v1"]
+        assert _committed_values(bootstrap, tiered) == _committed_values(bootstrap, plain)
+        assert _committed_values(bootstrap, plain) == expected
+
+        # the producer never learnt: its commit ends a transaction the partitions no
+        # longer hold open (Kafka appends the marker, which commits nothing)
+        ends = {t: watermarks(bootstrap, t)[1] for t in both}
+        opened.commit_transaction(TIMEOUT_S)
+        for topic in both:
+            wait_until(lambda t=topic: watermarks(bootstrap, t)[1] > ends[t], TIMEOUT_S, topic)
+        assert _committed_values(bootstrap, tiered) == _committed_values(bootstrap, plain)
+        assert _committed_values(bootstrap, plain) == expected
+        rows = {t: describe_producers(bootstrap, t, 0) for t in both}
+        assert {k: v[:4] + v[5:] for k, v in rows[tiered].items()} == {
+            k: v[:4] + v[5:] for k, v in rows[plain].items()
+        }
     finally:
         for producer in producers:
             producer.flush(0)

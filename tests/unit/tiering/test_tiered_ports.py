@@ -91,16 +91,40 @@ async def test_a_shard_is_released_cleanly_only_once_its_uploads_are_committed()
     assert working.flushed == 1
 
 
+class Started:
+    """A recovered partition: its log start, whether a transaction open below it began."""
+
+    def __init__(self, log_start_offset: int, open_below: bool) -> None:
+        self.log_start_offset, self.open_below = log_start_offset, open_below
+        self.noted: list[tuple[int, int]] = []
+
+    def opened_below(self, offset: int) -> bool:
+        return self.open_below and offset == self.log_start_offset
+
+    def note_start_batch(self, log_start: int, base: int) -> None:
+        self.noted.append((log_start, base))
+
+
 class Partitions:
     def __init__(self) -> None:
         self.recovered: list[list[int]] = []
+        # stream 3: a DeleteRecords cut an open transaction's batch before the restart
+        self.started = {1: Started(0, False), 3: Started(120, True)}
 
     async def recover(self, streams, state, *, read_committed, read_upstream) -> None:
         self.recovered.append(list(streams))
 
+    def get(self, stream: int) -> Started | None:
+        return self.started.get(stream)
+
 
 async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
-    partitions, woken = Partitions(), []
+    partitions, woken, asked = Partitions(), [], []
+
+    async def batch_base(stream: int, offset: int) -> int:
+        asked.append((stream, offset))
+        return offset - 3
+
     host = SimpleNamespace(
         name="proxy-a",
         readers=[],
@@ -111,6 +135,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),
         claimed_epochs={},
+        batch_base=batch_base,
     )
     # the last claim before this one was this member's: its WAL entries are its log
     owner = SimpleNamespace(
@@ -118,6 +143,9 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
     )
     await shards.owned(host, owner)
     assert partitions.recovered == [[1, 3]]
+    # the batch holding stream 3's log start is read again; stream 1 has nothing open
+    assert asked == [(3, 120)]
+    assert partitions.started[3].noted == [(120, 117)] and not partitions.started[1].noted
     assert woken == [True]
     assert host.claimed_epochs == {0: 4}  # the claim this process made, kept for the shard
 
