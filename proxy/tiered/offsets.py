@@ -8,7 +8,8 @@ tiered partition of a request is routed (`route`):
   (the offload job moved it, or retention or DeleteRecords moved the log start to C or
   past it; Kafka's copy may be gone): EARLIEST and EARLIEST_LOCAL (-4; no remote log on
   Kafka's side, so the same) answer the log start; a timestamp and MAX_TIMESTAMP (-3)
-  are searched in the objects from the log start on, migrated ranges included. LATEST is
+  are searched in the objects from the log start on (MAX_TIMESTAMP: from the start of the
+  range holding it), migrated ranges included. LATEST is
   always answered here: the high watermark (the owner's; NOT_LEADER_OR_FOLLOWER when the
   owner is away, the committed end may be below its acks), or with isolation_level
   READ_COMMITTED the last stable offset (the owner's, as Kafka answers it: the first
@@ -216,7 +217,10 @@ async def _stream_part(tiering: ReadHandlers, item: TieredOffsetsPartition) -> S
             epoch = -1 if hit is None else hit.leader_epoch
             return dataclasses.replace(part, start_epoch=epoch)
         if timestamp == MAX_TIMESTAMP:
-            hit = await search.max_timestamp(start)
+            # the range holding the start counts whole, as Kafka counts the segment
+            # holding its log start whole (deleted records included)
+            holding = state.objects_for(stream, start, limit=1)
+            hit = await search.max_timestamp(min([start, *(r.start_offset for r in holding)]))
         else:
             hit = await search.first_at_or_after(timestamp, start)
     except OwnerAway:

@@ -127,6 +127,14 @@ def proxy(kafka_cluster) -> Iterator[RunningProxy]:
         yield running
 
 
+@pytest.fixture
+def own_proxy(kafka_cluster) -> Iterator[RunningProxy]:
+    """A proxy no other test's clients talk to, for counting exactly: the module's proxy
+    may still relay the answers to an earlier test's long polls after its client left."""
+    with running_proxy(kafka_cluster.bootstrap) as running:
+        yield running
+
+
 @pytest.fixture(scope="module")
 def small_frames_proxy(kafka_cluster) -> Iterator[RunningProxy]:
     """A proxy that refuses request frames over 1 MiB."""

@@ -94,10 +94,11 @@ def test_produce_with_acks_0_gets_no_answer(proxy, raw, kafka, wire, version):
     assert values == [unacked, b"acked"]
 
 
-def test_requests_after_the_first_are_forwarded_by_the_relay_and_counted(proxy, raw, wire):
+def test_requests_after_the_first_are_forwarded_by_the_relay_and_counted(own_proxy, raw, wire):
     """Requests that need nothing but forwarding, behind the first (which the loop
     reads, to learn the client id), go from the reader's callback and are counted as
     relayed; ApiVersions, answered here, never is."""
+    proxy = own_proxy
 
     def counts() -> dict[str, float]:
         return {

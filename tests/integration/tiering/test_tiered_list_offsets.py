@@ -253,6 +253,23 @@ def test_tiered_list_offsets_answer_as_kafka_does(kafka_cluster, tmp_path):
         assert found[0] == MID_OBJECTS
         assert _first_read(proxy.bootstrap, tiered, found[0]) == MID_OBJECTS
 
+        # past the batch of the largest timestamp, inside a later one: Kafka counts the
+        # segment holding its log start whole, the deleted record included, and so does
+        # the stream the object range holding its log start (the delete uploads the tail
+        # and the batch in one object)
+        _produce(proxy.bootstrap, [plain, tiered], [("lz4", (610, 605, 620))])
+        later = sum(len(ts) for _, ts in ALL) + 1  # inside the lz4 batch
+        for topic in (plain, tiered):
+            assert delete_records(proxy.bootstrap, {(topic, 0): later}) == {(topic, 0): later}
+        wait_until(
+            lambda: tiering.state(stream).stream(stream).log_start_offset == later, 30, "trim"
+        )
+        (holding,) = tiering.state(stream).objects_for(stream, later)
+        assert holding.start_offset <= 30 < later  # the largest timestamp's record, deleted
+        want_s, got_s = _specials(proxy.bootstrap, plain), _specials(proxy.bootstrap, tiered)
+        assert want_s["max_timestamp"][:2] == (30, T0 + 900)
+        assert want_s == got_s
+
 
 def test_kafka_answers_past_the_cutover_are_clamped_and_noted(kafka_cluster, tmp_path):
     """Records written to a broker directly, past a tiered partition's cutover, are not the
