@@ -142,10 +142,11 @@ class Runner:
         if s.append_time:
             answers = {t: _append_times(a, s.base_ms) for t, a in answers.items()}
         if isinstance(op, ListOffsets):
+            timed = answers  # a marker's own timestamp, for comparing with a record's
             answers = {t: _marker_time(a, s.markers.get(t, set())) for t, a in answers.items()}
             if op.spec == "max_timestamp" and _deleted_max(
-                answers[s.passthrough],
-                answers[s.tiered],
+                timed[s.passthrough],
+                timed[s.tiered],
                 watermarks(self.kafka_bootstrap, s.passthrough),
             ):
                 kafka = f"{answers[s.passthrough]}: a deleted record (known difference)"
@@ -229,7 +230,8 @@ def _deleted_max(kafka, tiered, kafka_watermarks: tuple[int, int]) -> bool:
     a tiered topic answers the largest of what it still holds: the stream from its log
     start, and Kafka's part below the cutover as Kafka counts it (docs/tiering.md, "What
     a client can tell"). Only that case is not compared: Kafka's answer below its log
-    start, the tiered one none or a record no later than Kafka's."""
+    start, the tiered one none or a record no later than Kafka's (its timestamp compared
+    with a marker's own, the coordinator's clock, where Kafka answers a deleted marker)."""
     low, _ = kafka_watermarks
     if not (isinstance(kafka, tuple) and kafka[0] == "offset" and 0 <= kafka[1] < low):
         return False
