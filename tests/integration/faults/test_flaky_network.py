@@ -84,6 +84,8 @@ FAULTS = [
 # (its `api requests_max`): throttling, more of it when the network is slow
 MINIO_REQUESTS_MAX = 4
 PEER_FAULTS = ["peer link cut both ways", "peer link cut a -> b"]
+PEER_CUT = [reset_peer(0)]  # every connection reset as it opens, those open at once
+PEER_ONE_WAY = [timeout(0, "upstream")]  # the link's client's requests vanish
 # failed S3 attempts, as the proxies count them (proxy/objects/s3retry.py's outcomes)
 FAILURES = ("connection_error", "timeout", "throttled", "server_error")
 
@@ -107,6 +109,7 @@ class FlakyFleet(TieredFleet):
             "endpoint_url": f"http://{self.s3.listen}",
         }
         link = self.toxiproxy.link(f"peer-{zone}", f"127.0.0.1:{tiering['peer_port']}")
+        link.arm(*PEER_CUT)  # the one-way cut follows it on zone-b's link
         self.peer_links[zone] = link
         tiering["advertised_peer_port"] = link.port
         return config
@@ -128,6 +131,9 @@ def test_fleet_over_a_flaky_network_loses_and_repeats_nothing(kafka_cluster, tmp
         toxiproxy.start()
         minio.start()
         s3 = toxiproxy.link("s3", f"127.0.0.1:{minio.port}")
+        # every fault's toxics but the last's, which is added and removed: a toxic removed
+        # and others added after it can crash toxiproxy (proxy/devstack/toxiproxy.py)
+        s3.arm(*(toxic for _, toxics in FAULTS[:-1] for toxic in toxics))
         fleet = FlakyFleet(
             kafka_cluster.bootstrap, minio, tmp_path, tiering=TIERING, toxiproxy=toxiproxy, s3=s3
         )
@@ -140,12 +146,11 @@ def test_fleet_over_a_flaky_network_loses_and_repeats_nothing(kafka_cluster, tmp
         for kind, toxics in FAULTS:
             injector.network_fault(kind, [s3], toxics, HOLD_S)
         links = list(fleet.peer_links.values())
-        # every connection reset as it opens, those open at once: refused, both ways
-        injector.network_fault("peer link cut both ways", links, [reset_peer(0)], HOLD_S)
+        # refused, both ways
+        injector.network_fault("peer link cut both ways", links, PEER_CUT, HOLD_S)
         # zone-a's requests to zone-b vanish, zone-b's to zone-a go through
-        one_way = [timeout(0, "upstream")]
         injector.network_fault(
-            "peer link cut a -> b", [fleet.peer_links["zone-b"]], one_way, HOLD_S
+            "peer link cut a -> b", [fleet.peer_links["zone-b"]], PEER_ONE_WAY, HOLD_S
         )
 
         figures.notes["s3_attempts_failed"] = {
