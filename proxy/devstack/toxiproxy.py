@@ -119,6 +119,11 @@ class Link:
                 raise DevstackError(f"a timeout toxic is added and removed, never armed: {toxic}")
             if toxic.name in self.armed:
                 raise DevstackError(f"toxic {toxic.name} is armed on {self.name} already")
+            if self.removed:  # arming adds a toxic to the chain, as `add` would
+                raise DevstackError(
+                    f"{toxic.name} armed on {self.name} after a toxic was removed from it "
+                    "(toxiproxy can panic: see the module's docstring): arm toxics first"
+                )
             self._post(toxic, toxicity=0.0)
             self.armed[toxic.name] = toxic
 

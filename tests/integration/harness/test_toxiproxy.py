@@ -101,6 +101,8 @@ def test_a_link_refuses_what_could_crash_toxiproxy(toxiproxy, echo):
     assert link.toxics() == ["latency-downstream"]
     with pytest.raises(DevstackError, match="arm it first"):
         link.add(timeout(0))
+    with pytest.raises(DevstackError, match="arm toxics first"):  # arming is an add too
+        link.arm(Toxic("cut", "limit_data", "downstream", {"bytes": 1}))
     link.add(latency(10))  # an armed one is still switched
     with _connect(link.port) as sock:
         assert _echoes(sock, 1024)
