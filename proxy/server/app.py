@@ -18,7 +18,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 
 from proxy.admin.api import AdminServer
 from proxy.apis.api18_api_versions import (
@@ -333,6 +334,12 @@ class Proxy:
     async def partition_leader_epochs(self, name: str) -> dict[int, int]:
         """{partition: leader epoch} of an upstream topic (`ControlConnection`)."""
         return await self.control.partition_leader_epochs(name)
+
+    def at_leader(
+        self, topic: str, partition: int
+    ) -> AbstractAsyncContextManager[Callable[[object], Awaitable[memoryview]]]:
+        """A connection of the proxy's own to a partition's leader (`ControlConnection`)."""
+        return self.control.at_leader(topic, partition)
 
     def _set_upstream_ranges(self, upstream: dict[int, tuple[int, int]]) -> None:
         self._upstream_ranges = upstream

@@ -16,6 +16,8 @@ import asyncio
 import logging
 import ssl
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
@@ -42,6 +44,7 @@ from proxy.server.frame_reader import BufferedFrameReader, open_frames
 log = logging.getLogger("tierproxy.proxy")
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+Send = Callable[[object], Awaitable[memoryview]]  # a request -> the body of its answer
 FrameStreams = tuple[BufferedFrameReader, asyncio.StreamWriter]
 Ranges = dict[int, tuple[int, int]]  # api key -> (min version, max version)
 # (node id, host, port, rack) of each broker a Metadata answer names
@@ -184,6 +187,36 @@ class ControlConnection:
             if self.config.sasl is not None:
                 await asyncio.wait_for(self.authenticate(reader, writer), timeout)
             return await asyncio.wait_for(call(reader, writer, request), timeout)
+        finally:
+            await close_stream(writer, timeout)
+
+    @asynccontextmanager
+    async def at_leader(self, topic: str, partition: int) -> AsyncIterator[Send]:
+        """A connection of the proxy's own to the leader of `topic`-`partition` as Kafka's
+        Metadata names it now, for requests only the leader answers (ListOffsets); one
+        request at a time, each bounded by `upstream.connect_timeout_s`. LookupError when
+        the partition has no leader Kafka names, OSError when it cannot be reached."""
+        request = _metadata_request(topic)
+        body = await self.request(request)
+        try:
+            error_code, leaders = read_partition_leaders(request.__version__, body, topic)
+            brokers = {row[0]: row for row in read_brokers(request.__version__, body)}
+        except FrameError as exc:
+            raise OSError(f"upstream Metadata: {exc}") from None
+        code, leader, _ = leaders.get(partition, (-1, -1, -1))
+        if error_code != 0 or code != 0 or leader not in brokers:
+            raise LookupError(f"{topic}-{partition}: no leader (error codes {error_code}, {code})")
+        _, host, port, _ = brokers[leader]
+        timeout = self.config.connect_timeout_s
+        reader, writer = await self.open(host, port)
+        try:
+            if self.config.sasl is not None:
+                await asyncio.wait_for(self.authenticate(reader, writer), timeout)
+
+            async def send(request: object) -> memoryview:
+                return await asyncio.wait_for(call(reader, writer, request), timeout)
+
+            yield send
         finally:
             await close_stream(writer, timeout)
 

@@ -23,7 +23,11 @@ tiered partition of a request is routed (`route`):
   answer is clamped at C: its log may hold data past C that is not the partition's (a
   transaction marker its coordinator wrote, records written to a broker directly), so for
   an offset at or past C from Kafka the stream's answer is taken instead (not noted in
-  `beyond_cutover`: markers put it there, as expected);
+  `beyond_cutover`: markers put it there, as expected). For MAX_TIMESTAMP such an answer
+  hides the largest timestamp below C: once Kafka answered (`OffsetsPlan.
+  upstream_answered`), where Kafka alone holds part of [log start, C) and the stream's
+  largest does not beat Kafka's, Kafka's part's largest is asked of Kafka's leader
+  (kafka_part.py: timestamp lookups, nearly always one) and compared with the stream's;
 - the other special timestamps (-5 LATEST_TIERED, -6 EARLIEST_PENDING_UPLOAD) go to Kafka
   alone: Kafka keeps no remote log of the topic, and answers them as for any topic.
 
@@ -55,12 +59,13 @@ from proxy.apis.api02_list_offsets import (
     read_list_offsets_response,
     split,
 )
-from proxy.kafka.frames import framed
+from proxy.kafka.frames import FrameError, framed
 from proxy.metadata.topic_index import stream_of
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 from proxy.records.timestamp_search import Found
+from proxy.tiered.kafka_part import KafkaRefused, kafka_lookup, largest_below
 from proxy.tiered.ports import ReadHandlers
 from proxy.tiered.timestamps import OwnerAway, StreamSearch
 
@@ -120,6 +125,19 @@ class StreamPart:
     current_epoch: int = -1  # the partition's leader epoch now (leader_epochs.py)
     start_epoch: int = -1  # EARLIEST below the cutover: the epoch of the log start's batch
     last_stable: int | None = None  # READ_COMMITTED: the last stable offset (`below_stable`)
+    kafka_alone: bool = False  # MAX_TIMESTAMP: Kafka alone holds part of [log start, C)
+    # MAX_TIMESTAMP past a Kafka answer at or past C: Kafka's part's largest below C, if
+    # it reaches the stream's (`learn_kafka_part`)
+    kafka_below: Found | None = None
+
+    def needs_kafka_part(self, timestamp: int, kafka: OffsetsResult | None) -> bool:
+        """Whether Kafka's answer hides its part's largest timestamp below the cutover,
+        which could still be the answer (see the module docstring)."""
+        if timestamp != MAX_TIMESTAMP or not self.kafka_alone or self.error_code:
+            return False
+        if kafka is None or kafka.error_code != ErrorCode.none or kafka.offset < self.cutover:
+            return False
+        return self.found is None or self.found.timestamp <= kafka.timestamp
 
     def alone(self, timestamp: int) -> OffsetsResult:
         """The answer when the stream holds the whole log."""
@@ -166,6 +184,15 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart) -> Of
         stream = part.found
         if below and (stream is None or stream.timestamp <= kafka.timestamp):
             return kafka  # Kafka's part first on a tie, as Kafka's maxBy keeps the first
+        hidden = part.kafka_below  # Kafka answered past C: its part's largest below C
+        if (
+            not below
+            and hidden is not None
+            and (stream is None or stream.timestamp <= hidden.timestamp)
+        ):
+            return OffsetsResult(
+                ErrorCode.none, hidden.timestamp, hidden.offset, hidden.leader_epoch
+            )
         return part.alone(timestamp)
     return kafka if below else part.alone(timestamp)
 
@@ -228,7 +255,35 @@ async def _stream_part(tiering: ReadHandlers, item: TieredOffsetsPartition) -> S
     except (ObjectFormatError, ObjectStoreError, CorruptBatchError) as exc:
         log.error("%s: %s", where, exc)
         return StreamPart(ErrorCode.kafka_storage_error)
-    return StreamPart(ErrorCode.none, info.cutover_offset, info.log_start_offset, hit)
+    kafka_alone = (
+        timestamp == MAX_TIMESTAMP
+        and info.log_start_offset < info.cutover_offset
+        and bool(state.backfill_gaps(stream))
+    )
+    return StreamPart(
+        ErrorCode.none, info.cutover_offset, info.log_start_offset, hit, kafka_alone=kafka_alone
+    )
+
+
+async def learn_kafka_part(
+    tiering: ReadHandlers, item: TieredOffsetsPartition, kafka: OffsetsResult, part: StreamPart
+) -> StreamPart:
+    """`part` with Kafka's part's largest timestamp below the cutover (`kafka_below`),
+    asked of Kafka's leader, when Kafka's own answer lies at or past the cutover; with
+    NOT_LEADER_OR_FOLLOWER (retriable: the client asks again) when Kafka cannot say."""
+    floor = 0 if part.found is None else max(part.found.timestamp, 0)
+    topic, partition = item.topic, item.partition
+    try:
+        async with tiering.at_leader(topic, partition) as send:
+
+            async def lookup(timestamp: int) -> Found | None:
+                return await kafka_lookup(send, topic, partition, timestamp)
+
+            found = await largest_below(part.cutover, lookup, floor, kafka.timestamp)
+    except (LookupError, OSError, TimeoutError, KafkaRefused) as exc:
+        log.info("%s-%d: MAX_TIMESTAMP of Kafka's part not learned: %r", topic, partition, exc)
+        return StreamPart(ErrorCode.not_leader_or_follower)
+    return dataclasses.replace(part, kafka_below=found)
 
 
 async def _latest(
@@ -253,11 +308,56 @@ async def _latest(
 
 @dataclass(slots=True, eq=False)
 class OffsetsPlan:
+    """`local`: (topic, partition) -> OffsetsResult, or StreamPart if BOTH. With a
+    MAX_TIMESTAMP partition routed BOTH, `local` is done only once Kafka answered
+    (`upstream_answered`) and what its answer hides was asked of Kafka (`learn_kafka_part`);
+    `parts` are the stream's parts, under way meanwhile."""
+
     view: ListOffsetsRequestView
     upstream_frame: tuple[bytes | memoryview, ...] | None  # framed, header included
-    local: asyncio.Future[dict]  # (topic, partition) -> OffsetsResult, or StreamPart if BOTH
+    local: asyncio.Future[dict]
     tiered: tuple[TieredOffsetsPartition, ...] = ()
     passthrough_topics: tuple[str, ...] = ()  # not counted in flight
+    parts: asyncio.Future[dict] | None = None
+    tiering: ReadHandlers | None = None
+
+    def upstream_answered(self, api_version: int, upstream: memoryview) -> None:
+        """Kafka's answer is here: learn what it hides, then `local` is done."""
+        parts = self.parts
+        if parts is None or self.local.done():
+            return
+        try:
+            kafka = read_list_offsets_response(api_version, upstream)
+        except FrameError:  # merged as it came: `combine` sees no Kafka answer
+            kafka = {}
+        task = asyncio.ensure_future(self._learn(parts, kafka))
+        task.add_done_callback(self._learned)
+
+    async def _learn(self, parts: asyncio.Future[dict], kafka: dict) -> dict:
+        local = dict(await parts)
+        asking: list[tuple[TieredOffsetsPartition, StreamPart, OffsetsResult]] = []
+        for item in self.tiered:
+            key = (item.topic, item.partition)
+            part, answer = local.get(key), kafka.get(key)
+            if isinstance(part, StreamPart) and part.needs_kafka_part(item.timestamp, answer):
+                asking.append((item, part, answer))
+        assert self.tiering is not None
+        learned = await asyncio.gather(
+            *(learn_kafka_part(self.tiering, item, answer, part) for item, part, answer in asking)
+        )
+        for (item, _, _), part in zip(asking, learned, strict=True):
+            local[(item.topic, item.partition)] = part
+        return local
+
+    def _learned(self, task: asyncio.Future[dict]) -> None:
+        if self.local.done():
+            return
+        if task.cancelled():
+            self.local.cancel()
+        elif (error := task.exception()) is not None:
+            self.local.set_exception(error)
+        else:
+            self.local.set_result(task.result())
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         """The answer: HERE partitions as `local` has them, BOTH ones Kafka's answer
@@ -296,9 +396,12 @@ def plan_list_offsets(
     )
     if not tiered:
         return None
-    local = asyncio.ensure_future(_answer_all(tiering, tiered, view.isolation_level))
+    parts = asyncio.ensure_future(_answer_all(tiering, tiered, view.isolation_level))
     frame = None if upstream_body is None else framed(header_bytes, upstream_body)
-    return OffsetsPlan(view, frame, local, tuple(tiered))
+    if frame is None or not any(p.also_upstream and p.timestamp == MAX_TIMESTAMP for p in tiered):
+        return OffsetsPlan(view, frame, parts, tuple(tiered))
+    local: asyncio.Future[dict] = asyncio.get_running_loop().create_future()
+    return OffsetsPlan(view, frame, local, tuple(tiered), parts=parts, tiering=tiering)
 
 
 async def _answer_all(tiering: ReadHandlers, tiered, isolation_level: int) -> dict:

@@ -14,6 +14,8 @@ their consumer: `ReadsHost` (reads.py), `TxnHost` (txn.py), `StartHost`
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
 from proxy.config import ProxyConfig
@@ -36,6 +38,8 @@ from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
 
+SendToKafka = Callable[[object], Awaitable[memoryview]]
+
 
 class TieringHost(Protocol):
     """The proxy a tiered service runs in (server/app.py's `Proxy`)."""
@@ -52,6 +56,11 @@ class TieringHost(Protocol):
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]: ...
 
     async def partition_leader_epochs(self, name: str) -> dict[int, int]: ...
+
+    def at_leader(self, topic: str, partition: int) -> AbstractAsyncContextManager[SendToKafka]:
+        """A connection of the proxy's own to the partition's leader: a request -> the
+        body of its answer (LookupError: no leader; OSError: not reached)."""
+        ...
 
 
 class TieredMetadata(Protocol):
@@ -87,6 +96,10 @@ class ReadHandlers(TieredMetadata, Protocol):
 
     @property
     def leader_epochs(self) -> LeaderEpochs: ...
+
+    def at_leader(self, topic: str, partition: int) -> AbstractAsyncContextManager[SendToKafka]:
+        """As `TieringHost.at_leader`: Kafka's own answers about its part of a log."""
+        ...
 
 
 class DeletesHost(ReadHandlers, TrimHost, Protocol):

@@ -25,7 +25,7 @@ import functools
 import logging
 import time
 import uuid
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
 from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry
@@ -63,7 +63,7 @@ from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.catch_up import catch_up, catch_up_producer
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner
-from proxy.tiered.ports import TieringHost
+from proxy.tiered.ports import SendToKafka, TieringHost
 from proxy.tiered.reads import TieredReads
 from proxy.tiered.startup import start_parts
 from proxy.tiered.timestamps import OwnerAway, StreamSearch
@@ -245,6 +245,11 @@ class TieringService:
         owner = self.shard_owner(shard)
         if owner is not None and self.partitions.get(stream) is None:
             await self.recover_streams(owner.state, [stream])
+
+    def at_leader(self, topic: str, partition: int) -> AbstractAsyncContextManager[SendToKafka]:
+        """A connection of the proxy's own to a partition's leader (offsets.py asks Kafka
+        for its part of a tiered log's MAX_TIMESTAMP)."""
+        return self._host.at_leader(topic, partition)
 
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
         """(topic id, partition count) of an upstream topic (LookupError if unknown)."""

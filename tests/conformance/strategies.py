@@ -365,14 +365,15 @@ def list_offsets(
 def conformance_settings(default_examples: int):
     """Bounded and reproducible for CI: derandomized, no example database, no shrinking
     (each example runs against real Kafka). CONFORMANCE_EXAMPLES=n runs more,
-    CONFORMANCE_SHRINK=1 shrinks a failure to a smaller scenario."""
+    CONFORMANCE_SHRINK=1 shrinks a failure to a smaller scenario, CONFORMANCE_EXPLORE=1
+    draws new scenarios (not derandomized: pytest's `--hypothesis-seed=N` replays one)."""
     phases = [Phase.explicit, Phase.generate]
     if os.environ.get("CONFORMANCE_SHRINK"):
         phases.append(Phase.shrink)
     return settings(
         max_examples=int(os.environ.get("CONFORMANCE_EXAMPLES", default_examples)),
         deadline=None,
-        derandomize=True,
+        derandomize=not os.environ.get("CONFORMANCE_EXPLORE"),
         database=None,
         phases=phases,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
