@@ -66,6 +66,7 @@ from proxy.objects.store import ObjectStoreError
 from proxy.records.batches import CorruptBatchError
 from proxy.records.timestamp_search import Found
 from proxy.tiered.kafka_part import KafkaRefused, kafka_lookup, largest_below
+from proxy.tiered.outcome import pass_outcome
 from proxy.tiered.ports import ReadHandlers
 from proxy.tiered.timestamps import OwnerAway, StreamSearch
 
@@ -331,7 +332,7 @@ class OffsetsPlan:
         except FrameError:  # merged as it came: `combine` sees no Kafka answer
             kafka = {}
         task = asyncio.ensure_future(self._learn(parts, kafka))
-        task.add_done_callback(self._learned)
+        task.add_done_callback(lambda t: pass_outcome(t, self.local))
 
     async def _learn(self, parts: asyncio.Future[dict], kafka: dict) -> dict:
         local = dict(await parts)
@@ -348,16 +349,6 @@ class OffsetsPlan:
         for (item, _, _), part in zip(asking, learned, strict=True):
             local[(item.topic, item.partition)] = part
         return local
-
-    def _learned(self, task: asyncio.Future[dict]) -> None:
-        if self.local.done():
-            return
-        if task.cancelled():
-            self.local.cancel()
-        elif (error := task.exception()) is not None:
-            self.local.set_exception(error)
-        else:
-            self.local.set_result(task.result())
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         """The answer: HERE partitions as `local` has them, BOTH ones Kafka's answer

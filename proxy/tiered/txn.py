@@ -40,6 +40,7 @@ from proxy.apis.api24_add_partitions_to_txn import (
 )
 from proxy.kafka.frames import FrameError
 from proxy.metadata.topic_index import TopicIndex
+from proxy.tiered.outcome import pass_outcome
 
 log = logging.getLogger("tierproxy.transactions")
 
@@ -73,17 +74,7 @@ class AddPartitionsPlan:
             self.local.set_result(frozenset())
             return
         task = asyncio.ensure_future(self.catch_up(added))
-        task.add_done_callback(self._caught_up)
-
-    def _caught_up(self, task: asyncio.Future[frozenset[Key]]) -> None:
-        if self.local.done():
-            return
-        if task.cancelled():
-            self.local.cancel()
-        elif (error := task.exception()) is not None:
-            self.local.set_exception(error)
-        else:
-            self.local.set_result(task.result())
+        task.add_done_callback(lambda t: pass_outcome(t, self.local))
 
     def merge(self, api_version: int, upstream: memoryview | None, local: frozenset[Key]) -> bytes:
         assert upstream is not None
