@@ -18,7 +18,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from proxy.admin.api import AdminServer
@@ -37,7 +37,7 @@ from proxy.routing.fleet import FleetView, Heartbeat, Member
 from proxy.routing.router import ZoneRouter
 from proxy.routing.zones import CidrZones
 from proxy.server.connection import ClientConnection
-from proxy.server.control import ControlConnection, FrameStreams, SaslFailed
+from proxy.server.control import ControlConnection, FrameStreams, SaslFailed, Send
 from proxy.server.frame_reader import BufferedFrameReader, FrameProtocol
 from proxy.server.membership import Membership, kafka_settings
 from proxy.server.tls import client_context, server_context
@@ -335,9 +335,7 @@ class Proxy:
         """{partition: leader epoch} of an upstream topic (`ControlConnection`)."""
         return await self.control.partition_leader_epochs(name)
 
-    def at_leader(
-        self, topic: str, partition: int
-    ) -> AbstractAsyncContextManager[Callable[[object], Awaitable[memoryview]]]:
+    def at_leader(self, topic: str, partition: int) -> AbstractAsyncContextManager[Send]:
         """A connection of the proxy's own to a partition's leader (`ControlConnection`)."""
         return self.control.at_leader(topic, partition)
 

@@ -180,13 +180,23 @@ class ControlConnection:
         """One request on a connection of the proxy's own to a known broker; the body of
         the answer. The whole exchange, authentication included, is bounded by
         `upstream.connect_timeout_s` per step."""
-        host, port = self.candidates()[0]
+        async with self._session(*self.candidates()[0]) as send:
+            return await send(request)
+
+    @asynccontextmanager
+    async def _session(self, host: str, port: int) -> AsyncIterator[Send]:
+        """A connection of the proxy's own to host:port, authenticated as `upstream.sasl`;
+        each request on it bounded by `upstream.connect_timeout_s`, one at a time."""
         timeout = self.config.connect_timeout_s
         reader, writer = await self.open(host, port)
         try:
             if self.config.sasl is not None:
                 await asyncio.wait_for(self.authenticate(reader, writer), timeout)
-            return await asyncio.wait_for(call(reader, writer, request), timeout)
+
+            async def send(request: object) -> memoryview:
+                return await asyncio.wait_for(call(reader, writer, request), timeout)
+
+            yield send
         finally:
             await close_stream(writer, timeout)
 
@@ -207,18 +217,8 @@ class ControlConnection:
         if error_code != 0 or code != 0 or leader not in brokers:
             raise LookupError(f"{topic}-{partition}: no leader (error codes {error_code}, {code})")
         _, host, port, _ = brokers[leader]
-        timeout = self.config.connect_timeout_s
-        reader, writer = await self.open(host, port)
-        try:
-            if self.config.sasl is not None:
-                await asyncio.wait_for(self.authenticate(reader, writer), timeout)
-
-            async def send(request: object) -> memoryview:
-                return await asyncio.wait_for(call(reader, writer, request), timeout)
-
+        async with self._session(host, port) as send:
             yield send
-        finally:
-            await close_stream(writer, timeout)
 
     async def topics(self) -> dict[str, int]:
         """Kafka's topics (name -> partition count), by one Metadata request for all."""

@@ -46,9 +46,9 @@ from kio.static.primitive import i8, i32, i64
 from proxy.apis.api02_list_offsets import read_list_offsets_response
 from proxy.records.timestamp_search import Found
 
-Lookup = Callable[
-    [int], Awaitable[Found | None]
-]  # timestamp -> Kafka's first record at or after it
+# timestamp -> Kafka's first record at or after it
+Lookup = Callable[[int], Awaitable[Found | None]]
+Send = Callable[[object], Awaitable[memoryview]]  # a request -> the body of its answer
 READ_UNCOMMITTED = 0
 _VERSION = 5  # ListOffsets with leader epochs, served by every Kafka since 2.2
 
@@ -80,9 +80,7 @@ async def largest_below(cutover: int, lookup: Lookup, floor: int, ceiling: int) 
     return best
 
 
-async def kafka_lookup(
-    send: Callable[[object], Awaitable[memoryview]], topic: str, partition: int, timestamp: int
-) -> Found | None:
+async def kafka_lookup(send: Send, topic: str, partition: int, timestamp: int) -> Found | None:
     """Kafka's answer to ListOffsets(`timestamp`) for one partition, read_uncommitted, from
     its leader (`send`); None when no record reaches it. KafkaRefused on an error code."""
     request = ListOffsetsRequest(
