@@ -18,12 +18,21 @@ connection, as Java's ProducerPerformance sends); `java paced`: the paced phase 
 Java's ProducerPerformance (acks=all, idempotent, linger 0). Each proxied phase also
 reports the share of requests the relay forwarded (`tierproxy_relayed_frames_total`):
 the rest took the connection loop.
+
+The librdkafka phases also run through `native_relay.c` (path `native`): a byte relay in
+C, one thread and epoll, built here with the machine's `cc`, between the producer and a
+second listener of the broker that advertises the relay's port. It makes the system
+calls any user-space relay makes per request (a read and a write each way, the epoll
+wake-ups) and nothing else: the floor under the proxy's figure on this machine. Its
+requests are librdkafka's own count (`req.Produce`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,11 +56,30 @@ from benchmarks.common.procs import (
 )
 from benchmarks.common.run import git_state, run_facts, write_json
 from proxy.devstack import KafkaCluster
-from proxy.devstack.paths import kafka_libs
+from proxy.devstack.paths import free_port, kafka_libs
 
 REQUESTS = "tierproxy_requests_total"
 PUBLISH_WAIT_S = 0.3  # > the connections' PUBLISH_DELAY_S
 RELAYED = "tierproxy_relayed_frames_total"
+NATIVE_SOURCE = Path(__file__).with_name("native_relay.c")
+NATIVE_LISTENER = "RELAYED"  # the broker's listener behind the native relay
+
+
+def _start_native(tmp: Path, listen_port: int, upstream_port: int) -> subprocess.Popen | None:
+    """Build and start native_relay.c; None (and why, on stderr) without a C compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        print("no C compiler: the native relay's phases are left out", file=sys.stderr)
+        return None
+    binary = tmp / "native_relay"
+    subprocess.run([compiler, "-O2", "-o", str(binary), str(NATIVE_SOURCE)], check=True)
+    argv = [str(binary), str(listen_port), "127.0.0.1", str(upstream_port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if not proc.stdout.readline().startswith("listening"):  # bound before any client
+        proc.kill()
+        raise RuntimeError(f"{binary} did not start")
+    return proc
 
 
 def _produce_requests(url: str) -> tuple[float, float]:
@@ -61,6 +89,53 @@ def _produce_requests(url: str) -> tuple[float, float]:
     produce = sum(v for k, v in samples.get(REQUESTS, {}).items() if ("api_key", "0") in k)
     relayed = sum(v for k, v in samples.get(RELAYED, {}).items() if ("direction", "request") in k)
     return produce, relayed
+
+
+def _native_phase(
+    pid: int,
+    rnd: int,
+    kind: str,
+    bootstrap: str,
+    topic: str,
+    rate: int | None,
+    settings: dict[str, str],
+    args: argparse.Namespace,
+) -> dict:
+    """One librdkafka phase through the native relay: its CPU per request."""
+    (user0, sys0), (reads0, writes0) = cpu_split(pid), syscalls(pid)
+    load = os.getloadavg()[0]
+    result = librdkafka_produce(
+        bootstrap, topic, args.records, args.record_size, rate, settings, count_requests=True
+    )
+    user, sys_ = (a - b for a, b in zip(cpu_split(pid), (user0, sys0), strict=True))
+    reads, writes = (a - b for a, b in zip(syscalls(pid), (reads0, writes0), strict=True))
+    requests = int(str(result.details["produce_requests"]))
+    cpu = user + sys_
+    per = f"{cpu / requests * 1e6:.0f} µs/request" if requests else "no requests"
+    print(
+        f"r{rnd} {kind:13s} native {result.mb_per_s:6.1f} MB/s "
+        f"p50 {result.latency_ms['p50']:.1f} ms  relay {cpu:.2f} CPU s over "
+        f"{result.seconds:.1f} s, {requests} requests ({reads} reads, {writes} writes): {per}  "
+        f"load {load:.1f}",
+        flush=True,
+    )
+    return {
+        "round": rnd, "kind": kind, "path": "native", "seconds": result.seconds,
+        "mb_per_s": result.mb_per_s, "latency_ms": result.latency_ms,
+        "proxy_cpu_s": cpu, "requests": requests, "relayed": requests,
+        "reads": reads, "writes": writes, "user_s": user, "system_s": sys_, "load": load,
+    }  # fmt: skip
+
+
+def _native_cell(native: list[dict]) -> str:
+    """The native relay's figures for one kind's rounds ("–" where it did not run)."""
+    rows = [
+        f"{p['proxy_cpu_s'] / p['requests'] * 1e6:.0f} µs, {p['reads'] / p['requests']:.1f}, "
+        f"{p['writes'] / p['requests']:.1f}, {p['system_s'] / max(p['proxy_cpu_s'], 1e-9):.0%}"
+        for p in native
+        if p["requests"]
+    ]
+    return "; ".join(rows) or "–"
 
 
 def _share(count: int, samples: int) -> str:
@@ -83,9 +158,20 @@ def main() -> int:
     phases: list[dict] = []
     profiles: dict[str, list[Path]] = {}
     with tempfile.TemporaryDirectory(prefix="tierproxy-relay-") as tmp, ExitStack() as stack:
-        kafka = KafkaCluster(size=1, name="kafka-relay")
+        kafka = KafkaCluster(
+            size=1, name="kafka-relay", extra_listeners={NATIVE_LISTENER: "PLAINTEXT"}
+        )
+        node = kafka.nodes[0]
+        native_port = free_port()
+        kafka.extra_config["advertised.listeners"] = (
+            f"PLAINTEXT://127.0.0.1:{node.port},{NATIVE_LISTENER}://127.0.0.1:{native_port}"
+        )
         stack.callback(kafka.stop)
         kafka.start()
+        native = _start_native(Path(tmp), native_port, node.extra_ports[NATIVE_LISTENER])
+        if native is not None:
+            stack.callback(native.kill)
+        native_bootstrap = f"127.0.0.1:{native_port}"
         metrics_port = pick_port_base([0])
         proxy = ProxyProcess(
             kafka.bootstrap,
@@ -107,16 +193,30 @@ def main() -> int:
         }
         java = JavaTools(kafka_libs())
         # unmeasured: connections, metadata, the broker's JIT
-        for path in ("direct", "proxy"):
-            bootstrap = kafka.bootstrap if path == "direct" else proxy.bootstrap
+        bootstraps = {"direct": kafka.bootstrap, "proxy": proxy.bootstrap}
+        if native is not None:
+            bootstraps["native"] = native_bootstrap
+        for path, bootstrap in bootstraps.items():
             librdkafka_produce(
                 bootstrap, topic, 20000, args.record_size, None, kinds["small batches"][1]
             )
-            java.produce(bootstrap, topic, 5000, args.record_size, None, {"linger.ms": "0"})
+            if path != "native":
+                java.produce(bootstrap, topic, 5000, args.record_size, None, {"linger.ms": "0"})
         for rnd in range(args.rounds):
             for kind, (client, settings, rate) in kinds.items():
-                for path in ("direct", "proxy") if rnd % 2 == 0 else ("proxy", "direct"):
-                    bootstrap = kafka.bootstrap if path == "direct" else proxy.bootstrap
+                paths = ["direct", "proxy"]
+                if native is not None and client == "librdkafka":
+                    paths.append("native")
+                for path in paths if rnd % 2 == 0 else paths[::-1]:
+                    bootstrap = bootstraps[path]
+                    if path == "native":
+                        assert native is not None
+                        phases.append(
+                            _native_phase(
+                                native.pid, rnd, kind, bootstrap, topic, rate, settings, args
+                            )
+                        )
+                        continue
                     profiler = None
                     if args.profile and path == "proxy":
                         args.profile.mkdir(parents=True, exist_ok=True)
@@ -169,9 +269,10 @@ def main() -> int:
     print(
         "| phase | proxy CPU µs per request | proxy CPU s per GiB "
         "| background CPU s per s (direct twin) | requests relayed "
-        "| reads, writes per request | of which system CPU |"
+        "| reads, writes per request | of which system CPU "
+        "| native relay: CPU µs per request, reads, writes per request, system share |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | --- | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: | --- |")
     for kind in kinds:
         proxied = [p for p in phases if p["kind"] == kind and p["path"] == "proxy"]
         idle = [p for p in phases if p["kind"] == kind and p["path"] == "direct"]
@@ -192,7 +293,8 @@ def main() -> int:
             f"{', '.join(f'{v:.3f}' for v in background)} | "
             f"{', '.join(f'{share:.0%}' for share in relayed_shares)} | "
             f"{', '.join(f'{r:.1f}, {w:.1f}' for r, w in calls)} | "
-            f"{', '.join(f'{share:.0%}' for share in system_shares)} |"
+            f"{', '.join(f'{share:.0%}' for share in system_shares)} | "
+            f"{_native_cell([p for p in phases if p['kind'] == kind and p['path'] == 'native'])} |"
         )
     for kind, paths in profiles.items():
         if args.profiler == "perf":

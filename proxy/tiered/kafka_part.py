@@ -27,6 +27,11 @@ record, the search still finds it exactly; if not, Kafka's own answer (the passt
 twin's) is the deleted record, which no Fetch returns either (the difference
 docs/tiering.md names).
 
+Kafka's log may also start below the partition's: DeleteRecords moves both, but the
+stream's retention moves only the partition's, and may move it past a range below the
+cutover that Kafka alone holds. A lookup answering a record below the partition's log
+start (`start`) is answered as a none: such a record is no longer the partition's.
+
 `largest_below` is the search, pure but for the lookup it is given; `kafka_lookup` is
 one ListOffsets on a connection to the leader (`ReadHandlers.at_leader`).
 """
@@ -61,16 +66,19 @@ class KafkaRefused(Exception):
         self.error_code = error_code
 
 
-async def largest_below(cutover: int, lookup: Lookup, floor: int, ceiling: int) -> Found | None:
-    """The record of Kafka's part below `cutover` with the largest timestamp, the first in
-    offset order with it, if that timestamp is at least `floor`; None if none is.
-    `ceiling` bounds every timestamp of Kafka's log (its MAX_TIMESTAMP answer)."""
+async def largest_below(
+    cutover: int, lookup: Lookup, floor: int, ceiling: int, start: int = 0
+) -> Found | None:
+    """The record of Kafka's part in [`start`, `cutover`) with the largest timestamp, the
+    first in offset order with it, if that timestamp is at least `floor`; None if none
+    is. `ceiling` bounds every timestamp of Kafka's log (its MAX_TIMESTAMP answer);
+    `start` is the partition's log start (Kafka's may be lower)."""
     best: Found | None = None
     low, high = floor, ceiling + 1  # the answer's timestamp, if any, is in [low, high)
     probe = low  # first: does Kafka's part reach `floor` at all?
     while low < high:
         got = await lookup(probe)
-        if got is None:  # Kafka's first segment's deleted records: search higher
+        if got is None or got.offset < start:  # deleted records (module docstring): higher
             low = probe + 1
         elif got.offset < cutover:
             best, low = got, max(got.timestamp, probe) + 1

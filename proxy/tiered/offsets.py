@@ -280,7 +280,9 @@ async def learn_kafka_part(
             async def lookup(timestamp: int) -> Found | None:
                 return await kafka_lookup(send, topic, partition, timestamp)
 
-            found = await largest_below(part.cutover, lookup, floor, kafka.timestamp)
+            found = await largest_below(
+                part.cutover, lookup, floor, kafka.timestamp, part.log_start
+            )
     except (LookupError, OSError, TimeoutError, KafkaRefused) as exc:
         log.info("%s-%d: MAX_TIMESTAMP of Kafka's part not learned: %r", topic, partition, exc)
         return StreamPart(ErrorCode.not_leader_or_follower)

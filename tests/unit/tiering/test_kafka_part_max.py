@@ -42,19 +42,22 @@ class KafkaTwin:
                 return None  # Kafka looks in that segment only
         return None
 
-    def live_below(self, cutover: int) -> list[tuple[int, int]]:
-        return [(o, ts) for s in self.segments for o, ts in s if self.log_start <= o < cutover]
+    def live_below(self, cutover: int, start: int | None = None) -> list[tuple[int, int]]:
+        start = self.log_start if start is None else start
+        return [(o, ts) for s in self.segments for o, ts in s if start <= o < cutover]
 
-    def deleted_largest(self) -> int:
-        first = self.segments[0] if self.segments else []
-        return max((ts for o, ts in first if o < self.log_start), default=-1)
+    def largest_before(self, start: int) -> int:
+        """The largest timestamp of a record Kafka still counts below `start`: its
+        first segment's deleted ones, and its live ones below the partition's start."""
+        return max((ts for s in self.segments for o, ts in s if o < start), default=-1)
 
     def ceiling(self) -> int:
         return max(ts for s in self.segments for _, ts in s)
 
 
-def run(twin: KafkaTwin, cutover: int, floor: int) -> Found | None:
-    return asyncio.run(largest_below(cutover, twin.lookup, floor, twin.ceiling()))
+def run(twin: KafkaTwin, cutover: int, floor: int, start: int | None = None) -> Found | None:
+    start = twin.log_start if start is None else start
+    return asyncio.run(largest_below(cutover, twin.lookup, floor, twin.ceiling(), start))
 
 
 def segmented(timestamps: list[int], cuts: list[int]) -> list[Segment]:
@@ -85,24 +88,38 @@ def test_deleted_records_of_the_first_segment_do_not_hide_a_larger_one_after_the
     assert run(twin, 5, floor=0) == Found(90, 3, 0)
 
 
+def test_a_record_below_the_partitions_log_start_is_not_the_answer():
+    # the stream's retention moved the partition's log start to 2, past [0, 2) that Kafka
+    # alone holds (its own log starts at 0): Kafka's lookups of 31..100 answer offset 0
+    twin = KafkaTwin([[(0, 100), (1, 10), (2, 20)], [(3, 30), (4, 9000)]], log_start=0)
+    assert run(twin, 4, floor=0, start=0) == Found(100, 0, 0)
+    assert run(KafkaTwin(twin.segments, 0), 4, floor=0, start=2) is None  # Found(100, 0) without
+    twin = KafkaTwin([[(0, 100), (1, 10), (2, 20)], [(3, 130), (4, 9000)]], log_start=0)
+    assert run(twin, 4, floor=0, start=2) == Found(130, 3, 0)  # above what is below the start
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     timestamps=st.lists(st.integers(0, 200), min_size=1, max_size=30),
     cuts=st.lists(st.integers(0, 30), max_size=5),
     log_start=st.integers(0, 30),
+    moved=st.integers(0, 6),
     cutover=st.integers(0, 31),
     floor=st.integers(0, 220),
 )
 def test_the_search_is_kafkas_largest_below_the_cutover(
-    timestamps, cuts, log_start, cutover, floor
+    timestamps, cuts, log_start, moved, cutover, floor
 ):
+    """`moved`: how far the stream's retention moved the partition's log start past
+    Kafka's (0: DeleteRecords keeps them equal)."""
     twin = KafkaTwin(segmented(timestamps + [300], cuts), min(log_start, len(timestamps)))
+    start = min(twin.log_start + moved, len(timestamps))
     cutover = min(cutover, len(timestamps))  # the stray (300) is past it
-    live = twin.live_below(cutover)
-    found = run(twin, cutover, floor)
+    live = twin.live_below(cutover, start)
+    found = run(twin, cutover, floor, start)
     assert len(twin.asked) <= 3 + math.ceil(math.log2(301 - floor + 1))
     largest = max((ts for _, ts in live), default=-1)
-    if largest > twin.deleted_largest() or largest < 0:  # nothing deleted hides it
+    if largest > twin.largest_before(start) or largest < 0:  # nothing below hides it
         expected = None
         if largest >= floor and live:
             expected = Found(largest, next(o for o, ts in live if ts == largest), 0)
