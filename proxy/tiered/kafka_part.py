@@ -28,9 +28,11 @@ twin's) is the deleted record, which no Fetch returns either (the difference
 docs/tiering.md names).
 
 Kafka's log may also start below the partition's: DeleteRecords moves both, but the
-stream's retention moves only the partition's, and may move it past a range below the
-cutover that Kafka alone holds. A lookup answering a record below the partition's log
-start (`start`) is answered as a none: such a record is no longer the partition's.
+stream's retention moves the partition's first and Kafka's after it (upkeep/
+retention.py; not at all while Kafka refuses the delete), and may move it past a range
+below the cutover that Kafka alone holds. A lookup answering a record below the
+partition's log start (`start`) is answered as a none: such a record is no longer the
+partition's.
 
 `largest_below` is the search, pure but for the lookup it is given; `kafka_lookup` is
 one ListOffsets on a connection to the leader (`ReadHandlers.at_leader`).

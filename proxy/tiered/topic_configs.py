@@ -13,6 +13,9 @@ client and keeps them `max_age_s`:
   first produce on this proxy waits for one DescribeConfigs (shared by the requests that
   arrive meanwhile). A topic Kafka does not describe (an error) has no rules: its
   produce is answered with a retriable error rather than guessed.
+
+The same admin client deletes Kafka's copy below a log start retention moved
+(`delete_below`: DeleteRecords; retention.py).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
 
 from proxy.cleaner.plan import CONFIG_KEYS as CLEANER_KEYS
 from proxy.cleaner.plan import CleanerConfig, cleaner_config
@@ -128,8 +132,7 @@ class TopicConfigs:
         if not task.cancelled() and task.exception() is not None:
             log.warning("the configs of %s could not be read: %r", topic, task.exception())
 
-    async def _describe(self, topics: list[str]) -> None:
-        now = time.monotonic()
+    async def _admin_client(self) -> AIOKafkaAdminClient:
         async with self._admin_lock:
             if self._admin is None:
                 admin = AIOKafkaAdminClient(**self._kafka)
@@ -139,7 +142,21 @@ class TopicConfigs:
                     await admin.close()
                     raise
                 self._admin = admin
-            admin = self._admin
+            return self._admin
+
+    async def delete_below(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's records of the partition below `offset` deleted (DeleteRecords, sent to
+        its leader); Kafka's low watermark after it. Raises what the admin client raises
+        (a KafkaError for an error code, OSError, TimeoutError)."""
+        admin = await self._admin_client()
+        answer = await admin.delete_records(
+            {TopicPartition(topic, partition): RecordsToDelete(offset)}
+        )
+        return answer[TopicPartition(topic, partition)]
+
+    async def _describe(self, topics: list[str]) -> None:
+        now = time.monotonic()
+        admin = await self._admin_client()
         wanted = dict.fromkeys(CONFIG_KEYS)
         resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
         for response in await admin.describe_configs(resources):

@@ -140,6 +140,10 @@ class TopicConfigsPort(Protocol):
         """Each topic's retention config; a topic Kafka does not describe is left out."""
         ...
 
+    async def delete_below(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's records of the partition below `offset` deleted; its low watermark."""
+        ...
+
 
 class SealHost(ShardsAndPeers, OwnedPartitions, Protocol):
     """Untier's seals (seals.py): close a topic's partitions where they are owned."""

@@ -13,12 +13,18 @@ Every `tiering.retention_check_interval_s`, for each stream of each shard this p
 3. `plan_trim` (retention_plan.py) says which of the oldest ranges go; the owner writes
    a StreamTrim to the end of the last one and moves its partition's log start there.
    Only committed ranges are looked at, so the log start never passes the committed end.
+4. once the trim is written, Kafka's copy below min(new log start, cutover) is deleted
+   (DeleteRecords, `TopicConfigsPort.delete_below`): what the partition no longer holds,
+   Kafka no longer answers either (a timestamp lookup, MAX_TIMESTAMP, EARLIEST), as the
+   passthrough topic's own retention would have it, and Kafka frees the disk. One that
+   fails (Kafka away, the proxy's user lacking Delete on the topic) is tried again at the
+   start of every pass until it succeeds; until then the read path answers a Kafka that
+   starts below the log start as it must (docs/tiering.md, "Reads after a trim").
 
 The objects a trim leaves with no range are deleted like every other object no range
 uses any more, by the compactor's garbage collector (object_gc.py) after
 `tiering.object_delete_grace_s`, so that readers which began before the trim finish.
-Kafka trims its own copy below the cutover itself (offsets no object holds, and the
-migrated ones until its copy is dropped).
+Below the log start Kafka keeps trimming its own copy too, by its own retention.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ class RetentionReport:
     """What one pass did: stream -> new log start."""
 
     trimmed: dict[int, int] = field(default_factory=dict)
+    # stream -> Kafka's low watermark after deleting its copy below the new log start
+    kafka_trimmed: dict[int, int] = field(default_factory=dict)
 
 
 class Retention:
@@ -66,6 +74,8 @@ class Retention:
         self.configs = service.topic_configs  # closed by the service
         self._clock_ms = clock_ms
         self._facts: dict[RangeKey, RangeFacts] = {}
+        # stream -> (topic, partition, offset): Kafka's copy still to delete below offset
+        self._kafka_behind: dict[int, tuple[str, int, int]] = {}
 
     async def run(self) -> None:
         while True:
@@ -82,6 +92,11 @@ class Retention:
         is measured from (default: the clock)."""
         now = self._clock_ms() if now_ms is None else now_ms
         report = RetentionReport()
+        for stream, (topic, partition, offset) in list(self._kafka_behind.items()):
+            if self.service.state(stream).stream(stream) is None:  # untiered or deleted
+                del self._kafka_behind[stream]
+                continue
+            await self._trim_kafka(stream, topic, partition, offset, report)
         owners = self.service.owned_shards()
         live: set[RangeKey] = set()
         for owner in owners.values():
@@ -116,8 +131,9 @@ class Retention:
                 log.error("retention of stream %d: %s", info.stream_id, exc)
                 continue
             plan = plan_trim(facts, now_ms, config)
-            if plan.log_start_offset is not None:
-                await self._trim(owner, info, plan, now_ms, report)
+            name = names[info.stream_id]
+            if plan.log_start_offset is not None and name is not None:
+                await self._trim(owner, info, name, plan, now_ms, report)
 
     def _topic_name(self, info: StreamInfo) -> str | None:
         """The stream's topic name, from its mode record (whatever the mode is now)."""
@@ -167,6 +183,7 @@ class Retention:
         self,
         owner: ShardOwner,
         info: StreamInfo,
+        topic: str,
         plan: TrimPlan,
         now_ms: int,
         report: RetentionReport,
@@ -191,6 +208,32 @@ class Retention:
             plan.by_time,
             plan.by_size,
         )
+        below = min(log_start, info.cutover_offset)
+        if below > 0:
+            await self._trim_kafka(stream, topic, info.partition, below, report)
+
+    async def _trim_kafka(
+        self, stream: int, topic: str, partition: int, offset: int, report: RetentionReport
+    ) -> None:
+        """Kafka's copy of the stream's partition below `offset` deleted, or remembered to
+        be tried again next pass (a later trim of the stream replaces it)."""
+        self._kafka_behind[stream] = (topic, partition, offset)
+        try:
+            low = await self.service.topic_configs.delete_below(topic, partition, offset)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning(
+                "retention of stream %d: Kafka's copy of %s-%d below %d not deleted: %r; "
+                "next pass tries again",
+                stream,
+                topic,
+                partition,
+                offset,
+                exc,
+            )
+            return
+        if self._kafka_behind.get(stream) == (topic, partition, offset):
+            del self._kafka_behind[stream]
+        report.kafka_trimmed[stream] = low
 
 
 def _range_key(r: StreamRange) -> RangeKey:

@@ -1,17 +1,24 @@
-"""A tiered partition whose log start retention moved below the cutover, while Kafka
-still holds its own copy of the trimmed offsets (issue 15: the topic answers as Kafka).
+"""A tiered partition whose log start moved below the cutover, while Kafka still holds
+its own copy of the trimmed offsets for a while (issue 15: the topic answers as Kafka).
 
 One proxy on the shared Kafka. A one-partition topic gets BEFORE records through Kafka
-(three batches) and is tiered; an offload job (its tasks run in the test, as in
-test_tiered_retention) moves the first two batches into objects, and Kafka's copy is NOT
-dropped (docs/offload.md step 4 not done yet). retention.bytes then drops the oldest
-migrated range: the stream's log start L lies below the cutover, Kafka's log start is
-still 0. Kafka answers OFFSET_OUT_OF_RANGE below its log start, so the proxy must too:
-a Fetch below L was sent to Kafka (no object holds it) and served the trimmed records.
-ListOffsets EARLIEST answers L (Kafka's answer, 0, was passed on), and a consumer from
-the earliest offset reads exactly [L, cutover): the migrated range from its object, the
-rest from Kafka. Then the job finishes (every offset below the cutover in objects, so
-ListOffsets is answered by the proxy alone): the same answers.
+(five batches) and is tiered; an offload job (its tasks run in the test, as in
+test_tiered_retention) moves the first three batches into objects, and Kafka's copy is
+NOT dropped (docs/offload.md step 4 not done yet).
+
+1. The trim written, Kafka's copy not deleted yet (what a retention pass leaves between
+   its two steps, or after Kafka refused the delete): the stream's log start L1 lies
+   below the cutover, Kafka's log start is still 0. Kafka answers OFFSET_OUT_OF_RANGE
+   below its log start, so the proxy must too: a Fetch below L1 was sent to Kafka (no
+   object holds it) and served the trimmed records. ListOffsets EARLIEST answers L1
+   (Kafka's answer, 0, was passed on), and a consumer from the earliest offset reads
+   exactly [L1, cutover): the migrated range from its object, the rest from Kafka.
+2. A retention pass drops the next migrated range (retention.bytes), and deletes
+   Kafka's copy below the new log start L2 too: Kafka's own log starts at L2, and a
+   timestamp lookup older than L2 answers L2, as the passthrough topic would (before,
+   Kafka's answer below it, offset 0, was passed on).
+3. The job finishes (every offset below the cutover in objects, so ListOffsets is
+   answered by the proxy alone): the same answers.
 """
 
 from __future__ import annotations
@@ -23,10 +30,14 @@ from test_tiered_retention import (
     TieredTopic,
     _fetch_error_at,
     _migrate,
+    _offset_for_time,
     _read_from_earliest,
     _start,
 )
 
+from proxy.clock import now_ms
+from proxy.metadata.streams import shard_of
+from proxy.upkeep.trims import write_trim
 from tests.support.clients import watermarks
 from tests.support.waiting import wait_until
 
@@ -42,23 +53,44 @@ def _check_log_starts_at(t: TieredTopic, log_start: int) -> None:
     assert _read_from_earliest(bootstrap, topic, BEFORE - log_start) == expected
 
 
+def _trim_only(t: TieredTopic, log_start: int) -> None:
+    """The StreamTrim a retention pass writes, without the Kafka delete that follows it."""
+    tiering = t.tiering
+    owner = tiering.shard_owner(shard_of(t.stream, tiering.config.shard_count))
+    info = t.state.stream(t.stream)
+    verdict = t.proxy.run(lambda: write_trim(tiering, owner, info, log_start, now_ms()))
+    assert verdict.accepted, verdict
+
+
 def test_a_fetch_below_a_log_start_below_the_cutover_is_out_of_range(kafka_cluster, tmp_path):
     topic, thread = _start(kafka_cluster, tmp_path, "below-start")
     with thread as proxy:
-        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic, before_batches=3)
-        assert _migrate(t, first=2) == 2  # the job is not done: [b, cutover) only in Kafka
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic, before_batches=5)
+        assert _migrate(t, first=3) == 3  # the job is not done: [c, cutover) only in Kafka
         ranges = t.ranges()
-        assert [r.start_offset for r in ranges] == [0, ranges[0].end_offset]
-        assert t.state.backfill_gaps(t.stream) == [(ranges[1].end_offset, BEFORE)]
-        t.retention_sees(**{"retention.bytes": t.block_bytes(ranges[1])})
-        log_start = ranges[0].end_offset
-        assert t.run_retention().trimmed == {t.stream: log_start}
-        # the owner wrote the trim; this proxy's reader of the shard applies it next
-        wait_until(lambda: t.state.stream(t.stream).log_start_offset == log_start, 30, "read")
-        assert watermarks(kafka_cluster.bootstrap, topic) == (0, BEFORE)  # Kafka's copy lives
-        _check_log_starts_at(t, log_start)
+        assert len(ranges) == 3 and ranges[0].start_offset == 0
+        assert t.state.backfill_gaps(t.stream) == [(ranges[2].end_offset, BEFORE)]
 
-        assert _migrate(t) >= 1  # the rest: the objects hold [log start, cutover)
-        assert t.state.backfill_gaps(t.stream) == []
+        first = ranges[0].end_offset  # 1. the trim alone: Kafka's copy lives
+        _trim_only(t, first)
+        wait_until(lambda: t.state.stream(t.stream).log_start_offset == first, 30, "read")
         assert watermarks(kafka_cluster.bootstrap, topic) == (0, BEFORE)
+        _check_log_starts_at(t, first)
+
+        t.retention_sees(**{"retention.bytes": t.block_bytes(ranges[2])})  # 2. retention
+        log_start = ranges[1].end_offset
+        report = t.run_retention()
+        assert report.trimmed == {t.stream: log_start}
+        assert report.kafka_trimmed == {t.stream: log_start}
+        wait_until(lambda: t.state.stream(t.stream).log_start_offset == log_start, 30, "read")
+        assert watermarks(kafka_cluster.bootstrap, topic) == (log_start, BEFORE)
+        _check_log_starts_at(t, log_start)
+        for below in (t.before[0], t.before[first], t.before[log_start - 1], t.before[log_start]):
+            timestamp = below[2]
+            expected = next(o for o, _, ts in t.before if o >= log_start and ts >= timestamp)
+            assert _offset_for_time(proxy.bootstrap, topic, timestamp) == expected, below
+
+        assert _migrate(t) >= 1  # 3. the rest: the objects hold [log start, cutover)
+        assert t.state.backfill_gaps(t.stream) == []
+        assert watermarks(kafka_cluster.bootstrap, topic) == (log_start, BEFORE)
         _check_log_starts_at(t, log_start)
