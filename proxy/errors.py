@@ -13,3 +13,9 @@ from __future__ import annotations
 
 class TierproxyError(Exception):
     """A failure of one of the proxy's subsystems (not a bug, not a library's own error)."""
+
+
+class UnknownTopic(LookupError):
+    """Kafka answers UNKNOWN_TOPIC_OR_PARTITION for a topic name: no such topic (deleted,
+    or never created). Any other error about a topic is a plain LookupError: it says
+    nothing of whether the topic exists."""

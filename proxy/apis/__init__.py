@@ -31,6 +31,7 @@ from proxy.apis import (
     api02_list_offsets,
     api03_metadata,
     api10_find_coordinator,
+    api20_delete_topics,
     api21_delete_records,
     api22_init_producer_id,
     api23_offset_for_leader_epoch,
@@ -95,6 +96,9 @@ HANDLING: dict[int, ApiHandling] = {
             "FindCoordinator",
             api10_find_coordinator.rewrite_response,
         ),
+        # Forwarded whole; a tiered topic Kafka deleted is dropped from the fleet before
+        # the client is answered (tiered/topic_deletes.py)
+        ApiHandling(api20_delete_topics.API_KEY, "DeleteTopics", tiered=Tiered.AFTER_UPSTREAM),
         ApiHandling(api21_delete_records.API_KEY, "DeleteRecords", tiered=Tiered.SPLIT),
         # No topic named: a transactional producer's epoch bump may have fenced a
         # transaction open in tiered partitions (tiered/fencing.py)

@@ -18,6 +18,7 @@ class ApiKey(IntEnum):
     CONTROLLED_SHUTDOWN = 7  # inter-broker only, absent from kio; its v0 has an odd header
     FIND_COORDINATOR = 10
     API_VERSIONS = 18
+    DELETE_TOPICS = 20
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23

@@ -54,6 +54,10 @@ class TopicMode(IntEnum):
 
     PASSTHROUGH = 0
     TIERED = 1
+    # The topic id is gone from Kafka (the topic deleted, perhaps created again under its
+    # name with another id): its streams are untiered whatever they hold, and its name
+    # is nobody's here any more (docs/tiering.md, "Deleting a tiered topic").
+    DELETED = 2
 
 
 def _check(record: object, name: str, low: int, high: int) -> None:
@@ -206,13 +210,22 @@ class StreamCutover:
 
 @dataclass(frozen=True, slots=True)
 class StreamUntier(_StreamRecord):
-    """The stream's partition goes back to passthrough (only if Kafka holds all its data)."""
+    """The stream's partition goes back to passthrough (only if Kafka holds all its data),
+    or its topic was deleted in Kafka: `topic_deleted_ms` (value version 2, when the
+    topic's mode became DELETED) lets it go whatever it holds, as Kafka drops a deleted
+    topic's log whole. None: an untier, as in every record written before the field."""
 
     generation: int
     stream_id: int
     incarnation: int
     epoch: int
     at_ms: int
+    topic_deleted_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        _validate_stream(self)
+        if self.topic_deleted_ms is not None:
+            _check(self, "topic_deleted_ms", 0, I64_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +434,7 @@ LAYOUTS = {
 # "Versions and errors").
 OPTIONAL_FIELDS: dict[RecordType, tuple[tuple[int, str, str], ...]] = {
     RecordType.STREAM_CUTOVER: ((2, "last_stable_offset", "i64"),),
+    RecordType.STREAM_UNTIER: ((2, "topic_deleted_ms", "i64"),),
 }
 RECORD_TYPES = {cls: record_type for record_type, (cls, _, _) in LAYOUTS.items()}
 _DOMAINS = {"u32": (0, U32_MAX), "u64": (0, U64_MAX), "i32": (0, I32_MAX), "i64": (0, I64_MAX)}

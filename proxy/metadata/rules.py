@@ -184,9 +184,11 @@ def _check_cutover(view: ShardView, cutover: StreamCutover) -> Verdict:
 
 
 def _check_untier(view: ShardView, untier: StreamUntier) -> Verdict:
+    """An untier only when Kafka holds all the stream's data; the untier of a topic
+    deleted in Kafka whatever the stream holds (nothing of it is to be read again)."""
     tiered = _stream(view, untier.stream_id, untier.incarnation)
     problem = tiered if isinstance(tiered, str) else _owner_problem(view, untier.epoch)
-    if problem is None and not isinstance(tiered, str):
+    if problem is None and not isinstance(tiered, str) and untier.topic_deleted_ms is None:
         problem = untier_refusal(tiered)
     return refuse(problem) if problem else ACCEPT
 

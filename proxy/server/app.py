@@ -30,6 +30,7 @@ from proxy.apis.api18_api_versions import (
 )
 from proxy.config import ProxyConfig
 from proxy.lifecycle import run_connection, start_or_undo
+from proxy.metadata.client_start import forbid_topic_auto_creation
 from proxy.metrics import ProxyMetrics, serve_metrics
 from proxy.peer.codec import PROTOCOL as PEER_PROTOCOL
 from proxy.routing.brokers import BrokerDirectory, UpstreamBroker
@@ -106,7 +107,8 @@ class Proxy:
         """Start the parts in order: listeners per broker, tiering, the bootstrap
         listener, membership, metrics and admin servers. A step that fails (or a cancel)
         stops what was started before it (`stop()` undoes any prefix of the start) and
-        the error is raised."""
+        the error is raised. Its tasks' aiokafka clients create no topic (client_start.py)."""
+        forbid_topic_auto_creation()
         await start_or_undo(self._start, self.stop)
 
     async def _start(self) -> None:

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
@@ -28,6 +29,7 @@ from kio.schema.types import TopicName
 from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.apis.api18_api_versions import ApiVersionsError, parse_api_versions_response
 from proxy.config import UpstreamConfig
+from proxy.errors import UnknownTopic
 from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import response_header_size
 from proxy.kafka.messages import encode_request
@@ -237,6 +239,8 @@ class ControlConnection:
         for error_code, topic, topic_id, partitions in read_topics(request.__version__, body):
             if topic == name and error_code == 0 and topic_id is not None and partitions:
                 return topic_id, partitions
+            if topic == name and error_code == ErrorCode.unknown_topic_or_partition:
+                raise UnknownTopic(f"topic {name}: Kafka does not know it")
             if topic == name:
                 raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
         raise LookupError(f"topic {name} is not in Kafka's answer")

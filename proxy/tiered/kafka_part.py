@@ -69,7 +69,7 @@ class KafkaRefused(Exception):
 
 
 async def largest_below(
-    cutover: int, lookup: Lookup, floor: int, ceiling: int, start: int = 0
+    cutover: int, lookup: Lookup, floor: int, ceiling: int, start: int
 ) -> Found | None:
     """The record of Kafka's part in [`start`, `cutover`) with the largest timestamp, the
     first in offset order with it, if that timestamp is at least `floor`; None if none

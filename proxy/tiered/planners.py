@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from proxy.apis import TIERED_API_KEYS, api00_produce, api01_fetch, api02_list_offsets
+from proxy.apis import api20_delete_topics as api20
 from proxy.apis import api21_delete_records as api21
 from proxy.apis import api22_init_producer_id as api22
 from proxy.apis import api23_offset_for_leader_epoch as api23
@@ -28,6 +29,7 @@ from proxy.tiered.fetch import plan_fetch
 from proxy.tiered.offsets import plan_list_offsets
 from proxy.tiered.produce import plan_produce
 from proxy.tiered.producers import plan_describe_producers
+from proxy.tiered.topic_deletes import plan_delete_topics
 from proxy.tiered.txn import plan_add_partitions_to_txn
 
 
@@ -83,6 +85,10 @@ async def _list_offsets(tiering, r: TieredRequest) -> Plan | None:
     return plan_list_offsets(tiering, r.head, r.body, r.api_version)
 
 
+async def _delete_topics(tiering, r: TieredRequest) -> Plan | None:
+    return plan_delete_topics(tiering, framed(r.head, r.body))
+
+
 async def _delete_records(tiering, r: TieredRequest) -> Plan | None:
     return await plan_delete_records(tiering, r.head, r.body, r.api_version)
 
@@ -111,6 +117,7 @@ PLANNERS: dict[int, Planner] = {
     api00_produce.API_KEY: _produce,
     api01_fetch.API_KEY: _fetch,
     api02_list_offsets.API_KEY: _list_offsets,
+    api20.API_KEY: _delete_topics,
     api21.API_KEY: _delete_records,
     api22.API_KEY: _init_producer_id,
     api23.API_KEY: _offset_for_leader_epoch,

@@ -311,8 +311,13 @@ class TieringService:
         return await self.reads.serve_tail(request)
 
     async def on_peer_admin(self, request: AdminRequest) -> tuple[int, str]:
-        """A peer's tier / untier / seal / unseal (upkeep/cutover.py)."""
+        """A peer's tier / untier / seal / unseal / deleted (upkeep/cutover.py)."""
         return await self.cutover.admin(request.op, request.topic, request.topic_id)
+
+    async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
+        """Before a DeleteTopics Kafka answered with success is answered: the tiered
+        topic dropped from the fleet (upkeep/cutover.py); (error code, message)."""
+        return await self.cutover.topic_deleted(topic, topic_id)
 
     async def catch_up(self, keys: list[Key]) -> frozenset[Key]:
         """Before AddPartitionsToTxn is answered: these tiered partitions' transaction

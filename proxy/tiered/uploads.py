@@ -19,6 +19,7 @@ from proxy.config.tiering import TieringConfig
 from proxy.metadata.records import ObjectCommit
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner
+from proxy.metadata.streams import shard_of
 from proxy.objects.store import ObjectStore
 from proxy.reads.logcache import LogCache
 from proxy.upkeep.orphan_plan import commit_age_limit
@@ -32,6 +33,7 @@ from proxy.upload.uploader import (
 )
 from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
+from proxy.wal.types import WalEntry
 
 log = logging.getLogger("tierproxy.tiering")
 
@@ -76,6 +78,17 @@ class UploadLoop:
         self._stale = stale  # WAL entries never to upload (PartitionSet.stale)
         self.uploader: Uploader | None = None  # the current one
 
+    def _skipped(self, entry: WalEntry) -> bool:
+        """A WAL entry never to upload: stale (`PartitionSet.stale`), or of a stream the
+        metadata of a shard owned here no longer has (untiered, or its topic deleted in
+        Kafka: its entries past the committed end are dropped with it; the owner would
+        refuse their commit and the uploader would stop on it again and again)."""
+        if self._stale is not None and self._stale(entry):
+            return True
+        stream = entry.stream_id
+        owner = self._service.shard_owner(shard_of(stream, self._service.config.shard_count))
+        return owner is not None and owner.state.stream(stream) is None
+
     async def run(self) -> None:
         """Run an uploader, and another once it stops, until cancelled."""
         service = self._service
@@ -87,7 +100,7 @@ class UploadLoop:
                 self.commit,
                 self._allocate,
                 committed_end=lambda stream: service.state(stream).stream_end(stream),
-                stale=self._stale,
+                stale=self._skipped,
                 config=config,
             )
             self.uploader.start()

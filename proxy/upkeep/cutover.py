@@ -16,12 +16,22 @@
 `untier` is refused while a partition holds offsets past its cutover: committed ones from
 the metadata, and those only in an owner's WAL too (upkeep/seals.py closes every partition
 of the topic where it is owned first, and starts them again if it refuses).
+
+A tiered topic deleted in Kafka (docs/tiering.md, "Deleting a tiered topic"): the owner
+of its topic shard writes `TopicModeSet(DELETED)` once Kafka no longer knows its topic id
+under its name: at once when a DeleteTopics Kafka answered with success came through a
+proxy of the fleet (`topic_deleted`, forwarded to that owner), else when a check every
+`DELETED_CHECK_S` finds the name gone twice in a row or given to another topic id. Then
+each stream's owner drops the stream whatever it holds (its WAL entries too), as Kafka
+drops a deleted topic's log, with a `StreamUntier` that says so; the garbage collector
+deletes its objects. The name is free: a topic created again under it is passthrough.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,10 +41,11 @@ from aiokafka.errors import KafkaError
 from kio.schema.errors import ErrorCode
 
 from proxy.clock import now_ms
+from proxy.errors import UnknownTopic
 from proxy.metadata.client_start import start_client
 from proxy.metadata.records import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.metadata.state import topic_untier_refusal
-from proxy.metadata.store import ShardFenced
+from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
 from proxy.peer.clients import PeerUnavailable
@@ -49,6 +60,8 @@ STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
+DELETED_CHECK_S = 5.0  # between two looks at Kafka for the tiered topics it deleted
+GONE_WAIT_S = 5.0  # how long a DeleteTopics' check waits for Kafka's brokers to agree
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +108,8 @@ class CutoverLoop:
         self._consumer: AIOKafkaConsumer | None = None
         self._committed: AIOKafkaConsumer | None = None  # ListOffsets read_committed: LSO
         self._partitions: dict[str, int] = {}
+        self._next_deleted_check = 0.0  # time.monotonic()
+        self._unknown: set[uuid.UUID] = set()  # tiered topics Kafka did not know last check
 
     async def run(self) -> None:
         service = self.service
@@ -115,6 +130,7 @@ class CutoverLoop:
                     waiting = await self._cut_over_ready_streams()
                     await self._untier_streams()
                     await service.seals.expire()
+                    await self._check_deleted_topics()
                 except (KafkaError, ShardFenced, OSError) as exc:
                     log.warning("cutover: %r; trying again", exc)
                     await asyncio.sleep(1.0)
@@ -218,25 +234,120 @@ class CutoverLoop:
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them
         and write StreamUntier, if they hold nothing past the cutover (the rules refuse it
-        otherwise, and the stream stays tiered)."""
+        otherwise, and the stream stays tiered). Those whose topic Kafka deleted: stop
+        them and drop them whatever they hold, their WAL entries with them."""
         service = self.service
-        assert service.partitions is not None  # the service is started
+        partitions = service.partitions
+        assert partitions is not None  # the service is started
         for owner in service.owned_shards().values():
             state = owner.state
             for stream in state.stream_ids():
                 info = state.stream(stream)
                 if info is None or service.topics.topic(info.topic_id) is not None:
                     continue
-                partition = service.partitions.get(stream)
-                if partition is not None and partition.log_end_offset > info.cutover_offset:
+                deleted = self._deleted_ms(info.topic_id)
+                partition = partitions.get(stream)
+                if (
+                    deleted is None
+                    and partition is not None
+                    and partition.log_end_offset > info.cutover_offset
+                ):
                     log.error("stream %d holds offsets past its cutover: it stays tiered", stream)
                     continue
-                await service.partitions.remove(stream)
+                await partitions.remove(stream)
+                if deleted is not None:
+                    partitions.disown([stream])  # its WAL entries: never uploaded now
                 now = now_ms()
-                untier = StreamUntier(state.generation, stream, info.incarnation, owner.epoch, now)
+                untier = StreamUntier(
+                    state.generation, stream, info.incarnation, owner.epoch, now, deleted
+                )
                 [verdict] = await owner.write([untier])
                 service.seals.untiered(stream)
-                log.info("stream %d untiered: %s", stream, verdict.outcome.value)
+                what = "untiered" if deleted is None else "dropped (its topic was deleted)"
+                log.info("stream %d %s: %s", stream, what, verdict.outcome.value)
+
+    def _deleted_ms(self, topic_id: uuid.UUID) -> int | None:
+        """When the topic's mode became DELETED; None if it is not."""
+        readers = self.service.readers
+        mode = readers[topic_shard(topic_id, len(readers))].state.topic(topic_id)
+        return mode.since_ms if mode is not None and mode.mode is TopicMode.DELETED else None
+
+    # -- tiered topics deleted in Kafka ----------------------------------------------------
+
+    async def _check_deleted_topics(self) -> None:
+        """Every DELETED_CHECK_S, the tiered topics of the topic shards owned here that
+        Kafka deleted: DELETED once Kafka gives the name to another topic id, or knows
+        no topic of that name two checks in a row (a broker that had not applied the
+        topic yet answers as for a deleted one; one behind never gives a new id)."""
+        now = time.monotonic()
+        if now < self._next_deleted_check:
+            return
+        self._next_deleted_check = now + DELETED_CHECK_S
+        service = self.service
+        unknown: set[uuid.UUID] = set()
+        for topic in service.topics.topics():
+            owner = service.shard_owner(topic_shard(topic.topic_id, service.config.shard_count))
+            if owner is None:
+                continue
+            try:
+                found = await self._kafka_topic_id(topic.name)
+            except LookupError as exc:  # another error about the topic: it says nothing
+                log.info("tiered topic %s: not checked for deletion: %s", topic.name, exc)
+                continue
+            if found is None:
+                unknown.add(topic.topic_id)
+            gone_twice = found is None and topic.topic_id in self._unknown
+            if gone_twice or (found is not None and found != topic.topic_id):
+                await self._mark_deleted(owner, topic.name, topic.topic_id)
+        self._unknown = unknown
+
+    async def _kafka_topic_id(self, name: str) -> uuid.UUID | None:
+        """The id of Kafka's topic of that name; None if Kafka knows no such topic. A
+        LookupError for any other answer, OSError if Kafka cannot be asked."""
+        try:
+            topic_id, _ = await self.service.describe_topic(name)
+        except UnknownTopic:
+            return None
+        return topic_id
+
+    async def _mark_deleted(self, owner: ShardOwner, topic: str, topic_id: uuid.UUID) -> str:
+        record = TopicModeSet(topic_id, topic, TopicMode.DELETED, now_ms())
+        [verdict] = await owner.write([record])
+        log.warning(
+            "tiered topic %s (topic id %s) was deleted in Kafka: its partitions are dropped "
+            "from the fleet (%s)",
+            topic,
+            topic_id,
+            verdict.outcome.value,
+        )
+        return f"{topic} is deleted"
+
+    async def _deleted_here(
+        self, owner: ShardOwner, topic: str, topic_id: uuid.UUID
+    ) -> tuple[int, str]:
+        """At the owner of the topic's shard, after a DeleteTopics Kafka answered with
+        success: DELETED once Kafka's brokers no longer answer that id for the name
+        (they apply the deletion each in its own time: waited for up to GONE_WAIT_S)."""
+        mode = owner.state.topic(topic_id)
+        if mode is None or mode.mode is not TopicMode.TIERED:
+            return 0, f"{topic} (topic id {topic_id}) is not tiered"
+        deadline = time.monotonic() + GONE_WAIT_S
+        while True:
+            try:
+                found = await self._kafka_topic_id(topic)
+            except (LookupError, OSError) as exc:
+                return ErrorCode.unknown_server_error, f"Kafka's topic {topic}: {exc}"
+            if found != topic_id:
+                return 0, await self._mark_deleted(owner, topic, topic_id)
+            if time.monotonic() > deadline:
+                return ErrorCode.invalid_request, f"Kafka still has {topic} as topic id {topic_id}"
+            await asyncio.sleep(READ_INTERVAL_S)
+
+    async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
+        """A DeleteTopics of tiered `topic` Kafka answered with success, through this
+        proxy: marked DELETED by the owner of its topic shard, here or asked over the
+        peer protocol. (error code, message)."""
+        return await self._at_owner("deleted", topic, topic_id, forwarded=False)
 
     async def _partition_count(self, topic: str) -> int:
         count = self._partitions.get(topic)
@@ -298,6 +409,15 @@ class CutoverLoop:
                 return ErrorCode.not_coordinator, f"cannot reach Kafka: {exc}"
         if op in ("seal", "unseal"):  # from the owner of the topic's shard, untiering it
             return await self._seal(op, topic, topic_id)
+        if op == "deleted" and not forwarded:
+            return ErrorCode.invalid_request, "a deleted topic is named by its topic id"
+        return await self._at_owner(op, topic, topic_id, forwarded)
+
+    async def _at_owner(
+        self, op: str, topic: str, topic_id: uuid.UUID, forwarded: bool
+    ) -> tuple[int, str]:
+        """The op done by the owner of the topic's shard: here, or sent to it once."""
+        service = self.service
         shard = topic_shard(topic_id, service.config.shard_count)
         owner = owner_or_peer(service, shard)
         if owner is None:
@@ -317,6 +437,8 @@ class CutoverLoop:
                 return ErrorCode.coordinator_not_available, (
                     f"the owner of metadata shard {shard} did not answer: {exc}"
                 )
+        if op == "deleted":
+            return await self._deleted_here(owner, topic, topic_id)
         sealed = Sealed(topic, topic_id)
         if op == "untier":
             partitions = await self._partition_count(topic)

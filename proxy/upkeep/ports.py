@@ -11,6 +11,7 @@ service satisfies every port structurally: nothing here subclasses.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
@@ -129,6 +130,11 @@ class RetentionHost(Shards, OwnedPartitions, Protocol):
 
     @property
     def block_cache(self) -> BlockCache | None: ...
+
+    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
+        """(topic id, partition count) of the upstream topic; LookupError if Kafka does
+        not know it."""
+        ...
 
 
 class TopicConfigsPort(Protocol):

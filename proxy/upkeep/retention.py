@@ -20,6 +20,9 @@ Every `tiering.retention_check_interval_s`, for each stream of each shard this p
    fails (Kafka away, the proxy's user lacking Delete on the topic) is tried again at the
    start of every pass until it succeeds; until then the read path answers a Kafka that
    starts below the log start as it must (docs/tiering.md, "Reads after a trim").
+   DeleteRecords names a topic by name, so the topic Kafka has under the stream's name
+   is checked first to be the stream's (its topic id): a topic deleted and created again
+   under that name holds other records, which are never deleted (left alone, logged).
 
 The objects a trim leaves with no range are deleted like every other object no range
 uses any more, by the compactor's garbage collector (object_gc.py) after
@@ -37,6 +40,7 @@ from dataclasses import dataclass, field
 from aiokafka.errors import KafkaError
 
 from proxy.clock import now_ms
+from proxy.errors import UnknownTopic
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
@@ -74,8 +78,10 @@ class Retention:
         self.configs = service.topic_configs  # closed by the service
         self._clock_ms = clock_ms
         self._facts: dict[RangeKey, RangeFacts] = {}
-        # stream -> (topic, partition, offset): Kafka's copy still to delete below offset
-        self._kafka_behind: dict[int, tuple[str, int, int]] = {}
+        # stream -> (topic, offset): Kafka's copy still to delete below offset
+        self._kafka_behind: dict[int, tuple[str, int]] = {}
+        # streams whose name Kafka gives to another topic now: warned once
+        self._renamed: set[int] = set()
 
     async def run(self) -> None:
         while True:
@@ -92,11 +98,12 @@ class Retention:
         is measured from (default: the clock)."""
         now = self._clock_ms() if now_ms is None else now_ms
         report = RetentionReport()
-        for stream, (topic, partition, offset) in list(self._kafka_behind.items()):
-            if self.service.state(stream).stream(stream) is None:  # untiered or deleted
+        for stream, (topic, offset) in list(self._kafka_behind.items()):
+            info = self.service.state(stream).stream(stream)
+            if info is None:  # untiered or deleted
                 del self._kafka_behind[stream]
                 continue
-            await self._trim_kafka(stream, topic, partition, offset, report)
+            await self._trim_kafka(info, topic, offset, report)
         owners = self.service.owned_shards()
         live: set[RangeKey] = set()
         for owner in owners.values():
@@ -208,19 +215,30 @@ class Retention:
             plan.by_time,
             plan.by_size,
         )
+        # Also when the log start was past the cutover before: Kafka's copy is then gone
+        # unless a client's DeleteRecords trimmed the stream while its Kafka part failed,
+        # which this request mends (one admin request per trim).
         below = min(log_start, info.cutover_offset)
         if below > 0:
-            await self._trim_kafka(stream, topic, info.partition, below, report)
+            await self._trim_kafka(info, topic, below, report)
 
     async def _trim_kafka(
-        self, stream: int, topic: str, partition: int, offset: int, report: RetentionReport
+        self, info: StreamInfo, topic: str, offset: int, report: RetentionReport
     ) -> None:
         """Kafka's copy of the stream's partition below `offset` deleted, or remembered to
-        be tried again next pass (a later trim of the stream replaces it)."""
-        self._kafka_behind[stream] = (topic, partition, offset)
+        be tried again next pass (a later trim of the stream replaces it). Never in a
+        topic other than the stream's: one Kafka gives the name to now is left alone."""
+        stream, partition = info.stream_id, info.partition
+        self._kafka_behind[stream] = (topic, offset)
+        low = None
         try:
-            low = await self.service.topic_configs.delete_below(topic, partition, offset)
-        except (KafkaError, OSError, TimeoutError) as exc:
+            try:
+                topic_id, _ = await self.service.describe_topic(topic)
+            except UnknownTopic:
+                topic_id = None  # deleted: nothing of Kafka's to delete
+            if topic_id == info.topic_id:
+                low = await self.service.topic_configs.delete_below(topic, partition, offset)
+        except (LookupError, KafkaError, OSError, TimeoutError) as exc:
             log.warning(
                 "retention of stream %d: Kafka's copy of %s-%d below %d not deleted: %r; "
                 "next pass tries again",
@@ -231,7 +249,20 @@ class Retention:
                 exc,
             )
             return
-        if self._kafka_behind.get(stream) == (topic, partition, offset):
+        if low is None:  # the name is another topic's now, or nobody's
+            del self._kafka_behind[stream]
+            if stream not in self._renamed:
+                self._renamed.add(stream)
+                log.warning(
+                    "retention of stream %d: Kafka's topic %s is %s, not the stream's topic "
+                    "%s (deleted, and created again?): its records are left alone",
+                    stream,
+                    topic,
+                    "gone" if topic_id is None else f"topic id {topic_id}",
+                    info.topic_id,
+                )
+            return
+        if self._kafka_behind.get(stream) == (topic, offset):
             del self._kafka_behind[stream]
         report.kafka_trimmed[stream] = low
 

@@ -101,7 +101,7 @@ RECORDS = st.one_of(
     st.builds(TopicModeSet, TOPIC_ID, NAME, st.sampled_from(TopicMode), OFFSET),
     st.builds(ShardClaim, U32, U32, NAME, OFFSET),
     cutovers(),
-    st.builds(StreamUntier, U32, U64, st.integers(1, U32_MAX), U32, OFFSET),
+    st.builds(StreamUntier, U32, U64, st.integers(1, U32_MAX), U32, OFFSET, st.none() | OFFSET),
     st.builds(StreamTrim, U32, U64, st.integers(1, U32_MAX), OFFSET, U32, OFFSET),
     commits(),
     st.builds(ObjectDelete, U32, U64, U32, OFFSET),

@@ -19,18 +19,25 @@ NOT dropped (docs/offload.md step 4 not done yet).
    Kafka's answer below it, offset 0, was passed on).
 3. The job finishes (every offset below the cutover in objects, so ListOffsets is
    answered by the proxy alone): the same answers.
+
+And the delete of step 2 reaches only the stream's own topic: DeleteRecords names a topic
+by name, and a tiered topic deleted in Kafka and created again under its name (while
+its old stream still lives in the metadata) holds other records, which must stay.
 """
 
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 from test_tiered_retention import (
     BEFORE,
     TieredTopic,
+    _create_topic,
     _fetch_error_at,
     _migrate,
     _offset_for_time,
+    _produce,
     _read_from_earliest,
     _start,
 )
@@ -94,3 +101,62 @@ def test_a_fetch_below_a_log_start_below_the_cutover_is_out_of_range(kafka_clust
         assert t.state.backfill_gaps(t.stream) == []
         assert watermarks(kafka_cluster.bootstrap, topic) == (log_start, BEFORE)
         _check_log_starts_at(t, log_start)
+
+
+def _created_again(cluster, topic: str) -> None:
+    """The topic deleted in Kafka (not through the proxy) and created under its name
+    again, once Kafka has finished deleting it."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+
+    def created() -> bool:
+        try:
+            _create_topic(cluster, topic)
+        except KafkaException as exc:  # TOPIC_ALREADY_EXISTS: still being deleted
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+            return False
+        return True
+
+    wait_until(created, 60, f"{topic} created again", interval_s=0.5)
+
+
+def test_retention_leaves_alone_a_topic_created_again_under_the_streams_name(
+    kafka_cluster, tmp_path, monkeypatch
+):
+    topic, thread = _start(kafka_cluster, tmp_path, "recreated")
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic, before_batches=5)
+        assert _migrate(t, first=3) == 3
+        ranges = t.ranges()
+        # The fleet drops a topic deleted in Kafka directly once the owner's check of Kafka
+        # finds it (test_tiered_topic_deletion.py): up to two checks, DELETED_CHECK_S
+        # apart. That window is held open here, for a retention pass to run in it.
+        cutover = t.tiering.cutover
+
+        async def not_yet() -> None:
+            return None
+
+        monkeypatch.setattr(cutover, "_check_deleted_topics", not_yet)
+        _created_again(kafka_cluster, topic)
+        others = _produce(kafka_cluster.bootstrap, topic, "other", BEFORE)  # straight to Kafka
+        assert watermarks(kafka_cluster.bootstrap, topic) == (0, BEFORE)
+
+        # The old stream is still tiered in the metadata, and the configs are read by name:
+        # retention trims it as before, its Kafka delete would land in the new topic.
+        t.retention_sees(**{"retention.bytes": t.block_bytes(ranges[2])})
+        log_start = ranges[1].end_offset
+        assert 0 < log_start < BEFORE
+        report = t.run_retention()
+        assert (report.trimmed, report.kafka_trimmed) == ({t.stream: log_start}, {})
+        wait_until(lambda: t.state.stream(t.stream).log_start_offset == log_start, 30, "read")
+        report = t.run_retention()  # nothing left to try again
+        assert (report.trimmed, report.kafka_trimmed) == ({}, {})
+        assert watermarks(kafka_cluster.bootstrap, topic) == (0, BEFORE)
+        expected = [(o, v) for o, v, _ in others]
+        assert _read_from_earliest(kafka_cluster.bootstrap, topic, BEFORE) == expected
+
+        monkeypatch.undo()  # the check finds the topic id gone: the stream is dropped
+        wait_until(lambda: t.state.stream(t.stream) is None, 30, "the stream dropped")
+        assert watermarks(proxy.bootstrap, topic) == (0, BEFORE)  # the new topic, as Kafka's
+        assert _read_from_earliest(proxy.bootstrap, topic, BEFORE) == expected

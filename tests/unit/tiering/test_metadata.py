@@ -530,6 +530,32 @@ def test_untier_right_after_cutover_returns_the_partition_to_kafka():
     assert refused(p.write(StreamUntier(0, S, 1, 1, 7_001)), "incarnation 1 of stream")
 
 
+def test_the_untier_of_a_deleted_topic_lets_a_stream_go_whatever_it_holds():
+    p = tiered()
+    p.write(commit(1, (S, 500, 600)))
+    p.write(commit(2, (S, 600, 700)))
+    p.write(ProducerSnapshot(0, S, 1, 650, 1, b"state"))
+    untier = StreamUntier(0, S, 1, 1, 7_000, topic_deleted_ms=6_000)
+    assert check_untier(p.state, untier) == ACCEPTED
+    assert p.write(untier) == ACCEPTED
+    assert p.state.stream(S) is None and p.state.producer_snapshot(S) is None
+    assert sorted(c.object_id for c in p.state.garbage_objects()) == [1, 2]
+    assert refused(p.write(commit(3, (S, 700, 800))), "not tiered")
+    # still fenced by epoch and incarnation like any untier
+    q = tiered()
+    assert refused(q.write(StreamUntier(0, S, 2, 1, 7_000, topic_deleted_ms=1)), "incarnation")
+
+
+def test_a_deleted_topics_untier_is_value_version_2_and_an_untier_stays_version_1():
+    plain_key, plain = encode(StreamUntier(0, S, 1, 1, 7_000))
+    deleted_key, deleted = encode(StreamUntier(0, S, 1, 1, 7_000, topic_deleted_ms=6_000))
+    assert plain_key == deleted_key and plain[0] == 1 and deleted[0] == 2
+    assert decode(deleted_key, deleted) == StreamUntier(0, S, 1, 1, 7_000, topic_deleted_ms=6_000)
+    assert decode(plain_key, plain).topic_deleted_ms is None
+    with pytest.raises(ValueError, match="topic_deleted_ms"):
+        StreamUntier(0, S, 1, 1, 7_000, topic_deleted_ms=-1)
+
+
 def test_a_topic_untier_is_refused_naming_every_partition_that_holds_data():
     shards = [Partition(k, 2) for k in range(2)]
     for partition in range(3):

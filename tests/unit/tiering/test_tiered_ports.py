@@ -10,12 +10,14 @@ from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
 
+from proxy.metadata.streams import shard_of
 from proxy.peer.messages import TrimRequest
 from proxy.tiered import shards
 from proxy.tiered.startup import run_task
 from proxy.tiered.uploads import UploadLoop
 from proxy.upkeep.ports import owner_or_peer
 from proxy.upkeep.trims import trim_stream
+from proxy.wal.types import WalEntry, WalPosition
 
 
 class Peers:
@@ -167,3 +169,43 @@ async def test_the_start_stack_undoes_in_the_reverse_order_tasks_cancelled_and_a
     await stack.aclose()
     assert done == ["last", "task", "first"]
     assert task.cancelled()
+
+
+def test_the_uploader_skips_entries_of_streams_the_owned_shards_no_longer_have():
+    """A stream dropped (its topic deleted in Kafka, or untiered) leaves its WAL entries
+    past the committed end behind: the owner refuses their commit, and an uploader that
+    tried would stop on it after every restart. Entries of a shard not owned here, or
+    stale ones, are judged as before."""
+    by_shard: dict[int, list[int]] = {0: [], 1: []}
+    for stream in range(1, 100):
+        by_shard[shard_of(stream, 2)].append(stream)
+    kept, dropped, other = by_shard[0][0], by_shard[0][1], by_shard[1][0]
+    tiered = {kept, other}  # the streams the metadata has
+    owned = {0}
+    host = SimpleNamespace(
+        config=SimpleNamespace(shard_count=2),
+        shard_owner=lambda shard: (
+            SimpleNamespace(state=SimpleNamespace(stream=lambda s: "info" if s in tiered else None))
+            if shard in owned
+            else None
+        ),
+    )
+    stale_below = {kept: 100}
+    loop = UploadLoop(
+        host,
+        wal=None,
+        store=None,
+        allocate=None,
+        stale=lambda e: e.position.start < stale_below.get(e.stream_id, 0),
+    )
+
+    def entry(stream: int, start: int = 500) -> WalEntry:
+        return WalEntry(WalPosition(start, start + 10), stream, 0, memoryview(b""))
+
+    assert not loop._skipped(entry(kept))  # tiered in a shard owned here
+    assert loop._skipped(entry(kept, start=50))  # stale (PartitionSet.stale)
+    assert loop._skipped(entry(dropped))  # shard 0's metadata no longer has it
+    tiered.discard(other)
+    assert not loop._skipped(entry(other))  # shard 1 is not owned here: its owner judges
+    owned.add(1)
+    assert loop._skipped(entry(other))
