@@ -333,6 +333,10 @@ class Proxy:
         """(topic id, partition count) of an upstream topic (`ControlConnection`)."""
         return await self.control.describe_topic(name)
 
+    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
+        """{name: (topic id, partition count), None if unknown} (`ControlConnection`)."""
+        return await self.control.describe_topics(names)
+
     async def partition_leader_epochs(self, name: str) -> dict[int, int]:
         """{partition: leader epoch} of an upstream topic (`ControlConnection`)."""
         return await self.control.partition_leader_epochs(name)

@@ -245,6 +245,24 @@ class ControlConnection:
                 raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
         raise LookupError(f"topic {name} is not in Kafka's answer")
 
+    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
+        """{name: (topic id, partition count)} of upstream topics, by one Metadata request
+        for all: None for a topic Kafka does not know (UNKNOWN_TOPIC_OR_PARTITION); a
+        topic Kafka answers another error for is left out."""
+        request = _metadata_request(*names)
+        body = await self.request(request)
+        try:
+            topics = read_topics(request.__version__, body)
+        except FrameError as exc:
+            raise OSError(f"upstream Metadata: {exc}") from None
+        found: dict[str, tuple[uuid.UUID, int] | None] = {}
+        for error_code, topic, topic_id, partitions in topics:
+            if error_code == 0 and topic_id is not None and partitions:
+                found[topic] = (topic_id, partitions)
+            elif error_code == ErrorCode.unknown_topic_or_partition:
+                found[topic] = None
+        return found
+
     async def partition_leader_epochs(self, name: str) -> dict[int, int]:
         """{partition: leader epoch} of an upstream topic, as Kafka's Metadata answers it
         now (the epoch a leader answers in ListOffsets); LookupError if Kafka does not
@@ -271,9 +289,11 @@ _ALL_TOPICS = MetadataRequest(
 )
 
 
-def _metadata_request(name: str) -> MetadataRequest:
+def _metadata_request(*names: str) -> MetadataRequest:
     return MetadataRequest(
-        topics=(MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=TopicName(name)),),
+        topics=tuple(
+            MetadataRequestTopic(topic_id=uuid.UUID(int=0), name=TopicName(name)) for name in names
+        ),
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )

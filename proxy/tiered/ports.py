@@ -55,6 +55,10 @@ class TieringHost(Protocol):
 
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]: ...
 
+    async def describe_topics(
+        self, names: list[str]
+    ) -> dict[str, tuple[uuid.UUID, int] | None]: ...
+
     async def partition_leader_epochs(self, name: str) -> dict[int, int]: ...
 
     def at_leader(self, topic: str, partition: int) -> AbstractAsyncContextManager[SendToKafka]:

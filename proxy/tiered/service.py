@@ -255,6 +255,11 @@ class TieringService:
         """(topic id, partition count) of an upstream topic (LookupError if unknown)."""
         return await self._host.describe_topic(name)
 
+    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
+        """{name: (topic id, partition count)} of upstream topics; None: Kafka does not
+        know it; left out: another error."""
+        return await self._host.describe_topics(names)
+
     # -- peers ---------------------------------------------------------------------------
 
     def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None:

@@ -13,7 +13,7 @@ dropped by their owners, their objects by the garbage collector.
 
 A mark that fails (the topic shard with no live owner, a peer away) is logged and the
 client gets Kafka's answer all the same: the owner's own check of Kafka finds the
-deletion within seconds (cutover.py, `DELETED_CHECK_S`). Answering an error instead
+deletion within seconds (cutover.py, `TOPICS_CHECK_S`). Answering an error instead
 would make the client retry a delete Kafka has done (it then answers
 UNKNOWN_TOPIC_OR_PARTITION).
 """

@@ -21,10 +21,15 @@ A tiered topic deleted in Kafka (docs/tiering.md, "Deleting a tiered topic"): th
 of its topic shard writes `TopicModeSet(DELETED)` once Kafka no longer knows its topic id
 under its name: at once when a DeleteTopics Kafka answered with success came through a
 proxy of the fleet (`topic_deleted`, forwarded to that owner), else when a check every
-`DELETED_CHECK_S` finds the name gone twice in a row or given to another topic id. Then
+`TOPICS_CHECK_S` finds the name gone twice in a row or given to another topic id. Then
 each stream's owner drops the stream whatever it holds (its WAL entries too), as Kafka
 drops a deleted topic's log, with a `StreamUntier` that says so; the garbage collector
 deletes its objects. The name is free: a topic created again under it is passthrough.
+
+The same look at Kafka every `TOPICS_CHECK_S` (one Metadata request for every tiered
+topic) finds partitions added to a tiered topic (CreatePartitions): the count this loop
+keeps grows, and the new partitions are cut over like the first ones (docs/tiering.md,
+"Partitions added to a tiered topic").
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
-DELETED_CHECK_S = 5.0  # between two looks at Kafka for the tiered topics it deleted
+TOPICS_CHECK_S = 5.0  # between two looks at Kafka's tiered topics (partitions, deletion)
 GONE_WAIT_S = 5.0  # how long a DeleteTopics' check waits for Kafka's brokers to agree
 
 
@@ -101,6 +106,11 @@ class CutoverHost(SealHost, Protocol):
         """The topic's id and partition count, from Kafka."""
         ...
 
+    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
+        """{name: (topic id, partition count)}, from Kafka: None for a topic it does not
+        know (deleted); a topic it answers another error for is left out."""
+        ...
+
 
 class CutoverLoop:
     def __init__(self, service: CutoverHost) -> None:
@@ -108,7 +118,7 @@ class CutoverLoop:
         self._consumer: AIOKafkaConsumer | None = None
         self._committed: AIOKafkaConsumer | None = None  # ListOffsets read_committed: LSO
         self._partitions: dict[str, int] = {}
-        self._next_deleted_check = 0.0  # time.monotonic()
+        self._next_topics_check = 0.0  # time.monotonic()
         self._unknown: set[uuid.UUID] = set()  # tiered topics Kafka did not know last check
 
     async def run(self) -> None:
@@ -130,7 +140,7 @@ class CutoverLoop:
                     waiting = await self._cut_over_ready_streams()
                     await self._untier_streams()
                     await service.seals.expire()
-                    await self._check_deleted_topics()
+                    await self._check_topics()
                 except (KafkaError, ShardFenced, OSError) as exc:
                     log.warning("cutover: %r; trying again", exc)
                     await asyncio.sleep(1.0)
@@ -274,30 +284,43 @@ class CutoverLoop:
 
     # -- tiered topics deleted in Kafka ----------------------------------------------------
 
-    async def _check_deleted_topics(self) -> None:
-        """Every DELETED_CHECK_S, the tiered topics of the topic shards owned here that
-        Kafka deleted: DELETED once Kafka gives the name to another topic id, or knows
-        no topic of that name two checks in a row (a broker that had not applied the
-        topic yet answers as for a deleted one; one behind never gives a new id)."""
+    async def _check_topics(self) -> None:
+        """Every TOPICS_CHECK_S, what Kafka says of the tiered topics now, by one Metadata
+        request for all:
+
+        - partitions added (CreatePartitions, through the fleet or not): the count grows,
+          so the new partitions of this proxy's shards are cut over (empty: produce to
+          them waits for that, `cutover_hold_ms`) like the first ones;
+        - deleted (of the topic shards owned here): DELETED once Kafka gives the name to
+          another topic id, or knows no topic of that name two checks in a row (a broker
+          that had not applied the topic yet answers as for a deleted one; one behind
+          never gives a new id)."""
         now = time.monotonic()
-        if now < self._next_deleted_check:
+        if now < self._next_topics_check:
             return
-        self._next_deleted_check = now + DELETED_CHECK_S
+        self._next_topics_check = now + TOPICS_CHECK_S
         service = self.service
+        tiered = service.topics.topics()
+        if not tiered:
+            return
+        found = await service.describe_topics([t.name for t in tiered])
         unknown: set[uuid.UUID] = set()
-        for topic in service.topics.topics():
+        for topic in tiered:
+            if topic.name not in found:  # another error about the topic: it says nothing
+                continue
+            answer = found[topic.name]
+            if answer is not None and answer[0] == topic.topic_id:
+                known = self._partitions.get(topic.name)
+                if known is not None and answer[1] > known:
+                    log.info("%s has %d partitions, not %d", topic.name, answer[1], known)
+                    self._partitions[topic.name] = answer[1]
+                continue
             owner = service.shard_owner(topic_shard(topic.topic_id, service.config.shard_count))
             if owner is None:
                 continue
-            try:
-                found = await self._kafka_topic_id(topic.name)
-            except LookupError as exc:  # another error about the topic: it says nothing
-                log.info("tiered topic %s: not checked for deletion: %s", topic.name, exc)
-                continue
-            if found is None:
+            if answer is None:
                 unknown.add(topic.topic_id)
-            gone_twice = found is None and topic.topic_id in self._unknown
-            if gone_twice or (found is not None and found != topic.topic_id):
+            if answer is not None or topic.topic_id in self._unknown:
                 await self._mark_deleted(owner, topic.name, topic.topic_id)
         self._unknown = unknown
 

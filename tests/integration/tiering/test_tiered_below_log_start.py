@@ -130,14 +130,14 @@ def test_retention_leaves_alone_a_topic_created_again_under_the_streams_name(
         assert _migrate(t, first=3) == 3
         ranges = t.ranges()
         # The fleet drops a topic deleted in Kafka directly once the owner's check of Kafka
-        # finds it (test_tiered_topic_deletion.py): up to two checks, DELETED_CHECK_S
+        # finds it (test_tiered_topic_deletion.py): up to two checks, TOPICS_CHECK_S
         # apart. That window is held open here, for a retention pass to run in it.
         cutover = t.tiering.cutover
 
         async def not_yet() -> None:
             return None
 
-        monkeypatch.setattr(cutover, "_check_deleted_topics", not_yet)
+        monkeypatch.setattr(cutover, "_check_topics", not_yet)
         _created_again(kafka_cluster, topic)
         others = _produce(kafka_cluster.bootstrap, topic, "other", BEFORE)  # straight to Kafka
         assert watermarks(kafka_cluster.bootstrap, topic) == (0, BEFORE)

@@ -68,7 +68,9 @@ def _set_topic_config(cluster, topic: str, values: dict[str, int]) -> None:
     admin.incremental_alter_configs([resource])[resource].result(30)
 
 
-def _produce(bootstrap: str, topic: str, prefix: str, count: int) -> list[Record]:
+def _produce(
+    bootstrap: str, topic: str, prefix: str, count: int, partition: int = 0
+) -> list[Record]:
     acked: list[Record] = []
     errors: list[str] = []
 
@@ -82,15 +84,19 @@ def _produce(bootstrap: str, topic: str, prefix: str, count: int) -> list[Record
         {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5}
     )
     for n in range(count):
-        producer.produce(topic, f"{prefix}-{n}".encode(), partition=0, on_delivery=delivered)
+        value = f"{prefix}-{n}".encode()
+        producer.produce(topic, value, partition=partition, on_delivery=delivered)
         producer.poll(0)
     assert producer.flush(60) == 0
     assert not errors, errors[:5]
     return sorted(acked)
 
 
-def _read_from_earliest(bootstrap: str, topic: str, want: int) -> list[tuple[int, bytes]]:
-    """(offset, value) of the first `want` records from ListOffsets EARLIEST on."""
+def _read_from_earliest(
+    bootstrap: str, topic: str, want: int, partition: int = 0
+) -> list[tuple[int, bytes]]:
+    """(offset, value) of the partition's first `want` records from ListOffsets EARLIEST
+    on."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -99,7 +105,7 @@ def _read_from_earliest(bootstrap: str, topic: str, want: int) -> list[tuple[int
             "auto.offset.reset": "error",
         }
     )
-    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
     got: list[tuple[int, bytes]] = []
     deadline = time.monotonic() + 60
     try:

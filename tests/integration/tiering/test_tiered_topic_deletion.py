@@ -120,7 +120,7 @@ def test_a_tiered_topic_deleted_in_kafka_is_found_and_never_created_again(kafka_
         direct = kafka_cluster.bootstrap
         t, key, topic_id = _deleted_with_data(kafka_cluster, tmp_path, proxy, topic, direct)
 
-        # two checks of Kafka that find no such topic (cutover.py, DELETED_CHECK_S)
+        # two checks of Kafka that find no such topic (cutover.py, TOPICS_CHECK_S)
         wait_until(lambda: _mode(t, topic_id) is TopicMode.DELETED, 30, "found deleted")
         assert t.tiering.topics.topic(topic) is None
         _check_dropped_whole(proxy, t, key)

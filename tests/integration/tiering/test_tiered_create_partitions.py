@@ -1,0 +1,89 @@
+"""Partitions added to a tiered topic are tiered too, and take records as Kafka's new
+partitions do (docs/tiering.md, "Partitions added to a tiered topic"): Kafka is the oracle.
+
+One proxy on the shared Kafka (test_tiered_retention's set-up), a tiered one-partition
+topic and a passthrough twin given the same operations through the proxy: BEFORE records
+to partition 0, CreatePartitions to 3 (librdkafka's admin client, through the proxy),
+records to each new partition and more to partition 0. Every partition of the two reads
+the same records at the same offsets. The tiered topic's new partitions are streams cut
+over at offset 0 (Kafka's own log of them stays empty). Before, the fleet read a tiered
+topic's partition count once: a Produce to a new partition waited for a cutover that
+never came and was answered REQUEST_TIMED_OUT, every retry, until the owner restarted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
+from test_tiered_retention import (
+    BEFORE,
+    TieredTopic,
+    _create_topic,
+    _produce,
+    _read_from_earliest,
+    _start,
+)
+
+from proxy.metadata.streams import stream_id
+from tests.support.clients import watermarks
+from tests.support.kafka_python import KafkaProducer
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.kafka
+
+PARTITIONS = 3
+PER_PARTITION = 8
+
+Read = list[tuple[int, bytes]]  # (offset, value)
+
+
+def _produce_to(bootstrap: str, topic: str, partition: int, prefix: str) -> Read:
+    """PER_PARTITION records to the partition: half by librdkafka (idempotent), half by
+    kafka-python; what was acknowledged."""
+    half = PER_PARTITION // 2
+    acked = [(o, v) for o, v, _ in _produce(bootstrap, topic, prefix, half, partition)]
+    other = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for n in range(half, PER_PARTITION):
+        value = f"{prefix}-{n}".encode()
+        acked.append((other.send(topic, value, partition=partition).get(60).offset, value))
+    other.close()
+    return acked
+
+
+def _partition_count(admin: AdminClient, topic: str) -> int:
+    return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+
+
+def test_partitions_added_to_a_tiered_topic_are_tiered_and_answer_as_kafkas(
+    kafka_cluster, tmp_path
+):
+    topic, thread = _start(kafka_cluster, tmp_path, "grown")
+    twin = f"{topic}-plain"
+    _create_topic(kafka_cluster, twin)
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic)  # BEFORE records, tiered
+        _produce(proxy.bootstrap, twin, "before0", BEFORE)
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+        for name in (topic, twin):
+            admin.create_partitions([NewPartitions(name, PARTITIONS)])[name].result(30)
+            wait_until(lambda n=name: _partition_count(admin, n) == PARTITIONS, 30, "grown")
+
+        written: dict[str, dict[int, Read]] = {}
+        for name in (topic, twin):
+            written[name] = {p: _produce_to(proxy.bootstrap, name, p, f"p{p}") for p in (1, 2)}
+            written[name][0] = _produce_to(proxy.bootstrap, name, 0, "after")
+
+        topic_id = t.state.stream(t.stream).topic_id
+        for p in range(PARTITIONS):
+            stream = stream_id(topic_id, p)
+            assert t.tiering.state(stream).cutover(stream) == (BEFORE if p == 0 else 0)
+            assert watermarks(kafka_cluster.bootstrap, topic, p) == (0, BEFORE if p == 0 else 0)
+        for p in range(PARTITIONS):
+            want = PER_PARTITION + (BEFORE if p == 0 else 0)
+            tiered, plain = (
+                _read_from_earliest(proxy.bootstrap, n, want, p) for n in (topic, twin)
+            )
+            assert tiered == plain, p
+            assert len(tiered) == want and tiered[-PER_PARTITION:] == written[topic][p]
+            assert written[topic][p] == written[twin][p]
+            assert watermarks(proxy.bootstrap, topic, p) == watermarks(proxy.bootstrap, twin, p)
