@@ -58,6 +58,7 @@ from proxy.peer.messages import ADMIN_OPS
 from proxy.routing.fleet import FleetView
 from proxy.upkeep.ports import SealHost, owner_or_peer
 from proxy.upkeep.seals import Sealed, Seals
+from proxy.upkeep.topic_checks import check_topics
 
 log = logging.getLogger("tierproxy.cutover")
 
@@ -117,9 +118,11 @@ class CutoverLoop:
         self.service = service
         self._consumer: AIOKafkaConsumer | None = None
         self._committed: AIOKafkaConsumer | None = None  # ListOffsets read_committed: LSO
-        self._partitions: dict[str, int] = {}
+        # topic id -> partition count (by id: a topic created again under a name is
+        # another topic, with its own count)
+        self._partitions: dict[uuid.UUID, int] = {}
         self._next_topics_check = 0.0  # time.monotonic()
-        self._unknown: set[uuid.UUID] = set()  # tiered topics Kafka did not know last check
+        self._unknown: frozenset[uuid.UUID] = frozenset()  # topics unknown to Kafka last check
 
     async def run(self) -> None:
         service = self.service
@@ -171,7 +174,7 @@ class CutoverLoop:
         service = self.service
         waiting_for_reports = False
         for topic in service.topics.topics():
-            partitions = await self._partition_count(topic.name)
+            partitions = await self._partition_count(topic.name, topic.topic_id)
             waiting = [
                 (p, stream_of(topic, p))
                 for p in range(partitions)
@@ -286,15 +289,11 @@ class CutoverLoop:
 
     async def _check_topics(self) -> None:
         """Every TOPICS_CHECK_S, what Kafka says of the tiered topics now, by one Metadata
-        request for all:
-
-        - partitions added (CreatePartitions, through the fleet or not): the count grows,
-          so the new partitions of this proxy's shards are cut over (empty: produce to
-          them waits for that, `cutover_hold_ms`) like the first ones;
-        - deleted (of the topic shards owned here): DELETED once Kafka gives the name to
-          another topic id, or knows no topic of that name two checks in a row (a broker
-          that had not applied the topic yet answers as for a deleted one; one behind
-          never gives a new id)."""
+        request for all, judged by `check_topics` (topic_checks.py): partitions added
+        (CreatePartitions, through the fleet or not) grow the count, so the new
+        partitions of this proxy's shards are cut over like the first ones (empty;
+        produce to them waits for that, `cutover_hold_ms`); a deleted topic of a topic
+        shard owned here is marked DELETED."""
         now = time.monotonic()
         if now < self._next_topics_check:
             return
@@ -304,25 +303,16 @@ class CutoverLoop:
         if not tiered:
             return
         found = await service.describe_topics([t.name for t in tiered])
-        unknown: set[uuid.UUID] = set()
-        for topic in tiered:
-            if topic.name not in found:  # another error about the topic: it says nothing
-                continue
-            answer = found[topic.name]
-            if answer is not None and answer[0] == topic.topic_id:
-                known = self._partitions.get(topic.name)
-                if known is not None and answer[1] > known:
-                    log.info("%s has %d partitions, not %d", topic.name, answer[1], known)
-                    self._partitions[topic.name] = answer[1]
-                continue
+        check = check_topics(tiered, found, self._partitions, self._unknown)
+        self._unknown = check.unknown
+        for topic_id, count in check.grown.items():
+            log.info("topic id %s has %d partitions, not %d", topic_id, count,
+                     self._partitions[topic_id])  # fmt: skip
+            self._partitions[topic_id] = count
+        for topic in check.deleted:
             owner = service.shard_owner(topic_shard(topic.topic_id, service.config.shard_count))
-            if owner is None:
-                continue
-            if answer is None:
-                unknown.add(topic.topic_id)
-            if answer is not None or topic.topic_id in self._unknown:
+            if owner is not None:
                 await self._mark_deleted(owner, topic.name, topic.topic_id)
-        self._unknown = unknown
 
     async def _kafka_topic_id(self, name: str) -> uuid.UUID | None:
         """The id of Kafka's topic of that name; None if Kafka knows no such topic. A
@@ -372,15 +362,15 @@ class CutoverLoop:
         peer protocol. (error code, message)."""
         return await self._at_owner("deleted", topic, topic_id, forwarded=False)
 
-    async def _partition_count(self, topic: str) -> int:
-        count = self._partitions.get(topic)
+    async def _partition_count(self, topic: str, topic_id: uuid.UUID) -> int:
+        count = self._partitions.get(topic_id)
         if count is None:
             assert self._consumer is not None
             await self._consumer._client.force_metadata_update()  # noqa: SLF001
             found = self._consumer.partitions_for_topic(topic)
             count = len(found) if found else 0
             if count:
-                self._partitions[topic] = count
+                self._partitions[topic_id] = count
         return count
 
     async def _stable_ends(
@@ -464,7 +454,7 @@ class CutoverLoop:
             return await self._deleted_here(owner, topic, topic_id)
         sealed = Sealed(topic, topic_id)
         if op == "untier":
-            partitions = await self._partition_count(topic)
+            partitions = await self._partition_count(topic, topic_id)
             states = [reader.state for reader in service.readers]
             refusal = topic_untier_refusal(states, topic_id, partitions)
             if not refusal:
@@ -489,7 +479,9 @@ class CutoverLoop:
             streams = seals.streams_of(topic_id)
             await seals.unseal_here(streams)
             return 0, f"{len(streams)} partitions of {topic} started again"
-        streams, refusal = await seals.seal_here(topic_id, await self._partition_count(topic))
+        streams, refusal = await seals.seal_here(
+            topic_id, await self._partition_count(topic, topic_id)
+        )
         if refusal:
             return ErrorCode.policy_violation, refusal
         return 0, f"{len(streams)} partitions of {topic} sealed on {self.service.name}"

@@ -14,7 +14,8 @@ never came and was answered REQUEST_TIMED_OUT, every retry, until the owner rest
 from __future__ import annotations
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from cutover_load import started, tiered_topic_id, topics_command
 from test_tiered_retention import (
     BEFORE,
     TieredTopic,
@@ -87,3 +88,32 @@ def test_partitions_added_to_a_tiered_topic_are_tiered_and_answer_as_kafkas(
             assert len(tiered) == want and tiered[-PER_PARTITION:] == written[topic][p]
             assert written[topic][p] == written[twin][p]
             assert watermarks(proxy.bootstrap, topic, p) == watermarks(proxy.bootstrap, twin, p)
+
+
+def test_a_topic_created_again_with_fewer_partitions_and_tiered_again_takes_records(
+    kafka_cluster, tmp_path
+):
+    """The partition counts are kept by topic id: kept by name, the new topic inherited
+    the old one's 3, and the cutover loop waited forever for partitions 1 and 2 of a
+    topic that has only partition 0 (its produce answered REQUEST_TIMED_OUT)."""
+    topic, thread = _start(kafka_cluster, tmp_path, "shrunk")
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic)
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+        admin.create_partitions([NewPartitions(topic, PARTITIONS)])[topic].result(30)
+        old_id = t.state.stream(t.stream).topic_id
+        last = stream_id(old_id, PARTITIONS - 1)
+        wait_until(lambda: started(t.tiering, last), 30, "the new partitions cut over")
+
+        admin.delete_topics([topic])[topic].result(30)
+        wait_until(lambda: t.tiering.topics.topic(topic) is None, 30, "dropped")
+        admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
+        wait_until(lambda: _partition_count(admin, topic) == 1, 30, "created again")
+        assert topics_command("tier", topic, t.tiering.peer_port).returncode == 0
+        new_id = tiered_topic_id(proxy, topic)
+        assert new_id != old_id
+        wait_until(lambda: started(t.tiering, stream_id(new_id, 0)), 30, "tiered again")
+        records = _produce_to(proxy.bootstrap, topic, 0, "again")
+        assert [o for o, _ in records] == list(range(PER_PARTITION))
+        assert _read_from_earliest(proxy.bootstrap, topic, PER_PARTITION) == records
+        assert watermarks(kafka_cluster.bootstrap, topic) == (0, 0)  # all in the stream
