@@ -7,8 +7,12 @@ so leader, replica and controller ids need no change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from uuid import UUID
 
+from kio.schema.errors import ErrorCode
+
+from proxy.errors import UnknownTopic
 from proxy.kafka.api_keys import ApiKey
 from proxy.kafka.codec import load_response_types, response_type
 from proxy.kafka.frames import malformed
@@ -65,6 +69,62 @@ def read_topics(api_version: int, body: memoryview) -> list[tuple[int, str, UUID
             partitions, _ = read_array_length(body, partitions_at, flexible)
             topics.append((error_code, name or "", topic_id, max(partitions, 0)))
     return topics
+
+
+def read_cluster_id(api_version: int, body: memoryview) -> str | None:
+    """The id of the Kafka cluster that answered (v2+; None before, or if it has none)."""
+    response = response_type(RESPONSES, API_KEY, api_version)
+    if "cluster_id" not in response.__dataclass_fields__:
+        return None
+    with malformed(f"Metadata v{api_version} cluster id"):
+        at = field_offset(response, body, "cluster_id")
+        return read_string(body, at, response.__flexible__)[0] or None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsAnswer:
+    """What one Metadata answer says of the topics it was asked about, and which Kafka
+    cluster said it: a topic's id is a random UUID of that cluster, so an answer from
+    another cluster (a fleet pointed at a copy) says nothing of the fleet's topics."""
+
+    cluster_id: str | None
+    found: dict[str, tuple[UUID, int]]  # name -> (topic id, partition count)
+    unknown: frozenset[str]  # UNKNOWN_TOPIC_OR_PARTITION: no such topic
+    errors: dict[str, int]  # name -> another error code: says nothing of the topic
+
+    def topic_id(self, name: str) -> UUID | None:
+        """Kafka's id for the topic of that name; None if Kafka knows no such topic.
+        LookupError if it answered another error, or not about that name."""
+        if name in self.found:
+            return self.found[name][0]
+        if name in self.unknown:
+            return None
+        code = self.errors.get(name)
+        if code is None:
+            raise LookupError(f"topic {name} is not in Kafka's answer")
+        raise LookupError(f"topic {name}: Kafka answers error code {code}")
+
+    def topic(self, name: str) -> tuple[UUID, int]:
+        """(topic id, partition count) of the topic of that name: UnknownTopic if Kafka
+        knows no such topic, LookupError for any other answer."""
+        if self.topic_id(name) is None:
+            raise UnknownTopic(f"topic {name}: Kafka does not know it")
+        return self.found[name]
+
+
+def read_topics_answer(api_version: int, body: memoryview) -> TopicsAnswer:
+    """The topics of an answer, by what Kafka says of each, with the cluster's id."""
+    found: dict[str, tuple[UUID, int]] = {}
+    unknown: set[str] = set()
+    errors: dict[str, int] = {}
+    for error_code, name, topic_id, partitions in read_topics(api_version, body):
+        if error_code == 0 and topic_id is not None and topic_id.int != 0 and partitions:
+            found[name] = (topic_id, partitions)
+        elif error_code == ErrorCode.unknown_topic_or_partition:
+            unknown.add(name)
+        else:
+            errors[name] = error_code
+    return TopicsAnswer(read_cluster_id(api_version, body), found, frozenset(unknown), errors)
 
 
 def read_partition_leaders(

@@ -19,7 +19,10 @@ which asks with it false in the tasks of a proxy (`forbid_topic_auto_creation`, 
 first thing when a proxy starts: its tasks inherit it) and as aiokafka does anywhere
 else (a test's own aiokafka clients, in the same process as a proxy it runs, are
 users' clients and create topics as users' do). A topic Kafka does not know is then
-answered UNKNOWN_TOPIC_OR_PARTITION, which aiokafka retries.
+answered UNKNOWN_TOPIC_OR_PARTITION, which aiokafka retries. An aiokafka release that
+builds its metadata requests in another module would bring the re-creation back:
+tests/unit/tiering/test_client_start.py reads the installed aiokafka's sources for every
+module that builds one and fails unless it holds this class.
 """
 
 from __future__ import annotations

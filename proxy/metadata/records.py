@@ -135,13 +135,30 @@ class OffsetRange:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicModeSet(_Validated):
-    """An operator's request for a topic (not generation-scoped: the latest one counts)."""
+class TopicModeSet:
+    """An operator's request for a topic (not generation-scoped: the latest one counts).
+
+    `kafka_cluster`: the id of the Kafka cluster the topic id is of (a topic id is a
+    random UUID of one cluster), as Kafka answered it when the topic was tiered; a
+    topic's deletion is judged only from that cluster's answers (docs/tiering.md,
+    "Deleting a tiered topic"). None in a record written before the field existed (value
+    version 1); value version 2 adds it (`OPTIONAL_FIELDS`)."""
 
     topic_id: UUID
     topic: str
     mode: TopicMode
     since_ms: int
+    kafka_cluster: str | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        cluster = self.kafka_cluster
+        if cluster is not None and (
+            not isinstance(cluster, str) or not 1 <= len(cluster.encode()) <= MAX_NAME_BYTES
+        ):
+            raise ValueError(
+                f"TopicModeSet.kafka_cluster = {cluster!r}: needs 1 to {MAX_NAME_BYTES} UTF-8 bytes"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +450,7 @@ LAYOUTS = {
 # without them stays readable by a reader that does not know them (docs/metadata.md,
 # "Versions and errors").
 OPTIONAL_FIELDS: dict[RecordType, tuple[tuple[int, str, str], ...]] = {
+    RecordType.TOPIC_MODE: ((2, "kafka_cluster", "str"),),
     RecordType.STREAM_CUTOVER: ((2, "last_stable_offset", "i64"),),
     RecordType.STREAM_UNTIER: ((2, "topic_deleted_ms", "i64"),),
 }

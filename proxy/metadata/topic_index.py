@@ -21,6 +21,7 @@ class TieredTopic:
     topic_id: uuid.UUID
     name: str
     since_ms: int
+    kafka_cluster: str | None = None  # the Kafka cluster the topic id is of (records.py)
 
 
 class TopicIndex:
@@ -41,7 +42,7 @@ class TopicIndex:
             for topic_id in state.topic_ids():
                 mode: TopicModeSet | None = state.topic(topic_id)
                 if mode is not None and mode.mode is TopicMode.TIERED:
-                    tiered = TieredTopic(topic_id, mode.topic, mode.since_ms)
+                    tiered = TieredTopic(topic_id, mode.topic, mode.since_ms, mode.kafka_cluster)
                     by_name[mode.topic] = by_id[topic_id] = tiered
         self._by_name, self._by_id, self._fresh = by_name, by_id, True
 

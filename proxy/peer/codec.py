@@ -61,6 +61,11 @@ handing it on to the shard's owner: an owner older than 8 closes the connection,
 the job reports as a commit not made).
 9: the producers request (DescribeProducers on a tiered partition; sent only to an owner at
 9 or later: a partition whose owner is older is answered NOT_LEADER_OR_FOLLOWER).
+10: the admin ops `deleted` (a tiered topic deleted through the proxy) and `look` (look at
+Kafka's tiered topics now: a produce waits for a partition added to one), sent only to an
+owner at 10 or later: the owner's own look at Kafka finds them a few seconds later. A
+release at 10 also reads the metadata's TopicModeSet version 2 (a tiered topic's Kafka
+cluster), written only while every live member is at 10 or later.
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -94,6 +99,7 @@ __all__ = [
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
     "STABLE_PROTOCOL",
+    "TOPIC_OPS_PROTOCOL",
     "TXN_PROTOCOL",
     "PeerFrameReader",
     "PeerProtocolError",
@@ -106,7 +112,7 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 9  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 10  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
@@ -114,6 +120,7 @@ TXN_PROTOCOL = 6  # the first level that reads the append request's transaction 
 PRODUCER_CATCH_UP_PROTOCOL = 7  # the first level that reads the producer catch-up request
 CLEAN_COMMIT_PROTOCOL = 8  # the first level that reads the clean commit request
 PRODUCERS_PROTOCOL = 9  # the first level that reads the producers request
+TOPIC_OPS_PROTOCOL = 10  # the first that reads admin ops deleted, look; TopicModeSet v2
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 from proxy.admin.api import AdminServer
+from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.apis.api18_api_versions import (
     common_ranges,
     encode_api_versions_response,
@@ -333,8 +334,8 @@ class Proxy:
         """(topic id, partition count) of an upstream topic (`ControlConnection`)."""
         return await self.control.describe_topic(name)
 
-    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
-        """{name: (topic id, partition count), None if unknown} (`ControlConnection`)."""
+    async def describe_topics(self, names: list[str]) -> TopicsAnswer:
+        """What Kafka says of upstream topics, and which cluster (`ControlConnection`)."""
         return await self.control.describe_topics(names)
 
     async def partition_leader_epochs(self, name: str) -> dict[int, int]:

@@ -20,16 +20,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from kio.schema.api_versions.v3.request import ApiVersionsRequest
-from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.schema.types import TopicName
 
-from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
+from proxy.apis.api03_metadata import (
+    TopicsAnswer,
+    read_brokers,
+    read_partition_leaders,
+    read_topics,
+    read_topics_answer,
+)
 from proxy.apis.api18_api_versions import ApiVersionsError, parse_api_versions_response
 from proxy.config import UpstreamConfig
-from proxy.errors import UnknownTopic
 from proxy.kafka.frames import FRAME_SIZE, FrameError
 from proxy.kafka.headers import response_header_size
 from proxy.kafka.messages import encode_request
@@ -232,36 +236,19 @@ class ControlConnection:
         }
 
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """(topic id, partition count) of an upstream topic; LookupError if Kafka does
-        not know it."""
-        request = _metadata_request(name)
-        body = await self.request(request)
-        for error_code, topic, topic_id, partitions in read_topics(request.__version__, body):
-            if topic == name and error_code == 0 and topic_id is not None and partitions:
-                return topic_id, partitions
-            if topic == name and error_code == ErrorCode.unknown_topic_or_partition:
-                raise UnknownTopic(f"topic {name}: Kafka does not know it")
-            if topic == name:
-                raise LookupError(f"topic {name}: Kafka answers error code {error_code}")
-        raise LookupError(f"topic {name} is not in Kafka's answer")
+        """(topic id, partition count) of an upstream topic; UnknownTopic if Kafka does
+        not know it, LookupError for any other answer."""
+        return (await self.describe_topics([name])).topic(name)
 
-    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
-        """{name: (topic id, partition count)} of upstream topics, by one Metadata request
-        for all: None for a topic Kafka does not know (UNKNOWN_TOPIC_OR_PARTITION); a
-        topic Kafka answers another error for is left out."""
+    async def describe_topics(self, names: list[str]) -> TopicsAnswer:
+        """What Kafka says of upstream topics, by one Metadata request for all, and the
+        id of the cluster that said it."""
         request = _metadata_request(*names)
         body = await self.request(request)
         try:
-            topics = read_topics(request.__version__, body)
+            return read_topics_answer(request.__version__, body)
         except FrameError as exc:
             raise OSError(f"upstream Metadata: {exc}") from None
-        found: dict[str, tuple[uuid.UUID, int] | None] = {}
-        for error_code, topic, topic_id, partitions in topics:
-            if error_code == 0 and topic_id is not None and partitions:
-                found[topic] = (topic_id, partitions)
-            elif error_code == ErrorCode.unknown_topic_or_partition:
-                found[topic] = None
-        return found
 
     async def partition_leader_epochs(self, name: str) -> dict[int, int]:
         """{partition: leader epoch} of an upstream topic, as Kafka's Metadata answers it

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol
 
+from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.config import ProxyConfig
 from proxy.config.tiering import TieringConfig
 from proxy.handoff.reader import S3WalReader
@@ -55,9 +56,7 @@ class TieringHost(Protocol):
 
     async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]: ...
 
-    async def describe_topics(
-        self, names: list[str]
-    ) -> dict[str, tuple[uuid.UUID, int] | None]: ...
+    async def describe_topics(self, names: list[str]) -> TopicsAnswer: ...
 
     async def partition_leader_epochs(self, name: str) -> dict[int, int]: ...
 

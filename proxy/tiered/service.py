@@ -30,6 +30,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from kio.schema.errors import ErrorCode
 from prometheus_client import CollectorRegistry
 
+from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.apis.api24_add_partitions_to_txn import Key
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
@@ -255,9 +256,8 @@ class TieringService:
         """(topic id, partition count) of an upstream topic (LookupError if unknown)."""
         return await self._host.describe_topic(name)
 
-    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
-        """{name: (topic id, partition count)} of upstream topics; None: Kafka does not
-        know it; left out: another error."""
+    async def describe_topics(self, names: list[str]) -> TopicsAnswer:
+        """What Kafka says of upstream topics, and which cluster said it."""
         return await self._host.describe_topics(names)
 
     # -- peers ---------------------------------------------------------------------------
@@ -419,7 +419,7 @@ class TieringService:
     async def _produce(self, part: Part) -> ProduceResult | None:
         found, partition, stream = part.topic, part.partition, part.stream
         if self.state(stream).cutover(stream) is None:  # not tiered yet (no info copied)
-            if not await self._wait_for_cutover(found, stream):
+            if not await self._wait_for_cutover(found, partition, stream):
                 return ProduceResult(
                     ErrorCode.request_timed_out,
                     error_message=f"{found.name}-{partition} is being cut over to tiered",
@@ -468,8 +468,10 @@ class TieringService:
                 return
             await self.changed(min(left, 0.1))
 
-    async def _wait_for_cutover(self, topic: TieredTopic, stream: int) -> bool:
+    async def _wait_for_cutover(self, topic: TieredTopic, partition: int, stream: int) -> bool:
         deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
+        if self.state(stream).stream(stream) is None:  # a partition added since the last look?
+            await self.cutover.nudge(topic, partition)
         while self.state(stream).stream(stream) is None:
             left = deadline - time.monotonic()
             if left <= 0 or self.topics.topic(topic.topic_id) is None:

@@ -38,15 +38,15 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.clock import now_ms
-from proxy.errors import UnknownTopic
 from proxy.metadata.client_start import start_client
 from proxy.metadata.records import StreamCutover, StreamUntier, TopicMode, TopicModeSet
 from proxy.metadata.state import topic_untier_refusal
@@ -54,6 +54,7 @@ from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
 from proxy.peer.clients import PeerUnavailable
+from proxy.peer.codec import TOPIC_OPS_PROTOCOL
 from proxy.peer.messages import ADMIN_OPS
 from proxy.routing.fleet import FleetView
 from proxy.upkeep.ports import SealHost, owner_or_peer
@@ -68,6 +69,7 @@ IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes 
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
 TOPICS_CHECK_S = 5.0  # between two looks at Kafka's tiered topics (partitions, deletion)
 GONE_WAIT_S = 5.0  # how long a DeleteTopics' check waits for Kafka's brokers to agree
+NUDGE_S = 1.0  # a produce to a partition not known here asks for a look at most this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +109,12 @@ class CutoverHost(SealHost, Protocol):
         """The topic's id and partition count, from Kafka."""
         ...
 
-    async def describe_topics(self, names: list[str]) -> dict[str, tuple[uuid.UUID, int] | None]:
-        """{name: (topic id, partition count)}, from Kafka: None for a topic it does not
-        know (deleted); a topic it answers another error for is left out."""
+    async def describe_topics(self, names: list[str]) -> TopicsAnswer:
+        """What Kafka says of the topics (`TopicsAnswer`), and which cluster said it."""
+        ...
+
+    def peer_protocol(self, member: str) -> int:
+        """The peer protocol level of `member` (its last heartbeat's)."""
         ...
 
 
@@ -123,6 +128,9 @@ class CutoverLoop:
         self._partitions: dict[uuid.UUID, int] = {}
         self._next_topics_check = 0.0  # time.monotonic()
         self._unknown: frozenset[uuid.UUID] = frozenset()  # topics unknown to Kafka last check
+        self._foreign: frozenset[uuid.UUID] = frozenset()  # tiered in another Kafka cluster
+        self.looks = 0  # looks at Kafka's tiered topics judged so far (none: judged too)
+        self._nudged: dict[uuid.UUID, float] = {}  # topic id -> no nudge before (monotonic)
 
     async def run(self) -> None:
         service = self.service
@@ -293,7 +301,8 @@ class CutoverLoop:
         (CreatePartitions, through the fleet or not) grow the count, so the new
         partitions of this proxy's shards are cut over like the first ones (empty;
         produce to them waits for that, `cutover_hold_ms`); a deleted topic of a topic
-        shard owned here is marked DELETED."""
+        shard owned here is marked DELETED, and one tiered before its mode record named
+        its Kafka cluster gets the cluster that answered its id."""
         now = time.monotonic()
         if now < self._next_topics_check:
             return
@@ -301,30 +310,52 @@ class CutoverLoop:
         service = self.service
         tiered = service.topics.topics()
         if not tiered:
+            self.looks += 1
             return
-        found = await service.describe_topics([t.name for t in tiered])
-        check = check_topics(tiered, found, self._partitions, self._unknown)
+        answer = await service.describe_topics([t.name for t in tiered])
+        check = check_topics(tiered, answer, self._partitions, self._unknown)
         self._unknown = check.unknown
+        self.looks += 1
         for topic_id, count in check.grown.items():
             log.info("topic id %s has %d partitions, not %d", topic_id, count,
                      self._partitions[topic_id])  # fmt: skip
             self._partitions[topic_id] = count
-        for topic in check.deleted:
+        foreign = frozenset(t.topic_id for t in check.foreign)
+        if foreign - self._foreign:
+            log.error(
+                "Kafka cluster %s answers for tiered topics of another cluster (%s): "
+                "is the fleet pointed at a copy of its cluster? Their deletion is not "
+                "judged from this cluster's answers",
+                answer.cluster_id,
+                ", ".join(f"{t.name} of {t.kafka_cluster}" for t in check.foreign),
+            )
+        self._foreign = foreign
+        if check.held:
+            log.error(
+                "Kafka has lost %d tiered topics at once (%s): %d are marked deleted per "
+                "look at Kafka; stop the fleet now if Kafka is broken rather than its "
+                "topics deleted",
+                len(check.deleted) + len(check.held),
+                ", ".join(t.name for t in check.deleted + check.held),
+                len(check.deleted),
+            )
+        for topic in check.stamp + check.deleted:
             owner = service.shard_owner(topic_shard(topic.topic_id, service.config.shard_count))
-            if owner is not None:
+            if owner is None:
+                continue
+            if topic in check.deleted:
                 await self._mark_deleted(owner, topic.name, topic.topic_id)
-
-    async def _kafka_topic_id(self, name: str) -> uuid.UUID | None:
-        """The id of Kafka's topic of that name; None if Kafka knows no such topic. A
-        LookupError for any other answer, OSError if Kafka cannot be asked."""
-        try:
-            topic_id, _ = await self.service.describe_topic(name)
-        except UnknownTopic:
-            return None
-        return topic_id
+            else:  # its cluster recorded, if the topic is still as the look saw it
+                mode = owner.state.topic(topic.topic_id)
+                seen = TopicModeSet(topic.topic_id, topic.name, TopicMode.TIERED, topic.since_ms)
+                cluster = self._recorded_cluster(answer.cluster_id)
+                if mode == seen and cluster is not None:  # not untiered meanwhile
+                    await owner.write([replace(mode, kafka_cluster=cluster)])
 
     async def _mark_deleted(self, owner: ShardOwner, topic: str, topic_id: uuid.UUID) -> str:
-        record = TopicModeSet(topic_id, topic, TopicMode.DELETED, now_ms())
+        mode = owner.state.topic(topic_id)
+        cluster = self._recorded_cluster(mode.kafka_cluster if mode is not None else None)
+        record = TopicModeSet(topic_id, topic, TopicMode.DELETED, now_ms(), cluster)
         [verdict] = await owner.write([record])
         log.warning(
             "tiered topic %s (topic id %s) was deleted in Kafka: its partitions are dropped "
@@ -340,27 +371,78 @@ class CutoverLoop:
     ) -> tuple[int, str]:
         """At the owner of the topic's shard, after a DeleteTopics Kafka answered with
         success: DELETED once Kafka's brokers no longer answer that id for the name
-        (they apply the deletion each in its own time: waited for up to GONE_WAIT_S)."""
+        (they apply the deletion each in its own time: waited for up to GONE_WAIT_S),
+        asked of the cluster the topic was tiered in."""
         mode = owner.state.topic(topic_id)
         if mode is None or mode.mode is not TopicMode.TIERED:
             return 0, f"{topic} (topic id {topic_id}) is not tiered"
         deadline = time.monotonic() + GONE_WAIT_S
         while True:
             try:
-                found = await self._kafka_topic_id(topic)
+                answer = await self.service.describe_topics([topic])
+                found = answer.topic_id(topic)
             except (LookupError, OSError) as exc:
                 return ErrorCode.unknown_server_error, f"Kafka's topic {topic}: {exc}"
+            if mode.kafka_cluster not in (None, answer.cluster_id):
+                return ErrorCode.invalid_request, (
+                    f"{topic} was tiered in Kafka cluster {mode.kafka_cluster}; "
+                    f"cluster {answer.cluster_id} answers: not marked deleted"
+                )
             if found != topic_id:
                 return 0, await self._mark_deleted(owner, topic, topic_id)
             if time.monotonic() > deadline:
                 return ErrorCode.invalid_request, f"Kafka still has {topic} as topic id {topic_id}"
             await asyncio.sleep(READ_INTERVAL_S)
 
+    def _recorded_cluster(self, cluster: str | None) -> str | None:
+        """`cluster` as a topic's mode record may name it: None while a live member runs a
+        release before TopicModeSet version 2 (peer protocol 10), which would refuse the
+        record and keep the topic as it was (a topic tiered then would never be cut over
+        there); such a record is stamped with its cluster once every member reads it."""
+        service = self.service
+        fleet = service.fleet
+        members = [m.name for m in fleet.live() if m.name != service.name]
+        if any(service.peer_protocol(m) < TOPIC_OPS_PROTOCOL for m in members):
+            return None
+        return cluster
+
+    def look_soon(self) -> None:
+        """The next round looks at Kafka's tiered topics (within IDLE_POLL_S)."""
+        self._next_topics_check = 0.0
+
+    async def nudge(self, topic: TieredTopic, partition: int) -> None:
+        """A produce waits for the cutover of a partition past the tiered topic's count
+        known here (added by a CreatePartitions): this loop and the owner of the
+        partition's shard look at Kafka now rather than at their next look, at most
+        once a second per topic. Failures are logged: the looks find it anyway."""
+        known = self._partitions.get(topic.topic_id)
+        now = time.monotonic()
+        if known is None or partition < known or now < self._nudged.get(topic.topic_id, 0.0):
+            return
+        self._nudged[topic.topic_id] = now + NUDGE_S
+        self.look_soon()
+        shard = shard_of(stream_of(topic, partition), self.service.config.shard_count)
+        if self.service.shard_owner(shard) is None:
+            code, message = await self._at_owner("look", topic.name, topic.topic_id, False)
+            if code != 0:
+                log.info("%s-%d: the owner's look at Kafka not asked for: %s",
+                         topic.name, partition, message)  # fmt: skip
+
     async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         """A DeleteTopics of tiered `topic` Kafka answered with success, through this
         proxy: marked DELETED by the owner of its topic shard, here or asked over the
-        peer protocol. (error code, message)."""
-        return await self._at_owner("deleted", topic, topic_id, forwarded=False)
+        peer protocol, then read back here (within GONE_WAIT_S), so that the client's
+        next request to this proxy finds the name free. (error code, message)."""
+        code, message = await self._at_owner("deleted", topic, topic_id, forwarded=False)
+        if code == 0:
+            readers = self.service.readers
+            reader = readers[topic_shard(topic_id, len(readers))]
+            try:
+                async with asyncio.timeout(GONE_WAIT_S):
+                    await reader.read_to_end()
+            except TimeoutError:
+                log.warning("the mark of %s as deleted not read back in %.0f s", topic, GONE_WAIT_S)
+        return code, message
 
     async def _partition_count(self, topic: str, topic_id: uuid.UUID) -> int:
         count = self._partitions.get(topic_id)
@@ -408,6 +490,9 @@ class CutoverLoop:
         service = self.service
         if op not in ADMIN_OPS:
             return ErrorCode.invalid_request, f"unknown admin operation {op!r}"
+        if op == "look":  # a peer's produce waits for a partition this loop may not know
+            self.look_soon()
+            return 0, "looking at Kafka's tiered topics"
         # The command names the topic only (id zero); a proxy forwarding it to the
         # shard's owner names the id too. A forwarded request is never forwarded again:
         # during a shard-group rebalance two proxies can each see the other as the owner,
@@ -424,6 +509,18 @@ class CutoverLoop:
             return await self._seal(op, topic, topic_id)
         if op == "deleted" and not forwarded:
             return ErrorCode.invalid_request, "a deleted topic is named by its topic id"
+        if op == "tier" and not forwarded:
+            previous = service.topics.topic(topic)
+            if previous is not None and previous.topic_id != topic_id:
+                # The name's previous topic, deleted in Kafka directly, and not yet found
+                # so by the look (TOPICS_CHECK_S): marked first, or two TIERED topics
+                # would share the name and a Produce by name could reach the old one.
+                code, message = await self.topic_deleted(topic, previous.topic_id)
+                if code != 0:
+                    return code, (
+                        f"cannot tier {topic}: its previous topic (topic id "
+                        f"{previous.topic_id}) is still tiered: {message}"
+                    )
         return await self._at_owner(op, topic, topic_id, forwarded)
 
     async def _at_owner(
@@ -436,6 +533,12 @@ class CutoverLoop:
         if owner is None:
             return ErrorCode.not_coordinator, f"metadata shard {shard} has no live owner right now"
         if isinstance(owner, tuple):  # owned by another proxy: its peer address
+            member = service.readers[shard].state.owner
+            if op in ("deleted", "look") and service.peer_protocol(member) < TOPIC_OPS_PROTOCOL:
+                return ErrorCode.coordinator_not_available, (
+                    f"the owner of metadata shard {shard} runs a release without the "
+                    f"admin op {op}: its own look at Kafka finds the topic's change"
+                )
             if forwarded:
                 return ErrorCode.not_coordinator, (
                     f"metadata shard {shard} is not owned here (forwarded here as its owner): "
@@ -452,6 +555,9 @@ class CutoverLoop:
                 )
         if op == "deleted":
             return await self._deleted_here(owner, topic, topic_id)
+        if op == "look":  # owned here after all (taken over meanwhile)
+            self.look_soon()
+            return 0, "looking at Kafka's tiered topics"
         sealed = Sealed(topic, topic_id)
         if op == "untier":
             partitions = await self._partition_count(topic, topic_id)
@@ -462,7 +568,19 @@ class CutoverLoop:
             if refusal:
                 return ErrorCode.policy_violation, f"cannot untier {topic}: {refusal}"
         mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
-        record = TopicModeSet(topic_id, topic, mode, now_ms())
+        cluster = None
+        if op == "tier":  # the topic id is of the cluster that answers it: recorded
+            try:
+                answer = await service.describe_topics([topic])
+                found = answer.topic_id(topic)
+            except (LookupError, OSError) as exc:
+                return ErrorCode.unknown_topic_or_partition, f"Kafka's topic {topic}: {exc}"
+            if found != topic_id:
+                return ErrorCode.unknown_topic_or_partition, (
+                    f"Kafka's topic {topic} is topic id {found} now, not {topic_id}"
+                )
+            cluster = self._recorded_cluster(answer.cluster_id)
+        record = TopicModeSet(topic_id, topic, mode, now_ms(), cluster)
         try:
             [verdict] = await owner.write([record])
         except ShardFenced as exc:

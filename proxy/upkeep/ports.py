@@ -11,12 +11,12 @@ service satisfies every port structurally: nothing here subclasses.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.cleaner.plan import CleanerConfig
 from proxy.config.tiering import TieringConfig
 from proxy.metadata.state import MetadataState
@@ -131,9 +131,8 @@ class RetentionHost(Shards, OwnedPartitions, Protocol):
     @property
     def block_cache(self) -> BlockCache | None: ...
 
-    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """(topic id, partition count) of the upstream topic; LookupError if Kafka does
-        not know it."""
+    async def describe_topics(self, names: list[str]) -> TopicsAnswer:
+        """What Kafka says of the upstream topics (topic ids, partition counts)."""
         ...
 
 

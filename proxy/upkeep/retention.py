@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from aiokafka.errors import KafkaError
 
 from proxy.clock import now_ms
-from proxy.errors import UnknownTopic
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, StreamRange, topic_shard
@@ -232,10 +231,8 @@ class Retention:
         self._kafka_behind[stream] = (topic, offset)
         low = None
         try:
-            try:
-                topic_id, _ = await self.service.describe_topic(topic)
-            except UnknownTopic:
-                topic_id = None  # deleted: nothing of Kafka's to delete
+            # None: deleted, nothing of Kafka's to delete
+            topic_id = (await self.service.describe_topics([topic])).topic_id(topic)
             if topic_id == info.topic_id:
                 low = await self.service.topic_configs.delete_below(topic, partition, offset)
         except (LookupError, KafkaError, OSError, TimeoutError) as exc:

@@ -98,7 +98,7 @@ def commits(draw) -> ObjectCommit:
 
 
 RECORDS = st.one_of(
-    st.builds(TopicModeSet, TOPIC_ID, NAME, st.sampled_from(TopicMode), OFFSET),
+    st.builds(TopicModeSet, TOPIC_ID, NAME, st.sampled_from(TopicMode), OFFSET, st.none() | NAME),
     st.builds(ShardClaim, U32, U32, NAME, OFFSET),
     cutovers(),
     st.builds(StreamUntier, U32, U64, st.integers(1, U32_MAX), U32, OFFSET, st.none() | OFFSET),

@@ -13,6 +13,8 @@ never came and was answered REQUEST_TIMED_OUT, every retry, until the owner rest
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from cutover_load import started, tiered_topic_id, topics_command
@@ -117,3 +119,31 @@ def test_a_topic_created_again_with_fewer_partitions_and_tiered_again_takes_reco
         assert [o for o, _ in records] == list(range(PER_PARTITION))
         assert _read_from_earliest(proxy.bootstrap, topic, PER_PARTITION) == records
         assert watermarks(kafka_cluster.bootstrap, topic) == (0, 0)  # all in the stream
+
+
+def test_a_produce_to_a_partition_just_added_asks_for_a_look_at_kafka(
+    kafka_cluster, tmp_path, monkeypatch
+):
+    """Partitions added in Kafka directly while the fleet's periodic look is far off (an
+    hour here): the produce waiting for the new partition's cutover has the owner look
+    at Kafka at once, and it is acknowledged at offset 0, as Kafka's new partition would
+    take it. Without the nudge it waits for the look and is answered REQUEST_TIMED_OUT."""
+    topic, thread = _start(kafka_cluster, tmp_path, "nudged")
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic)
+        cutover = t.tiering.cutover
+        monkeypatch.setattr("proxy.upkeep.cutover.TOPICS_CHECK_S", 3600.0)
+
+        def far_off() -> bool:  # a look that started before the patch set the next in 5 s
+            return cutover._next_topics_check > time.monotonic() + 600  # noqa: SLF001
+
+        wait_until(far_off, 30, "a look with the next one an hour off")
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+        wait_until(lambda: _partition_count(admin, topic) == 2, 30, "grown")
+
+        acked = [(o, v) for o, v, _ in _produce(proxy.bootstrap, topic, "new", 3, 1)]
+        assert [o for o, _ in acked] == [0, 1, 2]
+        stream = stream_id(t.state.stream(t.stream).topic_id, 1)
+        assert t.tiering.state(stream).cutover(stream) == 0
+        assert _read_from_earliest(proxy.bootstrap, topic, 3, 1) == acked

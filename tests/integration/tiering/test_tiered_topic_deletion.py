@@ -19,9 +19,12 @@ acknowledged into the WAL only).
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from cutover_load import started, tiered_topic_id, topics_command
+from test_tiered_below_log_start import _created_again
 from test_tiered_retention import (
     GRACE_S,
     SHARDS,
@@ -32,7 +35,7 @@ from test_tiered_retention import (
 )
 
 from proxy.metadata.records import TopicMode
-from proxy.metadata.streams import shard_of, topic_shard
+from proxy.metadata.streams import shard_of, stream_id, topic_shard
 from tests.support.clients import watermarks
 from tests.support.kafka_python import KafkaProducer
 from tests.support.waiting import wait_until
@@ -126,3 +129,82 @@ def test_a_tiered_topic_deleted_in_kafka_is_found_and_never_created_again(kafka_
         _check_dropped_whole(proxy, t, key)
         # the proxy's clients followed the topic (markers, offsets): none created it again
         assert topic not in _kafka_topics(kafka_cluster.bootstrap)
+
+
+def test_a_deletion_is_judged_only_from_the_kafka_cluster_the_topic_was_tiered_in(
+    kafka_cluster, tmp_path
+):
+    """The topic's mode record names Kafka's cluster id. A fleet that finds the topic gone
+    in another cluster (pointed at a copy of its cluster: its metadata topic mirrored,
+    the names with other ids or none) drops nothing; a record written before the field
+    gets its cluster from the first answer with the topic's own id."""
+    topic, thread = _start(kafka_cluster, tmp_path, "elsewhere")
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic)
+        t.upload("object")
+        [committed] = t.ranges()
+        topic_id = t.state.stream(t.stream).topic_id
+        cluster = (
+            AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+            .list_topics(timeout=30)
+            .cluster_id
+        )
+        owner = t.tiering.assignment.owner(topic_shard(topic_id, SHARDS))
+        record = owner.state.topic(topic_id)
+        assert record.kafka_cluster == cluster  # recorded at the tier
+
+        def rewrite(kafka_cluster: str | None) -> None:
+            proxy.run(lambda: owner.write([replace(record, kafka_cluster=kafka_cluster)]))
+
+        # written before records named a cluster: stamped by the next look
+        rewrite(None)
+        assert owner.state.topic(topic_id).kafka_cluster is None
+        wait_until(lambda: owner.state.topic(topic_id).kafka_cluster == cluster, 30, "stamped")
+
+        # the fleet's records say another cluster: gone here says nothing of the topic
+        rewrite("c2Vjb25kLWNsdXN0ZXItaWQ")
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        admin.delete_topics([topic])[topic].result(30)
+        looks = t.tiering.cutover.looks
+        wait_until(lambda: t.tiering.cutover.looks >= looks + 3, 60, "three more looks")
+        assert _mode(t, topic_id) is TopicMode.TIERED
+        assert list(t.ranges()) == [committed] and t.exists(committed.object_key)
+        assert t.tiering.partitions.get(t.stream) is not None
+
+        # named this cluster again: judged deleted, dropped whole
+        rewrite(cluster)
+        wait_until(lambda: _mode(t, topic_id) is TopicMode.DELETED, 30, "found deleted")
+        _check_dropped_whole(proxy, t, committed.object_key)
+
+
+def test_tiering_a_name_again_marks_its_previous_topic_deleted_first(
+    kafka_cluster, tmp_path, monkeypatch
+):
+    """The name's topic deleted in Kafka directly and created again, then tiered before the
+    look at Kafka found the deletion (held off here): the tier marks the old topic first,
+    so one tiered topic holds the name, and a Produce by name reaches the new one."""
+    topic, thread = _start(kafka_cluster, tmp_path, "again")
+    with thread as proxy:
+        t = TieredTopic(kafka_cluster, tmp_path, proxy, topic)
+        old_id = t.state.stream(t.stream).topic_id
+
+        async def not_yet() -> None:
+            return None
+
+        monkeypatch.setattr(t.tiering.cutover, "_check_topics", not_yet)
+        _created_again(kafka_cluster, topic)
+        assert _mode(t, old_id) is TopicMode.TIERED  # the look has not found it
+
+        assert topics_command("tier", topic, t.tiering.peer_port).returncode == 0
+        assert _mode(t, old_id) is TopicMode.DELETED
+        new_id = tiered_topic_id(proxy, topic)
+        assert new_id != old_id and _mode(t, new_id) is TopicMode.TIERED
+        new_stream = stream_id(new_id, 0)
+        wait_until(lambda: started(t.tiering, new_stream), 30, "the new topic cut over")
+        assert t.tiering.state(new_stream).cutover(new_stream) == 0
+
+        records = [(o, v) for o, v, _ in _produce(proxy.bootstrap, topic, "new", 5)]
+        assert [o for o, _ in records] == list(range(5))
+        assert _read_from_earliest(proxy.bootstrap, topic, 5) == records
+        assert watermarks(proxy.bootstrap, topic) == (0, 5)
+        wait_until(lambda: t.state.stream(t.stream) is None, 30, "the old stream dropped")

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
 
+from proxy.metadata.topic_index import TieredTopic
 from proxy.peer.clients import PeerUnavailable
 from proxy.upkeep.cutover import CutoverLoop
 
@@ -43,6 +44,8 @@ def service(peers: Peers) -> SimpleNamespace:
         readers=[SimpleNamespace(state=state)],
         peer_address=lambda member: OTHER if member == "b" else None,
         peers=peers,
+        peer_protocol=lambda member: 10,
+        topics=SimpleNamespace(topic=lambda key: None),  # no topic of the name tiered yet
     )
 
 
@@ -75,3 +78,41 @@ def test_an_owner_that_does_not_answer_is_a_retriable_error():
     assert code == ErrorCode.coordinator_not_available and ErrorCode(code).retriable
     assert "did not answer" in message and "Connection refused" in message
     assert peers.calls == [(OTHER, "tier", "orders", TOPIC_ID)]
+
+
+def test_the_ops_of_protocol_10_are_not_sent_to_an_older_owner():
+    """`deleted` and `look` are new at peer protocol 10: an owner of an older release would
+    close the connection on them (and with it the appends it carries)."""
+    for level, sent in ((9, False), (10, True)):
+        peers = Peers()
+        host = service(peers)
+        host.peer_protocol = lambda member, level=level: level
+        loop = CutoverLoop(host)  # type: ignore[arg-type]
+        for op in ("deleted", "look"):
+            code, message = asyncio.run(loop._at_owner(op, "orders", TOPIC_ID, False))  # noqa: SLF001
+            if sent:
+                assert code == 0
+            else:
+                assert code == ErrorCode.coordinator_not_available and "release" in message
+        assert peers.calls == (
+            [(OTHER, op, "orders", TOPIC_ID) for op in ("deleted", "look")] if sent else []
+        )
+
+
+def test_a_produce_past_the_known_count_asks_the_owner_to_look_once_a_second():
+    peers = Peers()
+    host = service(peers)
+    host.peer_protocol = lambda member: 10
+    loop = CutoverLoop(host)  # type: ignore[arg-type]
+    topic = TieredTopic(TOPIC_ID, "orders", 1)
+    loop._next_topics_check = 1e12  # noqa: SLF001
+    asyncio.run(loop.nudge(topic, 1))  # the count not known yet: the loop reads it anyway
+    assert peers.calls == []
+    loop._partitions[TOPIC_ID] = 2  # noqa: SLF001
+    asyncio.run(loop.nudge(topic, 1))  # a partition it knows: its cutover is coming
+    assert peers.calls == [] and loop._next_topics_check == 1e12  # noqa: SLF001
+    asyncio.run(loop.nudge(topic, 2))  # added since the last look
+    assert peers.calls == [(OTHER, "look", "orders", TOPIC_ID)]
+    assert loop._next_topics_check == 0.0  # noqa: SLF001  # and this proxy looks too
+    asyncio.run(loop.nudge(topic, 2))  # within NUDGE_S: not again
+    assert len(peers.calls) == 1

@@ -58,3 +58,43 @@ async def test_a_start_that_does_not_end_within_the_bound_is_cancelled():
 async def test_a_failed_start_raises_its_error():
     with pytest.raises(ConnectionError, match="bootstrap failed"):
         await start_client(ScriptedClient(0.01, fails=True))
+
+
+def test_every_aiokafka_module_that_asks_for_metadata_asks_without_creating_topics():
+    """The guard replaces aiokafka's MetadataRequest in the modules that build one. An
+    aiokafka release that builds its metadata requests in another module would bring the
+    re-creation of deleted topics back unnoticed: every module of the installed aiokafka
+    that builds a MetadataRequest in its source must hold the guard's class."""
+    import contextvars
+    import importlib
+    import inspect
+    import pkgutil
+    import re
+
+    import aiokafka
+
+    from proxy.metadata import client_start
+
+    guard = client_start._MetadataRequest  # noqa: SLF001
+    naming = []
+    for info in pkgutil.walk_packages(aiokafka.__path__, "aiokafka."):
+        if info.name == "aiokafka.protocol.metadata":  # where it is defined
+            continue
+        module = importlib.import_module(info.name)
+        try:
+            source = inspect.getsource(module)
+        except OSError:  # compiled: no source to read
+            continue
+        if re.search(r"MetadataRequest(_v\d+)?\(", source):
+            naming.append(info.name)
+            assert vars(module).get("MetadataRequest") is guard, info.name
+    assert sorted(naming) == ["aiokafka.admin.client", "aiokafka.client"]
+
+    def built(allow: bool) -> bool:
+        return guard(["t"], allow)._allow_auto_topic_creation  # noqa: SLF001
+
+    assert built(True)  # a user's client, in the same process: as aiokafka does
+    in_proxy = contextvars.copy_context()
+    in_proxy.run(client_start.forbid_topic_auto_creation)
+    assert in_proxy.run(built, True) is False
+    assert built(True)  # the context of the proxy's tasks only

@@ -556,6 +556,18 @@ def test_a_deleted_topics_untier_is_value_version_2_and_an_untier_stays_version_
         StreamUntier(0, S, 1, 1, 7_000, topic_deleted_ms=-1)
 
 
+def test_a_topic_mode_names_its_kafka_cluster_in_value_version_2():
+    plain_key, plain = encode(TopicModeSet(TOPIC, "t", TopicMode.TIERED, 5))
+    named = TopicModeSet(TOPIC, "t", TopicMode.TIERED, 5, kafka_cluster="MkU3OEVBNTcwNTJENDM2Qk")
+    named_key, value = encode(named)
+    assert plain_key == named_key and plain[0] == 1 and value[0] == 2
+    assert decode(named_key, value) == named
+    assert decode(plain_key, plain).kafka_cluster is None  # written before the field
+    for bad in ("", "x" * 256, 7):
+        with pytest.raises(ValueError, match="kafka_cluster"):
+            TopicModeSet(TOPIC, "t", TopicMode.TIERED, 5, kafka_cluster=bad)
+
+
 def test_a_topic_untier_is_refused_naming_every_partition_that_holds_data():
     shards = [Partition(k, 2) for k in range(2)]
     for partition in range(3):
