@@ -90,7 +90,8 @@ class TopicsAnswer:
     cluster_id: str | None
     found: dict[str, tuple[UUID, int]]  # name -> (topic id, partition count)
     unknown: frozenset[str]  # UNKNOWN_TOPIC_OR_PARTITION: no such topic
-    errors: dict[str, int]  # name -> another error code: says nothing of the topic
+    # name -> another error code, or 0 without a topic id or partitions: says nothing
+    errors: dict[str, int]
 
     def topic_id(self, name: str) -> UUID | None:
         """Kafka's id for the topic of that name; None if Kafka knows no such topic.
@@ -102,6 +103,8 @@ class TopicsAnswer:
         code = self.errors.get(name)
         if code is None:
             raise LookupError(f"topic {name} is not in Kafka's answer")
+        if code == 0:  # no error, and no id (a Metadata answer before v10) or no partitions
+            raise LookupError(f"topic {name}: Kafka's answer gives it no topic id or partitions")
         raise LookupError(f"topic {name}: Kafka answers error code {code}")
 
     def topic(self, name: str) -> tuple[UUID, int]:

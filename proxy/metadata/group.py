@@ -13,9 +13,10 @@ polls only to stay a member.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -29,6 +30,7 @@ from proxy.metadata.records import MetadataError
 from proxy.metadata.store import ShardFenced, ShardOwner
 
 log = logging.getLogger("tierproxy.metadata")
+T = TypeVar("T")
 
 DELETE_RETENTION_MS = 24 * 3600 * 1000  # a tombstone outlives any reader's catch-up
 SEGMENT_MS = 3600 * 1000  # Kafka compacts closed segments only: roll them hourly
@@ -36,6 +38,9 @@ DEFAULT_GROUP = "tierproxy-shards"
 # beyond the session timeout (the upload's bound), what a revoked shard's hand-over may
 # take: on_lost and the ShardRelease's transaction
 HANDOVER_MARGIN_MS = 15_000
+# A step of giving a shard up (its partitions closed, its uploads, its release) still
+# running after this long is logged, once: the shard is claimed again only after it.
+SLOW_STEP_S = 30.0
 
 
 class MetadataTopicError(MetadataError):
@@ -304,7 +309,7 @@ class ShardAssignment:
             self._starting[shard] = owner
             serving = False  # on_owned was called: on_lost is owed
             try:
-                await owner.start()
+                await self._watched(shard, functools.partial(_claiming, owner), owner.start())
                 self._forget(self._starting, shard, owner)
                 if self._tasks.get(shard) is me:
                     serving = True
@@ -339,18 +344,20 @@ class ShardAssignment:
         else close it. A hook that fails counts as "not everything is committed"."""
         if serving and self._on_lost is not None:
             try:
-                await self._on_lost(shard)
+                await self._watched(shard, "stopping its partitions", self._on_lost(shard))
             except Exception:
                 log.exception("%s: on_lost of shard %d failed", self.name, shard)
         release = False
         if owner.owning:
             try:
-                release = self._on_release is None or await self._on_release(shard)
+                release = self._on_release is None or await self._watched(
+                    shard, "uploading what it holds", self._on_release(shard)
+                )
             except Exception:
                 log.exception("%s: on_release of shard %d failed", self.name, shard)
         if release:
             try:
-                await owner.release()
+                await self._watched(shard, "its release", owner.release())
                 self._unreleased.discard(shard)
                 self._released.add(shard)
             except (KafkaError, ShardFenced, OSError) as exc:
@@ -358,9 +365,36 @@ class ShardAssignment:
             except Exception:
                 log.exception("%s could not release shard %d", self.name, shard)
         else:
-            await owner.close()
+            await self._watched(shard, "closing its owner", owner.close())
         if owner.state.owner not in ("", self.name):  # another member claimed it since
             self._unreleased.discard(shard)
+
+    async def _watched(
+        self, shard: int, step: str | Callable[[], str | None], awaitable: Awaitable[T]
+    ) -> T:
+        """`await awaitable`, logged if it takes SLOW_STEP_S or more: nothing else would
+        say why a shard lost while assigned is not claimed again. `step` names it, or
+        says at that moment what it waits for (None: a wait logged otherwise)."""
+
+        def slow() -> None:
+            doing = step() if callable(step) else f"giving it up: {step}"
+            if doing is not None:
+                log.warning(
+                    "%s: metadata shard %d: %s has taken %.0f s so far",
+                    *(self.name, shard, doing, SLOW_STEP_S),
+                )
+
+        handle = asyncio.get_running_loop().call_later(SLOW_STEP_S, slow)
+        try:
+            return await awaitable
+        finally:
+            handle.cancel()
+
+
+def _claiming(owner: ShardOwner) -> str | None:
+    if owner.held_by is not None:  # waits for its last owner: logged by the owner
+        return None
+    return f"claiming it ({owner.stage})"
 
 
 class _Listener(ConsumerRebalanceListener):

@@ -69,31 +69,39 @@ def _check(record: object, name: str, low: int, high: int) -> None:
 
 
 def _validate(record: object) -> None:
-    """Every field in the domain its wire type gives it (LAYOUTS): integers in range (all
-    offsets and times are >= 0), enums known, names of 1-255 UTF-8 bytes, topic ids
-    non-zero; tuples and bytes made immutable."""
-    _, key_fields, value_fields = LAYOUTS[RECORD_TYPES[type(record)]]
+    """Every field in the domain its wire type gives it (LAYOUTS, and the OPTIONAL_FIELDS
+    that are not None): integers in range (all offsets and times are >= 0), enums known,
+    names of 1-255 UTF-8 bytes, topic ids non-zero; tuples and bytes made immutable."""
+    record_type = RECORD_TYPES[type(record)]
+    _, key_fields, value_fields = LAYOUTS[record_type]
     for name, wire in key_fields + value_fields:
-        value = getattr(record, name)
-        if wire in _DOMAINS:
-            _check(record, name, *_DOMAINS[wire])
-        elif wire in ENUMS:
-            object.__setattr__(record, name, ENUMS[wire](value))
-        elif wire == "str":
-            if not isinstance(value, str) or not 1 <= len(value.encode()) <= MAX_NAME_BYTES:
-                raise ValueError(
-                    f"{type(record).__name__}.{name} = {value!r}: "
-                    f"needs 1 to {MAX_NAME_BYTES} UTF-8 bytes"
-                )
-        elif wire == "uuid":
-            if not isinstance(value, UUID) or value.int == 0:
-                raise ValueError(f"{type(record).__name__}.{name} = {value!r}: not a topic id")
-        elif wire == "blob":
-            object.__setattr__(record, name, bytes(value))
-            if len(getattr(record, name)) > U32_MAX:
-                raise ValueError(f"{type(record).__name__}.{name}: more than 2**32-1 bytes")
-        else:  # ids, ranges
-            object.__setattr__(record, name, tuple(value))
+        _validate_field(record, name, wire)
+    for _, name, wire in OPTIONAL_FIELDS.get(record_type, ()):
+        if getattr(record, name) is not None:
+            _validate_field(record, name, wire)
+
+
+def _validate_field(record: object, name: str, wire: str) -> None:
+    value = getattr(record, name)
+    if wire in _DOMAINS:
+        _check(record, name, *_DOMAINS[wire])
+    elif wire in ENUMS:
+        object.__setattr__(record, name, ENUMS[wire](value))
+    elif wire == "str":
+        if not isinstance(value, str) or not 1 <= len(value.encode()) <= MAX_NAME_BYTES:
+            raise ValueError(
+                f"{type(record).__name__}.{name} = {value!r}: "
+                f"needs 1 to {MAX_NAME_BYTES} UTF-8 bytes"
+            )
+    elif wire == "uuid":
+        if not isinstance(value, UUID) or value.int == 0:
+            raise ValueError(f"{type(record).__name__}.{name} = {value!r}: not a topic id")
+    elif wire == "blob":
+        object.__setattr__(record, name, bytes(value))
+        if len(getattr(record, name)) > U32_MAX:
+            raise ValueError(f"{type(record).__name__}.{name}: more than 2**32-1 bytes")
+    else:  # ids, ranges
+        object.__setattr__(record, name, tuple(value))
 
 
 class _Validated:
@@ -135,7 +143,7 @@ class OffsetRange:
 
 
 @dataclass(frozen=True, slots=True)
-class TopicModeSet:
+class TopicModeSet(_Validated):
     """An operator's request for a topic (not generation-scoped: the latest one counts).
 
     `kafka_cluster`: the id of the Kafka cluster the topic id is of (a topic id is a
@@ -149,16 +157,6 @@ class TopicModeSet:
     mode: TopicMode
     since_ms: int
     kafka_cluster: str | None = None
-
-    def __post_init__(self) -> None:
-        _validate(self)
-        cluster = self.kafka_cluster
-        if cluster is not None and (
-            not isinstance(cluster, str) or not 1 <= len(cluster.encode()) <= MAX_NAME_BYTES
-        ):
-            raise ValueError(
-                f"TopicModeSet.kafka_cluster = {cluster!r}: needs 1 to {MAX_NAME_BYTES} UTF-8 bytes"
-            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +210,7 @@ class StreamCutover:
         _validate_stream(self)
         _check(self, "log_start_offset", 0, self.end_offset)
         _check(self, "cutover_offset", 0, self.end_offset)
-        if self.last_stable_offset is not None:
+        if self.last_stable_offset is not None:  # in its domain (_validate); below the cutover
             _check(self, "last_stable_offset", 0, self.cutover_offset)
             if self.last_stable_offset == self.cutover_offset:  # nothing open: stored as v1
                 object.__setattr__(self, "last_stable_offset", None)
@@ -238,11 +236,6 @@ class StreamUntier(_StreamRecord):
     epoch: int
     at_ms: int
     topic_deleted_ms: int | None = None
-
-    def __post_init__(self) -> None:
-        _validate_stream(self)
-        if self.topic_deleted_ms is not None:
-            _check(self, "topic_deleted_ms", 0, I64_MAX)
 
 
 @dataclass(frozen=True, slots=True)

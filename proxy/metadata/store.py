@@ -116,6 +116,7 @@ class ShardOwner:
         self._written_to = 0  # the offset after this owner's last committed record
         self._abort_on_close = False
         self._closing: asyncio.Future[None] | None = None
+        self.stage = "not started"  # what `start` does now, for a log line if it is slow
 
     @property
     def state(self) -> MetadataState:
@@ -153,7 +154,9 @@ class ShardOwner:
                 transaction_timeout_ms=self._transaction_timeout_ms,
             )
             # InitProducerId: the previous owner is fenced
+            self.stage = "fencing the last owner: InitProducerId"
             await start_client(self._producer)
+            self.stage = "starting its reader"
             await self.reader.start()
         loop = asyncio.get_running_loop()
         waiting_since: float | None = None
@@ -161,6 +164,7 @@ class ShardOwner:
             async with self._lock:  # close() runs between two looks, never during one
                 if self._closing is not None:
                     raise ShardFenced(self.shard, "closed before it claimed")
+                self.stage = "reading the shard to its end"
                 await self.reader.read_to_end()  # everything the previous owner committed
                 holder = self._holder()
                 if holder is not None and waiting_since is None:
@@ -178,7 +182,9 @@ class ShardOwner:
                         holder = None
                 self._held_by = holder
                 if holder is None:
+                    self.stage = "writing its claim"
                     await self._claim()
+                    self.stage = "owning"
                     return
             await self._pause()
 

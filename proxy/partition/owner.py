@@ -334,8 +334,15 @@ class TieredPartition:
 
     async def close(self) -> None:
         """Stop taking requests; answer the queued ones NOT_LEADER_OR_FOLLOWER (none was
-        sequenced); wait for the appends in flight and answer them. Idempotent."""
+        sequenced); take back the appends a full WAL holds for room and answer them
+        NOT_LEADER_OR_FOLLOWER too; wait for the other writes in flight and answer them.
+        Idempotent.
+
+        A full WAL holds its queued appends until an upload trims it, and that upload's
+        commit may need this partition's shard owned again, which waits for this close:
+        so a close never waits for room in the WAL."""
         self._closing = True
+        self._withdraw_unwritten()
         self._poke()
         if self._task is None:
             self._refuse_queued()
@@ -494,6 +501,24 @@ class TieredPartition:
         self._notify()
         if self.on_broken is not None:
             self.on_broken(self.stream_id, error)
+
+    def _withdraw_unwritten(self) -> None:
+        """The newest appends in flight that a full WAL holds for room, withdrawn and
+        answered retriable (the WAL writes in queue order: they are a suffix)."""
+        withdrawn: list[_InFlight] = []
+        while self._in_flight and self._wal.withdraw(self._in_flight[-1].write):
+            withdrawn.append(self._in_flight.pop())
+        if not withdrawn:
+            return
+        log.info(
+            "stream %d: closed with the WAL full: %d appends it held for room withdrawn, "
+            "answered NOT_LEADER_OR_FOLLOWER",
+            *(self.stream_id, len(withdrawn)),
+        )
+        result = not_owner(self.stream_id)
+        for item in reversed(withdrawn):
+            self._dropped(item.pending.records)
+            _answer_all(item, result)
 
     def _refuse_queued(self) -> None:
         result = not_owner(self.stream_id)

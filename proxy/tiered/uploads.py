@@ -39,7 +39,6 @@ log = logging.getLogger("tierproxy.tiering")
 
 COMMIT_OWNER_WAIT_S = 30.0  # an upload during a rebalance waits this long for the owners
 UPLOADER_RESTART_S = 1.0
-SHARD_MEMO_STREAMS = 65_536  # streams whose shard `_skipped` remembers (then starts over)
 
 
 def uploader_config(config: TieringConfig) -> UploaderConfig:
@@ -78,7 +77,6 @@ class UploadLoop:
         self._service, self._wal, self._store, self._allocate = service, wal, store, allocate
         self._stale = stale  # WAL entries never to upload (PartitionSet.stale)
         self.uploader: Uploader | None = None  # the current one
-        self._shards: dict[int, int] = {}  # stream id -> its metadata shard
 
     def _skipped(self, entry: WalEntry) -> bool:
         """A WAL entry never to upload: stale (`PartitionSet.stale`), or of a stream the
@@ -88,12 +86,7 @@ class UploadLoop:
         if self._stale is not None and self._stale(entry):
             return True
         stream = entry.stream_id
-        shard = self._shards.get(stream)
-        if shard is None:  # shard_of hashes: once per stream, not per entry
-            if len(self._shards) >= SHARD_MEMO_STREAMS:
-                self._shards.clear()
-            shard = self._shards[stream] = shard_of(stream, self._service.config.shard_count)
-        owner = self._service.shard_owner(shard)
+        owner = self._service.shard_owner(shard_of(stream, self._service.config.shard_count))
         return owner is not None and owner.state.stream(stream) is None
 
     async def run(self) -> None:

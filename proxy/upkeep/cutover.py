@@ -320,8 +320,11 @@ class CutoverLoop:
             log.info("topic id %s has %d partitions, not %d", topic_id, count,
                      self._partitions[topic_id])  # fmt: skip
             self._partitions[topic_id] = count
+        # Said once for the fleet, by the owner of metadata shard 0 (every proxy looks):
+        # a proxy that does not own it now notes nothing, so it says it if it takes it.
+        speaks = service.shard_owner(0) is not None
         foreign = frozenset(t.topic_id for t in check.foreign)
-        if foreign - self._foreign:
+        if speaks and foreign - self._foreign:
             log.error(
                 "Kafka cluster %s answers for tiered topics of another cluster (%s): "
                 "is the fleet pointed at a copy of its cluster? Their deletion is not "
@@ -329,8 +332,9 @@ class CutoverLoop:
                 answer.cluster_id,
                 ", ".join(f"{t.name} of {t.kafka_cluster}" for t in check.foreign),
             )
-        self._foreign = foreign
-        if check.held:
+        if speaks:
+            self._foreign = foreign
+        if speaks and check.held:
             log.error(
                 "Kafka has lost %d tiered topics at once (%s): %d are marked deleted per "
                 "look at Kafka; stop the fleet now if Kafka is broken rather than its "
@@ -498,9 +502,11 @@ class CutoverLoop:
         # during a shard-group rebalance two proxies can each see the other as the owner,
         # and it would bounce between them until every hop timed out.
         forwarded = topic_id.int != 0
+        answer: TopicsAnswer | None = None
         if not forwarded:  # ask Kafka for the topic's id
             try:
-                topic_id, _ = await service.describe_topic(topic)
+                answer = await service.describe_topics([topic])
+                topic_id, _ = answer.topic(topic)
             except LookupError as exc:
                 return ErrorCode.unknown_topic_or_partition, str(exc)
             except OSError as exc:
@@ -521,12 +527,18 @@ class CutoverLoop:
                         f"cannot tier {topic}: its previous topic (topic id "
                         f"{previous.topic_id}) is still tiered: {message}"
                     )
-        return await self._at_owner(op, topic, topic_id, forwarded)
+        return await self._at_owner(op, topic, topic_id, forwarded, answer)
 
     async def _at_owner(
-        self, op: str, topic: str, topic_id: uuid.UUID, forwarded: bool
+        self,
+        op: str,
+        topic: str,
+        topic_id: uuid.UUID,
+        forwarded: bool,
+        answer: TopicsAnswer | None = None,
     ) -> tuple[int, str]:
-        """The op done by the owner of the topic's shard: here, or sent to it once."""
+        """The op done by the owner of the topic's shard: here, or sent to it once.
+        `answer`: Kafka's answer that gave `topic_id`, if this proxy asked for it."""
         service = self.service
         shard = topic_shard(topic_id, service.config.shard_count)
         owner = owner_or_peer(service, shard)
@@ -570,11 +582,13 @@ class CutoverLoop:
         mode = TopicMode.TIERED if op == "tier" else TopicMode.PASSTHROUGH
         cluster = None
         if op == "tier":  # the topic id is of the cluster that answers it: recorded
-            try:
-                answer = await service.describe_topics([topic])
+            try:  # a forwarded tier: the owner asks (the cluster id is not forwarded)
+                answer = answer or await service.describe_topics([topic])
                 found = answer.topic_id(topic)
-            except (LookupError, OSError) as exc:
+            except LookupError as exc:
                 return ErrorCode.unknown_topic_or_partition, f"Kafka's topic {topic}: {exc}"
+            except OSError as exc:
+                return ErrorCode.not_coordinator, f"cannot reach Kafka: {exc}"
             if found != topic_id:
                 return ErrorCode.unknown_topic_or_partition, (
                     f"Kafka's topic {topic} is topic id {found} now, not {topic_id}"

@@ -80,7 +80,11 @@ class _Close:
     pass
 
 
-_Message = _Append | _Trim | _Close
+class _Wake:
+    """Look at the queue again: an append was withdrawn (the one behind it may fit)."""
+
+
+_Message = _Append | _Trim | _Close | _Wake
 
 
 class WriteAheadLog(LogState):
@@ -111,6 +115,7 @@ class WriteAheadLog(LogState):
         self._closed = False
         self._stopping = False
         self._pending: collections.deque[_Append] = collections.deque()
+        self._writing: list[_Append] = []  # the group being written now
         self._trims: list[_Trim] = []
         self._blocked_since: float | None = None
         self._no_space_since: float | None = None  # a write found the disk full
@@ -177,6 +182,19 @@ class WriteAheadLog(LogState):
         future: asyncio.Future[WalPosition] = self._loop.create_future()
         self._inbox.put_nowait(_Append(header, batch, size, future))
         return future
+
+    def withdraw(self, write: asyncio.Future[WalPosition]) -> bool:
+        """Take back an append `submit` queued, if it waits because the log is full (or
+        its disk is) and the writer has not begun to write it: True if it never will be
+        written (its future is cancelled); False otherwise (its future says how it ends:
+        with room, a queued append is written within a group commit)."""
+        if write.done() or (self._blocked_since is None and self._no_space_since is None):
+            return False
+        if any(item.future is write for item in self._writing):
+            return False
+        write.cancel()  # still queued: `_head_fits` drops it before any group takes it
+        self._inbox.put_nowait(_Wake())
+        return True
 
     async def trim_to(self, offset: int) -> None:
         """Everything before WAL offset `offset` was uploaded and committed: release it.
@@ -270,9 +288,13 @@ class WriteAheadLog(LogState):
             if self._trims:
                 await self._apply_trims(loop)
             group, roll = self._take_group()
-            if group and not await self._commit(loop, group, roll):
-                self._fail_all(self._broken_error())
-                return
+            self._writing = group
+            try:
+                if group and not await self._commit(loop, group, roll):
+                    self._fail_all(self._broken_error())
+                    return
+            finally:
+                self._writing = []
         self._fail_all(WalClosedError("the WAL was closed before this append was written"))
 
     async def _wait_for_space(self) -> None:
@@ -295,7 +317,7 @@ class WriteAheadLog(LogState):
             self._pending.append(message)
         elif isinstance(message, _Trim):
             self._trims.append(message)
-        else:
+        elif isinstance(message, _Close):
             self._stopping = True
 
     def _head_fits(self) -> bool:

@@ -121,6 +121,7 @@ class S3WriteAheadLog(LogState):
         self._broken: BaseException | None = None
         self._closed = False
         self._pending: collections.deque[_Append] = collections.deque()
+        self._writing: list[_Append] = []  # the group being PUT now
         self._wakeup = asyncio.Event()
         self._loop = asyncio.get_running_loop()  # built by `open`, on the loop it serves
         self._blocked_since: float | None = None
@@ -203,6 +204,18 @@ class S3WriteAheadLog(LogState):
         self._pending.append(_Append(header, batch, stream_id, base_offset, size, future))
         self._wakeup.set()
         return future
+
+    def withdraw(self, write: asyncio.Future[WalPosition]) -> bool:
+        """Take back an append `submit` queued, if it waits because the log is full and
+        its PUT has not begun: True if it never will be written (its future is cancelled);
+        False otherwise (its future says how it ends)."""
+        if write.done() or self._blocked_since is None:
+            return False
+        if any(item.future is write for item in self._writing):
+            return False
+        write.cancel()  # still pending: `_take_group` drops it before any group takes it
+        self._wakeup.set()  # the one behind it may fit
+        return True
 
     async def trim_to(self, offset: int) -> None:
         """Everything before WAL offset `offset` was uploaded and committed: release it,
@@ -289,9 +302,13 @@ class S3WriteAheadLog(LogState):
                     await self._wakeup.wait()
                     self._wakeup.clear()
                     continue
-                if not await self._commit(group):
-                    self._fail_pending(self._broken_error())
-                    return
+                self._writing = group
+                try:
+                    if not await self._commit(group):
+                        self._fail_pending(self._broken_error())
+                        return
+                finally:
+                    self._writing = []
             self._fail_pending(WalClosedError("the WAL was closed before this append was PUT"))
         except asyncio.CancelledError:
             self._fail_pending(WalClosedError("the WAL writer was cancelled"))
@@ -304,12 +321,13 @@ class S3WriteAheadLog(LogState):
             self._closed = True
 
     def _take_group(self) -> list[_Append]:
-        while self._pending and self._pending[0].future.done():  # its caller gave up
-            self._pending.popleft()
         group: list[_Append] = []
         group_bytes = 0
         while self._pending:
             head = self._pending[0]
+            if head.future.done():  # withdrawn, or its caller gave up: never written
+                self._pending.popleft()
+                continue
             if group and group_bytes + head.size > self._config.max_object_bytes:
                 break
             if self._end + group_bytes + head.size - self._trimmed_to > self._config.capacity_bytes:

@@ -97,6 +97,8 @@ def test_json_lines_one_per_connection_error_none_per_request(kafka_cluster, tmp
     try:
         startup, ready = _until(lines, lambda tag, line: "proxy ready at" in line)
         assert ready is not None, startup
+        if not startup:  # the stderr reader is behind the stdout one: it has them to come
+            startup, _ = _until(lines, lambda tag, line: tag == "err", 10)
         assert startup and all(json.loads(line)["level"] for line in startup)
         bootstrap = ready.rsplit(" ", 1)[-1]
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -32,6 +33,7 @@ from proxy.records.markers import Marker, marker_batch
 from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
+from proxy.wal.entry import entry_size
 from proxy.wal.memfs import MemoryFilesystem
 from tests.support.batches import build_batch
 from tests.support.waiting import eventually
@@ -206,6 +208,48 @@ async def test_a_full_queue_makes_callers_wait_in_order_and_drops_nothing():
             ok(result, CUTOVER + RECORDS * n)  # in the order of the calls
         assert results[9] is None
         assert partition.high_watermark == CUTOVER + 30 and wal.stats.appends == 10
+
+
+async def test_a_close_answers_the_appends_a_full_wal_holds_and_never_writes_them(tmp_path, caplog):
+    """A full WAL holds its queued appends until an upload trims it; that upload may need
+    the partition's shard owned again, which waits for the partition's close. So the
+    close takes them back from the WAL and answers them retriable, at once."""
+    caplog.set_level(logging.INFO, "proxy.partition.owner")
+    shard = Shard()
+    size = entry_size(len(nth(7, 0)))
+    config = WalConfig(str(tmp_path / "wal"), segment_bytes=64 * 1024, capacity_bytes=2 * size)
+    async with await WriteAheadLog.open(config) as wal:
+        partitions = PartitionSet(wal)
+        await partitions.recover(STREAMS, shard.state)
+        partition = partitions.get(S0)
+        ok(await partitions.produce(S0, nth(7, 0), -1), CUTOVER)
+        ok(await partitions.produce(S0, nth(7, 1), -1), CUTOVER + RECORDS)
+        held = [asyncio.create_task(partitions.produce(S0, nth(7, n), -1)) for n in (2, 3)]
+        other = asyncio.create_task(partitions.produce(STREAMS[1], nth(8, 0), -1))
+        await eventually(lambda: partition.log_end_offset == CUTOVER + 4 * RECORDS)
+        await asyncio.wait_for(partitions.remove(S0), 5)  # did not wait for room
+        for answer in await asyncio.gather(*held):
+            assert answer.error_code == ErrorCode.not_leader_or_follower, answer
+        assert f"stream {S0}: closed with the WAL full: 2 appends" in caplog.text
+        assert not other.done()  # the other stream's append still waits for room
+        # the shard owned again: rebuilt from what the WAL holds, the retries take the
+        # offsets the withdrawn appends had, once an upload makes room
+        await partitions.recover([S0], shard.state)
+        assert partitions.get(S0).log_end_offset == CUTOVER + 2 * RECORDS
+        retries = [asyncio.create_task(partitions.produce(S0, nth(7, n), -1)) for n in (2, 3)]
+        await wal.trim_to(wal.durable_end)  # room for two
+        ok(await other, CUTOVER)
+        ok(await retries[0], CUTOVER + 2 * RECORDS)
+        await wal.trim_to(wal.durable_end)
+        ok(await retries[1], CUTOVER + 3 * RECORDS)
+        # written: the first two, the other stream's, the two retries; never the withdrawn
+        written = [nth(7, 0), nth(7, 1), nth(8, 0), nth(7, 2), nth(7, 3)]
+        assert (wal.stats.appends, wal.stats.bytes_appended) == (
+            5,
+            sum(entry_size(len(b)) for b in written),
+        )
+        assert list(await wal_batches(wal)) == [(S0, CUTOVER + 3 * RECORDS)]  # not trimmed
+        await partitions.close()
 
 
 async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledged():

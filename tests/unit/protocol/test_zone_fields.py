@@ -140,18 +140,21 @@ def test_a_metadata_answer_says_which_cluster_knows_which_topic():
                 metadata_topic("orders", ErrorCode.none, orders, 3),
                 metadata_topic("gone", ErrorCode.unknown_topic_or_partition, uuid.UUID(int=0), 0),
                 metadata_topic("secret", ErrorCode.topic_authorization_failed, uuid.UUID(int=0), 0),
+                metadata_topic("new", ErrorCode.none, uuid.UUID(int=0), 0),  # being created
             ),
         )
     )
     answer = read_topics_answer(12, memoryview(body))
     assert answer.cluster_id == "MkU3OEVBNTcwNTJENDM2Qk"
     assert answer.found == {"orders": (orders, 3)} and answer.unknown == {"gone"}
-    assert answer.errors == {"secret": ErrorCode.topic_authorization_failed}
+    assert answer.errors == {"secret": ErrorCode.topic_authorization_failed, "new": 0}
     assert answer.topic("orders") == (orders, 3) and answer.topic_id("gone") is None
     with pytest.raises(UnknownTopic):
         answer.topic("gone")
     with pytest.raises(LookupError, match="error code 29"):
         answer.topic_id("secret")
+    with pytest.raises(LookupError, match="gives it no topic id or partitions"):
+        answer.topic("new")
     with pytest.raises(LookupError, match="not in Kafka's answer"):
         answer.topic_id("never-asked")
     v1 = encode(MetadataV1(brokers=(), controller_id=i32(3), topics=()))

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
 
+from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.metadata.topic_index import TieredTopic
 from proxy.peer.clients import PeerUnavailable
 from proxy.upkeep.cutover import CutoverLoop
@@ -33,12 +34,12 @@ class Peers:
 
 
 def service(peers: Peers) -> SimpleNamespace:
-    async def describe_topic(topic):
-        return TOPIC_ID, 1
+    async def describe_topics(names):
+        return TopicsAnswer("cluster-a", {name: (TOPIC_ID, 1) for name in names}, frozenset(), {})
 
     state = SimpleNamespace(owner="b")
     return SimpleNamespace(
-        describe_topic=describe_topic,
+        describe_topics=describe_topics,
         config=SimpleNamespace(shard_count=1),
         shard_owner=lambda shard: None,  # not owned here
         readers=[SimpleNamespace(state=state)],
@@ -116,3 +117,48 @@ def test_a_produce_past_the_known_count_asks_the_owner_to_look_once_a_second():
     assert loop._next_topics_check == 0.0  # noqa: SLF001  # and this proxy looks too
     asyncio.run(loop.nudge(topic, 2))  # within NUDGE_S: not again
     assert len(peers.calls) == 1
+
+
+def test_a_tier_at_an_owner_that_cannot_reach_kafka_is_a_retriable_error():
+    """A tier forwarded to the owner asks Kafka there for the cluster id: not reaching
+    Kafka is NOT_COORDINATOR (retriable), as at the proxy the command reached, never
+    UNKNOWN_TOPIC_OR_PARTITION (a topic Kafka does not know)."""
+    host = service(Peers())
+    host.shard_owner = lambda shard: SimpleNamespace()  # owned here
+
+    async def unreachable(names):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    host.describe_topics = unreachable
+    loop = CutoverLoop(host)  # type: ignore[arg-type]
+    code, message = asyncio.run(loop.admin("tier", "orders", TOPIC_ID))  # forwarded here
+    assert code == ErrorCode.not_coordinator and ErrorCode(code).retriable
+    assert "cannot reach Kafka" in message
+    code, message = asyncio.run(loop.admin("tier", "orders", uuid.UUID(int=0)))
+    assert code == ErrorCode.not_coordinator and "cannot reach Kafka" in message
+
+
+def test_a_tier_at_its_owner_asks_kafka_once():
+    host = service(Peers())
+    written = []
+
+    class Owner:
+        async def write(self, records):
+            written.extend(records)
+            return [SimpleNamespace(outcome=SimpleNamespace(value="accept"), reason="")]
+
+    host.shard_owner = lambda shard: Owner()
+    asked = []
+    describe = host.describe_topics
+
+    async def counted(names):
+        asked.append(names)
+        return await describe(names)
+
+    host.describe_topics = counted
+    loop = CutoverLoop(host)  # type: ignore[arg-type]
+    loop._recorded_cluster = lambda cluster: cluster  # noqa: SLF001  # the fleet is at 10
+    assert asyncio.run(loop.admin("tier", "orders", uuid.UUID(int=0))) == (0, "orders is tiered")
+    assert asked == [["orders"]]
+    [record] = written
+    assert (record.topic_id, record.kafka_cluster) == (TOPIC_ID, "cluster-a")

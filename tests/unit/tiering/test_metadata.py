@@ -234,6 +234,10 @@ def test_a_range_the_codec_cannot_hold_is_refused_when_read():
         lambda: StreamCutover(0, S, 1, 1, TOPIC, 0, 6, 5, 5, 0),  # log start past end
         lambda: CheckpointEnd(0, 1, 0),
         lambda: TopicModeSet(UUID(int=0), "t", 0, 0),
+        # fields of a later value version (OPTIONAL_FIELDS), checked as the others
+        lambda: TopicModeSet(TOPIC, "t", 1, 0, kafka_cluster=""),
+        lambda: StreamCutover(0, S, 1, 1, TOPIC, 0, 0, 5, 5, 0, last_stable_offset=-1),
+        lambda: StreamUntier(0, S, 1, 1, 0, topic_deleted_ms=1 << 63),
     ],
 )
 def test_records_refuse_fields_out_of_their_domain(make):

@@ -204,6 +204,41 @@ async def test_a_cancelled_append_waiting_for_room_is_not_written(fs):
         assert [b for _, b, _ in await replayed(wal)] == [2]
 
 
+async def test_a_withdrawn_append_is_never_written_and_the_one_behind_it_goes_on(fs):
+    size = entry_size(100)
+    clock = ManualClock(100.0)
+    async with await open_wal(fs, clock, capacity_bytes=2 * size) as wal:
+        first = await wal.append(1, 0, batch(0))
+        large = wal.submit(1, 1, batch(1, 100 + size))  # 3 entries' worth: waits for room
+        behind = wal.submit(2, 0, batch(2))  # would fit, but never overtakes
+
+        def blocked() -> bool:  # the writer took both and waits for room
+            clock.now += 1.0
+            return wal.stats.throttled_seconds > 0
+
+        await eventually(blocked, interval_s=0.002)
+        assert wal.withdraw(large) and large.cancelled()
+        # no trim: the append behind it is written once the withdrawn one is dropped
+        assert (await asyncio.wait_for(behind, 5)).start == first.end
+        assert not wal.withdraw(behind)  # written
+        # an append the writer has begun to write (written, its fsync held) stays
+        await wal.trim_to(behind.result().end)
+        # and so does one queued while the log has room: written within a group commit
+        async with held_fsyncs(fs):
+            writing = wal.submit(1, 2, batch(3))
+            path = f"{DIR}/{segment_name(0)}"
+            await eventually(lambda: len(fs.file_bytes(path)) == 3 * size, interval_s=0.002)
+            assert not wal.withdraw(writing)
+            queued = wal.submit(1, 3, batch(4))
+            assert not wal.withdraw(queued)
+        assert (await writing).start == behind.result().end
+        assert (await queued).start == writing.result().end
+    async with await open_wal(fs) as wal:
+        # on disk: the first, the one behind the withdrawn one, the last two; no other
+        assert [s.size for s in wal.segments] == [4 * size]
+        assert [(s, o) for s, o, _ in await replayed(wal)] == [(1, 2), (1, 3)]  # not trimmed
+
+
 async def test_a_failed_fsync_fails_every_waiting_append_and_breaks_the_wal(fs):
     wal = await open_wal(fs)
     acked = await wal.append(1, 0, batch(0))
