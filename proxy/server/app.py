@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -329,10 +328,6 @@ class Proxy:
         )
         ranges = [first] + [answer for answer in answers if isinstance(answer, dict)]
         self._set_upstream_ranges(common_ranges(ranges))
-
-    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """(topic id, partition count) of an upstream topic (`ControlConnection`)."""
-        return await self.control.describe_topic(name)
 
     async def describe_topics(self, names: list[str]) -> TopicsAnswer:
         """What Kafka says of upstream topics, and which cluster (`ControlConnection`)."""

@@ -235,11 +235,6 @@ class ControlConnection:
             if error_code == 0 and name
         }
 
-    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """(topic id, partition count) of an upstream topic; UnknownTopic if Kafka does
-        not know it, LookupError for any other answer."""
-        return (await self.describe_topics([name])).topic(name)
-
     async def describe_topics(self, names: list[str]) -> TopicsAnswer:
         """What Kafka says of upstream topics, by one Metadata request for all, and the
         id of the cluster that said it."""

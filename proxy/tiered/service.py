@@ -252,10 +252,6 @@ class TieringService:
         for its part of a tiered log's MAX_TIMESTAMP)."""
         return self._host.at_leader(topic, partition)
 
-    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """(topic id, partition count) of an upstream topic (LookupError if unknown)."""
-        return await self._host.describe_topic(name)
-
     async def describe_topics(self, names: list[str]) -> TopicsAnswer:
         """What Kafka says of upstream topics, and which cluster said it."""
         return await self._host.describe_topics(names)

@@ -105,10 +105,6 @@ class CutoverHost(SealHost, Protocol):
 
     async def start_stream(self, shard: int, stream: int) -> None: ...
 
-    async def describe_topic(self, name: str) -> tuple[uuid.UUID, int]:
-        """The topic's id and partition count, from Kafka."""
-        ...
-
     async def describe_topics(self, names: list[str]) -> TopicsAnswer:
         """What Kafka says of the topics (`TopicsAnswer`), and which cluster said it."""
         ...
