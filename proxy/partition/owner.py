@@ -340,14 +340,24 @@ class TieredPartition:
 
         A full WAL holds its queued appends until an upload trims it, and that upload's
         commit may need this partition's shard owned again, which waits for this close:
-        so a close never waits for room in the WAL."""
+        so a close never waits for room in the WAL: it withdraws what the WAL holds now,
+        and again each time the WAL starts to wait for room before the close ends."""
         self._closing = True
-        self._withdraw_unwritten()
-        self._poke()
-        if self._task is None:
-            self._refuse_queued()
-        else:
-            await asyncio.shield(self._task)
+        full = self._wal.next_full()
+        try:
+            self._withdraw_unwritten()
+            self._poke()
+            if self._task is None:
+                self._refuse_queued()
+                return
+            while not self._task.done():
+                await asyncio.wait([self._task, full], return_when=asyncio.FIRST_COMPLETED)
+                if full.done():
+                    full = self._wal.next_full()
+                    self._withdraw_unwritten()
+        finally:
+            full.cancel()
+        await asyncio.shield(self._task)
 
     @property
     def _open(self) -> bool:

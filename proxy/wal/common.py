@@ -10,6 +10,7 @@ its own writer task, storage, recovery and `close`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Self
@@ -29,6 +30,8 @@ class LogState:
     _stats: WalStats
     _broken: BaseException | None
     _blocked_since: float | None  # when appends began to wait for room, if they wait now
+    _loop: asyncio.AbstractEventLoop
+    _full_waiters: list[asyncio.Future[None]]  # see `next_full`
 
     async def __aenter__(self) -> Self:
         return self
@@ -38,6 +41,21 @@ class LogState:
 
     async def close(self) -> None:
         raise NotImplementedError
+
+    def next_full(self) -> asyncio.Future[None]:
+        """A future done the next time the log starts to wait for room (it is full, or its
+        disk is): from then on, what it holds queued can be withdrawn. A caller that stops
+        caring cancels it."""
+        self._full_waiters = [f for f in self._full_waiters if not f.done()]
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._full_waiters.append(future)
+        return future
+
+    def _now_full(self) -> None:
+        waiters, self._full_waiters = self._full_waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     @property
     def trimmed_to(self) -> int:

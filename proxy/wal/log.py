@@ -119,6 +119,7 @@ class WriteAheadLog(LogState):
         self._trims: list[_Trim] = []
         self._blocked_since: float | None = None
         self._no_space_since: float | None = None  # a write found the disk full
+        self._full_waiters = []
         self._inbox: asyncio.Queue[_Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()  # built by `open`, on the loop it serves
@@ -282,6 +283,7 @@ class WriteAheadLog(LogState):
                     self._blocked_since = self._clock()
                     for item in self._pending:
                         item.throttled = True
+                    self._now_full()
                 self._accept(await self._inbox.get())
             while not self._inbox.empty():
                 self._accept(self._inbox.get_nowait())
@@ -421,6 +423,7 @@ class WriteAheadLog(LogState):
         self._pending.extendleft(reversed(group))
         if self._no_space_since is None:
             self._no_space_since = self._clock()
+            self._now_full()
             self._stats = replace(
                 self._stats,
                 no_space_waits=self._stats.no_space_waits + 1,

@@ -125,6 +125,7 @@ class S3WriteAheadLog(LogState):
         self._wakeup = asyncio.Event()
         self._loop = asyncio.get_running_loop()  # built by `open`, on the loop it serves
         self._blocked_since: float | None = None
+        self._full_waiters = []
         self._task: asyncio.Task[None] | None = None
         # called with each PUT's time in seconds (the proxy's WAL latency histogram)
         self.on_sync: Callable[[float], None] | None = None
@@ -338,6 +339,7 @@ class S3WriteAheadLog(LogState):
             self._blocked_since = self._clock()  # full: wait for a trim
             for item in self._pending:
                 item.throttled = True
+            self._now_full()
         if group and self._blocked_since is not None:
             waited = self._clock() - self._blocked_since
             self._stats = replace(

@@ -25,10 +25,10 @@ from contextlib import suppress
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from cutover_load import tiered_topic_id, topics_command, wait_owned
 from test_tiered_produce import _config as produce_config
-from tieredfleet import s3_settings
+from tieredfleet import create_topic_over, s3_settings
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port_block
@@ -97,9 +97,11 @@ def test_a_failed_s3_wal_put_between_two_good_ones_is_no_45_and_no_duplicate(
     kafka_cluster, s3_server, tmp_path, caplog
 ):
     suffix = uuid.uuid4().hex[:8]
-    topic = f"gaps-{suffix}"
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
+    # partitions in both shards: each proxy owns one, so zone-b's owns some partitions
+    topic, _ = create_topic_over(
+        admin, f"gaps-{suffix}", PARTITIONS, SHARDS, lambda shards: len(shards) == SHARDS
+    )
     base = free_port_block(16)
     configs = [
         _config(kafka_cluster, s3_server, tmp_path, f"g{n}-{suffix}", zone, suffix, base + 8 * n)

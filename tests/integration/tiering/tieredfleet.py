@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,19 +402,14 @@ class TieredFleet:
         deleted and another made). Call it once the shards are owned."""
         admin = AdminClient({"bootstrap.servers": self.kafka_bootstrap})
         owners = self.owners()
-        for attempt in range(20):
-            name = f"tiered-{self.suffix}-{attempt}"
-            admin.create_topics([NewTopic(name, partitions, 3)])[name].result(30)
-            topic_id = wait_for(
-                lambda name=name: topic_id_of(admin, name),
-                lambda found: found is not None,
-                f"{name} known",
-            )
-            shards = {shard_of(stream_id(topic_id, p), self.shard_count) for p in range(partitions)}
-            if len({owners[shard][0] for shard in shards}) > 1:
-                return name, topic_id
-            admin.delete_topics([name])[name].result(30)
-        raise AssertionError(f"20 topics, each with every stream in one proxy's shards: {owners}")
+        return create_topic_over(
+            admin,
+            f"tiered-{self.suffix}",
+            partitions,
+            self.shard_count,
+            lambda shards: len({owners[shard][0] for shard in shards}) > 1,
+            f"one proxy's shards: {owners}",
+        )
 
     def tiered_spread_topic(self, partitions: int) -> tuple[str, uuid.UUID]:
         """`create_spread_topic`, tiered, every partition cut over (empty)."""
@@ -479,6 +474,32 @@ class TieredFleet:
             records.sort()
             batches.sort()
         return committed
+
+
+def create_topic_over(
+    admin: AdminClient,
+    prefix: str,
+    partitions: int,
+    shard_count: int,
+    accept: Callable[[set[int]], bool],
+    refused: str = "the shards wanted",
+) -> tuple[str, uuid.UUID]:
+    """A new topic (`prefix`-n) whose partitions' streams fall in metadata shards that
+    `accept` takes. Topic ids are random, and so are the shards of a topic's streams: a
+    topic refused is deleted and another made (a test that needs partitions in more than
+    one shard would otherwise fail one run in 2 ** (partitions - 1))."""
+    for attempt in range(20):
+        name = f"{prefix}-{attempt}"
+        admin.create_topics([NewTopic(name, partitions, 3)])[name].result(30)
+        topic_id = wait_for(
+            lambda name=name: topic_id_of(admin, name),
+            lambda found: found is not None,
+            f"{name} known",
+        )
+        if accept({shard_of(stream_id(topic_id, p), shard_count) for p in range(partitions)}):
+            return name, topic_id
+        admin.delete_topics([name])[name].result(30)
+    raise AssertionError(f"20 topics, each with every stream in {refused}")
 
 
 def topic_id_of(admin: AdminClient, name: str) -> uuid.UUID | None:

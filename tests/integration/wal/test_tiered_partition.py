@@ -35,6 +35,7 @@ from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
 from proxy.wal import WalBrokenError, WalConfig, WriteAheadLog
 from proxy.wal.entry import entry_size
 from proxy.wal.memfs import MemoryFilesystem
+from proxy.wal.segments import segment_name
 from tests.support.batches import build_batch
 from tests.support.waiting import eventually
 
@@ -250,6 +251,37 @@ async def test_a_close_answers_the_appends_a_full_wal_holds_and_never_writes_the
         )
         assert list(await wal_batches(wal)) == [(S0, CUTOVER + 3 * RECORDS)]  # not trimmed
         await partitions.close()
+
+
+async def test_a_close_withdraws_an_append_the_wal_holds_for_room_after_the_close_began():
+    """The close's first look finds the WAL with room: its append is queued behind another
+    stream's and would be written within a group commit, so it stays. Then the WAL fills
+    before reaching it: the close takes it back then, and does not wait for room."""
+    fs = MemoryFilesystem()
+    shard = Shard()
+    size = entry_size(len(nth(7, 0)))
+    wal = await WriteAheadLog.open(WalConfig("/wal", capacity_bytes=2 * size), fs=fs)
+    partitions = PartitionSet(wal)
+    await partitions.recover(STREAMS, shard.state)
+    async with held_fsyncs(fs):
+        other = [asyncio.create_task(partitions.produce(STREAMS[1], nth(8, 0), -1))]
+        path = f"/wal/{segment_name(0)}"
+        await eventually(lambda: len(fs.file_bytes(path)) == size, interval_s=0.002)  # fsync held
+        other.append(asyncio.create_task(partitions.produce(STREAMS[1], nth(8, 1), -1)))
+        mine = asyncio.create_task(partitions.produce(S0, nth(7, 0), -1))
+        await eventually(lambda: partitions.get(S0).log_end_offset == CUTOVER + RECORDS)
+        closing = asyncio.create_task(partitions.remove(S0))
+        await asyncio.sleep(0)  # the close has looked: nothing to withdraw, the WAL has room
+        assert not closing.done() and not mine.done()
+    # the writer writes the other stream's second append (the WAL is full then), and
+    # starts to wait for room with this partition's append at the head
+    await asyncio.wait_for(closing, 5)
+    assert (await mine).error_code == ErrorCode.not_leader_or_follower
+    ok(await other[0], CUTOVER)
+    ok(await other[1], CUTOVER + RECORDS)
+    assert wal.stats.appends == 2
+    await partitions.close()
+    await wal.close()
 
 
 async def test_a_failed_fsync_fences_the_partition_and_loses_nothing_acknowledged():

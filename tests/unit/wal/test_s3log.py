@@ -26,7 +26,6 @@ from proxy.wal.s3log_objects import (
 from proxy.wal.segments import Segment
 from proxy.wal.types import WalBrokenError, WalCorruptError
 from tests.support.clock import ManualClock
-from tests.support.waiting import eventually
 
 PREFIX = log_prefix("proxy-a")
 
@@ -238,14 +237,12 @@ async def test_a_withdrawn_append_is_never_put_and_the_one_behind_it_goes_on(tmp
         config = S3WalConfig(PREFIX, capacity_bytes=300)
         async with await S3WriteAheadLog.open(config, store, clock=clock) as wal:
             first = await wal.append(1, 0, batch(0))  # 125 bytes
+            full = wal.next_full()  # done when the log starts to wait for room
             large = wal.submit(1, 1, batch(1, 200))  # 225 more: waits for room
             behind = wal.submit(2, 0, batch(2))  # would fit, but never overtakes
-
-            def blocked() -> bool:
-                clock.now += 1.0
-                return wal.stats.throttled_seconds > 0
-
-            await eventually(blocked, interval_s=0.002)
+            await asyncio.wait_for(full, 5)
+            clock.now += 1.0
+            assert wal.stats.throttled_seconds > 0
             assert not behind.done()
             assert wal.withdraw(large) and large.cancelled()
             assert (await asyncio.wait_for(behind, 5)).start == first.end  # no trim needed

@@ -48,9 +48,11 @@ async def test_appends_wait_while_the_disk_is_full_and_go_on_in_order_when_it_ha
     async with await open_wal(fs, no_space_retry_s=0.01) as wal:
         acked = [await wal.append(1, i, batch(i)) for i in range(3)]
         on_disk = segment_bytes(fs)
+        full = wal.next_full()  # done when the log starts to wait for room: a full disk too
         fs.set_space(len(on_disk) + size // 2)  # the next entry fits only half
         waiting = [asyncio.create_task(wal.append(1, i, batch(i))) for i in range(3, 8)]
-        await eventually(lambda: wal.stats.waiting_for_space)
+        await asyncio.wait_for(full, 5)
+        assert wal.stats.waiting_for_space
         await asyncio.sleep(0.05)  # several retries, still no room
         assert not any(task.done() for task in waiting)
         assert wal.broken is None

@@ -209,18 +209,20 @@ async def test_a_withdrawn_append_is_never_written_and_the_one_behind_it_goes_on
     clock = ManualClock(100.0)
     async with await open_wal(fs, clock, capacity_bytes=2 * size) as wal:
         first = await wal.append(1, 0, batch(0))
+        full = wal.next_full()  # done when the log starts to wait for room
+        assert not full.done()
         large = wal.submit(1, 1, batch(1, 100 + size))  # 3 entries' worth: waits for room
         behind = wal.submit(2, 0, batch(2))  # would fit, but never overtakes
-
-        def blocked() -> bool:  # the writer took both and waits for room
-            clock.now += 1.0
-            return wal.stats.throttled_seconds > 0
-
-        await eventually(blocked, interval_s=0.002)
+        await asyncio.wait_for(full, 5)
+        clock.now += 1.0
+        assert wal.stats.throttled_seconds > 0  # the writer took both and waits for room
+        again = wal.next_full()  # the next time, not this one
         assert wal.withdraw(large) and large.cancelled()
         # no trim: the append behind it is written once the withdrawn one is dropped
         assert (await asyncio.wait_for(behind, 5)).start == first.end
         assert not wal.withdraw(behind)  # written
+        assert not again.done()
+        again.cancel()
         # an append the writer has begun to write (written, its fsync held) stays
         await wal.trim_to(behind.result().end)
         # and so does one queued while the log has room: written within a group commit
