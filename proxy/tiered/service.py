@@ -389,6 +389,11 @@ class TieringService:
             return not_owner(f"topic {topic} is no longer tiered")
         if records is None:
             return ProduceResult(ErrorCode.invalid_request, error_message="null records")
+        if partition < 0:  # Kafka's answer; no stream has such a partition
+            return ProduceResult(
+                ErrorCode.unknown_topic_or_partition,
+                error_message=f"{found.name} has no partition {partition}",
+            )
         stream = stream_of(found, partition)
         batch = ProducerBatch.of(records) if acks != 0 else None
         try:
@@ -415,10 +420,14 @@ class TieringService:
     async def _produce(self, part: Part) -> ProduceResult | None:
         found, partition, stream = part.topic, part.partition, part.stream
         if self.state(stream).cutover(stream) is None:  # not tiered yet (no info copied)
-            if not await self._wait_for_cutover(found, partition, stream):
+            code = await self._wait_for_cutover(found, partition, stream)
+            if code == ErrorCode.unknown_topic_or_partition:
                 return ProduceResult(
-                    ErrorCode.request_timed_out,
-                    error_message=f"{found.name}-{partition} is being cut over to tiered",
+                    code, error_message=f"{found.name} has no partition {partition}"
+                )
+            if code:
+                return ProduceResult(
+                    code, error_message=f"{found.name}-{partition} is being cut over to tiered"
                 )
         assert self.partitions is not None
         if stream in self.seals:
@@ -464,13 +473,22 @@ class TieringService:
                 return
             await self.changed(min(left, 0.1))
 
-    async def _wait_for_cutover(self, topic: TieredTopic, partition: int, stream: int) -> bool:
+    async def _wait_for_cutover(self, topic: TieredTopic, partition: int, stream: int) -> int:
+        """Until the partition is cut over: 0; REQUEST_TIMED_OUT after cutover_hold_ms or
+        once the topic is no longer tiered (retriable); UNKNOWN_TOPIC_OR_PARTITION once a
+        look at Kafka begun after this produce finds the topic has no such partition (as
+        Kafka answers a produce to it)."""
         deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
+        cutover = self.cutover
+        looks = cutover.looks
         if self.state(stream).stream(stream) is None:  # a partition added since the last look?
-            await self.cutover.nudge(topic, partition)
+            await cutover.nudge(topic, partition)
         while self.state(stream).stream(stream) is None:
+            count = cutover.known_partitions(topic.topic_id)
+            if cutover.looks > looks + 1 and count is not None and partition >= count:
+                return ErrorCode.unknown_topic_or_partition
             left = deadline - time.monotonic()
             if left <= 0 or self.topics.topic(topic.topic_id) is None:
-                return False
-            await self.changed(left)
-        return True
+                return ErrorCode.request_timed_out
+            await self.changed(min(left, 0.5))
+        return 0

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from proxy.markers.upstream_log import UpstreamLog
+from proxy.metadata.records import TopicMode, TopicModeSet
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
+from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_blocks
@@ -128,6 +130,27 @@ class ClaimWatch:
             claimed_elsewhere(self._service, shard)
 
 
+def _mode(service: ShardsHost, stream: int) -> TopicModeSet | None:
+    """The mode record of the stream's topic, if the stream and the record are read."""
+    readers = service.readers
+    info = readers[shard_of(stream, len(readers))].state.stream(stream)
+    if info is None:
+        return None
+    return readers[topic_shard(info.topic_id, len(readers))].state.topic(info.topic_id)
+
+
+def _dropped(service: ShardsHost, stream: int) -> bool:
+    """The stream's topic was deleted in Kafka (its mode record says DELETED), its
+    StreamUntier not written yet: the stream is only dropped, whatever it holds, so it is
+    not started. Rebuilding it could need Kafka's log of a topic that is gone: that
+    failure kept the whole shard from being owned, and so from dropping it."""
+    mode = _mode(service, stream)
+    if mode is None or mode.mode is not TopicMode.DELETED:
+        return False
+    log.info("stream %d of deleted topic %s not started: it is dropped", stream, mode.topic)
+    return True
+
+
 async def recover_streams(service: ShardsHost, state: MetadataState, streams: list[int]) -> None:
     """Rebuild and start partitions of one shard's streams: from the metadata, the WAL
     and, for what the WAL no longer holds, the committed objects' batch headers; a
@@ -135,7 +158,7 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     (partition/carried.py)."""
     partitions, store = service.partitions, service.store
     assert partitions is not None and store is not None  # the service is started
-    streams = [s for s in streams if not service.is_sealed(s)]  # until the untier is written
+    streams = [s for s in streams if not service.is_sealed(s) and not _dropped(service, s)]
 
     def read_committed(stream: int, start: int, end: int):
         return committed_blocks(store, state, stream, start, end)
@@ -144,10 +167,12 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
 
     async def read_upstream(stream: int, start: int, end: int):
         info = state.stream(stream)
-        topic = None if info is None else service.topics.topic(info.topic_id)
-        if info is None or topic is None:
-            raise RecoveryError(f"stream {stream}: its topic is not tiered")
-        return await upstream.headers(topic.name, info.partition, start, end)
+        # an untiered topic's stream is rebuilt until its StreamUntier (which a stream
+        # holding records past its cutover never gets): its mode record names it
+        mode = _mode(service, stream)
+        if info is None or mode is None or mode.mode is TopicMode.DELETED:
+            raise RecoveryError(f"stream {stream}: its topic is not known, or deleted")
+        return await upstream.headers(mode.topic, info.partition, start, end)
 
     try:
         await partitions.recover(

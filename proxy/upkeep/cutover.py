@@ -67,6 +67,7 @@ STABLE_READS = 2  # equal log-end reads in a row before cutting over
 READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
+FAILED_TOPIC_S = 5.0  # a topic whose cutover failed is tried again after this
 TOPICS_CHECK_S = 5.0  # between two looks at Kafka's tiered topics (partitions, deletion)
 GONE_WAIT_S = 5.0  # how long a DeleteTopics' check waits for Kafka's brokers to agree
 NUDGE_S = 1.0  # a produce to a partition not known here asks for a look at most this often
@@ -127,6 +128,7 @@ class CutoverLoop:
         self._foreign: frozenset[uuid.UUID] = frozenset()  # tiered in another Kafka cluster
         self.looks = 0  # looks at Kafka's tiered topics judged so far (none: judged too)
         self._nudged: dict[uuid.UUID, float] = {}  # topic id -> no nudge before (monotonic)
+        self._failed: dict[uuid.UUID, float] = {}  # topic id -> no cutover before (monotonic)
 
     async def run(self) -> None:
         service = self.service
@@ -143,14 +145,19 @@ class CutoverLoop:
             await start_client(self._committed)
             while True:
                 waiting = False
-                try:
-                    waiting = await self._cut_over_ready_streams()
-                    await self._untier_streams()
-                    await service.seals.expire()
-                    await self._check_topics()
-                except (KafkaError, ShardFenced, OSError) as exc:
-                    log.warning("cutover: %r; trying again", exc)
-                    await asyncio.sleep(1.0)
+                # each step on its own: one that fails (Kafka away, a topic deleted in
+                # Kafka under a pending cutover) does not hold the others up
+                for step in (
+                    self._check_topics,
+                    self._cut_over_ready_streams,
+                    self._untier_streams,
+                    service.seals.expire,
+                ):
+                    try:
+                        waiting = await step() is True or waiting
+                    except (KafkaError, ShardFenced, OSError) as exc:
+                        log.warning("cutover: %s: %r; trying again", step.__name__, exc)
+                        await asyncio.sleep(1.0)
                 await asyncio.sleep(0.05)  # at most 20 rounds a second, however busy
                 # a drained report comes in a heartbeat, which wakes nothing here: while
                 # produce waits for a cutover, look again soon
@@ -177,37 +184,54 @@ class CutoverLoop:
         drained; whether some still wait for those reports."""
         service = self.service
         waiting_for_reports = False
+        now = time.monotonic()
         for topic in service.topics.topics():
-            partitions = await self._partition_count(topic.name, topic.topic_id)
-            waiting = [
-                (p, stream_of(topic, p))
-                for p in range(partitions)
-                if service.state(stream_of(topic, p)).stream(stream_of(topic, p)) is None
-            ]
-            mine = [
-                (p, s)
-                for p, s in waiting
-                if service.shard_owner(shard_of(s, service.config.shard_count)) is not None
-            ]
-            if not mine:
+            if now < self._failed.get(topic.topic_id, 0.0):
                 continue
-            if not cutover_ready(topic, self._reports()):
-                waiting_for_reports = True
-                continue
-            ends, stable = await self._stable_ends(topic.name, [p for p, _ in mine])
-            assert self._consumer is not None  # run() made it
-            starts = await self._consumer.beginning_offsets(
-                [TopicPartition(topic.name, p) for p, _ in mine]
-            )
-            by_shard: dict[int, list[Cut]] = {}
-            for partition, stream in mine:
-                tp = TopicPartition(topic.name, partition)
-                shard = shard_of(stream, service.config.shard_count)
-                cut = Cut(partition, stream, starts[tp], ends[tp], min(stable[tp], ends[tp]))
-                by_shard.setdefault(shard, []).append(cut)
-            for shard, cuts in sorted(by_shard.items()):
-                await self._cut_over(topic, shard, cuts)
+            try:
+                waiting_for_reports = await self._cut_over_topic(topic) or waiting_for_reports
+            except (KafkaError, ShardFenced, OSError) as exc:
+                # the others go on: one topic's failing reads (a partition with no
+                # leader, the topic deleted in Kafka) can each take the request timeout
+                self._failed[topic.topic_id] = time.monotonic() + FAILED_TOPIC_S
+                log.warning("cutover of %s: %r; trying again in %.0f s",
+                            topic.name, exc, FAILED_TOPIC_S)  # fmt: skip
         return waiting_for_reports
+
+    async def _cut_over_topic(self, topic: TieredTopic) -> bool:
+        """Cut over the topic's streams of this proxy's shards if every live proxy reports
+        it drained; whether some wait for those reports."""
+        service = self.service
+        partitions = await self._partition_count(topic.name, topic.topic_id)
+        waiting = [
+            (p, stream_of(topic, p))
+            for p in range(partitions)
+            if service.state(stream_of(topic, p)).stream(stream_of(topic, p)) is None
+        ]
+        mine = [  # a sealed stream is being untiered: never cut over then
+            (p, s)
+            for p, s in waiting
+            if service.shard_owner(shard_of(s, service.config.shard_count)) is not None
+            and s not in service.seals
+        ]
+        if not mine:
+            return False
+        if not cutover_ready(topic, self._reports()):
+            return True
+        ends, stable = await self._stable_ends(topic.name, [p for p, _ in mine])
+        assert self._consumer is not None  # run() made it
+        starts = await self._consumer.beginning_offsets(
+            [TopicPartition(topic.name, p) for p, _ in mine]
+        )
+        by_shard: dict[int, list[Cut]] = {}
+        for partition, stream in mine:
+            tp = TopicPartition(topic.name, partition)
+            shard = shard_of(stream, service.config.shard_count)
+            cut = Cut(partition, stream, starts[tp], ends[tp], min(stable[tp], ends[tp]))
+            by_shard.setdefault(shard, []).append(cut)
+        for shard, cuts in sorted(by_shard.items()):
+            await self._cut_over(topic, shard, cuts)
+        return False
 
     async def _cut_over(self, topic: TieredTopic, shard: int, cuts: list[Cut]) -> None:
         """Write the StreamCutover of every partition of one shard in one transaction:
@@ -215,7 +239,8 @@ class CutoverLoop:
         the hold short."""
         service = self.service
         owner = service.shard_owner(shard)
-        if owner is None:
+        cuts = [cut for cut in cuts if cut.stream not in service.seals]  # sealed meanwhile
+        if owner is None or not cuts:
             return
         state = owner.state
         now = now_ms()
@@ -406,27 +431,43 @@ class CutoverLoop:
             return None
         return cluster
 
+    def known_partitions(self, topic_id: uuid.UUID) -> int | None:
+        """The topic's partition count as this loop last read it from Kafka (None: not
+        read yet). With `looks`, what a produce to a partition not cut over is told."""
+        return self._partitions.get(topic_id)
+
     def look_soon(self) -> None:
         """The next round looks at Kafka's tiered topics (within IDLE_POLL_S)."""
         self._next_topics_check = 0.0
 
     async def nudge(self, topic: TieredTopic, partition: int) -> None:
-        """A produce waits for the cutover of a partition past the tiered topic's count
-        known here (added by a CreatePartitions): this loop and the owner of the
-        partition's shard look at Kafka now rather than at their next look, at most
-        once a second per topic. Failures are logged: the looks find it anyway."""
-        known = self._partitions.get(topic.topic_id)
+        """A produce waits for the cutover of a partition not cut over yet (added by a
+        CreatePartitions, say): this loop and the owner of the partition's shard, the
+        one that cuts it over, look at Kafka now rather than at their next look, at most
+        once a second per topic. (Whether this loop's last look saw the partition says
+        nothing of the owner's.) Failures are logged: the looks find it anyway."""
         now = time.monotonic()
-        if known is None or partition < known or now < self._nudged.get(topic.topic_id, 0.0):
+        if topic.topic_id not in self._partitions or now < self._nudged.get(topic.topic_id, 0.0):
             return
         self._nudged[topic.topic_id] = now + NUDGE_S
         self.look_soon()
-        shard = shard_of(stream_of(topic, partition), self.service.config.shard_count)
-        if self.service.shard_owner(shard) is None:
-            code, message = await self._at_owner("look", topic.name, topic.topic_id, False)
-            if code != 0:
-                log.info("%s-%d: the owner's look at Kafka not asked for: %s",
-                         topic.name, partition, message)  # fmt: skip
+        service = self.service
+        shard = shard_of(stream_of(topic, partition), service.config.shard_count)
+        owner = owner_or_peer(service, shard)
+        if not isinstance(owner, tuple):  # owned here (looking soon), or by nobody now
+            return
+        member = service.readers[shard].state.owner
+        if service.peer_protocol(member) < TOPIC_OPS_PROTOCOL:
+            message = f"{member} runs a release without the admin op look"
+        else:
+            try:
+                code, message = await service.peers.admin(owner, "look", topic.name, topic.topic_id)
+            except (PeerUnavailable, TimeoutError, OSError) as exc:
+                code, message = -1, repr(exc)
+            if code == 0:
+                return
+        log.info("%s-%d: the look at Kafka of %s, owner of metadata shard %d, not asked "
+                 "for: %s", topic.name, partition, member, shard, message)  # fmt: skip
 
     async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         """A DeleteTopics of tiered `topic` Kafka answered with success, through this
@@ -444,15 +485,20 @@ class CutoverLoop:
                 log.warning("the mark of %s as deleted not read back in %.0f s", topic, GONE_WAIT_S)
         return code, message
 
-    async def _partition_count(self, topic: str, topic_id: uuid.UUID) -> int:
+    async def _partition_count(self, topic: str, topic_id: uuid.UUID, fresh: bool = False) -> int:
+        """The topic's partition count: the last look's, or Kafka's now if none was
+        taken or `fresh` (an untier or a seal: the look's may be up to TOPICS_CHECK_S
+        old, and a partition added since may hold records past its cutover already)."""
         count = self._partitions.get(topic_id)
-        if count is None:
-            assert self._consumer is not None
-            await self._consumer._client.force_metadata_update()  # noqa: SLF001
-            found = self._consumer.partitions_for_topic(topic)
-            count = len(found) if found else 0
-            if count:
-                self._partitions[topic_id] = count
+        if count is None or fresh:
+            try:
+                found, partitions = (await self.service.describe_topics([topic])).topic(topic)
+            except LookupError:  # the name is nobody's now, or Kafka said nothing of it
+                return count or 0
+            if found != topic_id:  # the name is another topic's: not this one's count
+                return count or 0
+            count = max(partitions, count or 0)
+            self._partitions[topic_id] = count
         return count
 
     async def _stable_ends(
@@ -542,7 +588,7 @@ class CutoverLoop:
             return ErrorCode.not_coordinator, f"metadata shard {shard} has no live owner right now"
         if isinstance(owner, tuple):  # owned by another proxy: its peer address
             member = service.readers[shard].state.owner
-            if op in ("deleted", "look") and service.peer_protocol(member) < TOPIC_OPS_PROTOCOL:
+            if op == "deleted" and service.peer_protocol(member) < TOPIC_OPS_PROTOCOL:
                 return ErrorCode.coordinator_not_available, (
                     f"the owner of metadata shard {shard} runs a release without the "
                     f"admin op {op}: its own look at Kafka finds the topic's change"
@@ -563,12 +609,12 @@ class CutoverLoop:
                 )
         if op == "deleted":
             return await self._deleted_here(owner, topic, topic_id)
-        if op == "look":  # owned here after all (taken over meanwhile)
-            self.look_soon()
-            return 0, "looking at Kafka's tiered topics"
         sealed = Sealed(topic, topic_id)
         if op == "untier":
-            partitions = await self._partition_count(topic, topic_id)
+            try:
+                partitions = await self._partition_count(topic, topic_id, fresh=True)
+            except OSError as exc:
+                return ErrorCode.not_coordinator, f"cannot reach Kafka: {exc}"
             states = [reader.state for reader in service.readers]
             refusal = topic_untier_refusal(states, topic_id, partitions)
             if not refusal:
@@ -607,9 +653,11 @@ class CutoverLoop:
             streams = seals.streams_of(topic_id)
             await seals.unseal_here(streams)
             return 0, f"{len(streams)} partitions of {topic} started again"
-        streams, refusal = await seals.seal_here(
-            topic_id, await self._partition_count(topic, topic_id)
-        )
+        try:
+            partitions = await self._partition_count(topic, topic_id, fresh=True)
+        except OSError as exc:
+            return ErrorCode.not_coordinator, f"cannot reach Kafka: {exc}"
+        streams, refusal = await seals.seal_here(topic_id, partitions)
         if refusal:
             return ErrorCode.policy_violation, refusal
         return 0, f"{len(streams)} partitions of {topic} sealed on {self.service.name}"

@@ -98,17 +98,22 @@ class Seals:
             if service.shard_owner(shard) is not None:
                 continue
             state = service.readers[shard].state
-            if state.stream(stream) is None:
-                continue  # not cut over: nothing was written to it
             address = service.peer_address(state.owner)
-            if address is None:
+            if address is not None:
+                addresses.add(address)  # a partition not cut over is sealed too: see below
+            elif state.stream(stream) is not None:
                 reasons.append(
                     f"partition {partition} (stream {stream}) is in metadata shard {shard}, "
                     f"which has no live owner right now (last {state.owner or 'none'}): "
                     "writes in its WAL not uploaded yet cannot be ruled out"
                 )
             else:
-                addresses.add(address)
+                reasons.append(
+                    f"partition {partition} (stream {stream}) is not cut over and metadata "
+                    f"shard {shard} has no live owner right now (last "
+                    f"{state.owner or 'none'}): its next owner could cut it over and take "
+                    "records before the untier is written"
+                )
         return sorted(addresses), reasons
 
     async def _ask(
@@ -124,7 +129,10 @@ class Seals:
 
     async def seal_here(self, topic_id: uuid.UUID, partitions: int) -> tuple[list[int], str | None]:
         """Close the topic's partitions this proxy owns and refuse if any holds offsets
-        past its cutover (refused, they start again). Returns the streams closed."""
+        past its cutover (refused, they start again). A partition not cut over yet (one
+        just added, say) is sealed too: the cutover loop leaves a sealed stream alone, so
+        it cannot be cut over and take records before the mode is written. Returns the
+        streams sealed."""
         service = self.service
         assert service.partitions is not None  # the service is started
         sealed: list[int] = []
@@ -133,8 +141,12 @@ class Seals:
         for partition in range(partitions):
             stream = stream_id(topic_id, partition)
             shard = shard_of(stream, service.config.shard_count)
+            if service.shard_owner(shard) is None:
+                continue
             info = service.state(stream).stream(stream)
-            if info is None or service.shard_owner(shard) is None:
+            if info is None:  # not cut over: nothing was written to it, nothing can be
+                self._leases[stream] = (topic_id, until)
+                sealed.append(stream)
                 continue
             tiered = service.partitions.get(stream)
             if tiered is None:  # starting (its WAL not read yet), broken, or sealed already
@@ -171,6 +183,8 @@ class Seals:
             owner = service.shard_owner(shard_of(stream, service.config.shard_count))
             if owner is None or service.partitions.get(stream) is not None:
                 continue
+            if owner.state.stream(stream) is None:  # sealed before its cutover: none runs
+                continue
             try:
                 await service.recover_streams(owner.state, [stream])
             except RecoveryError as exc:
@@ -184,13 +198,19 @@ class Seals:
         self._leases.pop(stream, None)
 
     async def expire(self) -> None:
-        """Seals whose lease ended while their topic is still tiered: start them again."""
+        """Seals whose lease ended while their topic is still tiered: start them again.
+        Those of streams never cut over of a topic no longer tiered just end (their
+        untier was written: no StreamUntier ends them, nothing is to start)."""
         now = time.monotonic()
-        expired = [
-            stream
-            for stream, (topic_id, until) in self._leases.items()
-            if until <= now and self.service.topics.topic(topic_id) is not None
-        ]
+        service = self.service
+        expired = []
+        for stream, (topic_id, until) in list(self._leases.items()):
+            if until > now:
+                continue
+            if service.topics.topic(topic_id) is not None:
+                expired.append(stream)
+            elif service.state(stream).stream(stream) is None:
+                del self._leases[stream]
         if expired:
             log.warning("seals of streams %s expired with no untier: starting them", expired)
             await self.unseal_here(expired)

@@ -1,8 +1,10 @@
 """Raw Kafka requests over a plain socket (kio's messages), for what no client library
-exposes: Metadata's leader epochs and OffsetForLeaderEpoch as a consumer sends it."""
+exposes: Metadata's leader epochs, OffsetForLeaderEpoch as a consumer sends it, and a
+Produce of any partition number with any batch."""
 
 from __future__ import annotations
 
+import datetime
 import socket
 import struct
 
@@ -14,8 +16,10 @@ from kio.schema.offset_for_leader_epoch.v4.request import (
     OffsetForLeaderTopic,
 )
 from kio.schema.offset_for_leader_epoch.v4.response import OffsetForLeaderEpochResponse
+from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.schema.produce.v9.response import PartitionProduceResponse, ProduceResponse
 from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import i32
+from kio.static.primitive import i16, i32
 
 from proxy.kafka.messages import decode_response, encode_request
 
@@ -26,6 +30,25 @@ def call(address: tuple[str, int], message, response_type):
         size = struct.unpack(">i", _read(sock, 4))[0]
         _, answer = decode_response(_read(sock, size), response_type)
     return answer
+
+
+def produce_v9(
+    address: tuple[str, int], topic: str, partition: int, records: bytes
+) -> PartitionProduceResponse:
+    """The partition's answer to Produce v9 (acks=all, 30 s) of `records`."""
+    request = ProduceRequest(
+        transactional_id=None,
+        acks=i16(-1),
+        timeout=datetime.timedelta(seconds=30),
+        topic_data=(
+            TopicProduceData(
+                name=TopicName(topic),
+                partition_data=(PartitionProduceData(index=i32(partition), records=records),),
+            ),
+        ),
+    )
+    [part] = call(address, request, ProduceResponse).responses[0].partition_responses
+    return part
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

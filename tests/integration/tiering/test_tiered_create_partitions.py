@@ -18,6 +18,10 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from cutover_load import started, tiered_topic_id, topics_command
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.metadata.v12.response import MetadataResponse
+from kio.schema.types import TopicName
+from raw_kafka import call, produce_v9
 from test_tiered_retention import (
     BEFORE,
     TieredTopic,
@@ -28,6 +32,7 @@ from test_tiered_retention import (
 )
 
 from proxy.metadata.streams import stream_id
+from tests.support.batches import build_batch
 from tests.support.clients import watermarks
 from tests.support.kafka_python import KafkaProducer
 from tests.support.waiting import wait_until
@@ -147,3 +152,42 @@ def test_a_produce_to_a_partition_just_added_asks_for_a_look_at_kafka(
         stream = stream_id(t.state.stream(t.stream).topic_id, 1)
         assert t.tiering.state(stream).cutover(stream) == 0
         assert _read_from_earliest(proxy.bootstrap, topic, 3, 1) == acked
+
+
+def _leader_of(bootstrap: str, topic: str) -> tuple[str, int]:
+    """The address the proxy gives for the leader of the topic's partition 0."""
+    host, port = bootstrap.rsplit(":", 1)
+    request = MetadataRequest(
+        topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    answer = call((host, int(port)), request, MetadataResponse)
+    brokers = {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
+    [found] = answer.topics
+    return brokers[int(found.partitions[0].leader_id)]
+
+
+def test_a_produce_to_a_partition_the_topic_does_not_have_is_answered_as_kafka_does(
+    kafka_cluster, tmp_path
+):
+    """A raw client's Produce to partition 5 and to partition -1 of a one-partition topic:
+    Kafka answers UNKNOWN_TOPIC_OR_PARTITION on the passthrough twin. On the tiered topic
+    the proxy held the first for a cutover that never comes and answered
+    REQUEST_TIMED_OUT after cutover_hold_ms (30 s), each retry asking the fleet to look
+    at Kafka; the second failed the whole request's tiered part with
+    KAFKA_STORAGE_ERROR. Now: UNKNOWN_TOPIC_OR_PARTITION, the first once a look at Kafka
+    begun after the produce finds no such partition, the second at once."""
+    topic, thread = _start(kafka_cluster, tmp_path, "missing")
+    twin = f"{topic}-plain"
+    _create_topic(kafka_cluster, twin)
+    with thread as proxy:
+        TieredTopic(kafka_cluster, tmp_path, proxy, topic)
+        for partition in (5, -1):
+            answers = [
+                produce_v9(_leader_of(proxy.bootstrap, name), name, partition, build_batch([b"v"]))
+                for name in (twin, topic)
+            ]
+            codes = [a.error_code.name for a in answers]
+            assert codes == ["unknown_topic_or_partition"] * 2, answers
+        assert watermarks(kafka_cluster.bootstrap, topic) == (0, BEFORE)

@@ -26,6 +26,8 @@ import uuid
 from collections import Counter
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
 from cutover_load import (
     LoadProducer,
     committed_records,
@@ -40,6 +42,7 @@ from cutover_load import (
     topics_command,
     wait_owned,
 )
+from tieredfleet import create_topic_over
 
 from proxy.config import parse_config
 from proxy.devstack.paths import free_port, free_port_block
@@ -402,6 +405,91 @@ def test_untier_is_refused_while_a_wal_holds_writes_not_uploaded(kafka_cluster, 
         acked = {x.offset: x.value for x in first.acks + second.acks if x.partition == partition}
         assert committed[partition] == acked, partition
         assert sorted(committed[partition]) == list(range(len(acked)))
+
+
+def test_an_untier_right_after_a_partition_was_added_counts_it(
+    kafka_cluster, tmp_path, monkeypatch
+):
+    """A partition added to a tiered topic is cut over by the owner of its stream's
+    shard, once that proxy's look at Kafka (every 5 s, or nudged by a produce) sees it.
+    The owner of the topic's shard judged an untier by the count of its own last look:
+    a partition added since, cut over and written on the other proxy, was neither
+    checked nor sealed, the untier went through, and the records acknowledged there were
+    lost (Kafka's log of the partition is empty). The untier reads the count from Kafka
+    now: refused, and the records read back as acknowledged."""
+    suffix = uuid.uuid4().hex[:8]
+    with contextlib.ExitStack() as proxies:
+        a, b = _two_proxies(proxies, kafka_cluster, tmp_path, suffix)
+        wait_until(lambda: all(_shards_owned(p) == 1 for p in (a, b)), 60, "a shard each")
+        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+        topic, topic_id = create_topic_over(  # partition 1's stream and the mode: apart
+            admin,
+            f"grown-{suffix}",
+            1,
+            lambda t: topic_shard(t, SHARDS) != shard_of(stream_id(t, 1), SHARDS),
+        )
+        assert topics_command("tier", topic, a.proxy.tiering.peer_port).returncode == 0
+        wait_until(lambda: _cut_over(a, topic_id, 1) and _cut_over(b, topic_id, 1), 30, "cutover")
+        added = stream_id(topic_id, 1)
+        owner, coordinator = sorted((a, b), key=lambda p: not p.proxy.tiering.owned_here(added))
+        monkeypatch.setattr("proxy.upkeep.cutover.TOPICS_CHECK_S", 3600.0)
+
+        def far_off() -> bool:  # the looks under way when patched set the next in 5 s
+            soon = time.monotonic() + 600
+            return all(p.proxy.tiering.cutover._next_topics_check > soon for p in (a, b))  # noqa: SLF001
+
+        wait_until(far_off, 30, "both proxies' next look an hour off")
+        admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+        wait_until(
+            lambda: len(admin.list_topics(topic, timeout=30).topics[topic].partitions) == 2,
+            30,
+            "grown",
+        )
+        # the partition's owner looks at Kafka for the produce waiting for its cutover
+        zone = owner.proxy.config.fleet.zone
+        acked: list[tuple[int, bytes]] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": owner.bootstrap,
+                "client.id": f"grown,tierproxy_az={zone}",
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+        )
+        for n in range(5):
+            producer.produce(
+                topic,
+                b"added-%d" % n,
+                partition=1,
+                on_delivery=lambda err, msg: (
+                    acked.append((msg.offset(), msg.value())) if err is None else None
+                ),
+            )
+        assert producer.flush(60) == 0
+        assert [o for o, _ in acked] == list(range(5))
+        assert coordinator.proxy.tiering.cutover.known_partitions(topic_id) == 1  # not looked
+
+        refused = topics_command("untier", topic, coordinator.proxy.tiering.peer_port)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "untier would lose them" in refused.stdout, refused.stdout
+        assert coordinator.proxy.tiering.topics.topic(topic) is not None
+        consumer = Consumer(
+            {
+                "bootstrap.servers": coordinator.bootstrap,
+                "group.id": f"grown-{suffix}",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.assign([TopicPartition(topic, 1, 0)])
+        read: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 30
+        while len(read) < 5 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                read.append((msg.offset(), msg.value()))
+        consumer.close()
+        assert read == acked
+    assert kafka_ends(kafka_cluster.bootstrap, topic, 2) == {0: (0, 0), 1: (0, 0)}
 
 
 def _shards_owned(proxy: ProxyThread) -> int:

@@ -100,7 +100,12 @@ def test_a_failed_s3_wal_put_between_two_good_ones_is_no_45_and_no_duplicate(
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
     # partitions in both shards: each proxy owns one, so zone-b's owns some partitions
     topic, _ = create_topic_over(
-        admin, f"gaps-{suffix}", PARTITIONS, SHARDS, lambda shards: len(shards) == SHARDS
+        admin,
+        f"gaps-{suffix}",
+        PARTITIONS,
+        lambda topic_id: (
+            len({shard_of(stream_id(topic_id, p), SHARDS) for p in range(PARTITIONS)}) == SHARDS
+        ),
     )
     base = free_port_block(16)
     configs = [

@@ -7,7 +7,6 @@ configs, through a two-proxy fleet. Kafka is the oracle: the answers must be equ
 from __future__ import annotations
 
 import asyncio
-import datetime
 import re
 import time
 import uuid
@@ -19,11 +18,8 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException,
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.metadata.v12.response import MetadataResponse
-from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
-from kio.schema.produce.v9.response import ProduceResponse
 from kio.schema.types import TopicName
-from kio.static.primitive import i16, i32
-from raw_kafka import call
+from raw_kafka import call, produce_v9
 from tieredfleet import TieredFleet
 
 from tests.support.batches import build_batch, patched
@@ -85,19 +81,7 @@ def _leader(fleet: TieredFleet, topic: str, zone: str) -> tuple[str, int]:
 def produce_raw(fleet: TieredFleet, topic: str, records: bytes, zone: str = ZONE):
     """The partition's answer to Produce v9 (acks=all) of `records`, as comparable data:
     (error, base offset, log append time, record errors, error message)."""
-    request = ProduceRequest(
-        transactional_id=None,
-        acks=i16(-1),
-        timeout=datetime.timedelta(seconds=30),
-        topic_data=(
-            TopicProduceData(
-                name=TopicName(topic),
-                partition_data=(PartitionProduceData(index=i32(0), records=records),),
-            ),
-        ),
-    )
-    answer = call(_leader(fleet, topic, zone), request, ProduceResponse)
-    [part] = answer.responses[0].partition_responses
+    part = produce_v9(_leader(fleet, topic, zone), topic, 0, records)
     append_time = part.log_append_time
     return (
         part.error_code.name,

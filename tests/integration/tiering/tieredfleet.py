@@ -402,12 +402,15 @@ class TieredFleet:
         deleted and another made). Call it once the shards are owned."""
         admin = AdminClient({"bootstrap.servers": self.kafka_bootstrap})
         owners = self.owners()
+
+        def shards_of(topic_id: uuid.UUID) -> set[int]:
+            return {shard_of(stream_id(topic_id, p), self.shard_count) for p in range(partitions)}
+
         return create_topic_over(
             admin,
             f"tiered-{self.suffix}",
             partitions,
-            self.shard_count,
-            lambda shards: len({owners[shard][0] for shard in shards}) > 1,
+            lambda topic_id: len({owners[shard][0] for shard in shards_of(topic_id)}) > 1,
             f"one proxy's shards: {owners}",
         )
 
@@ -480,14 +483,13 @@ def create_topic_over(
     admin: AdminClient,
     prefix: str,
     partitions: int,
-    shard_count: int,
-    accept: Callable[[set[int]], bool],
+    accept: Callable[[uuid.UUID], bool],
     refused: str = "the shards wanted",
 ) -> tuple[str, uuid.UUID]:
-    """A new topic (`prefix`-n) whose partitions' streams fall in metadata shards that
-    `accept` takes. Topic ids are random, and so are the shards of a topic's streams: a
-    topic refused is deleted and another made (a test that needs partitions in more than
-    one shard would otherwise fail one run in 2 ** (partitions - 1))."""
+    """A new topic (`prefix`-n) whose topic id `accept` takes, for the metadata shards its
+    streams (or its mode record) fall in. Topic ids are random, and so are those shards:
+    a topic refused is deleted and another made (a test that needs partitions in more
+    than one shard would otherwise fail one run in 2 ** (partitions - 1))."""
     for attempt in range(20):
         name = f"{prefix}-{attempt}"
         admin.create_topics([NewTopic(name, partitions, 3)])[name].result(30)
@@ -496,7 +498,7 @@ def create_topic_over(
             lambda found: found is not None,
             f"{name} known",
         )
-        if accept({shard_of(stream_id(topic_id, p), shard_count) for p in range(partitions)}):
+        if accept(topic_id):
             return name, topic_id
         admin.delete_topics([name])[name].result(30)
     raise AssertionError(f"20 topics, each with every stream in {refused}")

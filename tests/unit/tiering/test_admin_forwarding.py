@@ -22,6 +22,7 @@ from proxy.upkeep.cutover import CutoverLoop
 
 TOPIC_ID = uuid.UUID(int=7)
 OTHER = ("127.0.0.1", 9)
+OWNER_C = ("127.0.0.1", 10)
 
 
 class Peers:
@@ -89,34 +90,54 @@ def test_the_ops_of_protocol_10_are_not_sent_to_an_older_owner():
         host = service(peers)
         host.peer_protocol = lambda member, level=level: level
         loop = CutoverLoop(host)  # type: ignore[arg-type]
-        for op in ("deleted", "look"):
-            code, message = asyncio.run(loop._at_owner(op, "orders", TOPIC_ID, False))  # noqa: SLF001
-            if sent:
-                assert code == 0
-            else:
-                assert code == ErrorCode.coordinator_not_available and "release" in message
+        code, message = asyncio.run(loop._at_owner("deleted", "orders", TOPIC_ID, False))  # noqa: SLF001
+        if sent:
+            assert code == 0
+        else:
+            assert code == ErrorCode.coordinator_not_available and "release" in message
+        loop._partitions[TOPIC_ID] = 1  # noqa: SLF001
+        asyncio.run(loop.nudge(TieredTopic(TOPIC_ID, "orders", 1), 1))
         assert peers.calls == (
             [(OTHER, op, "orders", TOPIC_ID) for op in ("deleted", "look")] if sent else []
         )
 
 
-def test_a_produce_past_the_known_count_asks_the_owner_to_look_once_a_second():
-    peers = Peers()
+def two_shards(peers: Peers) -> SimpleNamespace:
+    """Two shards: the topic's (1) owned by b, partitions 0-2's streams' (0) by c."""
     host = service(peers)
-    host.peer_protocol = lambda member: 10
-    loop = CutoverLoop(host)  # type: ignore[arg-type]
+    host.config = SimpleNamespace(shard_count=2)
+    host.readers = [SimpleNamespace(state=SimpleNamespace(owner=o)) for o in ("c", "b")]
+    host.peer_address = {"b": OTHER, "c": OWNER_C}.get
+    return host
+
+
+def test_a_produce_to_a_partition_not_cut_over_asks_its_owner_to_look_once_a_second():
+    """The look is asked of the owner of the partition's stream shard, the one that cuts
+    it over: asked of the topic shard's owner (b), it was the wrong proxy, and the
+    produce waited for the owner's next periodic look."""
+    peers = Peers()
+    loop = CutoverLoop(two_shards(peers))  # type: ignore[arg-type]
     topic = TieredTopic(TOPIC_ID, "orders", 1)
     loop._next_topics_check = 1e12  # noqa: SLF001
     asyncio.run(loop.nudge(topic, 1))  # the count not known yet: the loop reads it anyway
-    assert peers.calls == []
-    loop._partitions[TOPIC_ID] = 2  # noqa: SLF001
-    asyncio.run(loop.nudge(topic, 1))  # a partition it knows: its cutover is coming
     assert peers.calls == [] and loop._next_topics_check == 1e12  # noqa: SLF001
-    asyncio.run(loop.nudge(topic, 2))  # added since the last look
-    assert peers.calls == [(OTHER, "look", "orders", TOPIC_ID)]
+    loop._partitions[TOPIC_ID] = 2  # noqa: SLF001
+    # a partition this loop knows of: its owner's look may not have seen it yet
+    asyncio.run(loop.nudge(topic, 1))
+    assert peers.calls == [(OWNER_C, "look", "orders", TOPIC_ID)]
     assert loop._next_topics_check == 0.0  # noqa: SLF001  # and this proxy looks too
     asyncio.run(loop.nudge(topic, 2))  # within NUDGE_S: not again
     assert len(peers.calls) == 1
+
+
+def test_a_nudge_of_a_partition_owned_here_asks_no_peer():
+    peers = Peers()
+    host = two_shards(peers)
+    host.shard_owner = lambda shard: SimpleNamespace() if shard == 0 else None
+    loop = CutoverLoop(host)  # type: ignore[arg-type]
+    loop._partitions[TOPIC_ID] = 3  # noqa: SLF001
+    asyncio.run(loop.nudge(TieredTopic(TOPIC_ID, "orders", 1), 2))
+    assert peers.calls == [] and loop._next_topics_check == 0.0  # noqa: SLF001
 
 
 def test_a_tier_at_an_owner_that_cannot_reach_kafka_is_a_retriable_error():

@@ -5,11 +5,13 @@ Kafka, store or peer behind it. And the start's stack undoes in the reverse orde
 from __future__ import annotations
 
 import asyncio
+import uuid
 from contextlib import AsyncExitStack
 from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
 
+from proxy.metadata.records import TopicMode
 from proxy.metadata.streams import shard_of
 from proxy.peer.messages import TrimRequest
 from proxy.tiered import shards
@@ -120,8 +122,20 @@ class Partitions:
         return self.started.get(stream)
 
 
-async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
+async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_deleted_ones():
+    """Stream 2 is sealed (an untier under way), stream 4's topic was deleted in Kafka
+    (its StreamUntier not written yet): neither is started. Rebuilding stream 4 may need
+    Kafka's log of a topic that is gone, and its failure kept the shard from being owned."""
     partitions, woken, asked = Partitions(), [], []
+    tiered, deleted = uuid.UUID(int=1), uuid.UUID(int=2)
+    modes = {
+        tiered: SimpleNamespace(topic="t", mode=TopicMode.TIERED),
+        deleted: SimpleNamespace(topic="gone", mode=TopicMode.DELETED),
+    }
+    state = SimpleNamespace(
+        stream=lambda s: SimpleNamespace(topic_id=deleted if s == 4 else tiered, partition=0),
+        topic=modes.get,
+    )
 
     async def batch_base(stream: int, offset: int) -> int:
         asked.append((stream, offset))
@@ -129,7 +143,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
 
     host = SimpleNamespace(
         name="proxy-a",
-        readers=[],
+        readers=[SimpleNamespace(state=state)],
         partitions=partitions,
         store=object(),
         kafka_settings={},  # Kafka's log is read only for a stream that carries a transaction
@@ -141,7 +155,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_ones():
     )
     # the last claim before this one was this member's: its WAL entries are its log
     owner = SimpleNamespace(
-        state=SimpleNamespace(stream_ids=lambda: [1, 2, 3]), previous_owner="", shard=0, epoch=4
+        state=SimpleNamespace(stream_ids=lambda: [1, 2, 3, 4]), previous_owner="", shard=0, epoch=4
     )
     await shards.owned(host, owner)
     assert partitions.recovered == [[1, 3]]
