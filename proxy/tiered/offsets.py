@@ -165,7 +165,8 @@ def combine(timestamp: int, kafka: OffsetsResult | None, part: StreamPart) -> Of
     stream's."""
     if kafka is None or kafka.error_code != ErrorCode.none:
         return kafka if kafka is not None else OffsetsResult(ErrorCode.not_leader_or_follower)
-    if part.error_code != ErrorCode.none and timestamp not in _EARLIEST:
+    if part.error_code != ErrorCode.none:  # retriable (the topic untiered since the
+        # split: asked again, Kafka answers it whole); never an offset of a part unknown
         return OffsetsResult(part.error_code)
     cutover = part.cutover
     if timestamp in _EARLIEST:

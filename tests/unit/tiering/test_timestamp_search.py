@@ -236,6 +236,13 @@ def test_no_kafka_match_falls_to_the_stream_and_errors_pass_through():
     assert combine(500, kafka(-1, error=6), part()).error_code == 6
     assert combine(500, kafka(-1), part(error=56)).error_code == 56
     assert combine(500, None, part()).error_code == 6
+    # EARLIEST (-2) and EARLIEST_LOCAL (-4) too: a failed part (its search of the log
+    # start's batch, or the topic untiered since the split) knows no cutover; answered
+    # offset -1 with no error, which a consumer resetting to earliest took for an answer
+    for earliest in (-2, -4):
+        for code in (56, 6):
+            failed = StreamPart(code, current_epoch=7)
+            assert combine(earliest, kafka(500, epoch=3), failed) == OffsetsResult(code)
 
 
 def test_max_timestamp_is_the_larger_of_both_parts_kafka_first_on_a_tie():
