@@ -91,6 +91,7 @@ class GroupTask:
     end: int
     seen: TransactionsSeen  # the transactions' state at `start`
     object_id: int
+    kafka_below: bool = False  # a backfill gap: Kafka alone holds part of the log below
 
 
 @dataclass
@@ -231,6 +232,7 @@ def group_task(
             now_ms=now_ms,
             delete_retention_ms=config.delete_retention_ms,
             seen=task.seen,
+            kafka_below=task.kafka_below,
         )
         pieces, result.changed = clean_group(run, data)
         stats = run.stats
@@ -368,6 +370,7 @@ def group_tasks(p: StreamPlan, target_bytes: int, bits: Callable[[int], int]) ->
             p.segments[j - 1].end,
             state,
             OFFLOAD_ID_BIT | bits(63),
+            p.gaps,
         )
         for (i, j), state in zip(cuts, seen, strict=True)
     ]

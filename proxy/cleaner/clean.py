@@ -73,12 +73,18 @@ class LogClean:
         now_ms: int,
         delete_retention_ms: int,
         seen: TransactionsSeen = ((), ()),
+        kafka_below: bool = False,
     ) -> None:
         """`seen`: the transactions' state at the first batch fed, when that is not the
-        log start's (split.transactions_at)."""
+        log start's (split.transactions_at). `kafka_below`: part of the log below the
+        cutover is in Kafka's log alone (a backfill gap), which this clean never reads:
+        tombstones and markers stay past their horizon, as the records they delete or end
+        may lie there (Kafka's log of a topic is one log: a tombstone goes only after
+        every older record of its key did). They go at a clean after the migration."""
         self._map, self._map_end, self._scan = omap, map_end, scan
         self._txns = CleaningTransactions(scan.aborted, seen)
         self._now, self._retention = now_ms, delete_retention_ms
+        self._final = not kafka_below  # tombstones and markers past their horizon go
         self.stats = CleanStats()
 
     def _producer_last(self, header: BatchHeader) -> bool:
@@ -97,7 +103,7 @@ class LogClean:
         horizon = delete_horizon(header)
         if header.is_control:
             may_go = self._txns.on_marker(header, batch)
-            drop_records = may_go and horizon is not None and horizon <= self._now
+            drop_records = may_go and horizon is not None and horizon <= self._now and self._final
         else:
             may_go = drop_records = self._txns.on_batch(header)
         keep_empty = self._producer_last(header)
@@ -142,7 +148,7 @@ class LogClean:
             return False
         if offset < self._map.get(record.key):
             return False
-        return record.has_value or horizon is None or self._now < horizon
+        return record.has_value or horizon is None or self._now < horizon or not self._final
 
 
 Piece = tuple[int, int, int, memoryview | bytes]  # base offset, next offset, records, bytes

@@ -255,6 +255,7 @@ class LogCleaner:
             scan,
             now_ms=now,
             delete_retention_ms=config.delete_retention_ms,
+            kafka_below=bool(gaps),
         )
         planned: list[tuple[_Group, list[Piece]]] = []
         for i, j in groups(segments, end, self.target_bytes):

@@ -34,14 +34,23 @@ def log_of(*batches: bytes) -> bytes:
     return bytes(with_base_offset(b"".join(batches), 0))
 
 
-def clean(log: bytes, now: int = NOW_MS, *, max_entries: int = 1000, first_dirty: int = 0):
+def clean(
+    log: bytes,
+    now: int = NOW_MS,
+    *,
+    max_entries: int = 1000,
+    first_dirty: int = 0,
+    kafka_below: bool = False,
+):
     """One clean of the whole log as one range; (the new log, the clean's stats)."""
     batches = list(iter_batches(log))
     scan = scan_log(batches)
     omap = OffsetMap(max_entries)
     assert index_dirty([batches], first_dirty, scan, omap) == 1
     end = batches[-1][0].next_offset
-    run = LogClean(omap, end, scan, now_ms=now, delete_retention_ms=RETENTION)
+    run = LogClean(
+        omap, end, scan, now_ms=now, delete_retention_ms=RETENTION, kafka_below=kafka_below
+    )
     out = [run.clean_batch(h, b) for h, b in batches]
     return b"".join(bytes(x) for x in out if x is not None), run.stats
 
@@ -97,6 +106,34 @@ def test_tombstone_kept_with_a_horizon_then_removed() -> None:
     assert again == once
     gone, _ = clean(once, NOW_MS + RETENTION)
     assert [(r[1], r[2]) for r in records(gone)] == [(b"y", b"x")]
+
+
+def test_with_part_of_the_log_in_kafka_alone_tombstones_and_markers_outlive_their_horizon():
+    """A backfill gap below the cutover: Kafka's log there may hold an older record of
+    the tombstone's key, which this clean never sees. Dropped at its horizon, the key
+    came back for a consumer reading from the start (Kafka's own value below the
+    cutover, no tombstone after it); Kafka's one log drops a tombstone only after every
+    older record of its key went. Once migrated (no gap), they go."""
+    pid, epoch = 7, 0
+    txn = {"producer_id": pid, "producer_epoch": epoch, "transactional": True}
+    log = log_of(
+        build_batch([b"v", None], keys=[b"k", b"k"]),
+        build_batch([b"t"], keys=[b"j"], **txn),
+        control_batch(pid, epoch, ABORT),
+        build_batch([b"x"], keys=[b"y"], **txn),
+        control_batch(pid, epoch, COMMIT),
+    )
+    once, _ = clean(log, NOW_MS, kafka_below=True)  # the tombstone's horizon: + RETENTION
+    later = NOW_MS + 10 * RETENTION
+    second, _ = clean(once, later, kafka_below=True)  # the ABORT's horizon: later + RETENTION
+    past = later + RETENTION + 1  # both horizons passed
+    held, _ = clean(second, past, kafka_below=True)
+    assert [(r[1], r[2]) for r in records(held)] == [(b"k", None), (b"y", b"x")]
+    horizons = {h.base_offset: delete_horizon(h) for h, _ in iter_batches(held)}
+    assert horizons[0] and horizons[3]  # the tombstone's and the ABORT's, both passed
+    migrated, _ = clean(held, past)
+    assert [(r[1], r[2]) for r in records(migrated)] == [(b"y", b"x")]
+    assert 3 not in {h.base_offset for h, _ in iter_batches(migrated)}
 
 
 def test_aborted_transaction_removed_markers_kept_then_removed() -> None:
