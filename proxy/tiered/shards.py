@@ -15,7 +15,7 @@ from proxy.markers.upstream_log import UpstreamLog
 from proxy.metadata.records import TopicMode, TopicModeSet
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
-from proxy.metadata.streams import shard_of, topic_shard
+from proxy.metadata.streams import topic_shard
 from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_blocks
@@ -130,21 +130,23 @@ class ClaimWatch:
             claimed_elsewhere(self._service, shard)
 
 
-def _mode(service: ShardsHost, stream: int) -> TopicModeSet | None:
-    """The mode record of the stream's topic, if the stream and the record are read."""
-    readers = service.readers
-    info = readers[shard_of(stream, len(readers))].state.stream(stream)
+def _mode(service: ShardsHost, state: MetadataState, stream: int) -> TopicModeSet | None:
+    """The mode record of the stream's topic, if the stream is in `state` (the owner's:
+    the service's reader of the shard may not have read a cutover just written) and the
+    record is read (the topic's shard's reader: a topic is tiered before its cutover)."""
+    info = state.stream(stream)
     if info is None:
         return None
+    readers = service.readers
     return readers[topic_shard(info.topic_id, len(readers))].state.topic(info.topic_id)
 
 
-def _dropped(service: ShardsHost, stream: int) -> bool:
+def _dropped(service: ShardsHost, state: MetadataState, stream: int) -> bool:
     """The stream's topic was deleted in Kafka (its mode record says DELETED), its
     StreamUntier not written yet: the stream is only dropped, whatever it holds, so it is
     not started. Rebuilding it could need Kafka's log of a topic that is gone: that
     failure kept the whole shard from being owned, and so from dropping it."""
-    mode = _mode(service, stream)
+    mode = _mode(service, state, stream)
     if mode is None or mode.mode is not TopicMode.DELETED:
         return False
     log.info("stream %d of deleted topic %s not started: it is dropped", stream, mode.topic)
@@ -158,7 +160,7 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     (partition/carried.py)."""
     partitions, store = service.partitions, service.store
     assert partitions is not None and store is not None  # the service is started
-    streams = [s for s in streams if not service.is_sealed(s) and not _dropped(service, s)]
+    streams = [s for s in streams if not service.is_sealed(s) and not _dropped(service, state, s)]
 
     def read_committed(stream: int, start: int, end: int):
         return committed_blocks(store, state, stream, start, end)
@@ -169,7 +171,7 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
         info = state.stream(stream)
         # an untiered topic's stream is rebuilt until its StreamUntier (which a stream
         # holding records past its cutover never gets): its mode record names it
-        mode = _mode(service, stream)
+        mode = _mode(service, state, stream)
         if info is None or mode is None or mode.mode is TopicMode.DELETED:
             raise RecoveryError(f"stream {stream}: its topic is not known, or deleted")
         return await upstream.headers(mode.topic, info.partition, start, end)

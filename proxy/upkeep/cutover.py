@@ -158,6 +158,10 @@ class CutoverLoop:
                     except (KafkaError, ShardFenced, OSError) as exc:
                         log.warning("cutover: %s: %r; trying again", step.__name__, exc)
                         await asyncio.sleep(1.0)
+                    except Exception:  # a bug: said, and the loop goes on (it alone cuts
+                        # over, untiers and finds deletions; ended, none happens again)
+                        log.exception("cutover: %s failed; trying again", step.__name__)
+                        await asyncio.sleep(1.0)
                 await asyncio.sleep(0.05)  # at most 20 rounds a second, however busy
                 # a drained report comes in a heartbeat, which wakes nothing here: while
                 # produce waits for a cutover, look again soon

@@ -132,10 +132,12 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
         tiered: SimpleNamespace(topic="t", mode=TopicMode.TIERED),
         deleted: SimpleNamespace(topic="gone", mode=TopicMode.DELETED),
     }
+    # the owner's state has the streams; the service's readers, the topics' modes (a
+    # reader may not have read a cutover the owner just wrote)
     state = SimpleNamespace(
         stream=lambda s: SimpleNamespace(topic_id=deleted if s == 4 else tiered, partition=0),
-        topic=modes.get,
     )
+    reader_state = SimpleNamespace(stream=lambda s: None, topic=modes.get)
 
     async def batch_base(stream: int, offset: int) -> int:
         asked.append((stream, offset))
@@ -143,7 +145,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
 
     host = SimpleNamespace(
         name="proxy-a",
-        readers=[SimpleNamespace(state=state)],
+        readers=[SimpleNamespace(state=reader_state)],
         partitions=partitions,
         store=object(),
         kafka_settings={},  # Kafka's log is read only for a stream that carries a transaction
@@ -155,7 +157,10 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
     )
     # the last claim before this one was this member's: its WAL entries are its log
     owner = SimpleNamespace(
-        state=SimpleNamespace(stream_ids=lambda: [1, 2, 3, 4]), previous_owner="", shard=0, epoch=4
+        state=SimpleNamespace(stream_ids=lambda: [1, 2, 3, 4], stream=state.stream),
+        previous_owner="",
+        shard=0,
+        epoch=4,
     )
     await shards.owned(host, owner)
     assert partitions.recovered == [[1, 3]]
