@@ -23,6 +23,7 @@ read backwards; three places where it matters:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextlib import AsyncExitStack
 from typing import Protocol
@@ -69,6 +70,8 @@ from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
 from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalConfig
+
+log = logging.getLogger("tierproxy.tiering")
 
 
 class StartHost(
@@ -144,8 +147,11 @@ async def open_wal(
 
 
 def run_task(stack: AsyncExitStack, coroutine, name: str) -> asyncio.Task[None]:
-    """Start a background task whose undo (cancel, then wait for it) is on `stack`."""
+    """Start a background task whose undo (cancel, then wait for it) is on `stack`. One
+    that ends with an exception says so at once (ERROR, with its traceback): before, a
+    dead cutover loop was silent until the proxy stopped, and nothing was cut over."""
     task = asyncio.create_task(coroutine, name=name)
+    task.add_done_callback(_said_if_failed)
 
     async def cancel() -> None:
         task.cancel()
@@ -153,6 +159,13 @@ def run_task(stack: AsyncExitStack, coroutine, name: str) -> asyncio.Task[None]:
 
     stack.push_async_callback(cancel)
     return task
+
+
+def _said_if_failed(task: asyncio.Task[None]) -> None:
+    if task.cancelled() or task.exception() is None:
+        return
+    log.error("background task %s ended: %r", task.get_name(), task.exception(),
+              exc_info=task.exception())  # fmt: skip
 
 
 async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:

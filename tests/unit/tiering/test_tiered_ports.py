@@ -190,6 +190,23 @@ async def test_the_start_stack_undoes_in_the_reverse_order_tasks_cancelled_and_a
     assert task.cancelled()
 
 
+async def test_a_background_task_that_fails_says_so_at_once(caplog):
+    """A task that ends with an exception is logged as it ends (the cutover loop's death
+    was silent until the proxy stopped); a cancelled one, at the stack's undo, is not."""
+
+    async def broken() -> None:
+        raise RuntimeError("a bug")
+
+    async with AsyncExitStack() as stack:
+        failed = run_task(stack, broken(), "cutover")
+        await asyncio.gather(failed, return_exceptions=True)
+        await asyncio.sleep(0)  # the done callbacks run
+        assert "background task cutover ended: RuntimeError('a bug')" in caplog.text
+        assert "a bug" in caplog.records[-1].exc_text
+        run_task(stack, asyncio.Event().wait(), "waiting")
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+
 def test_the_uploader_skips_entries_of_streams_the_owned_shards_no_longer_have():
     """A stream dropped (its topic deleted in Kafka, or untiered) leaves its WAL entries
     past the committed end behind: the owner refuses their commit, and an uploader that
