@@ -445,13 +445,16 @@ class CutoverLoop:
         self._next_topics_check = 0.0
 
     async def nudge(self, topic: TieredTopic, partition: int) -> None:
-        """A produce waits for the cutover of a partition not cut over yet (added by a
-        CreatePartitions, say): this loop and the owner of the partition's shard, the
-        one that cuts it over, look at Kafka now rather than at their next look, at most
-        once a second per topic. (Whether this loop's last look saw the partition says
-        nothing of the owner's.) Failures are logged: the looks find it anyway."""
+        """A produce waits for the cutover of a partition past the tiered topic's count
+        known here (added by a CreatePartitions): this loop and the owner of the
+        partition's shard, the one that cuts it over, look at Kafka now rather than at
+        their next look, at most once a second per topic. Not for a partition this
+        loop knows of: a tier under load would send a `look` for every held produce on
+        the peer connections that carry the hand-off's appends. Failures are logged:
+        the looks find it anyway."""
+        known = self._partitions.get(topic.topic_id)
         now = time.monotonic()
-        if topic.topic_id not in self._partitions or now < self._nudged.get(topic.topic_id, 0.0):
+        if known is None or partition < known or now < self._nudged.get(topic.topic_id, 0.0):
             return
         self._nudged[topic.topic_id] = now + NUDGE_S
         self.look_soon()

@@ -121,9 +121,10 @@ def test_a_produce_to_a_partition_not_cut_over_asks_its_owner_to_look_once_a_sec
     loop._next_topics_check = 1e12  # noqa: SLF001
     asyncio.run(loop.nudge(topic, 1))  # the count not known yet: the loop reads it anyway
     assert peers.calls == [] and loop._next_topics_check == 1e12  # noqa: SLF001
-    loop._partitions[TOPIC_ID] = 2  # noqa: SLF001
-    # a partition this loop knows of: its owner's look may not have seen it yet
-    asyncio.run(loop.nudge(topic, 1))
+    loop._partitions[TOPIC_ID] = 1  # noqa: SLF001
+    asyncio.run(loop.nudge(topic, 0))  # a partition it knows: its cutover is coming
+    assert peers.calls == [] and loop._next_topics_check == 1e12  # noqa: SLF001
+    asyncio.run(loop.nudge(topic, 1))  # added since the last look
     assert peers.calls == [(OWNER_C, "look", "orders", TOPIC_ID)]
     assert loop._next_topics_check == 0.0  # noqa: SLF001  # and this proxy looks too
     asyncio.run(loop.nudge(topic, 2))  # within NUDGE_S: not again
