@@ -17,12 +17,27 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
+RETRY_BACKOFF_S = 0.1  # librdkafka's retry.backoff.ms default
+# Kafka's retriable errors a ListOffsets meets while a leader moves or restarts. Named here:
+# the KafkaError `get_watermark_offsets` raises does not carry librdkafka's retriable flag.
+RETRIABLE = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
 
 def watermarks(
     bootstrap: str, topic: str, partition: int = 0, isolation: str = "read_uncommitted"
 ) -> tuple[int, int]:
     """(low, high) watermark of the partition: ListOffsets earliest and latest; with
-    read_committed, latest is the last stable offset."""
+    read_committed, latest is the last stable offset. A retriable error (a partition whose
+    leader is moving or just restarted: NOT_LEADER_OR_FOLLOWER) is asked again, as an
+    application must: librdkafka's `get_watermark_offsets` returns it rather than retrying
+    (the Java client's `offsetsForTimes` retries it within its timeout)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -30,10 +45,17 @@ def watermarks(
             "isolation.level": isolation,
         }
     )
+    deadline = time.monotonic() + 30
     try:
-        return consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=30, cached=False
-        )
+        while True:
+            try:
+                return consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=30, cached=False
+                )
+            except KafkaException as exc:
+                if exc.args[0].code() not in RETRIABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(RETRY_BACKOFF_S)
     finally:
         consumer.close()
 

@@ -26,6 +26,7 @@ from tieredfleet import TieredFleet, produce_librdkafka, s3_settings, topic_id_o
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
 from proxy.wal.s3log_objects import log_prefix
+from tests.support.clients import watermarks
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.minio]
@@ -60,14 +61,11 @@ def delete_keys(s3_server, keys: list[str]) -> None:
 
 
 def high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw", "log_level": 2})
-    try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in range(PARTITIONS)
-        }
-    finally:
-        consumer.close()
+    """Each partition's high watermark. Right after a restart the partitions are rebuilt
+    once their shard is claimed, and a ListOffsets before that is answered
+    NOT_LEADER_OR_FOLLOWER, as a broker's is while its leadership moves: asked again
+    (`watermarks`), as an application does."""
+    return {p: watermarks(bootstrap, topic, p)[1] for p in range(PARTITIONS)}
 
 
 def read_all(bootstrap: str, topic: str, ends: dict[int, int]) -> dict[int, list[tuple]]:
