@@ -1,17 +1,23 @@
 """Kafka's log of a partition below its cutover, read raw: the batch headers a stream
-that starts from its cutover seeds its producer state from, when a transaction was open
-there (partition/carried.py; docs/tiering.md, "Cutover").
+that starts from its cutover seeds its producer state from (partition/carried.py;
+docs/tiering.md, "Cutover").
 
-Read once per rebuild of such a stream (until a producer snapshot past the cutover holds
-the state): a raw Fetch (read_uncommitted, no wait) from the leader, from the last stable
-offset the cutover recorded up to the cutover, headers kept and bytes dropped. A short
-connection of its own (`UpstreamLog`, connected on first use): the marker follower's is
-not up yet when the group hands the proxy its shards at startup.
+Read by a rebuild of such a stream soon after its cutover, or whenever a transaction was
+open there (until a producer snapshot past the cutover holds the state): a raw Fetch
+(read_uncommitted, no wait) from the leader, headers kept and bytes dropped, of the
+log's recent tail (`tail`), from the last stable offset the cutover recorded if that is
+lower. Kafka's Fetch reads forward only, so the tail is found backwards: FIRST_SPAN
+offsets below the cutover, then GROWTH times further back, until what was read begins
+at Kafka's log start, spans RECENT_MS of its batches' timestamps, or weighs TAIL_BYTES
+(`tail_read`). A connection of its own (`UpstreamLog`, one per service, connected on
+first use): the marker follower's is not up yet when the group hands the proxy its
+shards at startup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -30,7 +36,30 @@ PARTITION_MAX_BYTES = 1 << 20
 READ_UNCOMMITTED = 0
 EARLIEST = -2
 TIMEOUT_S = 30.0  # a rebuild waits this long for Kafka's log at most
+SEED_TIMEOUT_S = 5.0  # ... for only its idempotent producers, which it can go on without
 RETRY_S = 0.2
+# The tail of Kafka's log below a cutover a stream takes its producers from: at least the
+# last RECENT_MS of it by its batches' max timestamps (a batch appended just before the
+# cutover whose answer was lost is sent again within the client's request timeout, 30 s
+# by default), at most TAIL_BYTES (about a second of a busy partition's writes).
+RECENT_MS = 30_000
+TAIL_BYTES = 8 << 20
+FIRST_SPAN = 1024  # offsets below the cutover read first
+GROWTH = 8  # each further read reaches this many times further back
+
+
+def tail_read(
+    found: list[BatchHeader], start: int, recent_ms: int = RECENT_MS, most_bytes: int = TAIL_BYTES
+) -> bool:
+    """Whether the headers read from `start` up to the cutover hold the tail wanted: they
+    begin at Kafka's log start (offset 0, or retention moved it past `start`), the first
+    batch is older than the newest by more than `recent_ms`, or they weigh `most_bytes`."""
+    if not found or start == 0 or found[0].base_offset > start:
+        return True
+    newest = max(header.max_timestamp for header in found)
+    if found[0].max_timestamp < newest - recent_ms:
+        return True
+    return sum(header.size for header in found) >= most_bytes
 
 
 class LeaderFetchRequest(FetchRequest):
@@ -63,18 +92,55 @@ class UpstreamLog:
     def __init__(self, kafka_settings: dict) -> None:
         self._settings = kafka_settings
         self._client: AIOKafkaClient | None = None
+        self._connecting = asyncio.Lock()  # rebuilds of two shards share the connection
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
 
+    async def tail(
+        self,
+        topic: str,
+        partition: int,
+        end: int,
+        lowest: int | None = None,
+        timeout_s: float = TIMEOUT_S,
+    ) -> list[BatchHeader]:
+        """The headers of the recent tail of `topic`-`partition` below `end` (module
+        docstring), from the batch holding `lowest` if that is lower, in order (Kafka's
+        log start past `lowest`: logged). KafkaError when Kafka does not answer within
+        `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        span = FIRST_SPAN
+        while True:
+            start = max(0, end - span)
+            if lowest is not None:
+                start = min(start, lowest)
+            left = deadline - time.monotonic()
+            found = await self.headers(topic, partition, start, end, left)
+            if tail_read(found, start):
+                break
+            span *= GROWTH
+        if lowest is not None and (not found or found[0].base_offset > lowest):
+            log.warning(
+                "%s-%d: Kafka's log starts past %d: the transactions open at the cutover "
+                "are read from %s",
+                *(topic, partition, lowest, found[0].base_offset if found else end),
+            )
+        return found
+
     async def headers(
-        self, topic: str, partition: int, start: int, end: int, timeout_s: float = TIMEOUT_S
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        end: int,
+        timeout_s: float = TIMEOUT_S,
     ) -> list[BatchHeader]:
         """The headers of the batches of `topic`-`partition` from the one holding `start`
-        (or Kafka's log start, if retention or DeleteRecords moved it past `start`: logged)
-        up to `end`, in order. KafkaError when Kafka does not answer within `timeout_s`."""
+        (or Kafka's log start, if retention or DeleteRecords moved it past `start`) up to
+        `end`, in order. KafkaError when Kafka does not answer within `timeout_s`."""
         client = await self._connect()
         tp = TopicPartition(topic, partition)
         found: list[BatchHeader] = []
@@ -104,11 +170,6 @@ class UpstreamLog:
                 log_start = await list_offset(client, leader, topic, partition, EARLIEST)
                 if log_start <= position:
                     raise KafkaError(f"{topic}-{partition}: offset {position} is out of range")
-                log.warning(
-                    "%s-%d: Kafka's log starts at %d, past %d: the transactions open at the "
-                    "cutover are read from there",
-                    topic, partition, log_start, position,
-                )  # fmt: skip
                 position = log_start
                 continue
             if step is not Step.READ:
@@ -126,12 +187,19 @@ class UpstreamLog:
         return found
 
     async def _connect(self) -> AIOKafkaClient:
-        if self._client is None:
-            settings = dict(self._settings)
-            settings["client_id"] = f"{settings.get('client_id', 'tierproxy')},carried"
-            client = self._client = AIOKafkaClient(**settings)
-            await start_client(Bootstrap(client))
-        return self._client
+        async with self._connecting:
+            if self._client is None:
+                settings = dict(self._settings)
+                settings["client_id"] = f"{settings.get('client_id', 'tierproxy')},carried"
+                client = AIOKafkaClient(**settings)
+                try:
+                    await start_client(Bootstrap(client))
+                except BaseException:  # the next rebuild connects anew
+                    with contextlib.suppress(Exception):
+                        await client.close()
+                    raise
+                self._client = client
+            return self._client
 
     @staticmethod
     async def _refresh(client: AIOKafkaClient, topic: str) -> None:

@@ -1,4 +1,4 @@
-"""Transactions carried across the cutover: the producer state a stream starts with.
+"""Kafka's producer state at the cutover: the producer state a stream starts with.
 
 A topic is cut over once its partitions' high watermarks are stable, whether or not a
 transaction is open in Kafka's log of them (docs/tiering.md, "Cutover": holding the
@@ -19,18 +19,37 @@ first offset of its open transaction, below the cutover. The stream's last stabl
 is then Kafka's until the marker comes; the marker ends the transaction in the stream and
 fences zombies of an older epoch, as for any transaction.
 
+Idempotent producers cross the cutover too (`producers_at_cutover`). A producer whose
+batch Kafka appended just before the cutover may not have its answer: its connection
+broke, or Kafka answered a retriable error after appending it (REQUEST_TIMED_OUT waiting
+for replicas). It sends the batch again, with the same sequence numbers, and after the
+cutover the stream takes it. Kafka would have found it among the producer's last 5
+batches and answered with the offset it was first written at; a stream that knew nothing
+of the producer took it at any sequence (KIP-360's rule for an unknown producer id) and
+wrote it twice, and took a batch after a gap Kafka would have answered
+OUT_OF_ORDER_SEQUENCE_NUMBER (45), which cut the retried batch's records out of the log
+order the producer meant (the retry then met 45, and librdkafka stops with a fatal
+error). So a stream rebuilt soon after its cutover (`RecoveryPoint.seeds_from_kafka`)
+starts from every producer of the recent tail of Kafka's log below it: its epoch and its
+last batches, as Kafka's state holds them there. Only the tail: a producer that last
+wrote before it (`UpstreamLog.tail`: at least the last RECENT_MS of the log by its
+batches' timestamps, at most TAIL_BYTES unless a transaction open at the cutover needs
+more) is as unknown to the stream as before, and its next batch is taken at any
+sequence.
+
 Pure: no I/O, no asyncio.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from proxy.partition.producer_state import ProducerStateEntry
 from proxy.partition.sequencer import PartitionSequencer
 from proxy.records.batches import BatchHeader
 
-__all__ = ["carried_producers"]
+__all__ = ["carried_producers", "producers_at_cutover"]
 
 
 def carried_producers(
@@ -40,6 +59,38 @@ def carried_producers(
     log of the partition read from `start` (its last stable offset at the cutover) on, in
     offset order: those from `start` to `cutover` count (a batch holding `start` whole);
     the rest is passed over. Each counts as used at `now_ms` (a full expiration period)."""
+    states = _replayed(headers, start, cutover, now_ms)
+    return [entry for entry in states if entry.current_txn_first_offset is not None]
+
+
+def producers_at_cutover(
+    headers: Sequence[BatchHeader], cutover: int, now_ms: int, open_from: int | None
+) -> list[ProducerStateEntry]:
+    """Every producer of the headers of Kafka's log below `cutover` (read from the first
+    one on, in offset order), as Kafka's state holds it at the cutover: its epoch, its
+    last batches, and the first offset of its transaction if one is open there. Only
+    with `open_from` (the last stable offset the cutover recorded; the read must start
+    at or below it) is a transaction open: without it the cutover recorded none open,
+    and a producer whose marker lies before the headers' start seems open and is not."""
+    if not headers:
+        return []
+    start = headers[0].base_offset
+    if open_from is not None and start > open_from:
+        raise ValueError(
+            f"Kafka's log read from {start}, past the last stable offset {open_from} "
+            "the cutover recorded: a transaction open there would be cut short"
+        )
+    states = _replayed(headers, start, cutover, now_ms)
+    if open_from is None:
+        return [replace(entry, current_txn_first_offset=None) for entry in states]
+    return list(states)
+
+
+def _replayed(
+    headers: Iterable[BatchHeader], start: int, cutover: int, now_ms: int
+) -> list[ProducerStateEntry]:
+    """Kafka's producer state at `cutover`, replayed from the headers from `start` on
+    (the batch holding `start` whole), by a rebuild's rules."""
     sequencer: PartitionSequencer | None = None
     for header in headers:
         if header.base_offset >= cutover:
@@ -54,7 +105,4 @@ def carried_producers(
                 f"overlaps the one before it (ends at {sequencer.producer_state_end})"
             )
         sequencer.replay(header, now_ms)
-    if sequencer is None:
-        return []
-    states = sequencer.producer_states.values()
-    return [entry for entry in states if entry.current_txn_first_offset is not None]
+    return [] if sequencer is None else list(sequencer.producer_states.values())

@@ -10,10 +10,11 @@ of a tiered partition", describes the recovery sources.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterable, Awaitable, Callable, Collection, Sequence
 
 from proxy.metadata.state import MetadataState
-from proxy.partition.carried import carried_producers
+from proxy.partition.carried import producers_at_cutover
 from proxy.partition.producer_state import ProducerStateEntry
 from proxy.partition.recovered_tail import RecoveredTail
 from proxy.partition.rules import (
@@ -30,15 +31,18 @@ from proxy.records.batches import BatchHeader
 from proxy.wal.port import Log
 from proxy.wal.types import WalEntry
 
+log = logging.getLogger("tierproxy.tiering")
+
 __all__ = ["ReadCommitted", "ReadUpstream", "read_wal_batches", "rebuild"]
 
 # (stream, start, end) -> the committed object blocks covering [start, end), in order,
 # with their batch headers (committed.py)
 ReadCommitted = Callable[[int, int, int], AsyncIterable[CommittedBlock]]
-# (stream, start, end) -> headers of the batches of Kafka's log of the stream's partition
-# from the one holding `start` to `end` (the cutover), in order: the transactions carried
-# across the cutover (carried.py)
-ReadUpstream = Callable[[int, int, int], Awaitable[Sequence[BatchHeader]]]
+# (stream, lowest, end) -> headers of the batches of Kafka's log of the stream's partition
+# below `end` (the cutover), in order, from the recent tail's start or from the batch
+# holding `lowest` if that is lower (a transaction open at the cutover starts there):
+# Kafka's producer state at the cutover (carried.py)
+ReadUpstream = Callable[[int, int | None, int], Awaitable[Sequence[BatchHeader]]]
 
 
 async def rebuild(
@@ -61,9 +65,10 @@ async def rebuild(
     raises RecoveryError. `wal_batches`: this stream's WAL batch headers in order
     (`read_wal_batches`: one pass for many streams); None reads the WAL here. `clock_ms`
     is read once everything is read: the producer state expires from then. A stream
-    that starts from a cutover with a transaction open (`RecoveryPoint.carried_from`)
-    is seeded with its producers from Kafka's log: `read_upstream(stream, lso, cutover)`
-    (RecoveryError without it)."""
+    that starts from its cutover, soon after it or with a transaction open there
+    (`RecoveryPoint.seeds_from_kafka`), is seeded with the producers of Kafka's log tail
+    below it: `read_upstream(stream, lso or None, cutover)` (with a transaction open,
+    RecoveryError without it)."""
     if wal_batches is None:
         wal_batches = (await read_wal_batches(wal, {stream_id})).get(stream_id, [])
     point = RecoveryPoint.from_metadata(metadata, stream_id)
@@ -71,25 +76,50 @@ async def rebuild(
     committed = None
     if gap is not None and read_committed is not None:
         committed = [block async for block in read_committed(stream_id, *gap)]
-    upstream = None
-    if point.carried_from is not None:
-        if read_upstream is None:
-            raise RecoveryError(
-                f"stream {stream_id}: a transaction was open at the cutover: its producers "
-                f"are in Kafka's log from offset {point.carried_from} (read_upstream)"
-            )
-        upstream = await read_upstream(stream_id, point.carried_from, point.cutover_offset)
+    upstream = await _read_upstream(stream_id, point, read_upstream, clock_ms())
     now = clock_ms()
     carried: list[ProducerStateEntry] = []
-    if point.carried_from is not None and upstream is not None:
+    if upstream:
         try:
-            carried = carried_producers(upstream, point.carried_from, point.cutover_offset, now)
+            carried = producers_at_cutover(upstream, point.cutover_offset, now, point.carried_from)
         except ValueError as exc:
             raise RecoveryError(
                 f"stream {stream_id}: Kafka's log below the cutover: {exc}"
             ) from exc
     sequencer = rebuild_sequencer(point, committed, wal_batches, now, config, carried)
     return sequencer, point.log_start_offset
+
+
+async def _read_upstream(
+    stream_id: int, point: RecoveryPoint, read_upstream: ReadUpstream | None, now_ms: int
+) -> Sequence[BatchHeader]:
+    """The headers of Kafka's log tail below the cutover the rebuild seeds its producers
+    from (`RecoveryPoint.seeds_from_kafka`), or nothing. Needed when a transaction was
+    open at the cutover (RecoveryError without them); otherwise a failed read is logged
+    and the stream starts as before, taking an unknown producer at any sequence."""
+    if not point.seeds_from_kafka(now_ms):
+        return ()
+    lowest = point.carried_from
+    if read_upstream is None:
+        if lowest is None:
+            return ()
+        raise RecoveryError(
+            f"stream {stream_id}: a transaction was open at the cutover: its producers "
+            f"are in Kafka's log from offset {lowest} (read_upstream)"
+        )
+    if lowest is not None:
+        return await read_upstream(stream_id, lowest, point.cutover_offset)
+    try:
+        return await read_upstream(stream_id, None, point.cutover_offset)
+    except Exception as exc:  # KafkaError, OSError, a topic gone: optional, said
+        log.warning(
+            "stream %d: Kafka's log below the cutover %d not read (%r): producers that wrote "
+            "there are unknown to the stream, and their next batch is taken at any sequence",
+            stream_id,
+            point.cutover_offset,
+            exc,
+        )
+        return ()
 
 
 async def read_wal_batches(

@@ -48,6 +48,16 @@ before the replay from S. A snapshot holds them once one is written past the cut
 a log start above the cutover with no snapshot has no such seed (the batches between the
 cutover and the log start, which could hold their markers, are gone).
 
+**Idempotent producers across the cutover** (`carried.py`, `producers_at_cutover`). A
+rebuild with no snapshot and S the cutover within SEED_FOR_MS of the cutover
+(`RecoveryPoint.seeds_from_kafka`) seeds the sequencer with every producer of the recent
+tail of Kafka's log below the cutover, read from at most `carried_from` when a
+transaction was open there: a batch Kafka appended and the producer sends again after the
+cutover is a duplicate, a gap after it is 45, as Kafka answers. Past SEED_FOR_MS no
+producer can still be retrying a batch from before the cutover (every client gives a
+batch up within minutes: `delivery.timeout.ms`, 2 min by default; librdkafka's
+`message.timeout.ms`, 5 min), and a later rebuild does not read Kafka for them.
+
 Assumption: the WAL's entries of the stream were written under the ownership the
 metadata continues (a restart of the same owner, or a new owner whose WAL holds none).
 A proxy that gives a shard up uploads and trims its streams' entries first: batches carry
@@ -71,6 +81,10 @@ from proxy.partition.producer_state import (
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
 from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
 from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
+
+# A rebuild this long after the cutover reads no producers from Kafka's log: every client
+# has given up a batch from before the cutover by then (module docstring).
+SEED_FOR_MS = 15 * 60 * 1000
 
 __all__ = [
     "CommittedBlock",
@@ -208,6 +222,7 @@ class RecoveryPoint:
     snapshot: bytes | None  # PartitionSequencer.snapshot() bytes, or None: empty at S
     cutover_offset: int = 0
     cutover_stable_offset: int | None = None  # Kafka's LSO at the cutover; None: the cutover
+    tiered_at_ms: int = 0  # when the cutover was written
 
     @property
     def carried_from(self) -> int | None:
@@ -219,6 +234,24 @@ class RecoveryPoint:
         if lso is None or lso >= self.cutover_offset or self.snapshot is not None:
             return None
         return lso if self.state_offset == self.cutover_offset else None
+
+    @property
+    def starts_from_cutover(self) -> bool:
+        """The producer state starts at the cutover with no snapshot, and Kafka's log holds
+        offsets below it: Kafka's producer state there is what the stream goes on from."""
+        return (
+            self.snapshot is None
+            and self.state_offset == self.cutover_offset
+            and self.log_start_offset < self.cutover_offset
+        )
+
+    def seeds_from_kafka(self, now_ms: int) -> bool:
+        """Whether the rebuild reads the producers of Kafka's log tail below the cutover
+        (module docstring): it starts from the cutover, and either a transaction was open
+        there (`carried_from`) or the cutover is less than SEED_FOR_MS old."""
+        if not self.starts_from_cutover:
+            return False
+        return self.carried_from is not None or now_ms - self.tiered_at_ms < SEED_FOR_MS
 
     @property
     def starts_at_log_start(self) -> bool:
@@ -251,6 +284,7 @@ class RecoveryPoint:
             data,
             info.cutover_offset,
             info.cutover_stable_offset,
+            info.tiered_at_ms,
         )
 
 
@@ -287,8 +321,8 @@ def rebuild_sequencer(
     carried: Iterable[ProducerStateEntry] = (),
 ) -> PartitionSequencer:
     """The sequencer at the stream's log end: the snapshot (or, with none, the state at S:
-    empty, or `carried`: the producers of transactions open at the cutover, read from
-    Kafka's log for `point.carried_from`), then
+    empty, or `carried`: Kafka's producers at the cutover, read from the tail of its log
+    below it, transactions open there included: `point.seeds_from_kafka`), then
     every batch from S on, from `committed` (the object blocks read for
     `missing_committed`, in order; None: not read) and then `wal_batches` (this stream's
     WAL batches in order), each offset taken once. A batch straddling a log start S is
@@ -308,7 +342,7 @@ def rebuild_sequencer(
         if first is not None and first.base_offset < expected:
             expected = first.base_offset  # the batch holding the log start: kept whole
     carried = list(carried)
-    if carried and point.carried_from is None:
+    if carried and not point.starts_from_cutover:
         raise ValueError("producers carried across the cutover, for a rebuild that takes none")
     if point.snapshot is None:
         sequencer = PartitionSequencer(expected, carried, **options)

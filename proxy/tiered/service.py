@@ -37,6 +37,7 @@ from proxy.config.tiering import TieringConfig
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.lifecycle import start_or_undo
 from proxy.markers.follower import MarkerFollower
+from proxy.markers.upstream_log import UpstreamLog
 from proxy.markers.verifier import TxnVerifier
 from proxy.metadata.group import ShardAssignment
 from proxy.metadata.state import MetadataState
@@ -131,6 +132,9 @@ class TieringService:
         self.seals = Seals(self)
         # tiered topics' configs, Kafka's: retention's and produce's (topic_configs.py)
         self.topic_configs = TopicConfigs(kafka_settings)
+        # Kafka's log below the cutovers, for the producers a rebuild starts from
+        # (markers/upstream_log.py): one connection, made on first use
+        self.upstream_log = UpstreamLog(kafka_settings)
         self.retention = Retention(self)
         # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
         self.beyond_cutover = BeyondCutover()

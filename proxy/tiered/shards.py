@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from proxy.markers.upstream_log import UpstreamLog
+from proxy.markers.upstream_log import SEED_TIMEOUT_S, TIMEOUT_S, UpstreamLog
 from proxy.metadata.records import TopicMode, TopicModeSet
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
@@ -41,7 +41,9 @@ class ShardsHost(Protocol):
     def store(self) -> ObjectStore | None: ...
 
     @property
-    def kafka_settings(self) -> dict: ...
+    def upstream_log(self) -> UpstreamLog:
+        """Kafka's log below the cutovers: the producers a rebuild starts from."""
+        ...
 
     @property
     def topics(self) -> TopicIndex: ...
@@ -156,7 +158,7 @@ def _dropped(service: ShardsHost, state: MetadataState, stream: int) -> bool:
 async def recover_streams(service: ShardsHost, state: MetadataState, streams: list[int]) -> None:
     """Rebuild and start partitions of one shard's streams: from the metadata, the WAL
     and, for what the WAL no longer holds, the committed objects' batch headers; a
-    stream cut over with a transaction open, from Kafka's log below its cutover too
+    stream that starts from its cutover, from the producers of Kafka's log below it too
     (partition/carried.py)."""
     partitions, store = service.partitions, service.store
     assert partitions is not None and store is not None  # the service is started
@@ -165,23 +167,23 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     def read_committed(stream: int, start: int, end: int):
         return committed_blocks(store, state, stream, start, end)
 
-    upstream = UpstreamLog(service.kafka_settings)
+    upstream = service.upstream_log
 
-    async def read_upstream(stream: int, start: int, end: int):
+    async def read_upstream(stream: int, lowest: int | None, end: int):
         info = state.stream(stream)
         # an untiered topic's stream is rebuilt until its StreamUntier (which a stream
         # holding records past its cutover never gets): its mode record names it
         mode = _mode(service, state, stream)
         if info is None or mode is None or mode.mode is TopicMode.DELETED:
             raise RecoveryError(f"stream {stream}: its topic is not known, or deleted")
-        return await upstream.headers(mode.topic, info.partition, start, end)
+        # needed (a transaction open at the cutover): as long as a rebuild waits for
+        # Kafka; only the idempotent producers': not long, a rebuild goes on without them
+        timeout = TIMEOUT_S if lowest is not None else SEED_TIMEOUT_S
+        return await upstream.tail(mode.topic, info.partition, end, lowest, timeout_s=timeout)
 
-    try:
-        await partitions.recover(
-            streams, state, read_committed=read_committed, read_upstream=read_upstream
-        )
-    finally:
-        await upstream.close()
+    await partitions.recover(
+        streams, state, read_committed=read_committed, read_upstream=read_upstream
+    )
     for stream in streams:  # a transaction open below a log start inside a batch
         partition = partitions.get(stream)
         if partition is not None and partition.opened_below(partition.log_start_offset):

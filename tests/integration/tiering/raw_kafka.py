@@ -1,6 +1,7 @@
 """Raw Kafka requests over a plain socket (kio's messages), for what no client library
-exposes: Metadata's leader epochs, OffsetForLeaderEpoch as a consumer sends it, and a
-Produce of any partition number with any batch."""
+exposes: Metadata's leader epochs, OffsetForLeaderEpoch as a consumer sends it, a
+Produce of any partition number with any batch, and the producer id an idempotent
+producer gets (InitProducerId), for batches with sequence numbers a test chooses."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import datetime
 import socket
 import struct
 
+from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
+from kio.schema.init_producer_id.v4.response import InitProducerIdResponse
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.metadata.v12.response import MetadataResponse
 from kio.schema.offset_for_leader_epoch.v4.request import (
@@ -49,6 +52,31 @@ def produce_v9(
     )
     [part] = call(address, request, ProduceResponse).responses[0].partition_responses
     return part
+
+
+def init_producer_id(address: tuple[str, int]) -> tuple[int, int]:
+    """(producer id, epoch) for an idempotent producer (no transactional id)."""
+    request = InitProducerIdRequest(
+        transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)
+    )
+    answer = call(address, request, InitProducerIdResponse)
+    assert answer.error_code == 0, answer
+    return int(answer.producer_id), int(answer.producer_epoch)
+
+
+def leader_address(bootstrap: str, topic: str, partition: int = 0) -> tuple[str, int]:
+    """The address `bootstrap` (a broker, or a proxy) gives for the partition's leader."""
+    host, port = bootstrap.rsplit(":", 1)
+    request = MetadataRequest(
+        topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    answer = call((host, int(port)), request, MetadataResponse)
+    brokers = {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
+    [found] = answer.topics
+    [leader] = [p.leader_id for p in found.partitions if int(p.partition_index) == partition]
+    return brokers[int(leader)]
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

@@ -18,10 +18,7 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from cutover_load import started, tiered_topic_id, topics_command
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.metadata.v12.response import MetadataResponse
-from kio.schema.types import TopicName
-from raw_kafka import call, produce_v9
+from raw_kafka import leader_address, produce_v9
 from test_tiered_retention import (
     BEFORE,
     TieredTopic,
@@ -154,20 +151,6 @@ def test_a_produce_to_a_partition_just_added_asks_for_a_look_at_kafka(
         assert _read_from_earliest(proxy.bootstrap, topic, 3, 1) == acked
 
 
-def _leader_of(bootstrap: str, topic: str) -> tuple[str, int]:
-    """The address the proxy gives for the leader of the topic's partition 0."""
-    host, port = bootstrap.rsplit(":", 1)
-    request = MetadataRequest(
-        topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    answer = call((host, int(port)), request, MetadataResponse)
-    brokers = {int(b.node_id): (b.host, int(b.port)) for b in answer.brokers}
-    [found] = answer.topics
-    return brokers[int(found.partitions[0].leader_id)]
-
-
 def test_a_produce_to_a_partition_the_topic_does_not_have_is_answered_as_kafka_does(
     kafka_cluster, tmp_path
 ):
@@ -185,7 +168,9 @@ def test_a_produce_to_a_partition_the_topic_does_not_have_is_answered_as_kafka_d
         TieredTopic(kafka_cluster, tmp_path, proxy, topic)
         for partition in (5, -1):
             answers = [
-                produce_v9(_leader_of(proxy.bootstrap, name), name, partition, build_batch([b"v"]))
+                produce_v9(
+                    leader_address(proxy.bootstrap, name), name, partition, build_batch([b"v"])
+                )
                 for name in (twin, topic)
             ]
             codes = [a.error_code.name for a in answers]

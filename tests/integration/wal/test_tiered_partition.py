@@ -28,7 +28,7 @@ from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError,
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.rules import CommittedBlock
 from proxy.reads.logcache import LogCache
-from proxy.records.batches import iter_batches, with_base_offset
+from proxy.records.batches import iter_batches, read_batch_header, with_base_offset
 from proxy.records.markers import Marker, marker_batch
 from proxy.tiered.reads import TieredReads
 from proxy.upload.uploader import ObjectIdAllocator, Uploader, UploaderConfig
@@ -168,6 +168,51 @@ async def test_retries_get_their_original_offsets_and_write_nothing(tmp_path):
             # older than the last 5: not recognised, so out of order
             result = await partition.produce(nth(7, 0), -1)
             assert result.error_code == ErrorCode.out_of_order_sequence_number
+
+
+async def test_a_rebuild_soon_after_the_cutover_takes_the_producers_of_kafkas_log(tmp_path, caplog):
+    """Producer 7's first two batches are in Kafka's log just below the cutover (what
+    `read_upstream` reads: the tail). The stream rebuilt right after the cutover answers
+    a retry of the second with Kafka's offsets and writes nothing, refuses a gap with 45
+    and takes the next batch, as Kafka would. Before, it knew no producer from Kafka's
+    part and took both the retry (a duplicate) and the gap. A tail it cannot read is
+    logged and the stream starts as before, taking the producer at any sequence."""
+    kafka = [
+        read_batch_header(with_base_offset(nth(7, n), CUTOVER - 2 * RECORDS + n * RECORDS))
+        for n in range(2)
+    ]
+    asked = []
+
+    async def read_upstream(stream: int, lowest: int | None, end: int):
+        asked.append((stream, lowest, end))
+        return kafka
+
+    def soon() -> int:
+        return NOW_MS + 1000  # the cutover was written at NOW_MS
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partition = await TieredPartition.recover(
+            S0, wal, Shard().state, clock_ms=soon, read_upstream=read_upstream
+        )
+        async with partition:
+            assert asked == [(S0, None, CUTOVER)]
+            ok(await partition.produce(nth(7, 1), -1), CUTOVER - RECORDS)  # Kafka's offsets
+            result = await partition.produce(nth(7, 3), -1)
+            assert result.error_code == ErrorCode.out_of_order_sequence_number
+            assert wal.stats.appends == 0
+            ok(await partition.produce(nth(7, 2), -1), CUTOVER)
+
+    async def away(stream: int, lowest: int | None, end: int):
+        raise OSError("Kafka is away")
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal2")) as wal:
+        with caplog.at_level(logging.WARNING, "tierproxy.tiering"):
+            partition = await TieredPartition.recover(
+                S0, wal, Shard().state, clock_ms=soon, read_upstream=away
+            )
+        assert "Kafka's log below the cutover 1000 not read" in caplog.text
+        async with partition:
+            ok(await partition.produce(nth(7, 3), -1), CUTOVER)  # any sequence, as before
 
 
 async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):

@@ -1,7 +1,7 @@
-"""Transactions carried across the cutover (docs/tiering.md, "Cutover"): the last stable
-offset the cutover records (StreamCutover, value version 2), and the producer state a
-stream starting from its cutover is seeded with, from the batch headers of Kafka's log
-below it (partition/carried.py, partition/rules.py)."""
+"""Transactions and idempotent producers carried across the cutover (docs/tiering.md,
+"Cutover"): the last stable offset the cutover records (StreamCutover, value version 2),
+and the producer state a stream starting from its cutover is seeded with, from the batch
+headers of Kafka's log below it (partition/carried.py, partition/rules.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from test_sequencer_txn import ended, marker, txn
 
 from proxy.metadata.codec import decode, encode
 from proxy.metadata.records import MetadataRecordError
-from proxy.partition.carried import carried_producers
-from proxy.partition.rules import PartitionConfig, RecoveryPoint, rebuild_sequencer
+from proxy.partition.carried import carried_producers, producers_at_cutover
+from proxy.partition.rules import SEED_FOR_MS, PartitionConfig, RecoveryPoint, rebuild_sequencer
+from proxy.partition.sequencer import Duplicate
 from proxy.records.batches import BatchHeader, read_batch_header, with_base_offset
 from proxy.records.markers import Marker, marker_batch
 
@@ -117,10 +118,61 @@ def test_a_seeded_stream_goes_on_with_the_transaction_and_its_marker_ends_it():
 
 def test_producers_carried_for_a_rebuild_that_takes_none_are_a_bug():
     carried = carried_producers(kafka_log(), LSO, CUT, NOW)
+    past = point(log_start_offset=30, state_offset=30, committed_end=30)  # S: the log start
     with pytest.raises(ValueError, match="carried across"):
-        rebuild_sequencer(
-            point(cutover_stable_offset=None), None, [], NOW, PartitionConfig(), carried
-        )
+        rebuild_sequencer(past, None, [], NOW, PartitionConfig(), carried)
+
+
+# -- idempotent producers across the cutover ------------------------------------------------
+
+
+def test_every_producer_of_the_tail_is_kafkas_state_at_the_cutover():
+    by_pid = {e.producer_id: e for e in producers_at_cutover(kafka_log(), CUT, NOW, LSO)}
+    assert sorted(by_pid) == [A, B, C]
+    assert by_pid[A].current_txn_first_offset == 10  # open at the cutover: carried
+    assert by_pid[B].current_txn_first_offset is None  # its marker is below the cutover
+    assert [(b.first_seq, b.last_seq, b.first_offset) for b in by_pid[C].batches] == [(7, 9, 20)]
+    assert all(e.last_timestamp == NOW for e in by_pid.values())
+
+
+def test_without_a_transaction_recorded_open_the_tail_opens_none():
+    """The tail starts inside B's transaction (its marker at 19 is read, its start not);
+    with no last stable offset recorded, nothing was open at the cutover."""
+    tail = [at(13, txn(3, pid=A)), *kafka_log()[2:5]]  # A's batch, its start unread
+    entries = producers_at_cutover(tail, CUT, NOW, None)
+    assert sorted(e.producer_id for e in entries) == [A, B, C]
+    assert all(e.current_txn_first_offset is None for e in entries)
+
+
+def test_a_tail_read_from_past_the_last_stable_offset_is_refused():
+    with pytest.raises(ValueError, match="last stable offset"):
+        producers_at_cutover(kafka_log()[1:], CUT, NOW, LSO)
+    assert producers_at_cutover([], CUT, NOW, LSO) == []
+
+
+def test_a_retry_of_a_batch_kafka_appended_is_a_duplicate_and_a_gap_is_45():
+    """C's batch at 20 (sequences 7-9) was appended by Kafka and its answer lost: sent
+    again after the cutover, the stream answers it with Kafka's offsets, as Kafka would;
+    a batch after a gap is refused as Kafka refuses it; the next batch is taken."""
+    carried = producers_at_cutover(kafka_log(), CUT, NOW, None)
+    sequencer = rebuild_sequencer(
+        point(cutover_stable_offset=None), None, [], NOW, PartitionConfig(), carried
+    )
+    assert sequencer.append(idem(7, pid=C), NOW) == Duplicate(20, 22, -1, None)
+    rejected(sequencer, idem(11, pid=C), ErrorCode.out_of_order_sequence_number)
+    assert appended(sequencer, idem(10, pid=C)).base_offset == CUT
+    assert sequencer.append(idem(7, pid=C), NOW) == Duplicate(20, 22, -1, None)  # still
+
+
+def test_the_rebuild_reads_kafkas_producers_soon_after_the_cutover_or_for_a_transaction():
+    soon = point(cutover_stable_offset=None, tiered_at_ms=NOW)
+    assert soon.seeds_from_kafka(NOW + SEED_FOR_MS - 1)
+    assert not soon.seeds_from_kafka(NOW + SEED_FOR_MS)  # no client retries that late
+    assert point(tiered_at_ms=NOW).seeds_from_kafka(NOW + 10 * SEED_FOR_MS)  # LSO: needed
+    assert not replace(soon, snapshot=b"x").seeds_from_kafka(NOW)  # the snapshot holds it
+    assert not replace(soon, log_start_offset=CUT).seeds_from_kafka(NOW)  # nothing below
+    past = replace(soon, log_start_offset=30, state_offset=30, committed_end=30)
+    assert not past.seeds_from_kafka(NOW)  # S is a log start past the cutover
 
 
 # -- the metadata record -------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""An idempotent producer whose batches cross the cutover is answered as Kafka answers it
+(partition/carried.py, `producers_at_cutover`; docs/tiering.md, "Cutover"): Kafka is the
+oracle.
+
+One proxy on the shared Kafka (test_tiered_retention's set-up), a one-partition topic and
+a passthrough twin. A raw client with a producer id from InitProducerId writes the same
+batches, with sequence numbers it chooses, to both through the proxy: two batches go to
+Kafka (the tiered topic is not tiered yet), then the topic is tiered, then the client
+sends the second batch again, as a producer does whose answer was lost (its connection
+broke, or Kafka answered a retriable error after appending it), the first too, a batch
+after a gap, and the next batch. Each answer (error code, base offset) must be the
+twin's, and both topics must read the same records at the same offsets. Before, the
+stream knew nothing of the producers of Kafka's part of the log: it wrote the retried
+batches again (duplicates, at offsets past the cutover) and took the gap.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cutover_load import started, tiered_topic_id, topics_command, wait_owned
+from kio.schema.errors import ErrorCode
+from raw_kafka import init_producer_id, leader_address, produce_v9
+from test_tiered_retention import SHARDS, _create_topic, _read_from_earliest, _start
+
+from proxy.metadata.streams import stream_id
+from tests.support.batches import build_batch
+from tests.support.clients import watermarks
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.kafka
+
+
+def test_an_idempotent_producer_across_the_cutover_is_answered_as_kafka_answers_it(
+    kafka_cluster, tmp_path
+):
+    topic, thread = _start(kafka_cluster, tmp_path, "idem")
+    twin = f"{topic}-plain"
+    _create_topic(kafka_cluster, twin)
+    with thread as proxy:
+        wait_owned([proxy], SHARDS)
+        tiering = proxy.proxy.tiering
+        host, port = proxy.bootstrap.rsplit(":", 1)
+        pid, epoch = init_producer_id((host, int(port)))
+        values: dict[str, list[bytes]] = {}
+
+        def send(seq: int, tag: str, count: int) -> dict[str, tuple[int, int]]:
+            """The batch with sequences from `seq` to both topics: (error, base offset)."""
+            values[tag] = [f"{tag}-{n}".encode() for n in range(count)]
+            batch = build_batch(
+                values[tag], producer_id=pid, producer_epoch=epoch, base_sequence=seq
+            )
+            answers = {}
+            for name in (topic, twin):
+                part = produce_v9(leader_address(proxy.bootstrap, name), name, 0, batch)
+                answers[name] = (int(part.error_code), int(part.base_offset))
+            return answers
+
+        def both(error: int, offset: int) -> dict[str, tuple[int, int]]:
+            return {topic: (error, offset), twin: (error, offset)}
+
+        assert send(0, "a", 3) == both(0, 0)
+        assert send(3, "b", 2) == both(0, 3)
+        assert topics_command("tier", topic, tiering.peer_port).returncode == 0
+        stream = stream_id(tiered_topic_id(proxy, topic), 0)
+        wait_until(lambda: started(tiering, stream), 30, "cut over")
+        assert tiering.state(stream).cutover(stream) == 5
+
+        assert send(3, "b", 2) == both(0, 3)  # a retry: Kafka's offsets, nothing written
+        assert send(0, "a", 3) == both(0, 0)  # one of the producer's last 5 batches
+        gap = send(7, "gap", 1)
+        assert gap[topic] == gap[twin] and gap[twin][0] == ErrorCode.out_of_order_sequence_number
+        assert send(5, "c", 2) == both(0, 5)  # the next batch, past the cutover
+        assert send(5, "c", 2) == both(0, 5)  # and its retry
+
+        expected = [(o, v) for o, v in enumerate(values["a"] + values["b"] + values["c"])]
+        for name in (topic, twin):
+            assert watermarks(proxy.bootstrap, name) == (0, len(expected))  # no duplicate
+            assert _read_from_earliest(proxy.bootstrap, name, len(expected)) == expected

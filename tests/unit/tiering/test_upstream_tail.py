@@ -1,0 +1,92 @@
+"""The tail of Kafka's log below a cutover that a rebuild takes its producers from
+(proxy/markers/upstream_log.py, `tail` and `tail_read`): found backwards, since Kafka's
+Fetch reads forward only. Kafka's log here is a list of batch headers in memory; what a
+Fetch from an offset answers (from the batch holding it, or from Kafka's log start) is
+what `UpstreamLog.headers` gives, checked against a real Kafka by the integration tests."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from proxy.markers.upstream_log import (
+    FIRST_SPAN,
+    GROWTH,
+    RECENT_MS,
+    TAIL_BYTES,
+    UpstreamLog,
+    tail_read,
+)
+from proxy.records.batches import BatchHeader, read_batch_header, with_base_offset
+from tests.support.batches import build_batch
+
+NOW = 1_700_000_000_000
+
+
+def header(offset: int, records: int, timestamp: int, size: int = 0) -> BatchHeader:
+    """A batch of `records` records at `offset` whose max timestamp is `timestamp`, of
+    about `size` bytes."""
+    filler = b"x" * max(0, size // max(records, 1) - 20)
+    batch = build_batch([filler] * records, timestamps=[timestamp] * records)
+    return read_batch_header(with_base_offset(batch, offset))
+
+
+class MemoryLog(UpstreamLog):
+    """Kafka's log of one partition, its batches in offset order from its log start."""
+
+    def __init__(self, batches: list[BatchHeader]) -> None:
+        super().__init__({})
+        self.batches = batches
+        self.reads: list[int] = []  # the start of each read
+
+    async def headers(self, topic, partition, start, end, timeout_s=30.0):
+        self.reads.append(start)
+        return [h for h in self.batches if h.next_offset > start and h.base_offset < end]
+
+
+def steady(start: int, end: int, step: int = 10, ms_per_offset: int = 1) -> list[BatchHeader]:
+    """Batches of `step` records from `start` to `end`, timestamps rising with offsets."""
+    return [header(o, step, NOW + o * ms_per_offset) for o in range(start, end, step)]
+
+
+def test_the_tail_is_read_when_it_spans_recent_ms_reaches_the_log_start_or_weighs_enough():
+    old, new = header(100, 10, NOW), header(110, 10, NOW + RECENT_MS + 1)
+    assert tail_read([old, new], 100)  # spans more than RECENT_MS
+    assert not tail_read([header(100, 10, NOW), header(110, 10, NOW + 5)], 100)
+    assert tail_read([header(100, 10, NOW)], 0)  # Kafka's log start
+    assert tail_read([header(150, 10, NOW)], 100)  # retention moved the log start past 100
+    assert tail_read([], 100)  # nothing below the cutover
+    big = [header(100 + 10 * n, 10, NOW + n, size=TAIL_BYTES // 4) for n in range(5)]
+    assert tail_read(big, 100)
+
+
+async def test_a_quiet_partition_is_read_once_a_busy_one_further_back_until_recent_ms():
+    quiet = MemoryLog(steady(0, 50_000, ms_per_offset=RECENT_MS))  # a batch a minute
+    found = await quiet.tail("t", 0, 50_000)
+    assert quiet.reads == [50_000 - FIRST_SPAN]
+    assert found[0].base_offset <= 50_000 - FIRST_SPAN < found[0].next_offset
+    assert found[-1].next_offset == 50_000
+
+    busy = MemoryLog(steady(0, 200_000, ms_per_offset=1))  # 1,000 records a second
+    found = await busy.tail("t", 0, 200_000)
+    assert busy.reads == [200_000 - FIRST_SPAN * GROWTH**n for n in range(3)]
+    assert found[-1].max_timestamp - found[0].max_timestamp > RECENT_MS
+
+
+async def test_the_tail_reaches_back_to_a_transaction_open_at_the_cutover(caplog):
+    kafka = MemoryLog(steady(0, 5_000, ms_per_offset=100))
+    found = await kafka.tail("t", 0, 5_000, lowest=1_234)
+    assert kafka.reads == [1_234] and found[0].base_offset == 1_230  # the batch holding it
+    gone = MemoryLog(steady(2_000, 5_000, ms_per_offset=100))  # retention took it
+    with caplog.at_level(logging.WARNING, "tierproxy.transactions"):
+        found = await gone.tail("t", 0, 5_000, lowest=1_234)
+    assert found[0].base_offset == 2_000
+    assert "Kafka's log starts past 1234" in caplog.text
+
+
+@pytest.mark.parametrize("end", [0, 5])
+async def test_a_cutover_at_or_near_offset_0_reads_from_0(end):
+    kafka = MemoryLog(steady(0, end, step=1) if end else [header(0, 1, NOW)])
+    await kafka.tail("t", 0, end)
+    assert kafka.reads == [0]
