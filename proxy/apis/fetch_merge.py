@@ -112,6 +112,8 @@ def _partition_answer(
     flexible = layout.flexible
     head = [partition, result.error_code, result.high_watermark, result.last_stable_offset]
     head += [result.log_start_offset] if layout.log_start_offset else []
+    if result.error_code:  # Kafka's error answer knows no offset (ReplicaManager's
+        head[2:] = [-1] * (len(head) - 2)  # createLogReadResult): OFFSET_OUT_OF_RANGE too
     out: list[bytes | memoryview] = [layout.answer_head.pack(*head)]
     aborted = result.aborted_transactions
     out.append(write_array_length(-1 if aborted is None else len(aborted), flexible))

@@ -150,6 +150,8 @@ def answered_partition(draw, version, index):
         else tuple(m.AbortedTransaction(producer_id=p, first_offset=f) for p, f in aborted),
         "preferred_read_replica": draw(INT32),
     }
+    if fields["error_code"] != ErrorCode.none:  # Kafka's error answers know no offset
+        fields |= {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1}
     if version >= 12 and draw(st.booleans()):  # tags the tiered path does not write
         fields["diverging_epoch"] = draw(st.from_type(m.EpochEndOffset))
         fields["current_leader"] = draw(st.from_type(m.LeaderIdAndEpoch))

@@ -9,6 +9,8 @@ import datetime
 import socket
 import struct
 
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.fetch.v12.response import FetchResponse, PartitionData
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
 from kio.schema.init_producer_id.v4.response import InitProducerIdResponse
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
@@ -22,7 +24,7 @@ from kio.schema.offset_for_leader_epoch.v4.response import OffsetForLeaderEpochR
 from kio.schema.produce.v9.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v9.response import PartitionProduceResponse, ProduceResponse
 from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import i16, i32
+from kio.static.primitive import i16, i32, i64
 
 from proxy.kafka.messages import decode_response, encode_request
 
@@ -77,6 +79,25 @@ def leader_address(bootstrap: str, topic: str, partition: int = 0) -> tuple[str,
     [found] = answer.topics
     [leader] = [p.leader_id for p in found.partitions if int(p.partition_index) == partition]
     return brokers[int(leader)]
+
+
+def fetch_v12(
+    address: tuple[str, int], topic: str, partition: int, offset: int, max_bytes: int = 1 << 20
+) -> PartitionData:
+    """The partition's answer to Fetch v12 (read_uncommitted, no wait) from `offset`."""
+    asked = FetchPartition(
+        partition=i32(partition), fetch_offset=i64(offset), partition_max_bytes=i32(max_bytes)
+    )
+    request = FetchRequest(
+        max_wait=datetime.timedelta(0),
+        min_bytes=i32(0),
+        max_bytes=i32(max_bytes),
+        topics=(FetchTopic(topic=TopicName(topic), partitions=(asked,)),),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+    (data,) = call(address, request, FetchResponse).responses[0].partitions
+    return data
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

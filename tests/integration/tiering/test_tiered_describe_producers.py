@@ -19,7 +19,6 @@ the cutover: the producer's sequence of the cutover and no open transaction.
 
 from __future__ import annotations
 
-import datetime
 import shutil
 import subprocess
 import time
@@ -28,13 +27,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
-from kio.schema.fetch.v12.response import FetchResponse
-from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
-from kio.schema.metadata.v12.response import MetadataResponse
-from kio.schema.types import TopicName
-from kio.static.primitive import i32, i64
-from raw_kafka import call
+from raw_kafka import fetch_v12, leader_address
 from tieredfleet import TieredFleet, topic_id_of
 
 from proxy.devstack.paths import kafka_libs
@@ -96,33 +89,10 @@ def _produce(producer: Producer, topics: tuple[str, str], partition: int, n: int
 def _last_marker_timestamp(bootstrap: str, topic: str, partition: int) -> int:
     """The max timestamp of the last control batch of `topic`-`partition`, read through
     `bootstrap` from its leader with Fetch v12 (record batches as written, markers too)."""
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    request = MetadataRequest(
-        topics=(MetadataRequestTopic(topic_id=None, name=TopicName(topic)),),
-        allow_auto_topic_creation=False,
-        include_topic_authorized_operations=False,
-    )
-    metadata = call((host, int(port)), request, MetadataResponse)
-    ((leader,),) = [
-        [p.leader_id for p in t.partitions if p.partition_index == partition]
-        for t in metadata.topics
-    ]
-    (broker,) = [b for b in metadata.brokers if b.node_id == leader]
+    address = leader_address(bootstrap.split(",")[0], topic, partition)
     markers, at, end = [], 0, None
     while end is None or at < end:  # an answer may stop at a batch: fetch on from there
-        asked = FetchPartition(
-            partition=i32(partition), fetch_offset=i64(at), partition_max_bytes=i32(1 << 20)
-        )
-        fetch = FetchRequest(
-            max_wait=datetime.timedelta(0),
-            min_bytes=i32(0),
-            max_bytes=i32(1 << 20),
-            topics=(FetchTopic(topic=topic, partitions=(asked,)),),
-            forgotten_topics_data=(),
-            rack_id="",
-        )
-        answer = call((broker.host, int(broker.port)), fetch, FetchResponse)
-        (data,) = answer.responses[0].partitions
+        data = fetch_v12(address, topic, partition, at)
         assert int(data.error_code) == 0, data.error_code
         end = int(data.high_watermark)
         for header, _ in iter_batches(data.records or b""):

@@ -11,7 +11,8 @@ broke, or Kafka answered a retriable error after appending it), the first too, a
 after a gap, and the next batch. Each answer (error code, base offset) must be the
 twin's, and both topics must read the same records at the same offsets. Before, the
 stream knew nothing of the producers of Kafka's part of the log: it wrote the retried
-batches again (duplicates, at offsets past the cutover) and took the gap.
+batches again (duplicates, at offsets past the cutover) and took the gap. Last, a Fetch
+past the end answers as the twin's: OFFSET_OUT_OF_RANGE with every offset -1.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import pytest
 from cutover_load import started, tiered_topic_id, topics_command, wait_owned
 from kio.schema.errors import ErrorCode
-from raw_kafka import init_producer_id, leader_address, produce_v9
+from raw_kafka import fetch_v12, init_producer_id, leader_address, produce_v9
 from test_tiered_retention import SHARDS, _create_topic, _read_from_earliest, _start
 
 from proxy.metadata.streams import stream_id
@@ -76,3 +77,18 @@ def test_an_idempotent_producer_across_the_cutover_is_answered_as_kafka_answers_
         for name in (topic, twin):
             assert watermarks(proxy.bootstrap, name) == (0, len(expected))  # no duplicate
             assert _read_from_earliest(proxy.bootstrap, name, len(expected)) == expected
+
+        # a Fetch past the end: Kafka's error answer knows no offset (all -1); the tiered
+        # one answered the partition's high watermark, last stable offset and log start
+        def past_the_end(name: str) -> tuple[int, int, int, int]:
+            data = fetch_v12(leader_address(proxy.bootstrap, name), name, 0, 100)
+            return (
+                int(data.error_code),
+                int(data.high_watermark),
+                int(data.last_stable_offset),
+                int(data.log_start_offset),
+            )
+
+        assert (
+            past_the_end(topic) == past_the_end(twin) == (ErrorCode.offset_out_of_range, -1, -1, -1)
+        )
