@@ -69,18 +69,13 @@ def producers_at_cutover(
     """Every producer of the headers of Kafka's log below `cutover` (read from the first
     one on, in offset order), as Kafka's state holds it at the cutover: its epoch, its
     last batches, and the first offset of its transaction if one is open there. Only
-    with `open_from` (the last stable offset the cutover recorded; the read must start
-    at or below it) is a transaction open: without it the cutover recorded none open,
-    and a producer whose marker lies before the headers' start seems open and is not."""
+    with `open_from` (the last stable offset the cutover recorded; the read starts at
+    or below it, unless Kafka's retention took that part of its log since, as the read
+    logs) is a transaction open: without it the cutover recorded none open, and a
+    producer whose transaction began before the headers' start seems open and is not."""
     if not headers:
         return []
-    start = headers[0].base_offset
-    if open_from is not None and start > open_from:
-        raise ValueError(
-            f"Kafka's log read from {start}, past the last stable offset {open_from} "
-            "the cutover recorded: a transaction open there would be cut short"
-        )
-    states = _replayed(headers, start, cutover, now_ms)
+    states = _replayed(headers, headers[0].base_offset, cutover, now_ms)
     if open_from is None:
         return [replace(entry, current_txn_first_offset=None) for entry in states]
     return list(states)
