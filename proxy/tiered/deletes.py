@@ -20,8 +20,11 @@ compacted topic), POLICY_VIOLATION (`Partition.deleteRecordsOnLeader`): so does 
 proxy, from the topic's configs as retention reads them, before either part.
 
 The answer is Kafka's error if Kafka's part failed (the client retries the whole delete;
-both parts are idempotent), else the trim's error or its new log start, which is o.
-Partitions of topics that are not tiered go upstream as they came.
+both parts are idempotent), else the trim's error, else the larger of the trim's new log
+start (o) and Kafka's low watermark: Kafka's own log start may be past o already (its
+retention, or a DeleteRecords sent to Kafka directly), and Kafka answers a delete below
+its log start with its log start (`combined`). Partitions of topics that are not tiered
+go upstream as they came.
 """
 
 from __future__ import annotations
@@ -61,14 +64,21 @@ class DeletePlan:
 
     def merge(self, api_version: int, upstream: memoryview | None, local: dict) -> bytes:
         kafka = {} if upstream is None else read_delete_records_response(api_version, upstream)[1]
-        results = {}
-        for key, trimmed in local.items():
-            part = kafka.get(key)
-            results[key] = part if part is not None and part.error_code else trimmed
+        results = {key: combined(kafka.get(key), trimmed) for key, trimmed in local.items()}
         return merge_responses(api_version, self.view, upstream, results)
 
     def failed(self, error: BaseException) -> dict:
         return {key: DeleteResult(ErrorCode.kafka_storage_error) for key in self.tiered}
+
+
+def combined(kafka: DeleteResult | None, trimmed: DeleteResult) -> DeleteResult:
+    """A tiered partition's answer from Kafka's part's (None: not sent upstream, refused
+    before) and the stream's trim's (module docstring)."""
+    if kafka is not None and kafka.error_code:
+        return kafka
+    if trimmed.error_code or kafka is None or kafka.low_watermark <= trimmed.low_watermark:
+        return trimmed
+    return DeleteResult(trimmed.error_code, kafka.low_watermark)
 
 
 def needs_high_watermark(offset: int, cutover: int) -> bool:

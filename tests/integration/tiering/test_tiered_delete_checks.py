@@ -9,6 +9,9 @@ not (the trim then goes to the owner over the peer protocol):
   part below the cutover included (Kafka checks the offset before deleting anything):
   3 records, tier, 3 more, delete before 9; and 1 record, cutover at 1, delete before 2.
   EARLIEST stays 0 and a consumer reads every record from 0;
+- an offset below Kafka's own log start, moved there by a DeleteRecords sent to Kafka
+  directly (as Kafka's retention moves it): Kafka's log start is the low watermark, as
+  Kafka answers (the proxy answered the offset); EARLIEST is Kafka's log start;
 - an offset between the cutover and the high watermark, through the proxy that does not
   own the stream: 5 records, tier, 5 more, delete before 7 answers low watermark 7, as
   Kafka does; EARLIEST is 7 through both proxies and a consumer reads 7, 8, 9.
@@ -99,6 +102,15 @@ def test_deletes_through_either_proxy_check_then_delete_as_kafka(
             for proxy in (other[p], owner[p]):
                 assert watermarks(proxy.bootstrap, topic, p) == (0, ends[p])
                 assert _read(proxy.bootstrap, topic, p, 0, ends[p]) == list(range(ends[p]))
+
+        # Kafka's own log start moved past the offset (a DeleteRecords sent to Kafka
+        # directly, as its retention would move it): Kafka answers a delete below its log
+        # start with its log start, and so must the tiered topic (it answered the offset)
+        assert _delete(kafka_cluster.bootstrap, topic, 1, 2) == 2
+        for proxy in (other[1], owner[1]):
+            assert _delete(proxy.bootstrap, topic, 1, 1) == 2
+            assert watermarks(proxy.bootstrap, topic, 1) == (2, ends[1])
+            assert _read(proxy.bootstrap, topic, 1, 2, ends[1]) == list(range(2, ends[1]))
 
         # between the cutover and the high watermark, through the proxy not owning it
         assert _delete(other[0].bootstrap, topic, 0, 7) == 7

@@ -1,10 +1,12 @@
 """DeleteRecords on a tiered partition is checked before anything is deleted, as Kafka
 checks it (proxy/tiered/deletes.py): an offset past the high watermark, or
-negative and not -1, deletes neither Kafka's part nor the stream's."""
+negative and not -1, deletes neither Kafka's part nor the stream's. Its answer combines
+Kafka's part's and the trim's."""
 
 from __future__ import annotations
 
-from proxy.tiered.deletes import needs_high_watermark, refusal
+from proxy.apis.api21_delete_records import DeleteResult
+from proxy.tiered.deletes import combined, needs_high_watermark, refusal
 
 OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER = 1, 6
 CUTOVER = 3
@@ -28,3 +30,13 @@ def test_past_the_high_watermark_is_out_of_range_before_anything_goes():
 
 def test_no_owner_answering_is_not_leader_and_the_client_retries():
     assert refusal(5, CUTOVER, None) == NOT_LEADER_OR_FOLLOWER
+
+
+def test_the_answer_is_kafkas_error_else_the_trims_else_the_larger_low_watermark():
+    ok = DeleteResult(0, 2)
+    assert combined(DeleteResult(NOT_LEADER_OR_FOLLOWER), ok).error_code == NOT_LEADER_OR_FOLLOWER
+    assert combined(ok, DeleteResult(OFFSET_OUT_OF_RANGE)).error_code == OFFSET_OUT_OF_RANGE
+    assert combined(None, DeleteResult(0, 1)) == DeleteResult(0, 1)  # refused, or no part
+    assert combined(DeleteResult(0, 1), DeleteResult(0, 7)) == DeleteResult(0, 7)  # past C
+    # Kafka's own log start was past the offset already: Kafka answers it, so does the proxy
+    assert combined(DeleteResult(0, 2), DeleteResult(0, 1)) == DeleteResult(0, 2)
