@@ -44,7 +44,9 @@ RETRY_S = 0.2
 # by default), at most TAIL_BYTES (about a second of a busy partition's writes).
 RECENT_MS = 30_000
 TAIL_BYTES = 8 << 20
-FIRST_SPAN = 1024  # offsets below the cutover read first
+FIRST_SPAN = (
+    64  # offsets below the cutover read first (a big batch can hold thousands of bytes each)
+)
 GROWTH = 8  # each further read reaches this many times further back
 
 
@@ -109,19 +111,38 @@ class UpstreamLog:
     ) -> list[BatchHeader]:
         """The headers of the recent tail of `topic`-`partition` below `end` (module
         docstring), from the batch holding `lowest` if that is lower, in order (Kafka's
-        log start past `lowest`: logged). KafkaError when Kafka does not answer within
-        `timeout_s`."""
+        log start past `lowest`: logged). Read backwards in chunks, each read once: the
+        first FIRST_SPAN offsets (or from `lowest`), then each time GROWTH times as far
+        back, less if the bytes read so far say the next chunk would pass TAIL_BYTES.
+        The first read is needed (KafkaError when Kafka does not answer within
+        `timeout_s`); a later one that fails ends the tail there (logged)."""
         deadline = time.monotonic() + timeout_s
-        span = FIRST_SPAN
+        found: list[BatchHeader] = []
+        upper, reach = end, FIRST_SPAN
         while True:
-            start = max(0, end - span)
+            start = max(0, end - reach)
             if lowest is not None:
                 start = min(start, lowest)
-            left = deadline - time.monotonic()
-            found = await self.headers(topic, partition, start, end, left)
-            if tail_read(found, start):
+            try:
+                chunk = await self.headers(
+                    topic, partition, start, upper, deadline - time.monotonic()
+                )
+            except (KafkaError, OSError) as exc:
+                if not found:
+                    raise
+                log.info("%s-%d: Kafka's log below %d not read further: %r",
+                         topic, partition, found[0].base_offset, exc)  # fmt: skip
                 break
-            span *= GROWTH
+            if found:  # the batch holding the last start is the first one found already
+                chunk = [h for h in chunk if h.base_offset < found[0].base_offset]
+            found = chunk + found
+            if tail_read(found, start) or not chunk:
+                break
+            upper = found[0].base_offset
+            size = sum(h.size for h in found)
+            density = size / max(1, end - upper)  # bytes per offset so far
+            more = min(reach * (GROWTH - 1), int((TAIL_BYTES - size) / density))
+            reach = max(reach + more, end - upper + 1)  # at least the batch before
         if lowest is not None and (not found or found[0].base_offset > lowest):
             log.warning(
                 "%s-%d: Kafka's log starts past %d: the transactions open at the cutover "

@@ -66,9 +66,10 @@ def carried_producers(
 def producers_at_cutover(
     headers: Sequence[BatchHeader], cutover: int, now_ms: int, open_from: int | None
 ) -> list[ProducerStateEntry]:
-    """Every producer of the headers of Kafka's log below `cutover` (read from the first
-    one on, in offset order), as Kafka's state holds it at the cutover: its epoch, its
-    last batches, and the first offset of its transaction if one is open there. Only
+    """Every producer with a data batch in the headers of Kafka's log below `cutover`
+    (read from the first one on, in offset order), as Kafka's state holds it at the
+    cutover: its epoch, its last batches (those the headers hold, up to 5), and the first
+    offset of its transaction if one is open there. Only
     with `open_from` (the last stable offset the cutover recorded; the read starts at
     or below it, unless Kafka's retention took that part of its log since, as the read
     logs) is a transaction open: without it the cutover recorded none open, and a
@@ -76,9 +77,12 @@ def producers_at_cutover(
     if not headers:
         return []
     states = _replayed(headers, headers[0].base_offset, cutover, now_ms)
+    # A producer the tail shows only a marker of has its batches before the tail: its last
+    # sequence is unknown, and it stays unknown to the stream (any sequence), as before
+    states = [entry for entry in states if entry.batches]
     if open_from is None:
         return [replace(entry, current_txn_first_offset=None) for entry in states]
-    return list(states)
+    return states
 
 
 def _replayed(

@@ -37,6 +37,10 @@ from proxy.wal.types import WalEntry
 
 log = logging.getLogger("tierproxy.tiering")
 
+# Streams rebuilt at once: each may read Kafka's log below its cutover (recovery.py), and
+# produce to a partition just cut over waits for its rebuild.
+REBUILDS_AT_ONCE = 8
+
 __all__ = ["PartitionSet"]
 
 
@@ -86,29 +90,43 @@ class PartitionSet:
         read_committed: ReadCommitted | None = None,
         read_upstream: ReadUpstream | None = None,
     ) -> None:
-        """Rebuild and start a partition per stream (`TieredPartition.recover`), reading
-        the WAL once for all of them. The entries past each stream's committed end go to
-        the log cache, as many as it has room for (`recovered_tail.py`)."""
+        """Rebuild and start a partition per stream (`TieredPartition.recover`, up to
+        REBUILDS_AT_ONCE at a time), reading the WAL once for all of them. The entries past
+        each stream's committed end go to the log cache, as many as it has room for
+        (`recovered_tail.py`). A stream whose rebuild fails is not started, the others
+        are, and the first failure is raised."""
         streams = [s for s in streams if s not in self._partitions]
         tail = None
         if self.log_cache is not None:
             ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
             tail = RecoveredTail(ends, self.log_cache.room)
         batches = await read_wal_batches(self._wal, set(streams), tail, self.stale)
-        for stream in streams:
-            partition = await TieredPartition.recover(
-                stream,
-                self._wal,
-                metadata,
-                batches.get(stream, []),
-                read_committed=read_committed,
-                config=self.config,
-                clock_ms=self._clock_ms,
-                on_broken=self._broken_partition,
-                read_upstream=read_upstream,
-            )
+        limit = asyncio.Semaphore(REBUILDS_AT_ONCE)
+
+        async def rebuilt(stream: int) -> TieredPartition:
+            async with limit:
+                return await TieredPartition.recover(
+                    stream,
+                    self._wal,
+                    metadata,
+                    batches.get(stream, []),
+                    read_committed=read_committed,
+                    config=self.config,
+                    clock_ms=self._clock_ms,
+                    on_broken=self._broken_partition,
+                    read_upstream=read_upstream,
+                )
+
+        results = await asyncio.gather(*(rebuilt(s) for s in streams), return_exceptions=True)
+        failed: BaseException | None = None
+        for stream, partition in zip(streams, results, strict=True):
+            if isinstance(partition, BaseException):
+                failed = failed or partition
+                continue
             _log_rebuilt(partition, metadata, batches.get(stream, []))
             self.add(partition, () if tail is None else tail.entries(stream))
+        if failed is not None:
+            raise failed
 
     def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
         """Start serving a partition; `tail`: its recovered entries not uploaded yet, for

@@ -83,9 +83,11 @@ async def rebuild(
         try:
             carried = producers_at_cutover(upstream, point.cutover_offset, now, point.carried_from)
         except ValueError as exc:
-            raise RecoveryError(
-                f"stream {stream_id}: Kafka's log below the cutover: {exc}"
-            ) from exc
+            if point.carried_from is not None:
+                raise RecoveryError(
+                    f"stream {stream_id}: Kafka's log below the cutover: {exc}"
+                ) from exc
+            log.warning("stream %d: Kafka's log below the cutover: %s", stream_id, exc)
     sequencer = rebuild_sequencer(point, committed, wal_batches, now, config, carried)
     return sequencer, point.log_start_offset
 

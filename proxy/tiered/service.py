@@ -37,7 +37,6 @@ from proxy.config.tiering import TieringConfig
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.lifecycle import start_or_undo
 from proxy.markers.follower import MarkerFollower
-from proxy.markers.upstream_log import UpstreamLog
 from proxy.markers.verifier import TxnVerifier
 from proxy.metadata.group import ShardAssignment
 from proxy.metadata.state import MetadataState
@@ -132,9 +131,6 @@ class TieringService:
         self.seals = Seals(self)
         # tiered topics' configs, Kafka's: retention's and produce's (topic_configs.py)
         self.topic_configs = TopicConfigs(kafka_settings)
-        # Kafka's log below the cutovers, for the producers a rebuild starts from
-        # (markers/upstream_log.py): one connection, made on first use
-        self.upstream_log = UpstreamLog(kafka_settings)
         self.retention = Retention(self)
         # Kafka's answers clamped at a tiered partition's cutover (beyond_cutover.py)
         self.beyond_cutover = BeyondCutover()
@@ -244,12 +240,13 @@ class TieringService:
         """Rebuild and start partitions of one shard's streams (shards.py)."""
         await shards.recover_streams(self, state, streams)
 
-    async def start_stream(self, shard: int, stream: int) -> None:
-        """A stream just cut over in a shard this proxy owns."""
+    async def start_streams(self, shard: int, streams: list[int]) -> None:
+        """Streams just cut over in a shard this proxy owns (one rebuild for all)."""
         assert self.partitions is not None
         owner = self.shard_owner(shard)
-        if owner is not None and self.partitions.get(stream) is None:
-            await self.recover_streams(owner.state, [stream])
+        streams = [s for s in streams if self.partitions.get(s) is None]
+        if owner is not None and streams:
+            await self.recover_streams(owner.state, streams)
 
     def at_leader(self, topic: str, partition: int) -> AbstractAsyncContextManager[SendToKafka]:
         """A connection of the proxy's own to a partition's leader (offsets.py asks Kafka

@@ -41,9 +41,7 @@ class ShardsHost(Protocol):
     def store(self) -> ObjectStore | None: ...
 
     @property
-    def upstream_log(self) -> UpstreamLog:
-        """Kafka's log below the cutovers: the producers a rebuild starts from."""
-        ...
+    def kafka_settings(self) -> dict: ...
 
     @property
     def topics(self) -> TopicIndex: ...
@@ -167,7 +165,7 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     def read_committed(stream: int, start: int, end: int):
         return committed_blocks(store, state, stream, start, end)
 
-    upstream = service.upstream_log
+    upstream = UpstreamLog(service.kafka_settings)  # connected if a rebuild reads Kafka
 
     async def read_upstream(stream: int, lowest: int | None, end: int):
         info = state.stream(stream)
@@ -176,14 +174,19 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
         mode = _mode(service, state, stream)
         if info is None or mode is None or mode.mode is TopicMode.DELETED:
             raise RecoveryError(f"stream {stream}: its topic is not known, or deleted")
-        # needed (a transaction open at the cutover): as long as a rebuild waits for
-        # Kafka; only the idempotent producers': not long, a rebuild goes on without them
-        timeout = TIMEOUT_S if lowest is not None else SEED_TIMEOUT_S
-        return await upstream.tail(mode.topic, info.partition, end, lowest, timeout_s=timeout)
+        if lowest is not None:  # a transaction open at the cutover: needed
+            return await upstream.tail(mode.topic, info.partition, end, lowest, TIMEOUT_S)
+        # only the idempotent producers': not long, the rebuild goes on without them (the
+        # bound holds connecting and metadata too, which the read's own deadline does not)
+        async with asyncio.timeout(SEED_TIMEOUT_S):
+            return await upstream.tail(mode.topic, info.partition, end, None, SEED_TIMEOUT_S)
 
-    await partitions.recover(
-        streams, state, read_committed=read_committed, read_upstream=read_upstream
-    )
+    try:
+        await partitions.recover(
+            streams, state, read_committed=read_committed, read_upstream=read_upstream
+        )
+    finally:
+        await upstream.close()
     for stream in streams:  # a transaction open below a log start inside a batch
         partition = partitions.get(stream)
         if partition is not None and partition.opened_below(partition.log_start_offset):

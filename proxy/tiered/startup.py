@@ -173,7 +173,6 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     config, registry = service.config, service.registry
     stack.push_async_callback(settle, (reader.close() for reader in service.readers))
     stack.push_async_callback(service.topic_configs.close)
-    stack.push_async_callback(service.upstream_log.close)
     await ensure_metadata_topic(service.kafka_settings, config.metadata_topic, config.shard_count)
     await settle(reader.start() for reader in service.readers)
     await settle(reader.caught_up() for reader in service.readers)

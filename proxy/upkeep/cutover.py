@@ -104,7 +104,7 @@ class CutoverHost(SealHost, Protocol):
 
     async def changed(self, timeout_s: float) -> None: ...
 
-    async def start_stream(self, shard: int, stream: int) -> None: ...
+    async def start_streams(self, shard: int, streams: list[int]) -> None: ...
 
     async def describe_topics(self, names: list[str]) -> TopicsAnswer:
         """What Kafka says of the topics (`TopicsAnswer`), and which cluster said it."""
@@ -265,6 +265,7 @@ class CutoverLoop:
             for cut in cuts
         ]
         verdicts = await owner.write(records)
+        started: list[int] = []
         for cut, verdict in zip(cuts, verdicts, strict=True):
             name, partition = topic.name, cut.partition
             if not verdict.accepted:
@@ -275,7 +276,8 @@ class CutoverLoop:
                 carried = f"; transactions open since offset {cut.last_stable} carried across"
             log.info("%s-%d is tiered from offset %d (stream %d)%s", name, partition, cut.end,
                      cut.stream, carried)  # fmt: skip
-            await service.start_stream(shard, cut.stream)
+            started.append(cut.stream)
+        await service.start_streams(shard, started)  # one rebuild: each reads Kafka's tail
 
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them

@@ -199,7 +199,7 @@ def service_of(partitions: PartitionSet, shard: Shard, store=None, **epochs: int
         name="proxy-a",
         partitions=partitions,
         store=store,
-        upstream_log=None,  # no stream here is rebuilt soon after its cutover
+        kafka_settings={},
         topics=None,
         readers=[SimpleNamespace(state=shard.state)],
         claimed_epochs={0: epochs.get("claimed", 0)} if "claimed" in epochs else {},

@@ -135,6 +135,13 @@ def test_every_producer_of_the_tail_is_kafkas_state_at_the_cutover():
     assert all(e.last_timestamp == NOW for e in by_pid.values())
 
 
+def test_a_producer_the_tail_shows_only_a_marker_of_stays_unknown():
+    """B's batches lie before the tail, its commit marker in it: its last sequence is not
+    known, so it is not seeded (seeded with no batch, its next batch was refused 45)."""
+    tail = kafka_log()[3:5]  # B's marker at 19, C's batch at 20
+    assert [e.producer_id for e in producers_at_cutover(tail, CUT, NOW, None)] == [C]
+
+
 def test_without_a_transaction_recorded_open_the_tail_opens_none():
     """The tail starts inside B's transaction (its marker at 19 is read, its start not);
     with no last stable offset recorded, nothing was open at the cutover."""

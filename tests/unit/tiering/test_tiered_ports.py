@@ -148,7 +148,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
         readers=[SimpleNamespace(state=reader_state)],
         partitions=partitions,
         store=object(),
-        upstream_log=None,  # Kafka's log: read by the partitions' rebuild, faked here
+        kafka_settings={},  # Kafka's log is read only by a rebuild that seeds from it
         topics=None,
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from aiokafka.errors import KafkaError
 
 from proxy.markers.upstream_log import (
     FIRST_SPAN,
@@ -35,14 +36,21 @@ def header(offset: int, records: int, timestamp: int, size: int = 0) -> BatchHea
 class MemoryLog(UpstreamLog):
     """Kafka's log of one partition, its batches in offset order from its log start."""
 
-    def __init__(self, batches: list[BatchHeader]) -> None:
+    def __init__(self, batches: list[BatchHeader], fail_after: int | None = None) -> None:
         super().__init__({})
         self.batches = batches
-        self.reads: list[int] = []  # the start of each read
+        self.reads: list[tuple[int, int]] = []  # [start, end) of each read
+        self.fail_after = fail_after  # reads answered before Kafka goes away
 
     async def headers(self, topic, partition, start, end, timeout_s=30.0):
-        self.reads.append(start)
+        if self.fail_after is not None and len(self.reads) >= self.fail_after:
+            raise KafkaError("Kafka went away")
+        self.reads.append((start, end))
         return [h for h in self.batches if h.next_offset > start and h.base_offset < end]
+
+    @property
+    def starts(self) -> list[int]:
+        return [start for start, _ in self.reads]
 
 
 def steady(start: int, end: int, step: int = 10, ms_per_offset: int = 1) -> list[BatchHeader]:
@@ -64,20 +72,27 @@ def test_the_tail_is_read_when_it_spans_recent_ms_reaches_the_log_start_or_weigh
 async def test_a_quiet_partition_is_read_once_a_busy_one_further_back_until_recent_ms():
     quiet = MemoryLog(steady(0, 50_000, ms_per_offset=RECENT_MS))  # a batch a minute
     found = await quiet.tail("t", 0, 50_000)
-    assert quiet.reads == [50_000 - FIRST_SPAN]
+    assert quiet.starts == [50_000 - FIRST_SPAN]
     assert found[0].base_offset <= 50_000 - FIRST_SPAN < found[0].next_offset
     assert found[-1].next_offset == 50_000
 
     busy = MemoryLog(steady(0, 200_000, ms_per_offset=1))  # 1,000 records a second
     found = await busy.tail("t", 0, 200_000)
-    assert busy.reads == [200_000 - FIRST_SPAN * GROWTH**n for n in range(3)]
+    reads = len(busy.reads)
+    assert busy.starts == [200_000 - FIRST_SPAN * GROWTH**n for n in range(reads)]
     assert found[-1].max_timestamp - found[0].max_timestamp > RECENT_MS
+    assert found[1].max_timestamp - found[0].max_timestamp < RECENT_MS  # no further
+    # each chunk read once, up to the batch holding where the one before began (batches
+    # of 10 records from offset 0); every batch once, in order
+    assert [end for _, end in busy.reads] == [200_000] + [s - s % 10 for s in busy.starts[:-1]]
+    offsets = [h.base_offset for h in found]
+    assert offsets == list(range(offsets[0], 200_000, 10))
 
 
 async def test_the_tail_reaches_back_to_a_transaction_open_at_the_cutover(caplog):
     kafka = MemoryLog(steady(0, 5_000, ms_per_offset=100))
     found = await kafka.tail("t", 0, 5_000, lowest=1_234)
-    assert kafka.reads == [1_234] and found[0].base_offset == 1_230  # the batch holding it
+    assert kafka.starts == [1_234] and found[0].base_offset == 1_230  # the batch holding it
     gone = MemoryLog(steady(2_000, 5_000, ms_per_offset=100))  # retention took it
     with caplog.at_level(logging.WARNING, "tierproxy.transactions"):
         found = await gone.tail("t", 0, 5_000, lowest=1_234)
@@ -89,4 +104,24 @@ async def test_the_tail_reaches_back_to_a_transaction_open_at_the_cutover(caplog
 async def test_a_cutover_at_or_near_offset_0_reads_from_0(end):
     kafka = MemoryLog(steady(0, end, step=1) if end else [header(0, 1, NOW)])
     await kafka.tail("t", 0, end)
-    assert kafka.reads == [0]
+    assert kafka.starts == [0]
+
+
+async def test_a_log_of_big_batches_is_read_back_to_about_tail_bytes():
+    """Batches of about 1 MiB, a millisecond apart: after the first read, each reaches
+    only as far back as the bytes read so far say TAIL_BYTES allows (GROWTH times further
+    would read about 50 MiB), and at least one batch further."""
+    big = MemoryLog([header(o, 10, NOW + o, size=1 << 20) for o in range(0, 20_000, 10)])
+    found = await big.tail("t", 0, 20_000)
+    size = sum(h.size for h in found)
+    assert TAIL_BYTES <= size < TAIL_BYTES + (2 << 20)
+    assert len(big.reads) == 3 and big.reads[1][0] > 20_000 - 8 * FIRST_SPAN
+
+
+async def test_a_later_read_that_fails_ends_the_tail_and_a_first_one_is_raised():
+    kafka = MemoryLog(steady(0, 200_000), fail_after=1)
+    found = await kafka.tail("t", 0, 200_000)
+    first = 200_000 - FIRST_SPAN
+    assert found[0].base_offset == first - first % 10  # the first read's
+    with pytest.raises(KafkaError):
+        await MemoryLog(steady(0, 200_000), fail_after=0).tail("t", 0, 200_000)
