@@ -8,7 +8,9 @@ from __future__ import annotations
 import datetime
 import socket
 import struct
+import time
 
+from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse, PartitionData
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
@@ -56,14 +58,30 @@ def produce_v9(
     return part
 
 
-def init_producer_id(address: tuple[str, int]) -> tuple[int, int]:
-    """(producer id, epoch) for an idempotent producer (no transactional id)."""
+def init_producer_id(address: tuple[str, int], timeout_s: float = 30.0) -> tuple[int, int]:
+    """(producer id, epoch) for an idempotent producer (no transactional id), asked again
+    while Kafka answers a retriable error (a cluster just started loads its coordinators:
+    COORDINATOR_LOAD_IN_PROGRESS), as a producer does."""
     request = InitProducerIdRequest(
         transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60)
     )
-    answer = call(address, request, InitProducerIdResponse)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = call(address, request, InitProducerIdResponse)
+        if answer.error_code not in _COORDINATOR_RETRIABLE or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # the producer's retry.backoff.ms
     assert answer.error_code == 0, answer
     return int(answer.producer_id), int(answer.producer_epoch)
+
+
+_COORDINATOR_RETRIABLE = frozenset(
+    {
+        ErrorCode.coordinator_load_in_progress,
+        ErrorCode.coordinator_not_available,
+        ErrorCode.not_coordinator,
+    }
+)
 
 
 def leader_address(bootstrap: str, topic: str, partition: int = 0) -> tuple[str, int]:
