@@ -6,12 +6,13 @@ Read by a rebuild of such a stream soon after its cutover, or whenever a transac
 open there (until a producer snapshot past the cutover holds the state): a raw Fetch
 (read_uncommitted, no wait) from the leader, headers kept and bytes dropped, of the
 log's recent tail (`tail`), from the last stable offset the cutover recorded if that is
-lower. Kafka's Fetch reads forward only, so the tail is found backwards: FIRST_SPAN
-offsets below the cutover, then GROWTH times further back, until what was read begins
-at Kafka's log start, spans RECENT_MS of its batches' timestamps, or weighs TAIL_BYTES
-(`tail_read`). A connection of its own (`UpstreamLog`, one per service, connected on
-first use): the marker follower's is not up yet when the group hands the proxy its
-shards at startup.
+lower. Kafka's Fetch reads forward only, so the tail is found backwards, each chunk
+read once: FIRST_SPAN offsets below the cutover, then up to GROWTH times as far back
+(less when the bytes read so far say the next chunk would pass TAIL_BYTES), until what
+was read begins at Kafka's log start, spans RECENT_MS of its batches' timestamps, or
+weighs TAIL_BYTES (`tail_read`). A connection of its own (`UpstreamLog`, one per
+rebuild, shared by the streams rebuilt together, connected on first use): the marker
+follower's is not up yet when the group hands the proxy its shards at startup.
 """
 
 from __future__ import annotations
@@ -44,10 +45,8 @@ RETRY_S = 0.2
 # by default), at most TAIL_BYTES (about a second of a busy partition's writes).
 RECENT_MS = 30_000
 TAIL_BYTES = 8 << 20
-FIRST_SPAN = (
-    64  # offsets below the cutover read first (a big batch can hold thousands of bytes each)
-)
-GROWTH = 8  # each further read reaches this many times further back
+FIRST_SPAN = 64  # offsets below the cutover read first (a record can weigh a megabyte)
+GROWTH = 8  # each further read reaches at most this many times further back
 
 
 def tail_read(
@@ -94,7 +93,7 @@ class UpstreamLog:
     def __init__(self, kafka_settings: dict) -> None:
         self._settings = kafka_settings
         self._client: AIOKafkaClient | None = None
-        self._connecting = asyncio.Lock()  # rebuilds of two shards share the connection
+        self._connecting = asyncio.Lock()  # the streams rebuilt together share it
 
     async def close(self) -> None:
         if self._client is not None:
