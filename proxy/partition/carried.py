@@ -11,7 +11,7 @@ through the marker follower.
 
 So a stream that starts from its cutover (no producer snapshot past it) seeds its
 sequencer with the producers whose transactions are open at the cutover, read from the
-batch headers of Kafka's log from the last stable offset recorded at the cutover
+batch headers of Kafka's log from (at most) the last stable offset recorded at the cutover
 (`StreamCutover.last_stable_offset`: the first offset of the oldest open transaction) up
 to the cutover, by the same rules as a rebuild's replay (Kafka's, for a log it reloads):
 per producer its epoch, its last batches (the sequence its next batch continues) and the
@@ -42,25 +42,14 @@ Pure: no I/O, no asyncio.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from proxy.partition.producer_state import ProducerStateEntry
 from proxy.partition.sequencer import PartitionSequencer
 from proxy.records.batches import BatchHeader
 
-__all__ = ["carried_producers", "producers_at_cutover"]
-
-
-def carried_producers(
-    headers: Iterable[BatchHeader], start: int, cutover: int, now_ms: int
-) -> list[ProducerStateEntry]:
-    """The producers with a transaction open at `cutover`, from the headers of Kafka's
-    log of the partition read from `start` (its last stable offset at the cutover) on, in
-    offset order: those from `start` to `cutover` count (a batch holding `start` whole);
-    the rest is passed over. Each counts as used at `now_ms` (a full expiration period)."""
-    states = _replayed(headers, start, cutover, now_ms)
-    return [entry for entry in states if entry.current_txn_first_offset is not None]
+__all__ = ["producers_at_cutover"]
 
 
 def producers_at_cutover(
@@ -69,39 +58,26 @@ def producers_at_cutover(
     """Every producer with a data batch in the headers of Kafka's log below `cutover`
     (read from the first one on, in offset order), as Kafka's state holds it at the
     cutover: its epoch, its last batches (those the headers hold, up to 5), and the first
-    offset of its transaction if one is open there. Only
-    with `open_from` (the last stable offset the cutover recorded; the read starts at
-    or below it, unless Kafka's retention took that part of its log since, as the read
-    logs) is a transaction open: without it the cutover recorded none open, and a
-    producer whose transaction began before the headers' start seems open and is not."""
+    offset of its transaction if one is open there. Only with `open_from` (the last
+    stable offset the cutover recorded; the read starts at or below it, unless Kafka's
+    retention took that part of its log since, as the read logs) is a transaction open:
+    without it the cutover recorded none open, and a producer whose transaction began
+    before the headers' start seems open and is not. Each counts as used at `now_ms`."""
     if not headers:
         return []
-    states = _replayed(headers, headers[0].base_offset, cutover, now_ms)
-    # A producer the tail shows only a marker of has its batches before the tail: its last
-    # sequence is unknown, and it stays unknown to the stream (any sequence), as before
-    states = [entry for entry in states if entry.batches]
-    if open_from is None:
-        return [replace(entry, current_txn_first_offset=None) for entry in states]
-    return states
-
-
-def _replayed(
-    headers: Iterable[BatchHeader], start: int, cutover: int, now_ms: int
-) -> list[ProducerStateEntry]:
-    """Kafka's producer state at `cutover`, replayed from the headers from `start` on
-    (the batch holding `start` whole), by a rebuild's rules."""
-    sequencer: PartitionSequencer | None = None
+    sequencer = PartitionSequencer(headers[0].base_offset)
     for header in headers:
         if header.base_offset >= cutover:
             break
-        if header.next_offset <= start:
-            continue
-        if sequencer is None:  # the batch holding `start`: replayed whole
-            sequencer = PartitionSequencer(min(start, header.base_offset))
         if header.base_offset < sequencer.producer_state_end:
             raise ValueError(
                 f"Kafka's batch at offsets {header.base_offset}..{header.last_offset} "
                 f"overlaps the one before it (ends at {sequencer.producer_state_end})"
             )
-        sequencer.replay(header, now_ms)
-    return [] if sequencer is None else list(sequencer.producer_states.values())
+        sequencer.replay(header, now_ms)  # by a rebuild's rules
+    # A producer the tail shows only a marker of has its batches before the tail: its last
+    # sequence is unknown, and it stays unknown to the stream (any sequence), as before
+    states = [entry for entry in sequencer.producer_states.values() if entry.batches]
+    if open_from is None:
+        return [replace(entry, current_txn_first_offset=None) for entry in states]
+    return states

@@ -15,7 +15,7 @@ from test_sequencer_txn import ended, marker, txn
 
 from proxy.metadata.codec import decode, encode
 from proxy.metadata.records import MetadataRecordError
-from proxy.partition.carried import carried_producers, producers_at_cutover
+from proxy.partition.carried import producers_at_cutover
 from proxy.partition.rules import SEED_FOR_MS, PartitionConfig, RecoveryPoint, rebuild_sequencer
 from proxy.partition.sequencer import Duplicate
 from proxy.records.batches import BatchHeader, read_batch_header, with_base_offset
@@ -50,8 +50,15 @@ def kafka_log() -> list[BatchHeader]:
 # -- seeding from Kafka's batch headers ---------------------------------------------------
 
 
+def carried(headers: list[BatchHeader], lowest: int, now: int = NOW) -> list:
+    """The producers seeded with a transaction open at the cutover, from the headers read
+    from the batch holding `lowest` (the last stable offset the cutover recorded)."""
+    seeded = producers_at_cutover(headers, CUT, now, lowest)
+    return [entry for entry in seeded if entry.current_txn_first_offset is not None]
+
+
 def test_only_the_producers_open_at_the_cutover_are_carried_with_their_batches():
-    [entry] = carried_producers(kafka_log(), LSO, CUT, NOW + 1)
+    [entry] = carried(kafka_log(), LSO, NOW + 1)
     assert (entry.producer_id, entry.producer_epoch) == (A, 0)
     assert entry.current_txn_first_offset == 10
     assert entry.last_seq == 5 and [b.first_offset for b in entry.batches] == [10, 13]
@@ -64,20 +71,20 @@ def test_a_producer_fenced_below_the_cutover_is_not_carried_and_an_older_epoch_c
         kafka_marker(13, A, commit=False, epoch=1),  # the coordinator aborts, fencing epoch 0
         at(14, txn(3, pid=A)),  # a zombie's batch Kafka would have refused: no effect
     ]
-    assert carried_producers(log, LSO, CUT, NOW) == []
+    assert carried(log, LSO) == []
 
 
 def test_nothing_read_or_nothing_open_carries_nothing():
-    assert carried_producers([], LSO, CUT, NOW) == []
-    assert carried_producers(kafka_log()[2:5], 16, CUT, NOW) == []
+    assert carried([], LSO) == []
+    assert carried(kafka_log()[2:5], 16) == []
 
 
 def test_the_batch_holding_the_start_counts_whole_and_overlaps_are_refused():
     log = kafka_log()
-    [entry] = carried_producers(log, 11, CUT, NOW)  # Kafka's Fetch answers from the batch at 10
+    [entry] = carried(log, 11)  # Kafka's Fetch answers from the batch at 10
     assert entry.current_txn_first_offset == 10
     with pytest.raises(ValueError, match="overlaps"):
-        carried_producers([log[0], at(12, txn(3, pid=A))], LSO, CUT, NOW)
+        carried([log[0], at(12, txn(3, pid=A))], LSO)
 
 
 # -- the rebuild: seeded, then the stream's own batches and the marker ---------------------
@@ -98,8 +105,8 @@ def test_the_rebuild_reads_kafkas_log_only_when_it_starts_at_a_cutover_with_a_tr
 
 
 def test_a_seeded_stream_goes_on_with_the_transaction_and_its_marker_ends_it():
-    carried = carried_producers(kafka_log(), LSO, CUT, NOW)
-    sequencer = rebuild_sequencer(point(), None, [], NOW, PartitionConfig(), carried)
+    seeded = producers_at_cutover(kafka_log(), CUT, NOW, LSO)  # A open, B and C too
+    sequencer = rebuild_sequencer(point(), None, [], NOW, PartitionConfig(), seeded)
     assert sequencer.high_watermark == CUT
     assert sequencer.last_stable_offset == LSO  # Kafka's, below the cutover
     assert sequencer.open_transactions == {A: LSO}
@@ -117,10 +124,10 @@ def test_a_seeded_stream_goes_on_with_the_transaction_and_its_marker_ends_it():
 
 
 def test_producers_carried_for_a_rebuild_that_takes_none_are_a_bug():
-    carried = carried_producers(kafka_log(), LSO, CUT, NOW)
+    seeded = producers_at_cutover(kafka_log(), CUT, NOW, LSO)  # A open, B and C too
     past = point(log_start_offset=30, state_offset=30, committed_end=30)  # S: the log start
     with pytest.raises(ValueError, match="carried across"):
-        rebuild_sequencer(past, None, [], NOW, PartitionConfig(), carried)
+        rebuild_sequencer(past, None, [], NOW, PartitionConfig(), seeded)
 
 
 # -- idempotent producers across the cutover ------------------------------------------------
