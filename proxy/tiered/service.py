@@ -20,10 +20,8 @@ takes the port it needs (ports.py here, upkeep/ports.py), which the service sati
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import time
 import uuid
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
@@ -42,7 +40,7 @@ from proxy.metadata.group import ShardAssignment
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
 from proxy.metadata.streams import shard_of
-from proxy.metadata.topic_index import TieredTopic, TopicIndex, drained_topics, stream_of
+from proxy.metadata.topic_index import TopicIndex, drained_topics, stream_of
 from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.format import ObjectFormatError
@@ -62,6 +60,8 @@ from proxy.routing.fleet import OLD_PEER_PROTOCOL
 from proxy.tiered import shards
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.catch_up import catch_up, catch_up_producer
+from proxy.tiered.changes import Changes
+from proxy.tiered.hold import ProduceHold
 from proxy.tiered.leader_epochs import LeaderEpochs
 from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner
 from proxy.tiered.ports import SendToKafka, TieringHost
@@ -115,7 +115,7 @@ class TieringService:
         self._claims = shards.ClaimWatch(self)
         self.topics = TopicIndex([reader.state for reader in self.readers])
         self.in_flight: dict[str, int] = {}  # topic name -> passthrough produce in flight
-        self._changed = asyncio.Event()
+        self._changes = Changes()  # the next metadata record (changes.py)
         self.log_cache = LogCache(self.config.log_cache_bytes)
         self.peers = PeerClients()
         self.allocate = ObjectIdAllocator.drawn()
@@ -125,6 +125,8 @@ class TieringService:
         # the batches this proxy answered retriable without appending, to tell a sequence
         # gap it made from one the client made (sequence_holes.py; docs/sequencer.md)
         self.holes = SequenceHoles()
+        # a produce to a stream not cut over or not started yet waits, in arrival order
+        self.hold = ProduceHold(self)
         self.to_owner = ToOwner(self)  # a batch for a stream owned elsewhere (owners.py)
         self.at_owner = AtOwner(self)  # a peer's batch for a stream owned here
         self.cutover = CutoverLoop(self)
@@ -339,18 +341,12 @@ class TieringService:
         self._claims.record(shard)
 
     def notify(self) -> None:
-        """Wake whoever waits in `changed` (a new event for the next wait)."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake whoever waits in `changed`."""
+        self._changes.notify()
 
     async def changed(self, timeout_s: float) -> None:
         """Wait for the next metadata record, at most `timeout_s`."""
-        event = self._changed
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            pass
+        await self._changes.wait(timeout_s)
 
     def state(self, stream: int) -> MetadataState:
         return self.readers[shard_of(stream, self.config.shard_count)].state
@@ -419,22 +415,14 @@ class TieringService:
         return result
 
     async def _produce(self, part: Part) -> ProduceResult | None:
-        found, partition, stream = part.topic, part.partition, part.stream
-        if self.state(stream).cutover(stream) is None:  # not tiered yet (no info copied)
-            code = await self._wait_for_cutover(found, partition, stream)
-            if code == ErrorCode.unknown_topic_or_partition:
-                return ProduceResult(
-                    code, error_message=f"{found.name} has no partition {partition}"
-                )
-            if code:
-                return ProduceResult(
-                    code, error_message=f"{found.name}-{partition} is being cut over to tiered"
-                )
+        stream = part.stream
         assert self.partitions is not None
+        if self.hold.needed(stream):  # not ready yet, or an earlier produce held (hold.py)
+            refused = await self.hold.wait(part.topic, part.partition, stream)
+            if refused is not None:
+                return refused
         if stream in self.seals:
-            return not_owner(f"{found.name}-{partition} is being untiered")
-        if self.partitions.get(stream) is None and self.owned_here(stream):
-            await self.wait_for_partition(stream)  # cut over or taken over just now
+            return not_owner(f"{part.topic.name}-{part.partition} is being untiered")
         if self.partitions.get(stream) is not None:
             append_time = part.rules.log_append_time if part.rules is not None else None
             verify = self.verifier_for(stream, part.transactional_id, part.produce_version)
@@ -459,37 +447,10 @@ class TieringService:
         key = (topic.name, info.partition)
         return functools.partial(verifier.verify, transactional_id, produce_version, key)
 
-    async def wait_for_partition(self, stream: int) -> None:
-        """A stream of a shard owned here whose partition is being started (its cutover
-        was just read, or the shard just claimed): wait for it, at most cutover_hold_ms,
-        unless it is sealed for an untier or its topic is no longer tiered."""
-        assert self.partitions is not None
-        deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
-        while self.partitions.get(stream) is None and self.owned_here(stream):
-            info = self.state(stream).stream(stream)
-            if stream in self.seals or info is None or self.topics.topic(info.topic_id) is None:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            await self.changed(min(left, 0.1))
+    async def wait_for_partition(self, stream: int, deadline: float | None = None) -> None:
+        """A stream of a shard owned here whose partition is being started: wait for it
+        (hold.py)."""
+        await self.hold.wait_for_partition(stream, deadline)
 
-    async def _wait_for_cutover(self, topic: TieredTopic, partition: int, stream: int) -> int:
-        """Until the partition is cut over: 0; REQUEST_TIMED_OUT after cutover_hold_ms or
-        once the topic is no longer tiered (retriable); UNKNOWN_TOPIC_OR_PARTITION once a
-        look at Kafka begun after this produce finds the topic has no such partition (as
-        Kafka answers a produce to it)."""
-        deadline = time.monotonic() + self.config.cutover_hold_ms / 1000
-        cutover = self.cutover
-        looks = cutover.looks
-        if self.state(stream).stream(stream) is None:  # a partition added since the last look?
-            await cutover.nudge(topic, partition)
-        while self.state(stream).stream(stream) is None:
-            count = cutover.known_partitions(topic.topic_id)
-            if cutover.looks > looks + 1 and count is not None and partition >= count:
-                return ErrorCode.unknown_topic_or_partition
-            left = deadline - time.monotonic()
-            if left <= 0 or self.topics.topic(topic.topic_id) is None:
-                return ErrorCode.request_timed_out
-            await self.changed(min(left, 0.5))
-        return 0
+    def started(self, stream: int) -> bool:
+        return self.partitions is not None and self.partitions.get(stream) is not None
