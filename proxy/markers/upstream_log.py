@@ -10,7 +10,9 @@ lower. Kafka's Fetch reads forward only, so the tail is found backwards, each ch
 read once: FIRST_SPAN offsets below the cutover, then up to GROWTH times as far back
 (less when the bytes read so far say the next chunk would pass TAIL_BYTES), until what
 was read begins at Kafka's log start, spans RECENT_MS of its batches' timestamps, or
-weighs TAIL_BYTES (`tail_read`). A connection of its own (`UpstreamLog`, one per
+weighs TAIL_BYTES (`tail_read`). Kafka's log start is the one each Fetch answer carries:
+on a compacted topic a read from an offset whose batch was cleaned begins at a later
+batch, which is no sign of the log start. A connection of its own (`UpstreamLog`, one per
 rebuild, shared by the streams rebuilt together, connected on first use): the marker
 follower's is not up yet when the group hands the proxy its shards at startup.
 """
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaClient, TopicPartition
 from aiokafka.errors import KafkaError
@@ -50,17 +53,33 @@ GROWTH = 8  # each further read reaches at most this many times further back
 
 
 def tail_read(
-    found: list[BatchHeader], start: int, recent_ms: int = RECENT_MS, most_bytes: int = TAIL_BYTES
+    found: list[BatchHeader],
+    start: int,
+    log_start: int = -1,
+    recent_ms: int = RECENT_MS,
+    most_bytes: int = TAIL_BYTES,
 ) -> bool:
     """Whether the headers read from `start` up to the cutover hold the tail wanted: they
-    begin at Kafka's log start (offset 0, or retention moved it past `start`), the first
-    batch is older than the newest by more than `recent_ms`, or they weigh `most_bytes`."""
-    if not found or start == 0 or found[0].base_offset > start:
+    begin at Kafka's log start (offset 0, or `log_start`, what Kafka's answer said, at or
+    past `start`; -1: not said, and the first batch found past `start` is taken for it),
+    the first batch is older than the newest by more than `recent_ms`, or they weigh
+    `most_bytes`."""
+    if not found or start == 0:
+        return True
+    if start <= log_start or (log_start < 0 and found[0].base_offset > start):
         return True
     newest = max(header.max_timestamp for header in found)
     if found[0].max_timestamp < newest - recent_ms:
         return True
     return sum(header.size for header in found) >= most_bytes
+
+
+class Span(NamedTuple):
+    """What one read of Kafka's log found: the batch headers, and Kafka's log start as its
+    last answer gave it (-1: not given)."""
+
+    headers: list[BatchHeader]
+    log_start: int = -1
 
 
 class LeaderFetchRequest(FetchRequest):
@@ -117,13 +136,14 @@ class UpstreamLog:
         `timeout_s`); a later one that fails ends the tail there (logged)."""
         deadline = time.monotonic() + timeout_s
         found: list[BatchHeader] = []
+        log_start = -1
         upper, reach = end, FIRST_SPAN
         while True:
             start = max(0, end - reach)
             if lowest is not None:
                 start = min(start, lowest)
             try:
-                chunk = await self.headers(
+                chunk, log_start = await self.headers(
                     topic, partition, start, upper, deadline - time.monotonic()
                 )
             except (KafkaError, OSError) as exc:
@@ -135,14 +155,19 @@ class UpstreamLog:
             if found:  # the batch holding the last start is the first one found already
                 chunk = [h for h in chunk if h.base_offset < found[0].base_offset]
             found = chunk + found
-            if tail_read(found, start) or not chunk:
+            if tail_read(found, start, log_start):
+                break
+            if not chunk and log_start < 0:  # else a compacted range: read further back
                 break
             upper = found[0].base_offset
             size = sum(h.size for h in found)
             density = size / max(1, end - upper)  # bytes per offset so far
             more = min(reach * (GROWTH - 1), int((TAIL_BYTES - size) / density))
             reach = max(reach + more, end - upper + 1)  # at least the batch before
-        if lowest is not None and (not found or found[0].base_offset > lowest):
+        past = log_start > lowest if log_start >= 0 and lowest is not None else None
+        if lowest is not None and past is None:  # not said: the first batch found tells
+            past = not found or found[0].base_offset > lowest
+        if past:  # a compacted topic's cleaned batches are not a log start past it
             log.warning(
                 "%s-%d: Kafka's log starts past %d: the transactions open at the cutover "
                 "are read from %s",
@@ -157,14 +182,16 @@ class UpstreamLog:
         start: int,
         end: int,
         timeout_s: float = TIMEOUT_S,
-    ) -> list[BatchHeader]:
+    ) -> Span:
         """The headers of the batches of `topic`-`partition` from the one holding `start`
-        (or Kafka's log start, if retention or DeleteRecords moved it past `start`) up to
-        `end`, in order. KafkaError when Kafka does not answer within `timeout_s`."""
+        (or the first one past it, cleaned by compaction; or from Kafka's log start, if
+        retention or DeleteRecords moved it past `start`) up to `end`, in order, and
+        Kafka's log start as its last answer gave it. KafkaError when Kafka does not
+        answer within `timeout_s`."""
         client = await self._connect()
         tp = TopicPartition(topic, partition)
         found: list[BatchHeader] = []
-        position = start
+        position, log_start = start, -1
         deadline = time.monotonic() + timeout_s
         await client.add_topic(topic)
         while position < end:
@@ -195,16 +222,18 @@ class UpstreamLog:
             if step is not Step.READ:
                 await self._refresh(client, topic)
                 continue
+            if len(rest) >= 4:  # version 5 on: (LSO, log start, aborted, records)
+                log_start = int(rest[-3])
             batches, _ = whole_batches(rest[-1] or b"")
             if not batches:
                 raise KafkaError(f"{topic}-{partition}: no batch at {position}, below {end}")
             for header, _batch in batches:
                 if header.base_offset >= end:
-                    return found
+                    return Span(found, log_start)
                 if header.next_offset > position:
                     found.append(header)
             position = batches[-1][0].next_offset
-        return found
+        return Span(found, log_start)
 
     async def _connect(self) -> AIOKafkaClient:
         async with self._connecting:

@@ -16,6 +16,7 @@ from proxy.markers.upstream_log import (
     GROWTH,
     RECENT_MS,
     TAIL_BYTES,
+    Span,
     UpstreamLog,
     tail_read,
 )
@@ -34,19 +35,29 @@ def header(offset: int, records: int, timestamp: int, size: int = 0) -> BatchHea
 
 
 class MemoryLog(UpstreamLog):
-    """Kafka's log of one partition, its batches in offset order from its log start."""
+    """Kafka's log of one partition, its batches in offset order from its log start (the
+    first batch's, unless `log_start` says otherwise: a compacted log's first batches
+    may have been cleaned); each read answers the log start, as a Fetch answer does."""
 
-    def __init__(self, batches: list[BatchHeader], fail_after: int | None = None) -> None:
+    def __init__(
+        self,
+        batches: list[BatchHeader],
+        fail_after: int | None = None,
+        log_start: int | None = None,
+    ) -> None:
         super().__init__({})
         self.batches = batches
         self.reads: list[tuple[int, int]] = []  # [start, end) of each read
         self.fail_after = fail_after  # reads answered before Kafka goes away
+        first = batches[0].base_offset if batches else 0
+        self.log_start = first if log_start is None else log_start
 
     async def headers(self, topic, partition, start, end, timeout_s=30.0):
         if self.fail_after is not None and len(self.reads) >= self.fail_after:
             raise KafkaError("Kafka went away")
         self.reads.append((start, end))
-        return [h for h in self.batches if h.next_offset > start and h.base_offset < end]
+        found = [h for h in self.batches if h.next_offset > start and h.base_offset < end]
+        return Span(found, self.log_start)
 
     @property
     def starts(self) -> list[int]:
@@ -64,6 +75,9 @@ def test_the_tail_is_read_when_it_spans_recent_ms_reaches_the_log_start_or_weigh
     assert not tail_read([header(100, 10, NOW), header(110, 10, NOW + 5)], 100)
     assert tail_read([header(100, 10, NOW)], 0)  # Kafka's log start
     assert tail_read([header(150, 10, NOW)], 100)  # retention moved the log start past 100
+    assert tail_read([header(150, 10, NOW)], 100, log_start=150)  # ... as Kafka said
+    # compaction cleaned the batches at 100-149, Kafka's log starts at 0: read on
+    assert not tail_read([header(150, 10, NOW)], 100, log_start=0)
     assert tail_read([], 100)  # nothing below the cutover
     big = [header(100 + 10 * n, 10, NOW + n, size=TAIL_BYTES // 4) for n in range(5)]
     assert tail_read(big, 100)
@@ -125,3 +139,33 @@ async def test_a_later_read_that_fails_ends_the_tail_and_a_first_one_is_raised()
     assert found[0].base_offset == first - first % 10  # the first read's
     with pytest.raises(KafkaError):
         await MemoryLog(steady(0, 200_000), fail_after=0).tail("t", 0, 200_000)
+
+
+async def test_a_compacted_log_is_read_past_its_cleaned_batches_and_warns_of_no_log_start(
+    caplog,
+):
+    """Compaction cleaned every other run of batches (their offsets gone): a read from
+    an offset whose batch was cleaned begins at a later batch, which is not Kafka's log
+    start (0 here, as its answers say). The tail goes on to RECENT_MS, and a transaction
+    open at the cutover inside a cleaned range is read from the first batch past it,
+    without the warning that Kafka's log starts past it."""
+    runs = steady(0, 200_000, ms_per_offset=1)
+    cleaned = [h for h in runs if (h.base_offset // 500) % 2 == 1]  # 500-999, 1,500-...
+    kafka = MemoryLog(cleaned, log_start=0)
+    found = await kafka.tail("t", 0, 200_000)
+    assert found[-1].max_timestamp - found[0].max_timestamp > RECENT_MS
+    with caplog.at_level(logging.WARNING, "tierproxy.transactions"):
+        found = await MemoryLog(cleaned, log_start=0).tail("t", 0, 200_000, lowest=190_100)
+    assert found[0].base_offset < 190_100  # from lowest on, and back to RECENT_MS
+    assert 190_500 in [h.base_offset for h in found]  # the first batch left past 190,100
+    # a quiet partition: the first read, from the cleaned offset, spans RECENT_MS
+    quiet = [h for h in steady(0, 50_000, ms_per_offset=RECENT_MS) if h.base_offset != 49_000]
+    with caplog.at_level(logging.WARNING, "tierproxy.transactions"):
+        found = await MemoryLog(quiet, log_start=0).tail("t", 0, 50_000, lowest=49_005)
+    assert found[0].base_offset == 49_010
+    assert "starts past" not in caplog.text
+    # a whole chunk cleaned: read further back, to the log start if need be
+    sparse = MemoryLog([header(10, 10, NOW), header(199_990, 10, NOW + 1)], log_start=0)
+    found = await sparse.tail("t", 0, 200_000)
+    assert [h.base_offset for h in found] == [10, 199_990]
+    assert sparse.starts[-1] == 0

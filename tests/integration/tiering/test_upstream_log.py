@@ -1,0 +1,67 @@
+"""Kafka's log below a cutover read raw, as a rebuild reads it for the producers it seeds
+(proxy/markers/upstream_log.py), against a real Kafka (the session's 3 brokers): every
+batch header in order, and Kafka's log start as its Fetch answers give it, which is what
+tells the tail read a log start from a compacted topic's cleaned batches (the unit tests
+in tests/unit/tiering/test_upstream_tail.py take it as given).
+
+A one-partition topic gets 30 batches of 2 records from an idempotent producer (one
+request a batch), then a DeleteRecords to 17 sent to Kafka. The headers from 0 begin at
+the batch holding 17 (Kafka's answer to a read below its log start), the log start read
+is 17 (Kafka's own EARLIEST), and the tail of a cutover at the end, asked to reach a
+transaction at 5, is read back to that batch and warns that Kafka's log starts past 5.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from cutover_load import create_topic
+
+from proxy.markers.upstream_log import UpstreamLog
+from tests.support.clients import delete_records, watermarks
+
+pytestmark = pytest.mark.kafka
+
+BATCHES, PER_BATCH, DELETED_TO = 30, 2, 17
+
+
+def _produce(bootstrap: str, topic: str) -> None:
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0}
+    )
+    for n in range(BATCHES):
+        for k in range(PER_BATCH):
+            producer.produce(topic, b"%d-%d" % (n, k), partition=0)
+        assert producer.flush(30) == 0  # one batch per flush
+
+
+async def test_the_headers_and_kafkas_log_start_are_read_as_kafka_answers(kafka_cluster, caplog):
+    topic = f"upstream-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_cluster, topic, 1)
+    _produce(kafka_cluster.bootstrap, topic)
+    end = BATCHES * PER_BATCH
+    assert watermarks(kafka_cluster.bootstrap, topic, 0) == (0, end)
+    answered = delete_records(kafka_cluster.bootstrap, {(topic, 0): DELETED_TO})
+    assert answered == {(topic, 0): DELETED_TO}
+
+    upstream = UpstreamLog({"bootstrap_servers": kafka_cluster.bootstrap})
+    try:
+        found, log_start = await upstream.headers(topic, 0, 0, end)
+        assert log_start == DELETED_TO
+        holding = DELETED_TO - DELETED_TO % PER_BATCH  # the batch that holds offset 17
+        assert [h.base_offset for h in found] == list(range(holding, end, PER_BATCH))
+        assert {h.producer_id for h in found} != {-1}  # the idempotent producer's
+        assert [h.base_sequence for h in found] == list(range(holding, end, PER_BATCH))
+
+        found, log_start = await upstream.headers(topic, 0, 40, end)  # above the log start
+        assert log_start == DELETED_TO and found[0].base_offset == 40
+
+        with caplog.at_level(logging.WARNING, "tierproxy.transactions"):
+            tail = await upstream.tail(topic, 0, end, lowest=5)
+        assert tail[0].base_offset == holding and tail[-1].next_offset == end
+        assert "Kafka's log starts past 5" in caplog.text
+    finally:
+        await upstream.close()
