@@ -50,6 +50,9 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      producer_id i64, producer_epoch i32, last_sequence i32,
                      last_timestamp i64, coordinator_epoch i32,
                      current_txn_start_offset i64 (-1: none)
+    shard read request
+                     shard u32, offset i64 (>= 0), timeout_ms i32 (>= 0); answered by an
+                     admin response (protocol level 11)
 
 A new message is a new type, with a body of its own here and a protocol level in
 `codec.py` ("Protocol levels"); an optional trailer goes only to peers known to read it.
@@ -85,6 +88,7 @@ from proxy.peer.messages import (
     ProducerCatchUpRequest,
     ProducersRequest,
     ProducersResponse,
+    ShardReadRequest,
     TrimRequest,
     TrimResponse,
     buffer_size,
@@ -111,6 +115,7 @@ _CLEAN = struct.Struct(">QqI")  # stream_id, clean_end, objects count
 _CLEANED = struct.Struct(">QqqqH")  # object_id, size, start, end, replaces count
 _U64 = struct.Struct(">Q")
 _PRODUCERS = struct.Struct(">hI")  # error_code, producers count
+_SHARD_READ = struct.Struct(">Iqi")  # shard, offset, timeout_ms
 # producer id, epoch, last sequence, last timestamp, coordinator epoch, txn start offset
 _PRODUCER = struct.Struct(">qiiqiq")
 
@@ -126,6 +131,7 @@ CATCH_UP_REQUEST = 12
 PRODUCER_CATCH_UP_REQUEST = 13
 CLEAN_COMMIT_REQUEST = 14
 PRODUCERS_REQUEST, PRODUCERS_RESPONSE = 15, 16
+SHARD_READ_REQUEST = 17
 
 
 class PeerProtocolError(ValueError):
@@ -242,6 +248,9 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         parts = [_PRODUCERS.pack(message.error_code, len(message.producers))]
         parts.extend(_PRODUCER.pack(*astuple(p)) for p in message.producers)
         body = b"".join(parts)
+    elif isinstance(message, ShardReadRequest):
+        kind = SHARD_READ_REQUEST
+        body = _SHARD_READ.pack(message.shard, message.offset, message.timeout_ms)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return kind, body, tail
@@ -415,6 +424,10 @@ def _producers_request(cur: _Cursor, cid: int) -> ProducersRequest:
     return ProducersRequest(cid, cur.fixed(_U64, "producers request")[0])
 
 
+def _shard_read_request(cur: _Cursor, cid: int) -> ShardReadRequest:
+    return ShardReadRequest(cid, *cur.fixed(_SHARD_READ, "shard read request"))
+
+
 def _producers_response(cur: _Cursor, cid: int) -> ProducersResponse:
     error_code, count = cur.fixed(_PRODUCERS, "producers response")
     if count > (cur.end - cur.pos) // _PRODUCER.size:  # checked before anything is built
@@ -443,6 +456,7 @@ DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     PRODUCER_CATCH_UP_REQUEST: _producer_catch_up_request,
     PRODUCERS_REQUEST: _producers_request,
     PRODUCERS_RESPONSE: _producers_response,
+    SHARD_READ_REQUEST: _shard_read_request,
 }
 
 

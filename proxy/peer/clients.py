@@ -48,6 +48,7 @@ from proxy.peer.messages import (
     ProducerCatchUpRequest,
     ProducersRequest,
     ProducersResponse,
+    ShardReadRequest,
     TrimRequest,
     TrimResponse,
 )
@@ -406,6 +407,18 @@ class PeerClients:
         partition it owns where `producer_id` has a transaction open (only to a member at
         `codec.PRODUCER_CATCH_UP_PROTOCOL` or later)."""
         request = ProducerCatchUpRequest(0, producer_id, timeout_ms)
+        timeout = timeout_ms / 1000 + self.timeout_margin_s
+        response = await self._connection(address).call(request, AdminResponse, timeout)
+        assert isinstance(response, AdminResponse)
+        return response.error_code, response.message
+
+    async def read_shard(
+        self, address: Address, shard: int, offset: int, timeout_ms: int
+    ) -> tuple[int, str]:
+        """(error code, message) from a member of the fleet, asked to read metadata shard
+        `shard` until every record below `offset` is applied, within `timeout_ms` (only
+        to a member at `codec.SHARD_READ_PROTOCOL` or later)."""
+        request = ShardReadRequest(0, shard, offset, timeout_ms)
         timeout = timeout_ms / 1000 + self.timeout_margin_s
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)

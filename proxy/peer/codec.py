@@ -27,7 +27,9 @@ Every message is one frame, big-endian::
                                       12 catch-up request, 13 producer catch-up
                                       request, 14 clean commit request (all three
                                       answered by an admin response),
-                                      15 producers request, 16 producers response
+                                      15 producers request, 16 producers response,
+                                      17 shard read request (answered by an admin
+                                      response)
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -66,6 +68,9 @@ Kafka's tiered topics now: a produce waits for a partition added to one), sent o
 owner at 10 or later: the owner's own look at Kafka finds them a few seconds later. A
 release at 10 also reads the metadata's TopicModeSet version 2 (a tiered topic's Kafka
 cluster), written only while every live member is at 10 or later.
+11: the shard read request (a DeleteRecords on a tiered partition is answered once every
+live member has read the owner's StreamTrim; a member older than 11 is not asked, and
+serves below the new log start until its reader applies the trim, as before).
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -98,6 +103,7 @@ __all__ = [
     "HEADER_SIZE",
     "PROTOCOL",
     "SEQUENCES_PROTOCOL",
+    "SHARD_READ_PROTOCOL",
     "STABLE_PROTOCOL",
     "TOPIC_OPS_PROTOCOL",
     "TXN_PROTOCOL",
@@ -112,7 +118,7 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 10  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 11  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
@@ -121,6 +127,7 @@ PRODUCER_CATCH_UP_PROTOCOL = 7  # the first level that reads the producer catch-
 CLEAN_COMMIT_PROTOCOL = 8  # the first level that reads the clean commit request
 PRODUCERS_PROTOCOL = 9  # the first level that reads the producers request
 TOPIC_OPS_PROTOCOL = 10  # the first that reads admin ops deleted, look; TopicModeSet v2
+SHARD_READ_PROTOCOL = 11  # the first level that reads the shard read request
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -408,6 +408,28 @@ class ProducerCatchUpRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardReadRequest:
+    """Before a DeleteRecords on a tiered partition is answered (docs/tiering.md,
+    "DeleteRecords"): the asked proxy's reader of metadata shard `shard` reads until
+    every record below `offset` is applied (the StreamTrim the owner just wrote), within
+    `timeout_ms`, so that proxy serves nothing below the new log start once the client
+    has its answer, as every replica of Kafka has moved its log start when Kafka answers.
+    Answered by an `AdminResponse`: error code 0 once read. Sent only to a member at
+    `codec.SHARD_READ_PROTOCOL` or later."""
+
+    correlation_id: int
+    shard: int
+    offset: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("shard", self.shard, 0, U32_MAX)
+        check_range("offset", self.offset, 0, I64_MAX)
+        check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
+
+
+@dataclass(frozen=True, slots=True)
 class ProducersRequest:
     """DescribeProducers on a tiered partition: the owner of `stream_id` answers its
     producers as Kafka's leader would (`ProducersResponse`). Sent only to an owner at
@@ -460,6 +482,7 @@ PeerMessage = (
     | ProducerCatchUpRequest
     | ProducersRequest
     | ProducersResponse
+    | ShardReadRequest
 )
 
 

@@ -49,6 +49,7 @@ from proxy.peer.messages import (
     ProducerCatchUpRequest,
     ProducersRequest,
     ProducersResponse,
+    ShardReadRequest,
     TrimRequest,
     TrimResponse,
 )
@@ -70,6 +71,7 @@ OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[int, str]]]
 # stream id -> (error code, its producers as DescribeProducers shows them): in memory, no await
 OnProducers = Callable[[int], tuple[int, tuple[DescribedProducer, ...]]]
+OnShardRead = Callable[[ShardReadRequest], Awaitable[tuple[int, str]]]
 
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
@@ -92,6 +94,7 @@ Request = (
     | CatchUpRequest
     | ProducerCatchUpRequest
     | ProducersRequest
+    | ShardReadRequest
 )
 Answer = (
     AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse | ProducersResponse
@@ -115,7 +118,8 @@ class PeerServer:
     tiered partitions, given `on_catch_up`, the catch-up of a tiered partition's
     transaction markers before AddPartitionsToTxn is answered (and of a producer's
     partitions before InitProducerId is), given `on_producers`, DescribeProducers on
-    tiered partitions owned here;
+    tiered partitions owned here, given `on_shard_read`, a read of a metadata shard up to
+    an offset before a DeleteRecords is answered;
     without a handler such a request is answered UNSUPPORTED_VERSION. A ping is answered
     with `name` (the proxy's fleet.name) and this code's version, without any handler.
 
@@ -140,6 +144,7 @@ class PeerServer:
         on_trim: OnTrim | None = None,
         on_catch_up: OnCatchUp | None = None,
         on_producers: OnProducers | None = None,
+        on_shard_read: OnShardRead | None = None,
         name: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
@@ -155,6 +160,7 @@ class PeerServer:
         self._on_trim = on_trim
         self._on_catch_up = on_catch_up
         self._on_producers = on_producers
+        self._on_shard_read = on_shard_read
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
@@ -258,6 +264,10 @@ class PeerServer:
             response = await self._catch_up(request, peer)
         elif isinstance(request, ProducersRequest):
             response = self._producers(request, peer)
+        elif isinstance(request, ShardReadRequest):
+            what = f"read of metadata shard {request.shard} to {request.offset} for {peer}"
+            refusal = "this proxy reads no metadata shard"
+            response = await self._coded(request, self._on_shard_read, refusal, what)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
@@ -349,7 +359,11 @@ class PeerServer:
 
     async def _coded(
         self,
-        request: BackfillRequest | CleanCommitRequest | CatchUpRequest | ProducerCatchUpRequest,
+        request: BackfillRequest
+        | CleanCommitRequest
+        | CatchUpRequest
+        | ProducerCatchUpRequest
+        | ShardReadRequest,
         handler: Callable[[Any], Awaitable[tuple[int, str]]] | None,
         refusal: str,
         what: str,

@@ -57,7 +57,7 @@ from proxy.reads.blockcache import BlockCache
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import CorruptBatchError
 from proxy.routing.fleet import OLD_PEER_PROTOCOL
-from proxy.tiered import shards
+from proxy.tiered import shard_reads, shards
 from proxy.tiered.beyond_cutover import BeyondCutover
 from proxy.tiered.catch_up import catch_up, catch_up_producer
 from proxy.tiered.changes import Changes
@@ -300,6 +300,11 @@ class TieringService:
         from counts as the oldest, so nothing it might refuse is sent to it."""
         heartbeat = self.fleet.heartbeat(member) if member else None
         return OLD_PEER_PROTOCOL if heartbeat is None else heartbeat.peer_protocol
+
+    async def read_everywhere(self, shard: int, offset: int, timeout_s: float) -> list[str]:
+        """Every live member reads `shard` until every record below `offset` is applied
+        (shard_reads.py): the members that did not within `timeout_s`."""
+        return await shard_reads.read_everywhere(self, shard, offset, timeout_s)
 
     async def batch_base(self, stream: int, offset: int) -> int:
         """The base offset of the stream's batch holding `offset` (timestamps.py); `offset`

@@ -53,6 +53,7 @@ from proxy.tiered import shards
 from proxy.tiered.catch_up import CatchUpHost, catch_up_here
 from proxy.tiered.owners import AtOwner
 from proxy.tiered.reads import ReadsHost, TieredReads
+from proxy.tiered.shard_reads import ShardReadHost, read_here
 from proxy.tiered.shards import ShardsHost
 from proxy.tiered.topic_configs import TopicConfigs
 from proxy.tiered.uploads import UploadLoop, UploadsHost
@@ -75,7 +76,15 @@ log = logging.getLogger("tierproxy.tiering")
 
 
 class StartHost(
-    ReadsHost, UploadsHost, ShardsHost, UpkeepHost, BackfillHost, TrimHost, CatchUpHost, Protocol
+    ReadsHost,
+    UploadsHost,
+    ShardsHost,
+    UpkeepHost,
+    BackfillHost,
+    TrimHost,
+    CatchUpHost,
+    ShardReadHost,
+    Protocol,
 ):
     """The tiered service as its start sees it: what the parts are made of, and where
     each part, once made, is kept (None before)."""
@@ -267,6 +276,7 @@ async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> Non
         on_trim=lambda request: trim_stream(service, request),
         on_catch_up=lambda request: catch_up_here(service, request),
         on_producers=service.reads.producers_here,
+        on_shard_read=lambda request: read_here(service, request),
         name=service.name,
     )
     stack.push_async_callback(server.close)

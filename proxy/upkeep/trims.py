@@ -6,12 +6,18 @@ A StreamTrim may not pass the stream's committed end (docs/metadata.md), while K
 DeleteRecords reach the high watermark. So the owner first uploads what the WAL holds,
 within the request's timeout, then trims: the log start never covers records that only
 the WAL has, and a restart cannot bring deleted records back.
+
+The answer waits until every live member has read the trim (tiered/shard_reads.py), as
+Kafka's waits for every replica in sync: a consumer asking any proxy afterwards finds the
+new log start. Also when the stream was trimmed that far already (a retry of a delete
+that timed out there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from kio.schema.errors import ErrorCode
 
@@ -56,6 +62,7 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
     """DeleteRecords' part for one tiered stream: (Kafka error code, the log start after
     it, a message), on the shard's owner, here or through the peer protocol."""
     stream, offset = request.stream_id, request.offset
+    deadline = time.monotonic() + request.timeout_ms / 1000
     shard = shard_of(stream, service.config.shard_count)
     owner = owner_or_peer(service, shard)
     if owner is None:
@@ -76,6 +83,9 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
         )
     start = max(info.log_start_offset, partition.log_start_offset)
     if target <= start:
+        late = await _read_everywhere(service, owner, deadline)
+        if late:
+            return ErrorCode.request_timed_out, -1, f"{late} did not read the trim in time"
         return ErrorCode.none, start, f"stream {stream} starts at {start} already"
     try:
         async with asyncio.timeout(request.timeout_ms / 1000):
@@ -103,4 +113,14 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
     if verdict.outcome is Outcome.REFUSE:
         return ErrorCode.not_leader_or_follower, -1, verdict.reason
     log.info("DeleteRecords: stream %d log start %d -> %d", stream, start, target)
+    late = await _read_everywhere(service, owner, deadline)
+    if late:
+        return ErrorCode.request_timed_out, -1, f"{late} did not read the trim in time"
     return ErrorCode.none, target, f"stream {stream}: log start {target}"
+
+
+async def _read_everywhere(service: TrimHost, owner: ShardOwner, deadline: float) -> list[str]:
+    """Every live member reads the owner's shard as far as the owner has (its trim
+    included) by `deadline`: the members that did not."""
+    left = deadline - time.monotonic()
+    return await service.read_everywhere(owner.shard, owner.state.next_offset, left)

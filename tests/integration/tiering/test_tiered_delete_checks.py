@@ -14,7 +14,10 @@ not (the trim then goes to the owner over the peer protocol):
   Kafka answers (the proxy answered the offset); EARLIEST is Kafka's log start;
 - an offset between the cutover and the high watermark, through the proxy that does not
   own the stream: 5 records, tier, 5 more, delete before 7 answers low watermark 7, as
-  Kafka does; EARLIEST is 7 through both proxies and a consumer reads 7, 8, 9.
+  Kafka does; EARLIEST is 7 through both proxies and a consumer reads 7, 8, 9;
+- deletes to 8, 9 and the high watermark through the owner: each is answered once the
+  other proxy has read the trim (tiered/shard_reads.py), so a client asking it at once
+  finds the new log start.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from tieredfleet import TieredFleet
 
 from tests.support.clients import delete_records, watermarks
@@ -117,5 +121,22 @@ def test_deletes_through_either_proxy_check_then_delete_as_kafka(
         for proxy in (other[0], owner[0]):
             assert watermarks(proxy.bootstrap, topic, 0) == (7, ends[0])
             assert _read(proxy.bootstrap, topic, 0, 7, ends[0]) == [7, 8, 9]
+
+        # answered once every proxy has read the trim, as Kafka answers once every replica
+        # moved its log start: the other proxy, asked at once by a client connected
+        # before, already says the new log start
+        admin = AdminClient({"bootstrap.servers": owner[0].bootstrap})
+        asker = Consumer({"bootstrap.servers": other[0].bootstrap, "group.id": "w"})
+        tp = TopicPartition(topic, 0)
+        try:
+            assert asker.get_watermark_offsets(tp, timeout=30, cached=False) == (7, ends[0])
+            for offset in (8, 9, ends[0]):
+                asked = [TopicPartition(topic, 0, offset)]
+                [future] = admin.delete_records(asked, request_timeout=60).values()
+                assert future.result().low_watermark == offset
+                seen = asker.get_watermark_offsets(tp, timeout=30, cached=False)
+                assert seen == (offset, ends[0])
+        finally:
+            asker.close()
     finally:
         fleet.close()

@@ -43,6 +43,7 @@ from proxy.peer.messages import (
     ProducerCatchUpRequest,
     ProducersRequest,
     ProducersResponse,
+    ShardReadRequest,
     TrimRequest,
     TrimResponse,
 )
@@ -87,6 +88,8 @@ MESSAGES = [
     ProducerCatchUpRequest(0xFFFF_FFFF, (1 << 63) - 1, (1 << 31) - 1),
     ProducersRequest(24, 42),
     ProducersRequest(0xFFFF_FFFF, (1 << 64) - 1),
+    ShardReadRequest(25, 1, 4242, 30_000),
+    ShardReadRequest(0xFFFF_FFFF, 0xFFFF_FFFF, (1 << 63) - 1, (1 << 31) - 1),
     ProducersResponse(25, 0, (DescribedProducer(1001, 0, 41, 1_700_000_000_000, -1, -1),)),
     ProducersResponse(
         26,
@@ -285,7 +288,7 @@ def test_bad_crc_is_refused():
         decode_frame(frame)
 
 
-@pytest.mark.parametrize("kind", [0, 17, 255])
+@pytest.mark.parametrize("kind", [0, 18, 255])
 def test_unknown_type_and_version_are_refused(kind):
     body = bytearray(encode_frame(MESSAGES[8])[8:])
     body[1] = kind
@@ -456,6 +459,7 @@ def test_frames_of_the_older_messages_are_unchanged():
         | CleanCommitRequest
         | ProducersRequest
         | ProducersResponse
+        | ShardReadRequest
     )
     older = [m for m in MESSAGES if not isinstance(m, newer)]
     frames = b"".join(encode_frame(m) for m in older)
@@ -507,3 +511,11 @@ def test_the_producers_request_and_response_are_types_15_and_16():
         decode_frame(reframe(huge))
     with pytest.raises(ValueError, match="last_sequence -2"):
         ProducersResponse(7, 0, (DescribedProducer(1, 0, -2, 0, -1, -1),))
+
+
+def test_the_shard_read_request_is_type_17():
+    frame = encode_frame(ShardReadRequest(5, 1, 4242, 5000))
+    assert frame[8:14] == b"\x01\x11\x00\x00\x00\x05"  # version 1, type 17
+    assert frame[14:] == struct.pack(">Iqi", 1, 4242, 5000)
+    with pytest.raises(PeerProtocolError, match="offset"):
+        decode_frame(reframe(frame[8:14] + struct.pack(">Iqi", 1, -1, 5000)))
