@@ -163,6 +163,8 @@ class UpstreamLog:
             size = sum(h.size for h in found)
             density = size / max(1, end - upper)  # bytes per offset so far
             more = min(reach * (GROWTH - 1), int((TAIL_BYTES - size) / density))
+            if not chunk:  # a cleaned range read no bytes: reach further back regardless
+                more = reach * (GROWTH - 1)
             reach = max(reach + more, end - upper + 1)  # at least the batch before
         past = log_start > lowest if log_start >= 0 and lowest is not None else None
         if lowest is not None and past is None:  # not said: the first batch found tells

@@ -26,7 +26,7 @@ from typing import Protocol
 from kio.schema.errors import ErrorCode
 
 from proxy.metadata.reader import ShardReader
-from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.clients import PeerClients
 from proxy.peer.codec import SHARD_READ_PROTOCOL
 from proxy.peer.messages import ShardReadRequest
 
@@ -34,6 +34,9 @@ log = logging.getLogger("tierproxy.trims")
 
 
 class ShardReadHost(Protocol):
+    @property
+    def name(self) -> str: ...
+
     @property
     def readers(self) -> Sequence[ShardReader]: ...
 
@@ -50,38 +53,53 @@ class ShardReadHost(Protocol):
 async def read_everywhere(
     host: ShardReadHost, shard: int, offset: int, timeout_s: float
 ) -> list[str]:
-    """Every live member but this one (at `SHARD_READ_PROTOCOL` or later) reads `shard`
-    until every record below `offset` is applied, all at once: the members that did not
-    within `timeout_s` (the others, and those left out, are logged)."""
-    calls = [_read_at(host, m, shard, offset, timeout_s) for m in host.live_peers()]
-    late = await asyncio.gather(*calls)
-    return [member for member in late if member is not None]
+    """This proxy's reader of `shard` (the owner's own writes are read back by a reader
+    of their own) and every live member at `SHARD_READ_PROTOCOL` or later read it until
+    every record below `offset` is applied, all at once: the members that did not within
+    `timeout_s` (the others, and those left out, are logged)."""
+    calls = {asyncio.ensure_future(_read_local(host, shard, offset)): host.name}
+    for member in host.live_peers():
+        calls[asyncio.ensure_future(_read_at(host, member, shard, offset, timeout_s))] = member
+    done, pending = await asyncio.wait(calls, timeout=max(0.0, timeout_s))
+    for call in pending:
+        call.cancel()
+    late = [calls[call] for call in pending]
+    late.extend(calls[call] for call in done if call.result())
+    return late
+
+
+async def _read_local(host: ShardReadHost, shard: int, offset: int) -> bool:
+    try:
+        await host.readers[shard].read_to(offset)
+    except RuntimeError as exc:  # the reader stopped: this proxy is stopping
+        log.warning("shard %d not read to %d here: %s", shard, offset, exc)
+    return False
 
 
 async def _read_at(
     host: ShardReadHost, member: str, shard: int, offset: int, timeout_s: float
-) -> str | None:
-    """`member` if it did not read that far within `timeout_s`, else None."""
+) -> bool:
+    """Whether `member` did not read that far within `timeout_s`."""
     if host.peer_protocol(member) < SHARD_READ_PROTOCOL:
-        return None  # an older member is not asked: its reader catches up on its own
+        return False  # an older member is not asked: its reader catches up on its own
     address = host.peer_address(member)
     if address is None:
-        return None  # not live any more, or without tiering: it serves no tiered read
+        return False  # not live any more, or without tiering: it serves no tiered read
     try:
         code, message = await host.peers.read_shard(
             address, shard, offset, max(0, int(timeout_s * 1000))
         )
     except TimeoutError:
-        code, message = ErrorCode.request_timed_out, "no answer in time"
-    except (PeerUnavailable, OSError) as exc:
+        return True
+    except Exception as exc:  # unreachable (PeerUnavailable, OSError) or its answer bad
         log.info("%s not asked to read shard %d to %d: %r", member, shard, offset, exc)
-        return None
+        return False
     if code == ErrorCode.request_timed_out:
         log.warning("%s did not read shard %d to %d in time: %s", member, shard, offset, message)
-        return member
+        return True
     if code != ErrorCode.none:
         log.warning("%s could not read shard %d to %d: %s", member, shard, offset, message)
-    return None
+    return False
 
 
 async def read_here(host: ShardReadHost, request: ShardReadRequest) -> tuple[int, str]:

@@ -10,7 +10,9 @@ the WAL has, and a restart cannot bring deleted records back.
 The answer waits until every live member has read the trim (tiered/shard_reads.py), as
 Kafka's waits for every replica in sync: a consumer asking any proxy afterwards finds the
 new log start. Also when the stream was trimmed that far already (a retry of a delete
-that timed out there).
+that timed out there). A proxy that handed the trim to the owner reads the shard to its
+end before it answers (the owner may not know it yet, or run an older release). The
+request's timeout bounds it all, the upload before the trim included.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import logging
 import time
 
+from aiokafka.errors import KafkaError
 from kio.schema.errors import ErrorCode
 
 from proxy.clock import now_ms
@@ -68,7 +71,10 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
     if owner is None:
         return ErrorCode.not_leader_or_follower, -1, f"metadata shard {shard} has no live owner now"
     if isinstance(owner, tuple):  # owned by another proxy: its peer address
-        return await service.peers.trim(owner, stream, offset, request.timeout_ms)
+        code, start, message = await service.peers.trim(owner, stream, offset, request.timeout_ms)
+        if code == ErrorCode.none and not await _read_here(service, shard, deadline):
+            return ErrorCode.request_timed_out, -1, f"shard {shard}: the trim not read here in time"
+        return code, start, message
     info = owner.state.stream(stream)
     partition = service.partitions.get(stream) if service.partitions else None
     if info is None or partition is None:  # untiered, or still starting: the client retries
@@ -88,7 +94,7 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
             return ErrorCode.request_timed_out, -1, f"{late} did not read the trim in time"
         return ErrorCode.none, start, f"stream {stream} starts at {start} already"
     try:
-        async with asyncio.timeout(request.timeout_ms / 1000):
+        async with asyncio.timeout(deadline - time.monotonic()):
             if (owner.state.stream_end(stream) or 0) < target:
                 assert service.uploader is not None  # started with the partitions
                 await service.uploader.flush()
@@ -124,3 +130,17 @@ async def _read_everywhere(service: TrimHost, owner: ShardOwner, deadline: float
     included) by `deadline`: the members that did not."""
     left = deadline - time.monotonic()
     return await service.read_everywhere(owner.shard, owner.state.next_offset, left)
+
+
+async def _read_here(service: TrimHost, shard: int, deadline: float) -> bool:
+    """This proxy's reader of `shard` reads to the shard's end by `deadline` (the owner
+    asks this proxy to read its trim too, unless it does not know it yet, or runs an
+    older release): whether it did."""
+    try:
+        async with asyncio.timeout(deadline - time.monotonic()):
+            await service.readers[shard].read_to_end()
+    except TimeoutError:
+        return False
+    except (KafkaError, RuntimeError) as exc:  # the end not asked, or the reader stopped
+        log.warning("shard %d not read to its end here: %r", shard, exc)
+    return True

@@ -17,13 +17,15 @@ from proxy.tiered.shard_reads import read_everywhere, read_here
 
 class _Peers:
     def __init__(self, answers: dict) -> None:
-        self.answers = answers  # address -> (code, message), or an exception to raise
+        self.answers = answers  # address -> (code, message), an exception, or None: silent
         self.asked: list[tuple[tuple[str, int], int, int]] = []
 
     async def read_shard(self, address, shard: int, offset: int, timeout_ms: int):
         self.asked.append((address, shard, offset))
         answer = self.answers[address]
         await asyncio.sleep(0)
+        if answer is None:  # stopped (SIGSTOP): no answer, no error
+            await asyncio.Event().wait()
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -41,6 +43,8 @@ class _Reader:
 
 
 class _Host:
+    name = "a"
+
     def __init__(self, members: dict[str, int], answers: dict) -> None:
         self.members = members  # name -> peer protocol level
         self.peers = _Peers(answers)
@@ -64,6 +68,7 @@ async def test_every_live_member_that_reads_the_request_is_asked_and_the_late_on
             "old": SHARD_READ_PROTOCOL - 1,  # not asked: it catches up on its own
             "gone": SHARD_READ_PROTOCOL,  # unreachable: left out, as a replica out of sync
             "broken": SHARD_READ_PROTOCOL,  # its reader stopped: left out
+            "odd": SHARD_READ_PROTOCOL,  # an answer that cannot be read: left out
             "leaving": SHARD_READ_PROTOCOL,  # no address any more
         },
         {
@@ -71,12 +76,25 @@ async def test_every_live_member_that_reads_the_request_is_asked_and_the_late_on
             ("late", 9000): (ErrorCode.request_timed_out, "not read in time"),
             ("gone", 9000): PeerUnavailable("connection refused"),
             ("broken", 9000): (ErrorCode.kafka_storage_error, "the reader stopped"),
+            ("odd", 9000): RuntimeError("closed"),
         },
     )
+    host.readers[1].applied = 4242  # this proxy's own reader has read the trim
     assert await read_everywhere(host, 1, 4242, 5.0) == ["late"]
     asked = sorted(address[0] for address, _, _ in host.peers.asked)
-    assert asked == ["b", "broken", "gone", "late"]
+    assert asked == ["b", "broken", "gone", "late", "odd"]
     assert {(shard, offset) for _, shard, offset in host.peers.asked} == {(1, 4242)}
+
+
+async def test_this_proxys_own_reader_and_a_silent_member_are_waited_for_until_the_timeout():
+    """The owner's writes are read back by a reader of their own: this proxy's reader of
+    the shard, which serves its reads, is waited for too; a member that never answers
+    (stopped) is late once the timeout passed, not later."""
+    host = _Host({"stopped": SHARD_READ_PROTOCOL}, {("stopped", 9000): None})
+    assert sorted(await read_everywhere(host, 1, 10, 0.05)) == ["a", "stopped"]
+    host.readers[1].applied = 10
+    host.members = {}
+    assert await read_everywhere(host, 1, 10, 0.05) == []
 
 
 async def test_a_member_answers_once_its_reader_applied_the_records_below_the_offset():
