@@ -31,11 +31,23 @@ class Peers:
         return 0, offset, "trimmed by the owner"
 
 
+class Reader:
+    """This proxy's reader of the shard: counts the reads to the shard's end."""
+
+    def __init__(self) -> None:
+        self.state = SimpleNamespace(owner="p2")
+        self.reads_to_end = 0
+
+    async def read_to_end(self) -> int:
+        self.reads_to_end += 1
+        return 0
+
+
 def trim_host(owner_address):
     """A TrimHost whose one shard is owned by `p2`, reachable at `owner_address`."""
     return SimpleNamespace(
         config=SimpleNamespace(shard_count=1),
-        readers=[SimpleNamespace(state=SimpleNamespace(owner="p2"))],
+        readers=[Reader()],
         shard_owner=lambda shard: None,
         peer_address=lambda member: owner_address if member == "p2" else None,
         peers=Peers(),
@@ -49,6 +61,7 @@ async def test_a_trim_of_a_stream_owned_elsewhere_goes_to_its_owner():
     answer = await trim_stream(host, TrimRequest(0, 7, 50, 1000))
     assert answer == (0, 50, "trimmed by the owner")
     assert host.peers.trims == [(("10.0.0.2", 9000), 7, 50, 1000)]
+    assert host.readers[0].reads_to_end == 1  # the trim read here before the answer
 
 
 async def test_a_trim_with_no_live_owner_is_retriable():
