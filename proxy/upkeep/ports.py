@@ -114,6 +114,11 @@ class TrimHost(ShardsAndPeers, OwnedPartitions, Protocol):
         batch begins there or none holds it): where Kafka's LSO lands past a log start."""
         ...
 
+    async def wait_for_partition(self, stream: int, deadline: float | None = None) -> None:
+        """A stream owned here whose partition is being started: wait for it, until
+        `deadline` at most (tiered/hold.py)."""
+        ...
+
     async def read_everywhere(self, shard: int, offset: int, timeout_s: float) -> list[str]:
         """Every live member reads `shard` until every record below `offset` is applied
         (tiered/shard_reads.py): the members that did not within `timeout_s`."""
