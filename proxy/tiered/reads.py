@@ -55,6 +55,7 @@ from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
 from proxy.wal.types import WalError
 
+START_WAIT_S = 1.0  # a read waits this long for a partition being started here
 log = logging.getLogger("tierproxy.reads")
 
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
@@ -77,6 +78,11 @@ class ReadsHost(Protocol):
 
     @property
     def partitions(self) -> PartitionSet | None: ...
+
+    async def wait_for_partition(self, stream: int, deadline: float | None = None) -> None:
+        """A stream owned here whose partition is being started: wait for it, until
+        `deadline` at most (hold.py); at once if it is not owned here."""
+        ...
 
     @property
     def wal(self) -> WriteAheadLog | S3WriteAheadLog | None: ...
@@ -134,7 +140,7 @@ class TieredReads:
         """The owner's high watermark, here or asked of the owner; None when no owner
         answers (away, or restarting and not serving the stream yet): the committed end
         may then be below offsets it acknowledged and consumers have read."""
-        partition = self._partition(stream)
+        partition = await self._started(stream)
         if partition is not None:
             return partition.high_watermark
         end = self._committed_end(stream)
@@ -200,6 +206,16 @@ class TieredReads:
             return None
         return tuple(memoryview(piece) for piece in answer.records), answer.high_watermark
 
+    async def _started(self, stream: int) -> TieredPartition | None:
+        """The stream's partition if it is owned here, waiting up to START_WAIT_S for it
+        if it is being started (cut over or taken over just now: Kafka's leader answers
+        then, where the proxy answered NOT_LEADER_OR_FOLLOWER)."""
+        partition = self._partition(stream)
+        if partition is None:
+            await self.service.wait_for_partition(stream, time.monotonic() + START_WAIT_S)
+            partition = self._partition(stream)
+        return partition
+
     def _partition(self, stream: int) -> TieredPartition | None:
         """The stream's partition if it is owned (and started) here."""
         partitions = self.service.partitions
@@ -214,7 +230,7 @@ class TieredReads:
         """A peer's fetch (peer_messages.FetchRequest) of a stream owned here: the log
         cache from `offset` on, after waiting up to max_wait_ms for data past it."""
         stream, offset = request.stream_id, request.offset
-        partition = self._partition(stream)
+        partition = await self._started(stream)
         if partition is not None and request.max_wait_ms > 0 and partition.high_watermark <= offset:
             await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
             partition = self._partition(stream)
