@@ -132,8 +132,9 @@ class UpstreamLog:
         log start past `lowest`: logged). Read backwards in chunks, each read once: the
         first FIRST_SPAN offsets (or from `lowest`), then each time GROWTH times as far
         back, less if the bytes read so far say the next chunk would pass TAIL_BYTES.
-        The first read is needed (KafkaError when Kafka does not answer within
-        `timeout_s`); a later one that fails ends the tail there (logged)."""
+        The first read is needed (KafkaError or TimeoutError when Kafka does not answer
+        within `timeout_s`); a later one that fails or is cut by the deadline ends the tail
+        there (logged), and what was read is returned."""
         deadline = time.monotonic() + timeout_s
         found: list[BatchHeader] = []
         log_start = -1
@@ -142,11 +143,12 @@ class UpstreamLog:
             start = max(0, end - reach)
             if lowest is not None:
                 start = min(start, lowest)
-            try:
-                chunk, log_start = await self.headers(
-                    topic, partition, start, upper, deadline - time.monotonic()
-                )
-            except (KafkaError, OSError) as exc:
+            try:  # bounded as a whole: a fetch under way when the deadline passes too
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    chunk, log_start = await self.headers(
+                        topic, partition, start, upper, deadline - time.monotonic()
+                    )
+            except (KafkaError, OSError, TimeoutError) as exc:
                 if not found:
                     raise
                 log.info("%s-%d: Kafka's log below %d not read further: %r",

@@ -93,8 +93,9 @@ class PartitionSet:
         """Rebuild and start a partition per stream (`TieredPartition.recover`, up to
         REBUILDS_AT_ONCE at a time), reading the WAL once for all of them. The entries past
         each stream's committed end go to the log cache, as many as it has room for
-        (`recovered_tail.py`). A stream whose rebuild fails is not started, the others
-        are, and the first failure is raised."""
+        (`recovered_tail.py`). Each partition is started as soon as it is rebuilt. A
+        stream whose rebuild fails (or that another recovery started meanwhile) is not
+        started, the others are, and the first failure is raised."""
         streams = [s for s in streams if s not in self._partitions]
         tail = None
         if self.log_cache is not None:
@@ -103,9 +104,9 @@ class PartitionSet:
         batches = await read_wal_batches(self._wal, set(streams), tail, self.stale)
         limit = asyncio.Semaphore(REBUILDS_AT_ONCE)
 
-        async def rebuilt(stream: int) -> TieredPartition:
+        async def rebuilt(stream: int) -> None:
             async with limit:
-                return await TieredPartition.recover(
+                partition = await TieredPartition.recover(
                     stream,
                     self._wal,
                     metadata,
@@ -116,15 +117,12 @@ class PartitionSet:
                     on_broken=self._broken_partition,
                     read_upstream=read_upstream,
                 )
+            _log_rebuilt(partition, metadata, batches.get(stream, []))
+            # served at once: a produce held for it does not wait for the slower rebuilds
+            self.add(partition, () if tail is None else tail.entries(stream))
 
         results = await asyncio.gather(*(rebuilt(s) for s in streams), return_exceptions=True)
-        failed: BaseException | None = None
-        for stream, partition in zip(streams, results, strict=True):
-            if isinstance(partition, BaseException):
-                failed = failed or partition
-                continue
-            _log_rebuilt(partition, metadata, batches.get(stream, []))
-            self.add(partition, () if tail is None else tail.entries(stream))
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             raise failed
 

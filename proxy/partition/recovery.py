@@ -82,6 +82,8 @@ async def rebuild(
     if upstream:
         try:
             carried = producers_at_cutover(upstream, point.cutover_offset, now, point.carried_from)
+            if not point.seeds_idempotent(now):  # read for the open transactions only
+                carried = [e for e in carried if e.current_txn_first_offset is not None]
         except ValueError as exc:
             if point.carried_from is not None:
                 raise RecoveryError(

@@ -251,7 +251,14 @@ class RecoveryPoint:
         there (`carried_from`) or the cutover is less than SEED_FOR_MS old."""
         if not self.starts_from_cutover:
             return False
-        return self.carried_from is not None or now_ms - self.tiered_at_ms < SEED_FOR_MS
+        return self.carried_from is not None or self.seeds_idempotent(now_ms)
+
+    def seeds_idempotent(self, now_ms: int) -> bool:
+        """Whether the producers with no transaction open at the cutover are seeded too:
+        the cutover is less than SEED_FOR_MS old (module docstring). Past it only the
+        transactions open there are carried: an idempotent producer of the tail would be
+        one Kafka may have expired since, whose next batch it takes at any sequence."""
+        return now_ms - self.tiered_at_ms < SEED_FOR_MS
 
     @property
     def starts_at_log_start(self) -> bool:

@@ -176,15 +176,19 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
             raise RecoveryError(f"stream {stream}: its topic is not known, or deleted")
         if lowest is not None:  # a transaction open at the cutover: needed
             return await upstream.tail(mode.topic, info.partition, end, lowest, TIMEOUT_S)
-        # only the idempotent producers': not long, the rebuild goes on without them (the
-        # bound holds connecting and metadata too, which the read's own deadline does not)
-        async with asyncio.timeout(SEED_TIMEOUT_S):
+        # only the idempotent producers': not long, the rebuild goes on without them. The
+        # read ends at its deadline with what it read; this bound, a second longer, holds
+        # connecting and metadata too, which the read's own deadline does not
+        async with asyncio.timeout(SEED_TIMEOUT_S + 1):
             return await upstream.tail(mode.topic, info.partition, end, None, SEED_TIMEOUT_S)
 
+    failed: Exception | None = None
     try:
         await partitions.recover(
             streams, state, read_committed=read_committed, read_upstream=read_upstream
         )
+    except Exception as exc:  # the others were started: noted below all the same
+        failed = exc
     finally:
         await upstream.close()
     for stream in streams:  # a transaction open below a log start inside a batch
@@ -193,6 +197,8 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
             start = partition.log_start_offset
             partition.note_start_batch(start, await service.batch_base(stream, start))
     service.notify()
+    if failed is not None:
+        raise failed
 
 
 async def lost(service: ShardsHost, shard: int) -> None:

@@ -26,7 +26,7 @@ from proxy.objects.format import read_block, read_object
 from proxy.objects.local import LocalDirectoryStore
 from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError, TieredPartition
 from proxy.partition.partition_set import PartitionSet
-from proxy.partition.rules import CommittedBlock
+from proxy.partition.rules import SEED_FOR_MS, CommittedBlock
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, read_batch_header, with_base_offset
 from proxy.records.markers import Marker, marker_batch
@@ -64,11 +64,13 @@ class Shard:
     """One metadata shard in memory: both streams tiered at CUTOVER; commits as an owner
     writes them (the commit callback of the uploader)."""
 
-    def __init__(self) -> None:
+    def __init__(self, open_at: int | None = None) -> None:
+        """`open_at`: a transaction was open at the cutover of S0 from that offset."""
         self.state = MetadataState(0, 1)
         self.write(ShardClaim(0, 1, "proxy-a", NOW_MS))
         for p, s in enumerate(STREAMS):
-            self.write(StreamCutover(0, s, 1, 1, TOPIC, p, 0, CUTOVER, CUTOVER, NOW_MS))
+            stable = open_at if s == S0 else None
+            self.write(StreamCutover(0, s, 1, 1, TOPIC, p, 0, CUTOVER, CUTOVER, NOW_MS, stable))
 
     def write(self, record: object) -> None:
         key, value = encode(record)
@@ -213,6 +215,68 @@ async def test_a_rebuild_soon_after_the_cutover_takes_the_producers_of_kafkas_lo
         assert "Kafka's log below the cutover 1000 not read" in caplog.text
         async with partition:
             ok(await partition.produce(nth(7, 3), -1), CUTOVER)  # any sequence, as before
+
+
+async def test_a_rebuild_past_the_seed_window_carries_only_the_open_transactions(tmp_path):
+    """A transaction of producer 9 was open at the cutover, so every rebuild with no
+    snapshot reads Kafka's tail, however late; producer 7 (idempotent, done) is in that
+    tail too. Rebuilt more than SEED_FOR_MS after the cutover, the stream carries 9's
+    transaction (its next batch goes on from its sequence, a gap is 45) but not 7, which
+    Kafka may have expired since: 7's next batch is taken at any sequence."""
+    open_at = CUTOVER - 3 * RECORDS
+    txn = [batch(9, n * RECORDS, transactional=True) for n in range(2)]
+    kafka = [
+        read_batch_header(with_base_offset(txn[0], open_at)),
+        read_batch_header(with_base_offset(nth(7, 0), open_at + RECORDS)),
+        read_batch_header(with_base_offset(txn[1], open_at + 2 * RECORDS)),
+    ]
+
+    async def read_upstream(stream: int, lowest: int | None, end: int):
+        assert lowest == open_at
+        return kafka
+
+    shard = Shard(open_at)
+
+    def late() -> int:
+        return NOW_MS + SEED_FOR_MS + 1000
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partition = await TieredPartition.recover(
+            S0, wal, shard.state, clock_ms=late, read_upstream=read_upstream
+        )
+        async with partition:
+            gap = await partition.produce(batch(9, 3 * RECORDS, transactional=True), -1)
+            assert gap.error_code == ErrorCode.out_of_order_sequence_number
+            ok(await partition.produce(batch(9, 2 * RECORDS, transactional=True), -1), CUTOVER)
+            ok(await partition.produce(nth(7, 5), -1), CUTOVER + RECORDS)  # any sequence
+
+
+async def test_a_partition_set_serves_each_stream_as_soon_as_it_is_rebuilt(tmp_path):
+    """Two streams rebuilt together soon after the cutover: the one whose read of Kafka's
+    tail is slow does not hold the other's produce up (before, both were started once
+    every rebuild had ended)."""
+    slow = asyncio.Event()
+
+    async def read_upstream(stream: int, lowest: int | None, end: int):
+        if stream == STREAMS[1]:
+            await slow.wait()
+        return []
+
+    def soon() -> int:
+        return NOW_MS + 1000
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal, clock_ms=soon)
+        recovering = asyncio.create_task(
+            partitions.recover(STREAMS, Shard().state, read_upstream=read_upstream)
+        )
+        await eventually(lambda: partitions.get(S0) is not None)
+        assert partitions.get(STREAMS[1]) is None and not recovering.done()
+        ok(await partitions.produce(S0, nth(7, 0), -1), CUTOVER)
+        slow.set()
+        await asyncio.wait_for(recovering, 10)
+        assert partitions.get(STREAMS[1]) is not None
+        await partitions.close()
 
 
 async def test_an_out_of_order_sequence_gets_45_and_writes_nothing(tmp_path):

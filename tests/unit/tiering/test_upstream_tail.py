@@ -45,17 +45,21 @@ class MemoryLog(UpstreamLog):
         batches: list[BatchHeader],
         fail_after: int | None = None,
         log_start: int | None = None,
+        slow_after: int | None = None,
     ) -> None:
         super().__init__({})
         self.batches = batches
         self.reads: list[tuple[int, int]] = []  # [start, end) of each read
         self.fail_after = fail_after  # reads answered before Kafka goes away
+        self.slow_after = slow_after  # reads answered before Kafka stops answering
         first = batches[0].base_offset if batches else 0
         self.log_start = first if log_start is None else log_start
 
     async def headers(self, topic, partition, start, end, timeout_s=30.0):
         if self.fail_after is not None and len(self.reads) >= self.fail_after:
             raise KafkaError("Kafka went away")
+        if self.slow_after is not None and len(self.reads) >= self.slow_after:
+            await asyncio.sleep(60)  # a fetch under way that does not end
         self.reads.append((start, end))
         await asyncio.sleep(0)  # a real read yields: a loop that never ends can be cut
         found = [h for h in self.batches if h.next_offset > start and h.base_offset < end]
@@ -182,3 +186,17 @@ async def test_a_cleaned_range_below_a_tail_of_almost_tail_bytes_is_read_past():
     found = await asyncio.wait_for(kafka.tail("t", 0, 200_000), 5)
     assert [h.base_offset for h in found] == [10, 199_990]
     assert len(kafka.reads) == len(set(kafka.reads))  # no read made twice
+
+
+async def test_a_read_under_way_at_the_deadline_ends_the_tail_with_what_was_read():
+    """The first read answered, the second never does: at the deadline the tail is what
+    the first read found (before, the caller's bound cancelled it all and the rebuild
+    seeded nothing); a first read that never answers is the caller's TimeoutError."""
+    kafka = MemoryLog(steady(0, 200_000), slow_after=1)
+    found = await asyncio.wait_for(kafka.tail("t", 0, 200_000, timeout_s=0.2), 5)
+    first = 200_000 - FIRST_SPAN
+    assert found[0].base_offset == first - first % 10 and found[-1].next_offset == 200_000
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(
+            MemoryLog(steady(0, 100), slow_after=0).tail("t", 0, 100, timeout_s=0.2), 5
+        )
