@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from proxy.partition.producer_state import ProducerStateEntry
+from proxy.partition.producer_state import NUM_BATCHES_TO_RETAIN, ProducerStateEntry
 from proxy.partition.sequencer import PartitionSequencer
 from proxy.records.batches import BatchHeader
 
@@ -77,7 +77,13 @@ def producers_at_cutover(
         sequencer.replay(header, now_ms)  # by a rebuild's rules
     # A producer the tail shows only a marker of has its batches before the tail: its last
     # sequence is unknown, and it stays unknown to the stream (any sequence), as before
-    states = [entry for entry in sequencer.producer_states.values() if entry.batches]
+    # A producer with fewer batches here than Kafka's state keeps may have older ones
+    # Kafka would still answer a retry of: a retry of one is answered as a duplicate
+    states = [
+        replace(entry, history_cut=len(entry.batches) < NUM_BATCHES_TO_RETAIN)
+        for entry in sequencer.producer_states.values()
+        if entry.batches
+    ]
     if open_from is None:
         return [replace(entry, current_txn_first_offset=None) for entry in states]
     return states

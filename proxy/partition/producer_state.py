@@ -71,7 +71,12 @@ class ProducerStateEntry:
     `written_timestamp`: the timestamp of what it last wrote (the max timestamp of its
     last batch, or its last marker's), which Kafka keeps as the entry's lastTimestamp and
     DescribeProducers shows; None when not known (restored from a snapshot, which does not
-    hold it: `described` then takes the last batch's). Not compared: it only describes."""
+    hold it: `described` then takes the last batch's). Not compared: it only describes.
+    `history_cut`: seeded from the tail of Kafka's log at the cutover with fewer batches
+    than Kafka's state may hold of it (`carried.py`): its older batches, which Kafka would
+    still answer a retry of, are not known here (`older_retry`). Not compared, not in the
+    snapshot (Kafka's own keeps one batch a producer); moot after an epoch change (a new
+    epoch starts at sequence 0: nothing comes before it)."""
 
     producer_id: int
     producer_epoch: int
@@ -80,6 +85,7 @@ class ProducerStateEntry:
     coordinator_epoch: int = NO_COORDINATOR_EPOCH
     current_txn_first_offset: int | None = None
     written_timestamp: int | None = field(default=None, compare=False)
+    history_cut: bool = field(default=False, compare=False)
 
     @property
     def last_seq(self) -> int:
@@ -110,6 +116,20 @@ class ProducerStateEntry:
             if batch.last_seq == last_seq and batch.first_seq == first_seq:
                 return batch
         return None
+
+    def older_retry(self, producer_epoch: int, last_seq: int) -> bool:
+        """Whether a batch of this epoch ending at `last_seq` comes before every batch known
+        here, for a producer whose older batches were cut (`history_cut`) while fewer than
+        Kafka's 5 are known. Kafka appends a producer's batches in sequence order, so such
+        a batch was appended before the cutover: a retry whose answer was lost, which Kafka
+        would answer from its state (its cached offset) and this state cannot, so it is
+        answered DUPLICATE_SEQUENCE_NUMBER, which the clients take as success (a duplicate
+        of a batch written before; no offset). A wrapped sequence does not count."""
+        if not self.history_cut or producer_epoch != self.producer_epoch:
+            return False
+        if not self.batches or len(self.batches) >= NUM_BATCHES_TO_RETAIN:
+            return False
+        return last_seq < self.batches[0].first_seq <= self.batches[0].last_seq
 
     def with_batch(
         self, producer_epoch: int, batch: BatchMetadata, now_ms: int, transactional: bool = False

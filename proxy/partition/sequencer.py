@@ -209,6 +209,13 @@ class PartitionSequencer:
                 if duplicate is not None:
                     duplicates.append(duplicate)
                     continue
+                if entry.older_retry(epoch, last_seq):
+                    return Rejected(
+                        ErrorCode.duplicate_sequence_number,
+                        f"batch {first_seq}..{last_seq} of producer {pid} comes before its "
+                        f"batches known here (from {entry.batches[0].first_seq}): written "
+                        "before the cutover, its offset not known",
+                    )
                 refusal = check_append(entry, epoch, first_seq)
                 if refusal is not None:
                     return Rejected(*refusal, sequence_gap(entry, epoch, first_seq, refusal[0]))

@@ -16,6 +16,7 @@ from test_sequencer_txn import ended, marker, txn
 from proxy.metadata.codec import decode, encode
 from proxy.metadata.records import MetadataRecordError
 from proxy.partition.carried import producers_at_cutover
+from proxy.partition.producer_state import NUM_BATCHES_TO_RETAIN
 from proxy.partition.rules import SEED_FOR_MS, PartitionConfig, RecoveryPoint, rebuild_sequencer
 from proxy.partition.sequencer import Duplicate
 from proxy.records.batches import BatchHeader, read_batch_header, with_base_offset
@@ -179,6 +180,35 @@ def test_a_retry_of_a_batch_kafka_appended_is_a_duplicate_and_a_gap_is_45():
     rejected(sequencer, idem(11, pid=C), ErrorCode.out_of_order_sequence_number)
     assert appended(sequencer, idem(10, pid=C)).base_offset == CUT
     assert sequencer.append(idem(7, pid=C), NOW) == Duplicate(20, 22, -1, None)  # still
+
+
+def test_a_retry_from_before_the_tail_is_a_duplicate_while_fewer_than_5_batches_are_known():
+    """C's batch 4-6 was appended by Kafka before the tail read (cut by time or size), its
+    answer lost: Kafka still has it among C's last 5 and answers its offset. The stream
+    knows C from 7 on only; 4-6 came before, so it was written (Kafka appends a producer
+    in sequence order): DUPLICATE_SEQUENCE_NUMBER, which the clients take as success, not
+    45 (fatal to them). Not for a batch that is not all below, another epoch, a producer
+    whose history the tail holds whole (5 batches), or one the stream alone knows."""
+    carried = producers_at_cutover(kafka_log(), CUT, NOW, None)
+    sequencer = rebuild_sequencer(
+        point(cutover_stable_offset=None), None, [], NOW, PartitionConfig(), carried
+    )
+    rejected(sequencer, idem(4, pid=C), ErrorCode.duplicate_sequence_number)
+    rejected(sequencer, idem(0, count=7, pid=C), ErrorCode.duplicate_sequence_number)
+    rejected(sequencer, idem(5, pid=C), ErrorCode.out_of_order_sequence_number)  # overlaps 7
+    assert appended(sequencer, idem(10, pid=C)).base_offset == CUT
+    rejected(sequencer, idem(4, pid=C), ErrorCode.duplicate_sequence_number)  # still
+    assert appended(sequencer, idem(0, pid=C, epoch=1)).base_offset == CUT + 3  # new epoch
+    rejected(sequencer, idem(4, pid=C, epoch=1), ErrorCode.out_of_order_sequence_number)
+    full = [at(20 + 3 * i, idem(3 + 3 * i, pid=C)) for i in range(NUM_BATCHES_TO_RETAIN)]
+    whole = producers_at_cutover(full, 35, NOW, None)
+    assert not whole[0].history_cut
+    at35 = point(cutover_stable_offset=None, committed_end=35, state_offset=35, cutover_offset=35)
+    sequencer = rebuild_sequencer(at35, None, [], NOW, PartitionConfig(), whole)
+    rejected(sequencer, idem(0, pid=C), ErrorCode.out_of_order_sequence_number)  # as Kafka
+    fresh = rebuild_sequencer(point(cutover_stable_offset=None), None, [], NOW, PartitionConfig())
+    assert appended(fresh, idem(7, pid=C)).base_offset == CUT  # unknown: any sequence
+    rejected(fresh, idem(4, pid=C), ErrorCode.out_of_order_sequence_number)  # as Kafka
 
 
 def test_the_rebuild_reads_kafkas_producers_soon_after_the_cutover_or_for_a_transaction():
