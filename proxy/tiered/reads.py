@@ -160,7 +160,7 @@ class TieredReads:
         partition's state here, else asked of its owner; NOT_LEADER_OR_FOLLOWER when no
         owner answers (away, restarting, or of a release before `PRODUCERS_PROTOCOL`), as
         a broker that is not the leader answers: the client asks again."""
-        partition = self._partition(stream)
+        partition = await self._started(stream)
         if partition is not None:
             return ErrorCode.none, partition.producers()
         service = self.service
@@ -181,7 +181,7 @@ class TieredReads:
         """The owner's last stable offset (read_committed's end), here or asked of the
         owner; None when no owner answers. An owner of a release before transactions
         (peer protocol below STABLE_PROTOCOL) took none: its high watermark."""
-        partition = self._partition(stream)
+        partition = await self._started(stream)
         if partition is not None:
             return partition.last_stable_offset
         end = self._committed_end(stream)
@@ -198,7 +198,7 @@ class TieredReads:
         """(the stream's batches past its committed objects from `offset` on, its high
         watermark): the log cache on the owner, else asked of the owner over the peer
         protocol; None when no owner answers. For ListOffsets' timestamp search."""
-        partition = self._partition(stream)
+        partition = await self._started(stream)
         if partition is not None:
             return await self._tail(stream, offset, max_bytes), partition.high_watermark
         answer = await self._owner_tail(stream, offset, max_bytes, 0)
@@ -209,7 +209,10 @@ class TieredReads:
     async def _started(self, stream: int) -> TieredPartition | None:
         """The stream's partition if it is owned here, waiting up to START_WAIT_S for it
         if it is being started (cut over or taken over just now: Kafka's leader answers
-        then, where the proxy answered NOT_LEADER_OR_FOLLOWER)."""
+        then, where the proxy answered NOT_LEADER_OR_FOLLOWER, or, for a Fetch, served
+        the committed objects only, its high watermark the committed end). Every read at
+        the owner takes its partition here; a proxy that does not own the stream goes on
+        at once."""
         partition = self._partition(stream)
         if partition is None:
             await self.service.wait_for_partition(stream, time.monotonic() + START_WAIT_S)
@@ -360,7 +363,7 @@ class TieredReads:
         if found is None or stream is None or info is None:  # untiered since the split
             return TieredFetchResult(ErrorCode.not_leader_or_follower)
         state = service.state(stream)
-        partition = self._partition(stream)
+        partition = await self._started(stream)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
         end = info.cutover_offset if end is None else end
         # The owner's partition knows a trim (DeleteRecords, retention) the moment it is

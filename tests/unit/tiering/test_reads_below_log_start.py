@@ -94,3 +94,39 @@ async def test_a_fetch_on_the_owner_right_after_a_trim_is_out_of_range_before_th
     part.fetch_offset = 300
     result = await reads._read_one(part, 0, "reader", 0)  # max_bytes 0: no read
     assert (result.error_code, result.log_start_offset) == (ErrorCode.none, 300)
+
+
+async def test_every_read_at_the_owner_waits_for_the_partition_being_started():
+    """Right after the cutover (or a takeover) the owner's partition is being started: a
+    Fetch, a last stable offset, the producers and the high watermark wait for it
+    (`wait_for_partition`), as Kafka's leader answers then (the tail for a timestamp
+    search does too; it needs a log cache, not run here). Before, the Fetch was served the
+    committed end as its high watermark, the others NOT_LEADER_OR_FOLLOWER or no answer."""
+    shard = migrated()
+    started = SimpleNamespace(
+        high_watermark=CUTOVER + 7,
+        log_start_offset=0,
+        last_stable_offset=CUTOVER + 5,
+        producers=lambda: ("p",),
+    )
+    partitions: dict = {}
+    reads = reads_of(shard, partitions)
+    waited: list[int] = []
+
+    async def wait_for_partition(stream, deadline=None):
+        waited.append(stream)
+        partitions[stream] = started  # the rebuild ends
+
+    reads.service.wait_for_partition = wait_for_partition
+    reads.service.owner_address = lambda stream: None  # the owner is this proxy
+    part = SimpleNamespace(topic="t", partition=0, fetch_offset=CUTOVER + 7)
+    result = await reads._read_one(part, 0, "reader", 0)
+    assert (result.error_code, result.high_watermark) == (ErrorCode.none, CUTOVER + 7)
+    for ask, answer in (
+        (reads.owner_last_stable, CUTOVER + 5),
+        (reads.owner_producers, (ErrorCode.none, ("p",))),
+        (reads.owner_high_watermark, CUTOVER + 7),
+    ):
+        partitions.clear()
+        assert await ask(STREAM) == answer
+    assert waited == [STREAM] * 4
