@@ -34,6 +34,7 @@ from proxy.peer.clients import PeerClients, PeerUnavailable
 from proxy.peer.codec import for_peer, frame_size
 from proxy.peer.messages import AppendRequest, AppendResponse
 from proxy.records.batches import CorruptBatchError
+from proxy.tiered.in_order import InOrder
 
 log = logging.getLogger("tierproxy.tiering")
 
@@ -88,8 +89,8 @@ class SenderHost(Protocol):
 class ToOwner:
     def __init__(self, service: SenderHost) -> None:
         self._service = service
-        # stream -> the latest request's future, done once it is written: keeps its order
-        self._sends: dict[int, asyncio.Future[None]] = {}
+        # per stream, the hand-offs in the order they came: each written after the last
+        self._sends = InOrder()
 
     async def send(self, part: Part) -> ProduceResult | None:
         """The owner's answer to `part` (None for acks=0)."""
@@ -103,9 +104,7 @@ class ToOwner:
         # A stream's batches reach the owner in the order they came (producer sequence
         # numbers): each call is made after the previous one's, which PeerClients writes
         # first, whichever S3-WAL PUT ends first.
-        previous = self._sends.get(stream)
-        started = asyncio.get_running_loop().create_future()
-        self._sends[stream] = started
+        turn = self._sends.take(stream)
         location: S3WalLocation | None = None  # released once the owner answered: s3walgc.py
         inline: memoryview | None = None  # or the records themselves (notify: direct)
         s3wal, holes = service.s3wal, service.holes
@@ -114,8 +113,7 @@ class ToOwner:
                 location = await s3wal.append(stream, records)
             else:
                 inline = records
-            if previous is not None:
-                await asyncio.wait([previous])
+            await turn.ready()
             called = time.perf_counter()
             call = asyncio.ensure_future(
                 service.peers.append(
@@ -147,9 +145,7 @@ class ToOwner:
                 ErrorCode.kafka_storage_error, error_message=f"could not hand the batch over: {exc}"
             )
         finally:
-            started.set_result(None)
-            if self._sends.get(stream) is started:
-                del self._sends[stream]
+            turn.end()
         txn = part.transactional_id if batch is not None else None
         request = for_peer(
             AppendRequest(
@@ -225,8 +221,8 @@ class OwnerHost(Protocol):
 class AtOwner:
     def __init__(self, service: OwnerHost) -> None:
         self._service = service
-        # stream -> the latest request's future, done once its batch is queued
-        self._arrivals: dict[int, asyncio.Future[None]] = {}
+        # per stream, the arrivals in the order they came: each queued after the last
+        self._arrivals = InOrder()
 
     async def append(self, request: AppendRequest) -> ProduceResult:
         """A peer's batch for a stream owned here. The S3 reads run concurrently, but the
@@ -241,9 +237,7 @@ class AtOwner:
             pid, epoch, seq = batch.producer_id, batch.producer_epoch, request.hole
             hole = ProducerBatch(pid, epoch, seq, seq)
             holes.dropped(stream, hole)
-        previous = self._arrivals.get(stream)
-        queued = asyncio.get_running_loop().create_future()
-        self._arrivals[stream] = queued
+        turn = self._arrivals.take(stream)
         stages = service.stages
         arrived = time.perf_counter()
         try:
@@ -253,9 +247,9 @@ class AtOwner:
                 records = await reader.read(request.location)
                 stages.since("owner_read", arrived)  # the GET, or its shared or cached bytes
             rules = await self._stream_rules(stream)  # before the order is kept: may wait
-            if previous is not None:
+            if turn.behind:
                 waited = time.perf_counter()
-                await asyncio.wait([previous])
+                await turn.ready()
                 stages.since("owner_order", waited)  # behind the stream's earlier arrivals
             if partitions.get(stream) is None and service.owned_here(stream):
                 await service.wait_for_partition(stream)
@@ -276,9 +270,7 @@ class AtOwner:
             holes.dropped(stream, batch)  # before the stream's next arrival goes on
             raise
         finally:
-            queued.set_result(None)
-            if self._arrivals.get(stream) is queued:
-                del self._arrivals[stream]
+            turn.end()
         result = await call
         stages.since("owner_append", arrived)  # arrival to durable here (read included)
         if result is not None:

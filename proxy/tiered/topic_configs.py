@@ -35,6 +35,7 @@ from proxy.cleaner.plan import CONFIG_KEYS as CLEANER_KEYS
 from proxy.cleaner.plan import CleanerConfig, cleaner_config
 from proxy.partition.produce_rules import CONFIG_KEYS as PRODUCE_KEYS
 from proxy.partition.produce_rules import ProduceRules, produce_rules
+from proxy.tiered.in_order import InOrder
 from proxy.upkeep.retention_plan import CONFIG_KEYS as RETENTION_KEYS
 from proxy.upkeep.retention_plan import RetentionConfig, retention_config
 
@@ -62,7 +63,7 @@ class TopicConfigs:
         self._admin_lock = asyncio.Lock()
         self._cache: dict[str, _Entry] = {}
         self._reading: dict[str, asyncio.Task[None]] = {}  # topic -> its DescribeConfigs
-        self._queue: dict[str, asyncio.Future[None]] = {}  # topic -> its last waiting caller
+        self._queue = InOrder()  # per topic, the callers waiting for its first read
 
     async def get(
         self, topics: Collection[str], *, refresh: bool = False
@@ -92,25 +93,16 @@ class TopicConfigs:
         a partition's requests must reach its sequencer in the order they came, and a
         caller that found the rules cached must not overtake one still waiting."""
         entry = self._cache.get(topic)
-        previous = self._queue.get(topic)
-        if entry is not None and previous is None:
+        if entry is not None and not self._queue.busy(topic):
             if self._stale(topic, time.monotonic()):
                 self._read_soon(topic)
             return entry.produce
-        mine = asyncio.get_running_loop().create_future()
-        self._queue[topic] = mine
-        try:
-            if previous is not None:
-                await asyncio.wait([previous])
+        async with self._queue.turn(topic):
             if topic not in self._cache:
                 try:
                     await asyncio.shield(self._read_soon(topic))
                 except (KafkaError, OSError, TimeoutError):
                     pass  # logged by _read_done; no rules: the caller answers retriable
-        finally:
-            mine.set_result(None)
-            if self._queue.get(topic) is mine:
-                del self._queue[topic]
         entry = self._cache.get(topic)
         return None if entry is None else entry.produce
 

@@ -157,3 +157,37 @@ async def test_turns_go_in_call_order_and_a_cancelled_one_keeps_its_place():
         await cancelled
     assert order == ["first", "third"]
     assert not turns.busy("k")
+
+
+async def test_a_place_taken_first_waits_after_its_own_work_and_a_failed_one_keeps_its_place():
+    """The hand-off's use (owners.py): each call takes its place at once, does its own
+    work concurrently (an S3-WAL PUT, a GET), then waits for the places before it. The
+    second's work ends first, yet it goes after the first; the third fails before its
+    place was ready, and the fourth still waits for the first, not for the failure."""
+    turns = InOrder()
+    order: list[str] = []
+    gates = {name: asyncio.Event() for name in ("first", "second", "failed", "fourth")}
+
+    async def call(name: str) -> None:
+        place = turns.take("s")
+        try:
+            await gates[name].wait()  # the concurrent work
+            if name == "failed":
+                raise OSError("the PUT failed")
+            await place.ready()
+            order.append(name)
+        finally:
+            place.end()
+
+    tasks = [asyncio.create_task(call(name)) for name in gates]
+    await asyncio.sleep(0)
+    assert [turns.take("t").behind, turns.take("t").behind] == [False, True]
+    for name in ("second", "failed", "fourth"):
+        gates[name].set()
+    await asyncio.sleep(0.01)
+    assert order == []  # all behind the first, whose work is not done
+    assert isinstance(tasks[2].exception(), OSError)
+    gates["first"].set()
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    assert order == ["first", "second", "fourth"]
+    assert not turns.busy("s")
