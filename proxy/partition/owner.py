@@ -561,7 +561,11 @@ class TieredPartition:
         self._appended = asyncio.Event()
 
 
-_SEQUENCE_REFUSALS = (ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch)
+_SEQUENCE_REFUSALS = (  # logged: DUPLICATE_SEQUENCE_NUMBER is a success without an offset
+    ErrorCode.out_of_order_sequence_number,
+    ErrorCode.invalid_producer_epoch,
+    ErrorCode.duplicate_sequence_number,
+)
 
 
 def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult) -> None:

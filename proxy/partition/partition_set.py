@@ -65,6 +65,8 @@ class PartitionSet:
         self.log_cache = log_cache
         self._partitions: dict[int, TieredPartition] = {}
         self.broken: dict[int, BaseException] = {}
+        # stream -> why its last rebuild failed: not started until it is rebuilt again
+        self.not_rebuilt: dict[int, BaseException] = {}
         # stream -> WAL offset: its entries starting below it are stale (`disown`)
         self._stale_below: dict[int, int] = {}
 
@@ -95,8 +97,11 @@ class PartitionSet:
         each stream's committed end go to the log cache, as many as it has room for
         (`recovered_tail.py`). Each partition is started as soon as it is rebuilt. A
         stream whose rebuild fails (or that another recovery started meanwhile) is not
-        started, the others are, and the first failure is raised."""
+        started, the others are, and the first failure is raised; the failed ones are in
+        `not_rebuilt` until a later rebuild starts them."""
         streams = [s for s in streams if s not in self._partitions]
+        for stream in streams:  # being started again
+            self.not_rebuilt.pop(stream, None)
         tail = None
         if self.log_cache is not None:
             ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
@@ -106,17 +111,21 @@ class PartitionSet:
 
         async def rebuilt(stream: int) -> None:
             async with limit:
-                partition = await TieredPartition.recover(
-                    stream,
-                    self._wal,
-                    metadata,
-                    batches.get(stream, []),
-                    read_committed=read_committed,
-                    config=self.config,
-                    clock_ms=self._clock_ms,
-                    on_broken=self._broken_partition,
-                    read_upstream=read_upstream,
-                )
+                try:
+                    partition = await TieredPartition.recover(
+                        stream,
+                        self._wal,
+                        metadata,
+                        batches.get(stream, []),
+                        read_committed=read_committed,
+                        config=self.config,
+                        clock_ms=self._clock_ms,
+                        on_broken=self._broken_partition,
+                        read_upstream=read_upstream,
+                    )
+                except Exception as exc:  # requests for it stop waiting for its start
+                    self.not_rebuilt[stream] = exc
+                    raise
             _log_rebuilt(partition, metadata, batches.get(stream, []))
             # served at once: a produce held for it does not wait for the slower rebuilds
             self.add(partition, () if tail is None else tail.entries(stream))
@@ -132,6 +141,7 @@ class PartitionSet:
         if partition.stream_id in self._partitions:
             raise ValueError(f"stream {partition.stream_id} already has a partition here")
         self._partitions[partition.stream_id] = partition
+        self.not_rebuilt.pop(partition.stream_id, None)
         if partition.on_broken is None:
             partition.on_broken = self._broken_partition
         if self.log_cache is not None:

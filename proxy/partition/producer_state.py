@@ -44,6 +44,12 @@ def in_sequence(last_seq: int, next_seq: int) -> bool:
     return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
 
 
+def sequence_before(seq: int, other: int) -> bool:
+    """`seq` comes strictly before `other` in the wrapping sequence space (within half of
+    it: a producer never has that many in flight)."""
+    return 0 < (other - seq) % (INT32_MAX + 1) < (INT32_MAX + 1) // 2
+
+
 @dataclass(frozen=True, slots=True)
 class BatchMetadata:
     """One appended batch of a producer, as Kafka's BatchMetadata."""
@@ -117,19 +123,23 @@ class ProducerStateEntry:
                 return batch
         return None
 
-    def older_retry(self, producer_epoch: int, last_seq: int) -> bool:
-        """Whether a batch of this epoch ending at `last_seq` comes before every batch known
-        here, for a producer whose older batches were cut (`history_cut`) while fewer than
-        Kafka's 5 are known. Kafka appends a producer's batches in sequence order, so such
-        a batch was appended before the cutover: a retry whose answer was lost, which Kafka
-        would answer from its state (its cached offset) and this state cannot, so it is
-        answered DUPLICATE_SEQUENCE_NUMBER, which the clients take as success (a duplicate
-        of a batch written before; no offset). A wrapped sequence does not count."""
+    def older_retry(self, producer_epoch: int, first_seq: int, last_seq: int) -> bool:
+        """Whether a batch of this epoch, `first_seq` to `last_seq`, comes before every
+        batch known here, for a producer whose older batches were cut (`history_cut`)
+        while fewer than Kafka's 5 are known. Kafka appends a producer's batches in
+        sequence order, so such a batch was appended before the cutover: a retry whose
+        answer was lost, which Kafka would answer from its state (its cached offset) and
+        this state cannot, so it is answered DUPLICATE_SEQUENCE_NUMBER, which the clients
+        take as success (a duplicate of a batch written before; no offset). Compared in
+        the wrapping sequence space; the next batch in sequence never counts (its last
+        sequence may wrap past 0)."""
         if not self.history_cut or producer_epoch != self.producer_epoch:
             return False
         if not self.batches or len(self.batches) >= NUM_BATCHES_TO_RETAIN:
             return False
-        return last_seq < self.batches[0].first_seq <= self.batches[0].last_seq
+        if in_sequence(self.last_seq, first_seq):
+            return False
+        return sequence_before(last_seq, self.batches[0].first_seq)
 
     def with_batch(
         self, producer_epoch: int, batch: BatchMetadata, now_ms: int, transactional: bool = False

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode
 
-from proxy.partition.producer_state import INT32_MAX, increment_sequence
+from proxy.partition.producer_state import INT32_MAX, increment_sequence, sequence_before
 from proxy.records.batches import CorruptBatchError, iter_batches
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 SEQUENCE_SPACE = INT32_MAX + 1
-_HALF = SEQUENCE_SPACE // 2
 # Answers meaning "not appended here, send it again": a batch answered so was dropped.
 DROP_CODES = frozenset(
     {
@@ -60,11 +59,6 @@ DROP_CODES = frozenset(
 def seq_within(seq: int, start: int, end: int) -> bool:
     """`start <= seq < end` in Kafka's sequence space, which wraps from 2**31-1 to 0."""
     return (seq - start) % SEQUENCE_SPACE < (end - start) % SEQUENCE_SPACE
-
-
-def _before(seq: int, other: int) -> bool:
-    """`seq` comes strictly before `other` (within half the sequence space)."""
-    return 0 < (other - seq) % SEQUENCE_SPACE < _HALF
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +150,7 @@ class SequenceHoles:
         if batch.producer_epoch < epoch:
             return
         if batch.producer_epoch == epoch:
-            left = tuple(s for s in seqs if _before(batch.last_sequence, s))
+            left = tuple(s for s in seqs if sequence_before(batch.last_sequence, s))
         else:
             left = ()
         if left:
@@ -180,7 +174,7 @@ class SequenceHoles:
         held = self._holes.get((stream, batch.producer_id))
         if held is None or held[0] != batch.producer_epoch:
             return -1
-        before = [s for s in held[1] if _before(s, batch.first_sequence)]
+        before = [s for s in held[1] if sequence_before(s, batch.first_sequence)]
         if not before:
             return -1
         return max(before, key=lambda s: (s - batch.first_sequence) % SEQUENCE_SPACE)

@@ -209,7 +209,7 @@ class PartitionSequencer:
                 if duplicate is not None:
                     duplicates.append(duplicate)
                     continue
-                if entry.older_retry(epoch, last_seq):
+                if entry.older_retry(epoch, first_seq, last_seq):
                     return Rejected(
                         ErrorCode.duplicate_sequence_number,
                         f"batch {first_seq}..{last_seq} of producer {pid} comes before its "

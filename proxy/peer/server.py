@@ -70,7 +70,7 @@ OnCleanCommit = Callable[[CleanCommitRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[int, str]]]
 # stream id -> (error code, its producers as DescribeProducers shows them): in memory, no await
-OnProducers = Callable[[int], tuple[int, tuple[DescribedProducer, ...]]]
+OnProducers = Callable[[int], Awaitable[tuple[int, tuple[DescribedProducer, ...]]]]
 OnShardRead = Callable[[ShardReadRequest], Awaitable[tuple[int, str]]]
 
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
@@ -263,7 +263,7 @@ class PeerServer:
         elif isinstance(request, CatchUpRequest | ProducerCatchUpRequest):
             response = await self._catch_up(request, peer)
         elif isinstance(request, ProducersRequest):
-            response = self._producers(request, peer)
+            response = await self._producers(request, peer)
         elif isinstance(request, ShardReadRequest):
             what = f"read of metadata shard {request.shard} to {request.offset} for {peer}"
             refusal = "this proxy reads no metadata shard"
@@ -338,12 +338,12 @@ class PeerServer:
             log.exception("trim of stream %d from %s failed", request.stream_id, peer)
             return TrimResponse(cid, ErrorCode.unknown_server_error, -1, _describe(exc))
 
-    def _producers(self, request: ProducersRequest, peer: str) -> ProducersResponse:
+    async def _producers(self, request: ProducersRequest, peer: str) -> ProducersResponse:
         cid = request.correlation_id
         if self._on_producers is None:
             return ProducersResponse(cid, ErrorCode.unsupported_version)
         try:
-            return ProducersResponse(cid, *self._on_producers(request.stream_id))
+            return ProducersResponse(cid, *await self._on_producers(request.stream_id))
         except Exception:
             log.exception("producers of stream %d for %s failed", request.stream_id, peer)
             return ProducersResponse(cid, ErrorCode.unknown_server_error)

@@ -69,6 +69,11 @@ class HoldHost(Protocol):
         """The stream's partition is started here (it takes produces)."""
         ...
 
+    def start_failed(self, stream: int) -> bool:
+        """The stream's last rebuild here failed: it is not being started (until its
+        shard is claimed again, or its cutover read again)."""
+        ...
+
     async def changed(self, timeout_s: float) -> None: ...
 
 
@@ -121,6 +126,8 @@ class ProduceHold:
         if deadline is None:
             deadline = time.monotonic() + host.config.cutover_hold_ms / 1000
         while not host.started(stream) and host.owned_here(stream):
+            if host.start_failed(stream):  # nothing to wait for: not served here
+                return
             info = host.state(stream).stream(stream)
             if stream in host.seals or info is None or host.topics.topic(info.topic_id) is None:
                 return

@@ -84,6 +84,10 @@ class ReadsHost(Protocol):
         `deadline` at most (hold.py); at once if it is not owned here."""
         ...
 
+    def owned_here(self, stream: int) -> bool:
+        """The stream's metadata shard is owned by this proxy."""
+        ...
+
     @property
     def wal(self) -> WriteAheadLog | S3WriteAheadLog | None: ...
 
@@ -147,10 +151,10 @@ class TieredReads:
         tail = await self._owner_tail(stream, end, 0, 0)
         return max(end, tail.high_watermark) if tail is not None else None
 
-    def producers_here(self, stream: int) -> tuple[int, tuple[DescribedProducer, ...]]:
-        """A peer's DescribeProducers of a stream: its producers if it is served here, else
-        NOT_LEADER_OR_FOLLOWER."""
-        partition = self._partition(stream)
+    async def producers_here(self, stream: int) -> tuple[int, tuple[DescribedProducer, ...]]:
+        """A peer's DescribeProducers of a stream: its producers if it is served here (or
+        once started, `_started`), else NOT_LEADER_OR_FOLLOWER."""
+        partition = await self._started(stream)
         if partition is None:
             return ErrorCode.not_leader_or_follower, ()
         return ErrorCode.none, partition.producers()
@@ -206,16 +210,21 @@ class TieredReads:
             return None
         return tuple(memoryview(piece) for piece in answer.records), answer.high_watermark
 
-    async def _started(self, stream: int) -> TieredPartition | None:
+    async def _started(self, stream: int, deadline: float | None = None) -> TieredPartition | None:
         """The stream's partition if it is owned here, waiting up to START_WAIT_S for it
         if it is being started (cut over or taken over just now: Kafka's leader answers
         then, where the proxy answered NOT_LEADER_OR_FOLLOWER, or, for a Fetch, served
         the committed objects only, its high watermark the committed end). Every read at
-        the owner takes its partition here; a proxy that does not own the stream goes on
-        at once."""
+        the owner takes its partition here; a proxy that does not own the stream, or whose
+        rebuild of it failed, goes on at once. `deadline`: a Fetch's, shared by its
+        partitions (else START_WAIT_S from now). A shard being taken over is owned here
+        only once its streams are rebuilt (group.py): reads meanwhile are answered as
+        before."""
         partition = self._partition(stream)
-        if partition is None:
-            await self.service.wait_for_partition(stream, time.monotonic() + START_WAIT_S)
+        if partition is None and self.service.owned_here(stream):
+            if deadline is None:
+                deadline = time.monotonic() + START_WAIT_S
+            await self.service.wait_for_partition(stream, deadline)
             partition = self._partition(stream)
         return partition
 
@@ -346,15 +355,21 @@ class TieredReads:
     ) -> dict[Key, TieredFetchResult]:
         results: dict[Key, TieredFetchResult] = {}
         room = max_bytes
+        start_by = time.monotonic() + START_WAIT_S  # partitions being started: 1 s in all
         for part in parts:
             limit = min(part.partition_max_bytes, room) if results else part.partition_max_bytes
-            result = await self._read_one(part, max(limit, 0), reader, isolation_level)
+            result = await self._read_one(part, max(limit, 0), reader, isolation_level, start_by)
             results[part.topic, part.partition] = result
             room -= sum(len(piece) for piece in result.records)
         return results
 
     async def _read_one(
-        self, part: TieredFetchPartition, max_bytes: int, reader: Hashable, isolation_level: int
+        self,
+        part: TieredFetchPartition,
+        max_bytes: int,
+        reader: Hashable,
+        isolation_level: int,
+        start_by: float | None = None,
     ) -> TieredFetchResult:
         service = self.service
         found = service.topics.topic(part.topic)
@@ -363,7 +378,7 @@ class TieredReads:
         if found is None or stream is None or info is None:  # untiered since the split
             return TieredFetchResult(ErrorCode.not_leader_or_follower)
         state = service.state(stream)
-        partition = await self._started(stream)
+        partition = await self._started(stream, start_by)
         end = partition.high_watermark if partition is not None else state.stream_end(stream)
         end = info.cutover_offset if end is None else end
         # The owner's partition knows a trim (DeleteRecords, retention) the moment it is

@@ -459,3 +459,6 @@ class TieringService:
 
     def started(self, stream: int) -> bool:
         return self.partitions is not None and self.partitions.get(stream) is not None
+
+    def start_failed(self, stream: int) -> bool:
+        return self.partitions is not None and stream in self.partitions.not_rebuilt

@@ -683,3 +683,23 @@ async def test_past_a_log_start_inside_an_open_transactions_batch_the_lso_is_tha
             assert (ended.error_code, ended.base_offset) == (0, CUTOVER + 6)
             assert partition.last_stable_offset == partition.high_watermark == CUTOVER + 7
             assert not partition.opened_below(CUTOVER + 7)
+
+
+UNKNOWN = stream_id(TOPIC, 2)  # not cut over in `Shard`
+
+
+async def test_a_stream_whose_rebuild_fails_is_noted_until_a_rebuild_starts_it(tmp_path):
+    """One of two streams fails its rebuild (not in the metadata it is rebuilt from): the
+    other is served, the failed one is in `not_rebuilt` (requests waiting for its start
+    stop waiting: hold.py), and a later rebuild that starts it takes it out."""
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal)
+        shard = Shard()
+        with pytest.raises(Exception):  # noqa: B017 - whichever the rebuild raises
+            await partitions.recover([S0, UNKNOWN], shard.state)
+        assert partitions.get(S0) is not None and partitions.get(UNKNOWN) is None
+        assert list(partitions.not_rebuilt) == [UNKNOWN]
+        shard.write(StreamCutover(0, UNKNOWN, 1, 1, TOPIC, 2, 0, CUTOVER, CUTOVER, NOW_MS, None))
+        await partitions.recover([S0, UNKNOWN], shard.state)
+        assert partitions.get(UNKNOWN) is not None and not partitions.not_rebuilt
+        await partitions.close()

@@ -16,7 +16,7 @@ from test_sequencer_txn import ended, marker, txn
 from proxy.metadata.codec import decode, encode
 from proxy.metadata.records import MetadataRecordError
 from proxy.partition.carried import producers_at_cutover
-from proxy.partition.producer_state import NUM_BATCHES_TO_RETAIN
+from proxy.partition.producer_state import INT32_MAX, NUM_BATCHES_TO_RETAIN
 from proxy.partition.rules import SEED_FOR_MS, PartitionConfig, RecoveryPoint, rebuild_sequencer
 from proxy.partition.sequencer import Duplicate
 from proxy.records.batches import BatchHeader, read_batch_header, with_base_offset
@@ -209,6 +209,23 @@ def test_a_retry_from_before_the_tail_is_a_duplicate_while_fewer_than_5_batches_
     fresh = rebuild_sequencer(point(cutover_stable_offset=None), None, [], NOW, PartitionConfig())
     assert appended(fresh, idem(7, pid=C)).base_offset == CUT  # unknown: any sequence
     rejected(fresh, idem(4, pid=C), ErrorCode.out_of_order_sequence_number)  # as Kafka
+
+
+def test_across_the_sequence_wrap_the_next_batch_is_taken_and_an_older_one_is_a_duplicate():
+    """Sequences wrap from 2**31-1 to 0: C's known batch ends 3 below the wrap, its next
+    one (in sequence, its last sequence past 0) is taken, not answered 46 (which clients
+    take as success: it would be lost); an older one from before the wrap is still a
+    duplicate, and the batch after the wrap goes on."""
+    top = INT32_MAX - 2
+    log = [at(20, idem(top - 6, pid=C)), at(23, idem(top - 3, pid=C))]
+    seeded = producers_at_cutover(log, 26, NOW, None)
+    assert seeded[0].history_cut
+    at26 = point(cutover_stable_offset=None, committed_end=26, state_offset=26, cutover_offset=26)
+    sequencer = rebuild_sequencer(at26, None, [], NOW, PartitionConfig(), seeded)
+    rejected(sequencer, idem(top - 9, pid=C), ErrorCode.duplicate_sequence_number)
+    assert appended(sequencer, idem(top, count=5, pid=C)).base_offset == 26  # ends at 1
+    rejected(sequencer, idem(top - 9, pid=C), ErrorCode.duplicate_sequence_number)
+    assert appended(sequencer, idem(2, pid=C)).base_offset == 31
 
 
 def test_the_rebuild_reads_kafkas_producers_soon_after_the_cutover_or_for_a_transaction():

@@ -69,6 +69,7 @@ class _Host:
         self.cutover = _Looks()
         self._state = _State()
         self._started = False
+        self.failed = False  # the rebuild failed
         self._changes = Changes()  # the service's own wake-up
 
     def state(self, stream: int) -> _State:
@@ -79,6 +80,9 @@ class _Host:
 
     def started(self, stream: int) -> bool:
         return self._started
+
+    def start_failed(self, stream: int) -> bool:
+        return self.failed
 
     async def changed(self, timeout_s: float) -> None:
         await self._changes.wait(timeout_s)
@@ -191,3 +195,21 @@ async def test_a_place_taken_first_waits_after_its_own_work_and_a_failed_one_kee
     await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
     assert order == ["first", "second", "fourth"]
     assert not turns.busy("s")
+
+
+async def test_a_wait_ends_when_the_partitions_rebuild_fails():
+    """The rebuild of a partition being started failed: nothing is being started, so a
+    request waiting for it goes on at once (the caller answers NOT_LEADER_OR_FOLLOWER)
+    instead of waiting its whole deadline, and so does every later one."""
+    host = _Host(hold_ms=30_000)
+    hold = ProduceHold(host)
+    host.cut_over()
+    waiting = asyncio.create_task(hold.wait_for_partition(STREAM))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    host.failed = True
+    host._changes.notify()  # the rebuild's end notifies (shards.recover_streams)
+    await asyncio.wait_for(waiting, 1)
+    started = time.monotonic()
+    await asyncio.wait_for(hold.wait_for_partition(STREAM), 1)
+    assert time.monotonic() - started < 0.5

@@ -119,6 +119,7 @@ async def test_every_read_at_the_owner_waits_for_the_partition_being_started():
 
     reads.service.wait_for_partition = wait_for_partition
     reads.service.owner_address = lambda stream: None  # the owner is this proxy
+    reads.service.owned_here = lambda stream: True
     part = SimpleNamespace(topic="t", partition=0, fetch_offset=CUTOVER + 7)
     result = await reads._read_one(part, 0, "reader", 0)
     assert (result.error_code, result.high_watermark) == (ErrorCode.none, CUTOVER + 7)
@@ -130,3 +131,23 @@ async def test_every_read_at_the_owner_waits_for_the_partition_being_started():
         partitions.clear()
         assert await ask(STREAM) == answer
     assert waited == [STREAM] * 4
+
+
+async def test_a_fetch_waits_for_its_partitions_being_started_one_second_in_all():
+    """Partitions being started share the Fetch's one deadline (a cutover starts many
+    streams, rebuilt 8 at a time: waiting a second for each, one after the other, took a
+    Fetch past the client's timeout); a proxy that does not own the stream never waits."""
+    reads = reads_of(migrated(), {})
+    deadlines: list[float] = []
+
+    async def wait_for_partition(stream, deadline=None):
+        deadlines.append(deadline)
+
+    reads.service.wait_for_partition = wait_for_partition
+    reads.service.owned_here = lambda stream: True
+    part = SimpleNamespace(topic="t", partition=0, fetch_offset=CUTOVER, partition_max_bytes=0)
+    await reads._read_all([part, part, part], 0, "reader", 0)
+    assert len(deadlines) == 3 and len(set(deadlines)) == 1
+    reads.service.owned_here = lambda stream: False
+    await reads._read_all([part], 0, "reader", 0)
+    assert len(deadlines) == 3
