@@ -103,10 +103,14 @@ class PartitionSet:
         for stream in streams:  # being started again
             self.not_rebuilt.pop(stream, None)
         tail = None
-        if self.log_cache is not None:
-            ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
-            tail = RecoveredTail(ends, self.log_cache.room)
-        batches = await read_wal_batches(self._wal, set(streams), tail, self.stale)
+        try:
+            if self.log_cache is not None:
+                ends = {s: info.end_offset for s in streams if (info := metadata.stream(s))}
+                tail = RecoveredTail(ends, self.log_cache.room)
+            batches = await read_wal_batches(self._wal, set(streams), tail, self.stale)
+        except Exception as exc:  # the WAL unreadable: none of them is started
+            self.not_rebuilt.update(dict.fromkeys(streams, exc))
+            raise
         limit = asyncio.Semaphore(REBUILDS_AT_ONCE)
 
         async def rebuilt(stream: int) -> None:
@@ -181,7 +185,9 @@ class PartitionSet:
         return await partition.produce(records, acks, log_append_time, verify)
 
     async def remove(self, stream_id: int) -> None:
-        """Give a partition up: close it (in-flight appends are answered) and forget it."""
+        """Give a partition up: close it (in-flight appends are answered) and forget it
+        (a failed start of it too)."""
+        self.not_rebuilt.pop(stream_id, None)
         partition = self._partitions.pop(stream_id, None)
         if partition is not None:
             await partition.close()

@@ -69,7 +69,8 @@ OnBackfill = Callable[[BackfillRequest], Awaitable[tuple[int, str]]]
 OnCleanCommit = Callable[[CleanCommitRequest], Awaitable[tuple[int, str]]]
 OnTrim = Callable[[TrimRequest], Awaitable[tuple[int, int, str]]]
 OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[int, str]]]
-# stream id -> (error code, its producers as DescribeProducers shows them): in memory, no await
+# stream id -> (error code, its producers as DescribeProducers shows them), once its partition
+# is started if it is being started (up to 1 s)
 OnProducers = Callable[[int], Awaitable[tuple[int, tuple[DescribedProducer, ...]]]]
 OnShardRead = Callable[[ShardReadRequest], Awaitable[tuple[int, str]]]
 

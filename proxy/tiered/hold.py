@@ -70,8 +70,8 @@ class HoldHost(Protocol):
         ...
 
     def start_failed(self, stream: int) -> bool:
-        """The stream's last rebuild here failed: it is not being started (until its
-        shard is claimed again, or its cutover read again)."""
+        """The stream's last rebuild here failed: it is not being started (until the
+        cutover loop rebuilds it again, or its shard is claimed again)."""
         ...
 
     async def changed(self, timeout_s: float) -> None: ...

@@ -62,6 +62,12 @@ def not_owner(message: str) -> ProduceResult:
     return ProduceResult(ErrorCode.not_leader_or_follower, error_message=message)
 
 
+def start_failed(error: BaseException) -> str:
+    """Why a stream owned here is not served: its start failed (`PartitionSet.not_rebuilt`,
+    tried again by the cutover loop)."""
+    return f"its start on this owner failed ({error!r}); it is tried again"
+
+
 class SenderHost(Protocol):
     """What the sender's side needs of the tiered service."""
 
@@ -255,6 +261,9 @@ class AtOwner:
                 await service.wait_for_partition(stream)
             if partitions.get(stream) is None:
                 holes.dropped(stream, batch)
+                failed = partitions.not_rebuilt.get(stream)
+                if failed is not None:
+                    return not_owner(f"stream {stream}: {start_failed(failed)}")
                 return not_owner(f"stream {stream} is not owned by {service.name}")
             if rules is None:
                 return ProduceResult(

@@ -63,7 +63,7 @@ from proxy.tiered.catch_up import catch_up, catch_up_producer
 from proxy.tiered.changes import Changes
 from proxy.tiered.hold import ProduceHold
 from proxy.tiered.leader_epochs import LeaderEpochs
-from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner
+from proxy.tiered.owners import AtOwner, Part, ToOwner, not_owner, start_failed
 from proxy.tiered.ports import SendToKafka, TieringHost
 from proxy.tiered.reads import TieredReads
 from proxy.tiered.startup import start_parts
@@ -428,6 +428,9 @@ class TieringService:
                 return refused
         if stream in self.seals:
             return not_owner(f"{part.topic.name}-{part.partition} is being untiered")
+        failed = self.partitions.not_rebuilt.get(stream)
+        if failed is not None:  # owned here: not a matter for another owner
+            return not_owner(f"{part.topic.name}-{part.partition}: {start_failed(failed)}")
         if self.partitions.get(stream) is not None:
             append_time = part.rules.log_append_time if part.rules is not None else None
             verify = self.verifier_for(stream, part.transactional_id, part.produce_version)

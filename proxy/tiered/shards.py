@@ -205,8 +205,10 @@ async def lost(service: ShardsHost, shard: int) -> None:
     """A shard is being taken away: stop its partitions (in-flight appends answered)."""
     partitions = service.partitions
     assert partitions is not None
-    streams = [s for s in service.readers[shard].state.stream_ids() if partitions.get(s)]
-    await asyncio.gather(*(partitions.remove(s) for s in streams))
+    streams = service.readers[shard].state.stream_ids()
+    await asyncio.gather(*(partitions.remove(s) for s in streams if partitions.get(s)))
+    for stream in streams:  # a failed start of one: not this proxy's to retry now
+        partitions.not_rebuilt.pop(stream, None)
     claimed_elsewhere(service, shard)
 
 

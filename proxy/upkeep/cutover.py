@@ -68,6 +68,7 @@ READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
 FAILED_TOPIC_S = 5.0  # a topic whose cutover failed is tried again after this
+RESTART_FAILED_S = 5.0  # streams whose start failed are rebuilt again after this
 TOPICS_CHECK_S = 5.0  # between two looks at Kafka's tiered topics (partitions, deletion)
 GONE_WAIT_S = 5.0  # how long a DeleteTopics' check waits for Kafka's brokers to agree
 NUDGE_S = 1.0  # a produce to a partition not known here asks for a look at most this often
@@ -129,6 +130,7 @@ class CutoverLoop:
         self.looks = 0  # looks at Kafka's tiered topics judged so far (none: judged too)
         self._nudged: dict[uuid.UUID, float] = {}  # topic id -> no nudge before (monotonic)
         self._failed: dict[uuid.UUID, float] = {}  # topic id -> no cutover before (monotonic)
+        self._next_restart = 0.0  # no restart of failed streams before (monotonic)
 
     async def run(self) -> None:
         service = self.service
@@ -151,6 +153,7 @@ class CutoverLoop:
                     self._check_topics,
                     self._cut_over_ready_streams,
                     self._untier_streams,
+                    self._restart_failed_streams,
                     service.seals.expire,
                 ):
                     try:
@@ -278,6 +281,33 @@ class CutoverLoop:
                      cut.stream, carried)  # fmt: skip
             started.append(cut.stream)
         await service.start_streams(shard, started)  # one rebuild: each reads Kafka's tail
+
+    async def _restart_failed_streams(self) -> None:
+        """Streams of this proxy's shards whose start failed (the rebuild after their
+        cutover, or an un-seal: Kafka's tail unreadable for a transaction open at the
+        cutover, a WAL read error) are rebuilt again, at most every RESTART_FAILED_S:
+        nothing else starts them before their shard changes hands. Meanwhile requests for
+        them are answered NOT_LEADER_OR_FOLLOWER at once (`PartitionSet.not_rebuilt`)."""
+        service = self.service
+        partitions = service.partitions
+        now = time.monotonic()
+        if partitions is None or not partitions.not_rebuilt or now < self._next_restart:
+            return
+        self._next_restart = now + RESTART_FAILED_S
+        for shard, owner in service.owned_shards().items():
+            streams = [
+                s
+                for s in owner.state.stream_ids()
+                if s in partitions.not_rebuilt and s not in service.seals
+            ]
+            if not streams:
+                continue
+            log.info("metadata shard %d: streams %s whose start failed: starting again", shard,
+                     streams)  # fmt: skip
+            try:
+                await service.start_streams(shard, streams)
+            except Exception as exc:  # RecoveryError, KafkaError, OSError: the next round
+                log.warning("metadata shard %d: streams not started again: %r", shard, exc)
 
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them

@@ -699,6 +699,11 @@ async def test_a_stream_whose_rebuild_fails_is_noted_until_a_rebuild_starts_it(t
             await partitions.recover([S0, UNKNOWN], shard.state)
         assert partitions.get(S0) is not None and partitions.get(UNKNOWN) is None
         assert list(partitions.not_rebuilt) == [UNKNOWN]
+        await partitions.remove(UNKNOWN)  # untiered, or its shard lost: forgotten
+        assert not partitions.not_rebuilt
+        with pytest.raises(Exception):  # noqa: B017
+            await partitions.recover([UNKNOWN], shard.state)
+        assert list(partitions.not_rebuilt) == [UNKNOWN]
         shard.write(StreamCutover(0, UNKNOWN, 1, 1, TOPIC, 2, 0, CUTOVER, CUTOVER, NOW_MS, None))
         await partitions.recover([S0, UNKNOWN], shard.state)
         assert partitions.get(UNKNOWN) is not None and not partitions.not_rebuilt

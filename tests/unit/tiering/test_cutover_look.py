@@ -47,3 +47,41 @@ def test_topics_of_another_cluster_are_said_once_by_the_owner_of_shard_0(caplog)
     [said] = caplog.records
     assert said.levelno == logging.ERROR and f"orders of {COPY}" in said.getMessage()
     assert loop.looks == 3
+
+
+def test_streams_whose_start_failed_are_started_again_every_few_seconds(caplog):
+    """A stream of a shard owned here whose rebuild failed (`not_rebuilt`) is started
+    again by the cutover loop, at most every RESTART_FAILED_S; a sealed one is not, nor
+    one of a shard not owned here; a failing retry is logged and the loop goes on."""
+    failed, sealed, fine, elsewhere = 11, 12, 13, 21
+    started: list[tuple[int, list[int]]] = []
+
+    async def start_streams(shard, streams):
+        started.append((shard, streams))
+        if len(started) == 2:
+            raise OSError("Kafka unreachable")
+
+    def owner(streams):
+        return SimpleNamespace(state=SimpleNamespace(stream_ids=lambda: streams))
+
+    error = RuntimeError("tail unreadable")
+    partitions = SimpleNamespace(not_rebuilt={failed: error, sealed: error, elsewhere: error})
+    service = SimpleNamespace(
+        partitions=partitions,
+        seals={sealed},
+        owned_shards=lambda: {1: owner([failed, sealed, fine])},
+        start_streams=start_streams,
+    )
+    loop = CutoverLoop(service)  # type: ignore[arg-type]
+    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
+    assert started == [(1, [failed])]
+    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
+    assert len(started) == 1  # not before RESTART_FAILED_S
+    loop._next_restart = 0.0  # noqa: SLF001
+    caplog.set_level(logging.WARNING, "tierproxy.cutover")
+    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001 - fails: said, not raised
+    assert len(started) == 2 and "not started again" in caplog.text
+    partitions.not_rebuilt.clear()  # started at last
+    loop._next_restart = 0.0  # noqa: SLF001
+    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
+    assert len(started) == 2
