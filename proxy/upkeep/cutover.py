@@ -68,7 +68,8 @@ READ_INTERVAL_S = 0.1
 IDLE_POLL_S = 0.5  # between rounds when nothing waits (a metadata record wakes it sooner)
 WAITING_POLL_S = 0.1  # between rounds while a cutover waits for drained reports
 FAILED_TOPIC_S = 5.0  # a topic whose cutover failed is tried again after this
-RESTART_FAILED_S = 5.0  # streams whose start failed are rebuilt again after this
+RESTART_FAILED_S = 5.0  # streams whose start failed are rebuilt again after this,
+RESTART_FAILED_MAX_S = 80.0  # doubled after each failed retry up to this (a WAL read each)
 TOPICS_CHECK_S = 5.0  # between two looks at Kafka's tiered topics (partitions, deletion)
 GONE_WAIT_S = 5.0  # how long a DeleteTopics' check waits for Kafka's brokers to agree
 NUDGE_S = 1.0  # a produce to a partition not known here asks for a look at most this often
@@ -131,6 +132,7 @@ class CutoverLoop:
         self._nudged: dict[uuid.UUID, float] = {}  # topic id -> no nudge before (monotonic)
         self._failed: dict[uuid.UUID, float] = {}  # topic id -> no cutover before (monotonic)
         self._next_restart = 0.0  # no restart of failed streams before (monotonic)
+        self._restart_after = RESTART_FAILED_S
 
     async def run(self) -> None:
         service = self.service
@@ -285,15 +287,19 @@ class CutoverLoop:
     async def _restart_failed_streams(self) -> None:
         """Streams of this proxy's shards whose start failed (the rebuild after their
         cutover, or an un-seal: Kafka's tail unreadable for a transaction open at the
-        cutover, a WAL read error) are rebuilt again, at most every RESTART_FAILED_S:
+        cutover, a WAL read error) are rebuilt again, RESTART_FAILED_S after, twice as
+        long after each retry that fails (up to RESTART_FAILED_MAX_S: each reads the WAL):
         nothing else starts them before their shard changes hands. Meanwhile requests for
         them are answered NOT_LEADER_OR_FOLLOWER at once (`PartitionSet.not_rebuilt`)."""
         service = self.service
         partitions = service.partitions
         now = time.monotonic()
-        if partitions is None or not partitions.not_rebuilt or now < self._next_restart:
+        if partitions is None or not partitions.not_rebuilt:
+            self._restart_after = RESTART_FAILED_S
             return
-        self._next_restart = now + RESTART_FAILED_S
+        if now < self._next_restart:
+            return
+        self._next_restart = now + self._restart_after
         for shard, owner in service.owned_shards().items():
             streams = [
                 s
@@ -308,6 +314,7 @@ class CutoverLoop:
                 await service.start_streams(shard, streams)
             except Exception as exc:  # RecoveryError, KafkaError, OSError: the next round
                 log.warning("metadata shard %d: streams not started again: %r", shard, exc)
+                self._restart_after = min(self._restart_after * 2, RESTART_FAILED_MAX_S)
 
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them

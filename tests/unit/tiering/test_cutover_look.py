@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.metadata.topic_index import TieredTopic
-from proxy.upkeep.cutover import CutoverLoop
+from proxy.upkeep.cutover import RESTART_FAILED_S, CutoverLoop
 
 HERE = "MkU3OEVBNTcwNTJENDM2Qk"
 COPY = "c2Vjb25kLWNsdXN0ZXItaWQ"
@@ -81,7 +81,9 @@ def test_streams_whose_start_failed_are_started_again_every_few_seconds(caplog):
     caplog.set_level(logging.WARNING, "tierproxy.cutover")
     asyncio.run(loop._restart_failed_streams())  # noqa: SLF001 - fails: said, not raised
     assert len(started) == 2 and "not started again" in caplog.text
+    assert loop._restart_after == 2 * RESTART_FAILED_S  # noqa: SLF001 - backs off
     partitions.not_rebuilt.clear()  # started at last
     loop._next_restart = 0.0  # noqa: SLF001
     asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
     assert len(started) == 2
+    assert loop._restart_after == RESTART_FAILED_S  # noqa: SLF001 - none failed: reset
