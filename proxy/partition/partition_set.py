@@ -67,6 +67,7 @@ class PartitionSet:
         self.broken: dict[int, BaseException] = {}
         # stream -> why its last rebuild failed: not started until it is rebuilt again
         self.not_rebuilt: dict[int, BaseException] = {}
+        self._recovering: set[int] = set()  # streams a recover() is rebuilding now
         # stream -> WAL offset: its entries starting below it are stale (`disown`)
         self._stale_below: dict[int, int] = {}
 
@@ -98,8 +99,24 @@ class PartitionSet:
         (`recovered_tail.py`). Each partition is started as soon as it is rebuilt. A
         stream whose rebuild fails (or that another recovery started meanwhile) is not
         started, the others are, and the first failure is raised; the failed ones are in
-        `not_rebuilt` until a later rebuild starts them."""
-        streams = [s for s in streams if s not in self._partitions]
+        `not_rebuilt` until a later rebuild starts them. A stream another recover() is
+        rebuilding now is left to it."""
+        streams = [s for s in streams if s not in self._partitions and s not in self._recovering]
+        if not streams:
+            return
+        self._recovering.update(streams)
+        try:
+            await self._recover(streams, metadata, read_committed, read_upstream)
+        finally:
+            self._recovering.difference_update(streams)
+
+    async def _recover(
+        self,
+        streams: list[int],
+        metadata: MetadataState,
+        read_committed: ReadCommitted | None,
+        read_upstream: ReadUpstream | None,
+    ) -> None:
         for stream in streams:  # being started again
             self.not_rebuilt.pop(stream, None)
         tail = None

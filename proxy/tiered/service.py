@@ -428,15 +428,15 @@ class TieringService:
                 return refused
         if stream in self.seals:
             return not_owner(f"{part.topic.name}-{part.partition} is being untiered")
-        failed = self.partitions.not_rebuilt.get(stream)
-        if failed is not None:  # owned here: not a matter for another owner
-            return not_owner(f"{part.topic.name}-{part.partition}: {start_failed(failed)}")
         if self.partitions.get(stream) is not None:
             append_time = part.rules.log_append_time if part.rules is not None else None
             verify = self.verifier_for(stream, part.transactional_id, part.produce_version)
             return await self.partitions.produce(
                 stream, part.records, part.acks, append_time, verify
             )
+        failed = self.partitions.not_rebuilt.get(stream)
+        if failed is not None and self.owned_here(stream):  # not another owner's matter
+            return not_owner(f"{part.topic.name}-{part.partition}: {start_failed(failed)}")
         return await self.to_owner.send(part)
 
     def verifier_for(

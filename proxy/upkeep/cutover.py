@@ -53,6 +53,7 @@ from proxy.metadata.state import topic_untier_refusal
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TieredTopic, cutover_ready, stream_of
+from proxy.partition.rules import RecoveryError
 from proxy.peer.clients import PeerUnavailable
 from proxy.peer.codec import TOPIC_OPS_PROTOCOL
 from proxy.peer.messages import ADMIN_OPS
@@ -295,26 +296,35 @@ class CutoverLoop:
         partitions = service.partitions
         now = time.monotonic()
         if partitions is None or not partitions.not_rebuilt:
-            self._restart_after = RESTART_FAILED_S
+            self._restart_after, self._next_restart = RESTART_FAILED_S, 0.0
             return
+        if not self._next_restart:  # a failed start seen first: tried RESTART_FAILED_S on
+            self._next_restart = now + self._restart_after
         if now < self._next_restart:
             return
-        self._next_restart = now + self._restart_after
+        jobs = []
         for shard, owner in service.owned_shards().items():
             streams = [
                 s
                 for s in owner.state.stream_ids()
                 if s in partitions.not_rebuilt and s not in service.seals
             ]
-            if not streams:
-                continue
-            log.info("metadata shard %d: streams %s whose start failed: starting again", shard,
-                     streams)  # fmt: skip
-            try:
-                await service.start_streams(shard, streams)
-            except Exception as exc:  # RecoveryError, KafkaError, OSError: the next round
-                log.warning("metadata shard %d: streams not started again: %r", shard, exc)
-                self._restart_after = min(self._restart_after * 2, RESTART_FAILED_MAX_S)
+            if streams:
+                log.info("metadata shard %d: streams %s whose start failed: starting again",
+                         shard, streams)  # fmt: skip
+                jobs.append((shard, service.start_streams(shard, streams)))
+        # the shards at once: one read of Kafka's tail does not hold the others up
+        results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
+        failed = False
+        for (shard, _), result in zip(jobs, results, strict=True):
+            if isinstance(result, RecoveryError | KafkaError | OSError | TimeoutError):
+                log.warning("metadata shard %d: streams not started again: %r", shard, result)
+            elif isinstance(result, BaseException):  # a bug: said with its traceback
+                log.error("metadata shard %d: streams not started again", shard, exc_info=result)
+            failed = failed or isinstance(result, BaseException)
+        if failed:
+            self._restart_after = min(self._restart_after * 2, RESTART_FAILED_MAX_S)
+        self._next_restart = time.monotonic() + self._restart_after
 
     async def _untier_streams(self) -> None:
         """Streams of this proxy's shards whose topic went back to passthrough: stop them

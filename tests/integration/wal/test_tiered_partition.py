@@ -708,3 +708,26 @@ async def test_a_stream_whose_rebuild_fails_is_noted_until_a_rebuild_starts_it(t
         await partitions.recover([S0, UNKNOWN], shard.state)
         assert partitions.get(UNKNOWN) is not None and not partitions.not_rebuilt
         await partitions.close()
+
+
+async def test_a_stream_being_rebuilt_is_left_to_that_rebuild(tmp_path):
+    """A second recover() of a stream while the first is rebuilding it (the retry of a
+    failed start and a takeover's, say) leaves it to the first: one partition is started,
+    where the second's `add` raised "already has a partition"."""
+    slow = asyncio.Event()
+
+    async def read_upstream(stream: int, lowest: int | None, end: int):
+        await slow.wait()
+        return []
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
+        state = Shard().state
+        first = asyncio.create_task(partitions.recover([S0], state, read_upstream=read_upstream))
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(partitions.recover([S0], state, read_upstream=read_upstream), 1)
+        assert partitions.get(S0) is None  # not started twice, nor waited for
+        slow.set()
+        await asyncio.wait_for(first, 10)
+        assert partitions.get(S0) is not None and not partitions.not_rebuilt
+        await partitions.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -51,8 +52,9 @@ def test_topics_of_another_cluster_are_said_once_by_the_owner_of_shard_0(caplog)
 
 def test_streams_whose_start_failed_are_started_again_every_few_seconds(caplog):
     """A stream of a shard owned here whose rebuild failed (`not_rebuilt`) is started
-    again by the cutover loop, at most every RESTART_FAILED_S; a sealed one is not, nor
-    one of a shard not owned here; a failing retry is logged and the loop goes on."""
+    again by the cutover loop RESTART_FAILED_S after the failure is seen, then twice as
+    long after each retry that fails; a sealed one is not, nor one of a shard not owned
+    here; a failing retry is logged and the loop goes on; none left resets the wait."""
     failed, sealed, fine, elsewhere = 11, 12, 13, 21
     started: list[tuple[int, list[int]]] = []
 
@@ -73,17 +75,25 @@ def test_streams_whose_start_failed_are_started_again_every_few_seconds(caplog):
         start_streams=start_streams,
     )
     loop = CutoverLoop(service)  # type: ignore[arg-type]
-    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
+
+    def round_past_its_time() -> float:
+        waited = loop._next_restart - time.monotonic()  # noqa: SLF001
+        loop._next_restart = time.monotonic() - 1  # noqa: SLF001 - its time has come
+        asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
+        return waited
+
+    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001 - seen: not at once
+    assert started == []
+    assert RESTART_FAILED_S - 1 < round_past_its_time() <= RESTART_FAILED_S
     assert started == [(1, [failed])]
     asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
-    assert len(started) == 1  # not before RESTART_FAILED_S
-    loop._next_restart = 0.0  # noqa: SLF001
+    assert len(started) == 1  # not before its time
     caplog.set_level(logging.WARNING, "tierproxy.cutover")
-    asyncio.run(loop._restart_failed_streams())  # noqa: SLF001 - fails: said, not raised
+    round_past_its_time()  # fails: said, not raised
     assert len(started) == 2 and "not started again" in caplog.text
-    assert loop._restart_after == 2 * RESTART_FAILED_S  # noqa: SLF001 - backs off
+    assert round_past_its_time() > RESTART_FAILED_S * 2 - 1  # backs off
+    assert len(started) == 3
     partitions.not_rebuilt.clear()  # started at last
-    loop._next_restart = 0.0  # noqa: SLF001
     asyncio.run(loop._restart_failed_streams())  # noqa: SLF001
-    assert len(started) == 2
-    assert loop._restart_after == RESTART_FAILED_S  # noqa: SLF001 - none failed: reset
+    assert loop._restart_after == RESTART_FAILED_S and not loop._next_restart  # noqa: SLF001
+    assert len(started) == 3
