@@ -36,6 +36,8 @@ from proxy.apis import (
     api22_init_producer_id,
     api23_offset_for_leader_epoch,
     api24_add_partitions_to_txn,
+    api33_alter_configs,
+    api44_incremental_alter_configs,
     api60_describe_cluster,
     api61_describe_producers,
 )
@@ -111,6 +113,14 @@ HANDLING: dict[int, ApiHandling] = {
         ApiHandling(
             api24_add_partitions_to_txn.API_KEY,
             "AddPartitionsToTxn",
+            tiered=Tiered.AFTER_UPSTREAM,
+        ),
+        # Forwarded whole; a tiered topic whose configs Kafka changed has them read again
+        # by every proxy before the client is answered (tiered/config_changes.py)
+        ApiHandling(api33_alter_configs.API_KEY, "AlterConfigs", tiered=Tiered.AFTER_UPSTREAM),
+        ApiHandling(
+            api44_incremental_alter_configs.API_KEY,
+            "IncrementalAlterConfigs",
             tiered=Tiered.AFTER_UPSTREAM,
         ),
         ApiHandling(

@@ -71,6 +71,9 @@ cluster), written only while every live member is at 10 or later.
 11: the shard read request (a DeleteRecords on a tiered partition is answered once every
 live member has read the owner's StreamTrim; a member older than 11 is not asked, and
 serves below the new log start until its reader applies the trim, as before).
+12: the admin op `configs` (a tiered topic's configs, or with no topic every topic's,
+changed through another proxy: read them again before the next produce), sent only to a
+member at 12 or later; an older member reads them again within a minute, as before.
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -98,6 +101,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "CATCH_UP_PROTOCOL",
     "CLEAN_COMMIT_PROTOCOL",
+    "CONFIGS_PROTOCOL",
     "PRODUCERS_PROTOCOL",
     "PRODUCER_CATCH_UP_PROTOCOL",
     "HEADER_SIZE",
@@ -118,7 +122,7 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 11  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 12  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
@@ -128,6 +132,7 @@ CLEAN_COMMIT_PROTOCOL = 8  # the first level that reads the clean commit request
 PRODUCERS_PROTOCOL = 9  # the first level that reads the producers request
 TOPIC_OPS_PROTOCOL = 10  # the first that reads admin ops deleted, look; TopicModeSet v2
 SHARD_READ_PROTOCOL = 11  # the first level that reads the shard read request
+CONFIGS_PROTOCOL = 12  # the first level that reads the admin op configs
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -19,7 +19,7 @@ from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
 
 ACKS = (-1, 0, 1)
-ADMIN_OPS = ("tier", "untier", "seal", "unseal", "deleted", "look")
+ADMIN_OPS = ("tier", "untier", "seal", "unseal", "deleted", "look", "configs")
 # Records travel in one frame, whose u32 length counts them and the frame's 14-byte head
 # (codec.HEADER_SIZE).
 MAX_RECORDS_BYTES = 0xFFFF_FFFF - 14

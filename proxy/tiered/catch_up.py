@@ -23,6 +23,7 @@ from proxy.apis.api24_add_partitions_to_txn import Key
 from proxy.markers.follower import CatchUpFailed, MarkerFollower
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TopicIndex, stream_of
+from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients, PeerUnavailable
 from proxy.peer.codec import CATCH_UP_PROTOCOL, PRODUCER_CATCH_UP_PROTOCOL
@@ -97,7 +98,7 @@ class CatchUpHost(Protocol):
 
     def peer_address(self, member: str) -> tuple[str, int] | None: ...
 
-    async def wait_for_partition(self, stream: int) -> None: ...
+    async def partition_here(self, stream: int) -> TieredPartition | None: ...
 
 
 async def catch_up(
@@ -143,8 +144,7 @@ async def _wait_for_partitions(host: CatchUpHost, streams: list[int]) -> None:
     if partitions is None:
         raise CatchUpFailed("the tiered service is not started")
     for stream in streams:
-        if partitions.get(stream) is None:
-            await host.wait_for_partition(stream)  # cut over or taken over just now
+        await host.partition_here(stream)  # cut over or taken over just now: started
 
 
 async def _at_owner(host: CatchUpHost, stream: int, timeout_s: float) -> list[int]:

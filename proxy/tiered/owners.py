@@ -25,6 +25,7 @@ from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TieredTopic
 from proxy.metrics import Stages
+from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
@@ -215,9 +216,9 @@ class OwnerHost(Protocol):
 
     async def produce_rules(self, topic: str | uuid.UUID) -> ProduceRules | None: ...
 
-    def owned_here(self, stream: int) -> bool: ...
+    async def partition_here(self, stream: int) -> TieredPartition | None: ...
 
-    async def wait_for_partition(self, stream: int) -> None: ...
+    def not_served(self, stream: int) -> str | None: ...
 
     def verifier_for(
         self, stream: int, transactional_id: str | None, produce_version: int
@@ -257,14 +258,10 @@ class AtOwner:
                 waited = time.perf_counter()
                 await turn.ready()
                 stages.since("owner_order", waited)  # behind the stream's earlier arrivals
-            if partitions.get(stream) is None and service.owned_here(stream):
-                await service.wait_for_partition(stream)
-            if partitions.get(stream) is None:
+            if await service.partition_here(stream) is None:
                 holes.dropped(stream, batch)
-                failed = partitions.not_rebuilt.get(stream)
-                if failed is not None:
-                    return not_owner(f"stream {stream}: {start_failed(failed)}")
-                return not_owner(f"stream {stream} is not owned by {service.name}")
+                why = service.not_served(stream) or f"not owned by {service.name}"
+                return not_owner(f"stream {stream}: {why}")
             if rules is None:
                 return ProduceResult(
                     ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"

@@ -19,9 +19,12 @@ from proxy.apis import api21_delete_records as api21
 from proxy.apis import api22_init_producer_id as api22
 from proxy.apis import api23_offset_for_leader_epoch as api23
 from proxy.apis import api24_add_partitions_to_txn as api24
+from proxy.apis import api33_alter_configs as api33
+from proxy.apis import api44_incremental_alter_configs as api44
 from proxy.apis import api61_describe_producers as api61
 from proxy.apis.api00_produce import TopicKey
 from proxy.kafka.frames import framed
+from proxy.tiered.config_changes import plan_config_changes
 from proxy.tiered.deletes import plan_delete_records
 from proxy.tiered.epochs import plan_offset_for_leader_epoch
 from proxy.tiered.fencing import plan_init_producer_id
@@ -109,6 +112,16 @@ async def _describe_producers(tiering, r: TieredRequest) -> Plan | None:
     return plan_describe_producers(tiering, r.head, r.body, r.api_version)
 
 
+async def _alter_configs(tiering, r: TieredRequest) -> Plan | None:
+    return plan_config_changes(tiering, framed(r.head, r.body), api33.read_alter_configs_response)
+
+
+async def _incremental_alter_configs(tiering, r: TieredRequest) -> Plan | None:
+    return plan_config_changes(
+        tiering, framed(r.head, r.body), api44.read_incremental_alter_configs_response
+    )
+
+
 # (tiering service, request) -> the plan, or None to forward the request as it came;
 # FrameError if the request cannot be read
 Planner = Callable[[Any, TieredRequest], Awaitable[Plan | None]]
@@ -122,6 +135,8 @@ PLANNERS: dict[int, Planner] = {
     api22.API_KEY: _init_producer_id,
     api23.API_KEY: _offset_for_leader_epoch,
     api24.API_KEY: _add_partitions_to_txn,
+    api33.API_KEY: _alter_configs,
+    api44.API_KEY: _incremental_alter_configs,
     api61.API_KEY: _describe_producers,
 }
 if PLANNERS.keys() != TIERED_API_KEYS:  # the registry and the planners say the same

@@ -79,13 +79,12 @@ class ReadsHost(Protocol):
     @property
     def partitions(self) -> PartitionSet | None: ...
 
-    async def wait_for_partition(self, stream: int, deadline: float | None = None) -> None:
-        """A stream owned here whose partition is being started: wait for it, until
-        `deadline` at most (hold.py); at once if it is not owned here."""
-        ...
-
-    def owned_here(self, stream: int) -> bool:
-        """The stream's metadata shard is owned by this proxy."""
+    async def partition_here(
+        self, stream: int, deadline: float | None = None
+    ) -> TieredPartition | None:
+        """The stream's partition if it is started here, one owned here and being started
+        waited for until `deadline` at most (hold.py); None at once if it is not owned
+        here or its start failed."""
         ...
 
     @property
@@ -221,11 +220,10 @@ class TieredReads:
         only once its streams are rebuilt (group.py): reads meanwhile are answered as
         before."""
         partition = self._partition(stream)
-        if partition is None and self.service.owned_here(stream):
+        if partition is None:
             if deadline is None:
                 deadline = time.monotonic() + START_WAIT_S
-            await self.service.wait_for_partition(stream, deadline)
-            partition = self._partition(stream)
+            partition = await self.service.partition_here(stream, deadline)
         return partition
 
     def _partition(self, stream: int) -> TieredPartition | None:

@@ -20,6 +20,7 @@ takes the port it needs (ports.py here, upkeep/ports.py), which the service sati
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import uuid
@@ -45,12 +46,14 @@ from proxy.metrics import Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.format import ObjectFormatError
 from proxy.objects.store import ObjectStore, ObjectStoreError
+from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.partition.txn_gate import Verify
 from proxy.peer.clients import PeerClients
+from proxy.peer.codec import CONFIGS_PROTOCOL
 from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
@@ -82,6 +85,9 @@ from proxy.wal.log import WriteAheadLog
 from proxy.wal.s3log import S3WriteAheadLog
 
 log = logging.getLogger("tierproxy.tiering")
+
+CONFIGS_WAIT_S = 2.0  # how long a config change waits for each member told of it
+_NO_TOPIC_ID = uuid.UUID(int=0)
 
 
 class TieringService:
@@ -320,8 +326,48 @@ class TieringService:
         return await self.reads.serve_tail(request)
 
     async def on_peer_admin(self, request: AdminRequest) -> tuple[int, str]:
-        """A peer's tier / untier / seal / unseal / deleted (upkeep/cutover.py)."""
+        """A peer's tier / untier / seal / unseal / deleted / look (upkeep/cutover.py), or
+        configs: a topic's configs (no topic: every topic's) changed through that peer."""
+        if request.op == "configs":
+            self.topic_configs.changed(request.topic or None)
+            return 0, f"the configs of {request.topic or 'every topic'} are read again"
         return await self.cutover.admin(request.op, request.topic, request.topic_id)
+
+    async def configs_changed(self, topics: list[str] | None) -> None:
+        """Before an AlterConfigs or IncrementalAlterConfigs Kafka answered is answered:
+        these tiered topics' configs (None: every topic's) forgotten here and by every
+        live member that reads the admin op configs, so that their next produces take
+        the new ones (config_changes.py). A member not told in time is logged: it reads
+        them again within a minute."""
+        names: list[str] = [""] if topics is None else topics
+        for name in names:
+            self.topic_configs.changed(name or None)
+        calls = [
+            self._tell_configs(member, name)
+            for member in self.live_peers()
+            if self.peer_protocol(member) >= CONFIGS_PROTOCOL
+            for name in names
+        ]
+        if calls:
+            await asyncio.gather(*calls)
+
+    async def _tell_configs(self, member: str, topic: str) -> None:
+        address = self.peer_address(member)
+        if address is None:
+            return  # not live any more, or without tiering: it serves no tiered produce
+        try:
+            code, message = await self.peers.admin(
+                address, "configs", topic, _NO_TOPIC_ID, timeout_s=CONFIGS_WAIT_S
+            )
+        except Exception as exc:  # unreachable (PeerUnavailable, OSError), late, or bad
+            code, message = -1, repr(exc)
+        if code != 0:
+            log.warning(
+                "%s not told the configs of %s changed (%s): it reads them again within a minute",
+                member,
+                topic or "every topic",
+                message,
+            )
 
     async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         """Before a DeleteTopics Kafka answered with success is answered: the tiered
@@ -434,9 +480,9 @@ class TieringService:
             return await self.partitions.produce(
                 stream, part.records, part.acks, append_time, verify
             )
-        failed = self.partitions.not_rebuilt.get(stream)
-        if failed is not None and self.owned_here(stream):  # not another owner's matter
-            return not_owner(f"{part.topic.name}-{part.partition}: {start_failed(failed)}")
+        why = self.not_served(stream)
+        if why is not None:
+            return not_owner(f"{part.topic.name}-{part.partition}: {why}")
         return await self.to_owner.send(part)
 
     def verifier_for(
@@ -455,10 +501,31 @@ class TieringService:
         key = (topic.name, info.partition)
         return functools.partial(verifier.verify, transactional_id, produce_version, key)
 
-    async def wait_for_partition(self, stream: int, deadline: float | None = None) -> None:
-        """A stream of a shard owned here whose partition is being started: wait for it
-        (hold.py)."""
-        await self.hold.wait_for_partition(stream, deadline)
+    async def partition_here(
+        self, stream: int, deadline: float | None = None
+    ) -> TieredPartition | None:
+        """The stream's partition if it is started here; one owned here and being started
+        (its cutover just read, its shard just claimed, a failed start being retried) is
+        waited for until `deadline` (else cutover_hold_ms: hold.py). None: not owned here,
+        its start failed (`not_served`), or not started by the deadline. Every caller that
+        needs the partition at the owner takes it here."""
+        partitions = self.partitions
+        if partitions is None:
+            return None
+        partition = partitions.get(stream)
+        if partition is None and self.owned_here(stream):
+            await self.hold.wait_for_partition(stream, deadline)
+            partition = partitions.get(stream)
+        return partition
+
+    def not_served(self, stream: int) -> str | None:
+        """Why a stream owned here is not served: its last start failed
+        (`PartitionSet.not_rebuilt`, retried by the cutover loop); None otherwise, also when
+        another proxy owns it (that is its owner's matter)."""
+        failed = None if self.partitions is None else self.partitions.not_rebuilt.get(stream)
+        if failed is None or not self.owned_here(stream):
+            return None
+        return start_failed(failed)
 
     def started(self, stream: int) -> bool:
         return self.partitions is not None and self.partitions.get(stream) is not None

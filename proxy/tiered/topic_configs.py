@@ -14,6 +14,14 @@ client and keeps them `max_age_s`:
   arrive meanwhile). A topic Kafka does not describe (an error) has no rules: its
   produce is answered with a retriable error rather than guessed.
 
+A change made through the fleet (AlterConfigs or IncrementalAlterConfigs through any
+proxy: `config_changes.py`) is not waited for a minute: `changed` forgets the topic's
+configs (every topic's for a broker's default), so its next produce reads them first, as
+Kafka's leader applies the change before its next produce, give or take its replay of the
+metadata log. A read under way when the change came is not kept. A KRaft broker applies
+the change from the metadata log after the controller answered, so the one describing
+the configs may not have it yet: they are read again CHANGE_REREADS_S later.
+
 The same admin client deletes Kafka's copy below a log start retention moved
 (`delete_below`: DeleteRecords; retention.py).
 """
@@ -42,6 +50,7 @@ from proxy.upkeep.retention_plan import RetentionConfig, retention_config
 log = logging.getLogger("tierproxy.topic_configs")
 
 CONFIG_MAX_AGE_S = 60.0  # topic configs are read again after this long
+CHANGE_REREADS_S = (0.5, 2.0)  # a changed topic's configs are read again this long after
 CONFIG_KEYS = tuple(dict.fromkeys(RETENTION_KEYS + PRODUCE_KEYS + CLEANER_KEYS))
 
 
@@ -64,6 +73,11 @@ class TopicConfigs:
         self._cache: dict[str, _Entry] = {}
         self._reading: dict[str, asyncio.Task[None]] = {}  # topic -> its DescribeConfigs
         self._queue = InOrder()  # per topic, the callers waiting for its first read
+        # changes through the fleet (`changed`): per topic, and of every topic; a read
+        # that began before a change does not keep what it read
+        self._changes: dict[str, int] = {}
+        self._all_changes = 0
+        self._rereads: set[asyncio.TimerHandle] = set()
 
     async def get(
         self, topics: Collection[str], *, refresh: bool = False
@@ -105,6 +119,32 @@ class TopicConfigs:
                     pass  # logged by _read_done; no rules: the caller answers retriable
         entry = self._cache.get(topic)
         return None if entry is None else entry.produce
+
+    def changed(self, topic: str | None) -> None:
+        """`topic`'s configs (None: every topic's, a broker's default) were changed: read
+        them again before the next produce, and CHANGE_REREADS_S later (module docstring)."""
+        if topic is None:
+            self._all_changes += 1
+            topics = list(self._cache)
+            self._cache.clear()
+        else:
+            self._changes[topic] = self._changes.get(topic, 0) + 1
+            topics = [topic]
+            self._cache.pop(topic, None)
+        for name in topics:
+            self._reading.pop(name, None)  # what it reads is not kept (_describe)
+        loop = asyncio.get_running_loop()
+        self._rereads = {h for h in self._rereads if h.when() > loop.time()}  # those to come
+        for delay in CHANGE_REREADS_S:
+            self._rereads.add(loop.call_later(delay, self._reread, topics))
+
+    def _reread(self, topics: list[str]) -> None:
+        for topic in topics:
+            if topic in self._cache:  # else its next produce reads it anyway
+                self._read_soon(topic)
+
+    def _change(self, topic: str) -> int:
+        return self._changes.get(topic, 0) + self._all_changes
 
     def _stale(self, topic: str, now: float) -> bool:
         entry = self._cache.get(topic)
@@ -148,11 +188,14 @@ class TopicConfigs:
 
     async def _describe(self, topics: list[str]) -> None:
         now = time.monotonic()
+        change = {topic: self._change(topic) for topic in topics}
         admin = await self._admin_client()
         wanted = dict.fromkeys(CONFIG_KEYS)
         resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
         for response in await admin.describe_configs(resources):
             for error_code, message, _, name, entries in response.resources:
+                if change.get(name, -1) != self._change(name):
+                    continue  # changed since this read began: what it read may be older
                 if error_code != 0:
                     log.warning("configs of %s: DescribeConfigs: %s %s", name, error_code, message)
                     self._cache.pop(name, None)
@@ -163,6 +206,9 @@ class TopicConfigs:
                 )
 
     async def close(self) -> None:
+        for handle in self._rereads:
+            handle.cancel()
+        self._rereads.clear()
         reading, self._reading = list(self._reading.values()), {}
         for task in reading:
             task.cancel()

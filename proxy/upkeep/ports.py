@@ -24,6 +24,7 @@ from proxy.metadata.store import ShardOwner, ShardReader
 from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.bandwidth import Bandwidth
 from proxy.objects.store import ObjectStore
+from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.peer.clients import PeerClients
 from proxy.reads.blockcache import BlockCache
@@ -114,9 +115,12 @@ class TrimHost(ShardsAndPeers, OwnedPartitions, Protocol):
         batch begins there or none holds it): where Kafka's LSO lands past a log start."""
         ...
 
-    async def wait_for_partition(self, stream: int, deadline: float | None = None) -> None:
-        """A stream owned here whose partition is being started: wait for it, until
-        `deadline` at most (tiered/hold.py)."""
+    async def partition_here(
+        self, stream: int, deadline: float | None = None
+    ) -> TieredPartition | None:
+        """The stream's partition if it is started here, one owned here and being started
+        waited for until `deadline` at most (tiered/hold.py); None if it is not served
+        here."""
         ...
 
     async def read_everywhere(self, shard: int, offset: int, timeout_s: float) -> list[str]:

@@ -76,12 +76,9 @@ async def trim_stream(service: TrimHost, request: TrimRequest) -> tuple[int, int
             return ErrorCode.request_timed_out, -1, f"shard {shard}: the trim not read here in time"
         return code, start, message
     info = owner.state.stream(stream)
-    partition = service.partitions.get(stream) if service.partitions else None
-    if info is not None and partition is None and service.partitions is not None:
-        # cut over or taken over just now: its partition is being started (a rebuild,
-        # which may read Kafka's tail), as a produce waits for it (tiered/hold.py)
-        await service.wait_for_partition(stream, deadline)
-        partition = service.partitions.get(stream)
+    # cut over or taken over just now: its partition may be being started (a rebuild,
+    # which may read Kafka's tail), as a produce waits for it (tiered/hold.py)
+    partition = None if info is None else await service.partition_here(stream, deadline)
     if info is None or partition is None:  # untiered, or not started: the client retries
         return ErrorCode.not_leader_or_follower, -1, f"stream {stream} is not served here now"
     high_watermark = partition.high_watermark

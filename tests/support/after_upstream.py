@@ -4,8 +4,11 @@ AddPartitionsToTxn, InitProducerId) in a unit test, with a stand-in tiering serv
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from typing import Any
+
+from proxy.metadata.topic_index import TieredTopic
 
 HEAD = b"H" * 10  # a request header, as the plan is handed it
 
@@ -27,3 +30,16 @@ def run_after_upstream(make_plan: Callable[[tuple, memoryview], Any], asked: lis
         return plan.upstream_frame, asked_before, plan.merge(version, memoryview(answer), local)
 
     return asyncio.run(run())
+
+
+class TieredTopics:
+    """The tiering service's `topics` as a plan reads them: these topics are tiered."""
+
+    def __init__(self, tiered: list[TieredTopic]) -> None:
+        self.tiered = tiered
+
+    def any(self) -> bool:
+        return bool(self.tiered)
+
+    def topic(self, key: str | uuid.UUID) -> TieredTopic | None:
+        return next((t for t in self.tiered if key in (t.name, t.topic_id)), None)

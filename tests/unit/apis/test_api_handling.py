@@ -14,9 +14,10 @@ from proxy.tiered.planners import PLANNERS
 
 
 def test_every_tiered_api_has_a_planner_and_no_other_does():
-    assert set(PLANNERS) == set(TIERED_API_KEYS) == {0, 1, 2, 20, 21, 22, 23, 24, 61}
-    assert {HANDLING[key].tiered for key in (20, 22, 24)} == {Tiered.AFTER_UPSTREAM}
-    assert {HANDLING[key].tiered for key in TIERED_API_KEYS - {20, 22, 24}} == {Tiered.SPLIT}
+    assert set(PLANNERS) == set(TIERED_API_KEYS) == {0, 1, 2, 20, 21, 22, 23, 24, 33, 44, 61}
+    after = {20, 22, 24, 33, 44}
+    assert {HANDLING[key].tiered for key in after} == {Tiered.AFTER_UPSTREAM}
+    assert {HANDLING[key].tiered for key in TIERED_API_KEYS - after} == {Tiered.SPLIT}
 
 
 def test_names_and_keys_agree_with_kafkas_table():

@@ -17,7 +17,7 @@ from proxy.kafka.codec import encode
 from proxy.kafka.frames import FrameError
 from proxy.metadata.topic_index import TieredTopic
 from proxy.tiered.topic_deletes import plan_delete_topics
-from tests.support.after_upstream import HEAD, run_after_upstream
+from tests.support.after_upstream import HEAD, TieredTopics, run_after_upstream
 from tests.support.kio_types import mod, only_fields, served
 
 REQUESTS, RESPONSES, VERSIONS = served(20)
@@ -92,23 +92,12 @@ def test_truncated_bodies_and_unserved_versions_are_frame_errors():
         read_delete_topics_response(0, body)
 
 
-class _Topics:
-    def __init__(self, tiered: list[TieredTopic]) -> None:
-        self.tiered = tiered
-
-    def any(self) -> bool:
-        return bool(self.tiered)
-
-    def topic(self, key: str | uuid.UUID) -> TieredTopic | None:
-        return next((t for t in self.tiered if key in (t.name, t.topic_id)), None)
-
-
 class _Tiering:
     """What the plan reads of the tiering service: a pure stand-in for a unit test; its
     mark records the topics asked and answers `code`."""
 
     def __init__(self, tiered: list[TieredTopic], code: int = 0) -> None:
-        self.topics = _Topics(tiered)
+        self.topics = TieredTopics(tiered)
         self.code = code
         self.asked: list[tuple[str, uuid.UUID]] = []
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -24,6 +25,7 @@ from proxy.metadata.topic_index import TieredTopic
 from proxy.tiered.changes import Changes
 from proxy.tiered.hold import PARTITION_POLL_S, ProduceHold
 from proxy.tiered.in_order import InOrder
+from proxy.tiered.service import TieringService
 
 STREAM = 7
 TOPIC = TieredTopic(uuid.uuid4(), "t", 0)
@@ -213,3 +215,44 @@ async def test_a_wait_ends_when_the_partitions_rebuild_fails():
     started = time.monotonic()
     await asyncio.wait_for(hold.wait_for_partition(STREAM), 1)
     assert time.monotonic() - started < 0.5
+
+
+async def test_the_partition_here_is_waited_for_only_where_its_shard_is_owned():
+    """`TieringService.partition_here` is the one get-or-wait of every caller at the owner
+    (reads, produce hand-offs, DeleteRecords' trim, the marker catch-up): a started
+    partition at once, one owned here waited for until the caller's deadline, another
+    proxy's stream never. `not_served` says why a stream owned here is not served, and
+    nothing for another owner's stream."""
+
+    class _Partitions:
+        def __init__(self) -> None:
+            self.started: dict[int, str] = {}
+            self.not_rebuilt: dict[int, BaseException] = {}
+
+        def get(self, stream: int) -> str | None:
+            return self.started.get(stream)
+
+    partitions = _Partitions()
+    waits: list[tuple[int, float | None]] = []
+
+    async def wait_for_partition(stream: int, deadline: float | None = None) -> None:
+        waits.append((stream, deadline))
+        partitions.started[stream] = "partition"  # the rebuild ends
+
+    service = SimpleNamespace(
+        partitions=partitions,
+        owned_here=lambda stream: stream == STREAM,
+        hold=SimpleNamespace(wait_for_partition=wait_for_partition),
+    )
+    assert await TieringService.partition_here(service, STREAM + 1) is None
+    assert waits == []  # another proxy's stream: no wait
+    assert await TieringService.partition_here(service, STREAM, 12.5) == "partition"
+    assert waits == [(STREAM, 12.5)]
+    assert await TieringService.partition_here(service, STREAM) == "partition"
+    assert len(waits) == 1  # started: no wait
+    assert TieringService.not_served(service, STREAM) is None
+    partitions.not_rebuilt[STREAM + 1] = OSError("the WAL read failed")
+    assert TieringService.not_served(service, STREAM + 1) is None  # its owner's matter
+    partitions.not_rebuilt[STREAM] = OSError("the WAL read failed")
+    why = TieringService.not_served(service, STREAM)
+    assert why is not None and "the WAL read failed" in why

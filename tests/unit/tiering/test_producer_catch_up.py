@@ -68,8 +68,10 @@ class _Host:
     def peer_address(self, member: str) -> tuple[str, int] | None:
         return (member, 9000)
 
-    async def wait_for_partition(self, stream: int) -> None:
-        raise AssertionError("every partition is started")
+    async def partition_here(self, stream: int) -> _Partition | None:
+        partition = self.partitions.get(stream)
+        assert partition is not None, "every partition is started"
+        return partition
 
 
 def test_the_producers_partitions_here_and_every_member_that_reads_it_are_caught_up():

@@ -6,6 +6,7 @@ Kafka, and EARLIEST is never below that log start (issue 15)."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +18,7 @@ from proxy.metadata.records import StreamTrim
 from proxy.metadata.topic_index import TieredTopic
 from proxy.metrics import ProxyMetrics
 from proxy.tiered.offsets import StreamPart, combine
-from proxy.tiered.reads import TieredReads
+from proxy.tiered.reads import START_WAIT_S, TieredReads
 
 
 def migrated() -> Shard:
@@ -99,7 +100,7 @@ async def test_a_fetch_on_the_owner_right_after_a_trim_is_out_of_range_before_th
 async def test_every_read_at_the_owner_waits_for_the_partition_being_started():
     """Right after the cutover (or a takeover) the owner's partition is being started: a
     Fetch, a last stable offset, the producers and the high watermark wait for it
-    (`wait_for_partition`), as Kafka's leader answers then (the tail for a timestamp
+    (`partition_here`), as Kafka's leader answers then (the tail for a timestamp
     search does too; it needs a log cache, not run here). Before, the Fetch was served the
     committed end as its high watermark, the others NOT_LEADER_OR_FOLLOWER or no answer."""
     shard = migrated()
@@ -113,13 +114,13 @@ async def test_every_read_at_the_owner_waits_for_the_partition_being_started():
     reads = reads_of(shard, partitions)
     waited: list[int] = []
 
-    async def wait_for_partition(stream, deadline=None):
+    async def partition_here(stream, deadline=None):
         waited.append(stream)
         partitions[stream] = started  # the rebuild ends
+        return started
 
-    reads.service.wait_for_partition = wait_for_partition
+    reads.service.partition_here = partition_here
     reads.service.owner_address = lambda stream: None  # the owner is this proxy
-    reads.service.owned_here = lambda stream: True
     part = SimpleNamespace(topic="t", partition=0, fetch_offset=CUTOVER + 7)
     result = await reads._read_one(part, 0, "reader", 0)
     assert (result.error_code, result.high_watermark) == (ErrorCode.none, CUTOVER + 7)
@@ -136,18 +137,16 @@ async def test_every_read_at_the_owner_waits_for_the_partition_being_started():
 async def test_a_fetch_waits_for_its_partitions_being_started_one_second_in_all():
     """Partitions being started share the Fetch's one deadline (a cutover starts many
     streams, rebuilt 8 at a time: waiting a second for each, one after the other, took a
-    Fetch past the client's timeout); a proxy that does not own the stream never waits."""
+    Fetch past the client's timeout)."""
     reads = reads_of(migrated(), {})
     deadlines: list[float] = []
 
-    async def wait_for_partition(stream, deadline=None):
+    async def partition_here(stream, deadline=None):
         deadlines.append(deadline)
+        return None  # not started by the deadline
 
-    reads.service.wait_for_partition = wait_for_partition
-    reads.service.owned_here = lambda stream: True
+    reads.service.partition_here = partition_here
     part = SimpleNamespace(topic="t", partition=0, fetch_offset=CUTOVER, partition_max_bytes=0)
     await reads._read_all([part, part, part], 0, "reader", 0)
     assert len(deadlines) == 3 and len(set(deadlines)) == 1
-    reads.service.owned_here = lambda stream: False
-    await reads._read_all([part], 0, "reader", 0)
-    assert len(deadlines) == 3
+    assert deadlines[0] <= time.monotonic() + START_WAIT_S
