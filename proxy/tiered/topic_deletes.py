@@ -9,7 +9,9 @@ topic's stream, which still holds the name in the fleet's metadata until the own
 topic shard marks it DELETED (`CutoverLoop.topic_deleted`, asked here over the peer
 protocol when that owner is another proxy). So the answer waits for that mark: from then
 on the name is passthrough on every proxy that has read it, and the old streams are
-dropped by their owners, their objects by the garbage collector.
+dropped by their owners, their objects by the garbage collector. Every proxy forgets the
+topic's configs too (kept by name: `TopicConfigs.changed`, over the peer protocol as for
+AlterConfigs), so that a topic created again under the name and tiered has its own.
 
 A mark that fails (the topic shard with no live owner, a peer away) is logged and the
 client gets Kafka's answer all the same: the owner's own check of Kafka finds the
@@ -42,6 +44,10 @@ class TopicDeletesHost(Protocol):
 
     async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         """The tiered topic marked DELETED by the owner of its topic shard."""
+        ...
+
+    async def configs_changed(self, topics: list[str] | None) -> None:
+        """These topics' configs forgotten by every proxy (config_changes.py)."""
         ...
 
 
@@ -83,10 +89,13 @@ class DeleteTopicsPlan:
         return None if name is None else topics.topic(name)
 
     async def _mark(self, deleted: list[TieredTopic]) -> None:
-        answers = await asyncio.gather(
+        # the configs are kept by name: a topic created again under it has its own
+        marks = asyncio.gather(
             *(self.host.topic_deleted(t.name, t.topic_id) for t in deleted),
             return_exceptions=True,
         )
+        forget = self.host.configs_changed([t.name for t in deleted])  # logs its failures
+        answers, _ = await asyncio.gather(marks, forget)
         for topic, answer in zip(deleted, answers, strict=True):
             if isinstance(answer, BaseException):
                 if not isinstance(answer, Exception):

@@ -100,11 +100,15 @@ class _Tiering:
         self.topics = TieredTopics(tiered)
         self.code = code
         self.asked: list[tuple[str, uuid.UUID]] = []
+        self.forgotten: list[list[str] | None] = []  # configs, by name
 
     async def topic_deleted(self, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         self.asked.append((topic, topic_id))
         await asyncio.sleep(0)
         return self.code, "the owner of metadata shard 3 did not answer"
+
+    async def configs_changed(self, topics: list[str] | None) -> None:
+        self.forgotten.append(topics)
 
 
 TIERED = [TieredTopic(ORDERS, "orders", 1), TieredTopic(PAYMENTS, "payments", 1)]
@@ -134,6 +138,7 @@ def test_forward_first_then_the_deleted_tiered_topics_marked_then_kafkas_answer(
     assert frame == (b"S", HEAD, req)  # the request upstream as it came
     assert asked_before == []  # nothing marked before Kafka answered
     assert tiering.asked == [("orders", ORDERS)]
+    assert tiering.forgotten == [["orders"]]  # a topic created again has its own configs
     assert body == ans  # Kafka's answer, byte for byte
 
 
