@@ -13,8 +13,10 @@ topic without its own value takes), this one and every live member at
 
 The answer is Kafka's whatever happens here: a member not told within CONFIGS_WAIT_S
 (away, or an older release) reads the configs again within a minute, as before; that is
-logged. A request Kafka refused for every resource, or that validated only, may still
-make the proxies read the configs once more: harmless, and the request is not read.
+logged. Resources Kafka refused change nothing. The request is not read, so one that
+only validated (`validate_only`) makes the proxies read the configs again all the same,
+and so does any change of a broker's configs (whichever key: the answer does not say),
+every topic's then: one DescribeConfigs per topic on each proxy's next produce to it.
 """
 
 from __future__ import annotations

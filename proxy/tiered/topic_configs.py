@@ -18,9 +18,11 @@ A change made through the fleet (AlterConfigs or IncrementalAlterConfigs through
 proxy: `config_changes.py`) is not waited for a minute: `changed` forgets the topic's
 configs (every topic's for a broker's default), so its next produce reads them first, as
 Kafka's leader applies the change before its next produce, give or take its replay of the
-metadata log. A read under way when the change came is not kept. A KRaft broker applies
-the change from the metadata log after the controller answered, so the one describing
-the configs may not have it yet: they are read again CHANGE_REREADS_S later.
+metadata log. A read under way when the change came is not kept, and whoever waited for
+it reads again (at most CHANGED_READS times). A KRaft broker applies the change from the
+metadata log after the controller answered, so the one describing the configs may not
+have it yet: those read since are read again CHANGE_REREADS_S later, in one
+DescribeConfigs.
 
 The same admin client deletes Kafka's copy below a log start retention moved
 (`delete_below`: DeleteRecords; retention.py).
@@ -51,6 +53,7 @@ log = logging.getLogger("tierproxy.topic_configs")
 
 CONFIG_MAX_AGE_S = 60.0  # topic configs are read again after this long
 CHANGE_REREADS_S = (0.5, 2.0)  # a changed topic's configs are read again this long after
+CHANGED_READS = 3  # reads of a topic whose configs changed while it was read, at most
 CONFIG_KEYS = tuple(dict.fromkeys(RETENTION_KEYS + PRODUCE_KEYS + CLEANER_KEYS))
 
 
@@ -71,13 +74,15 @@ class TopicConfigs:
         self._admin: AIOKafkaAdminClient | None = None
         self._admin_lock = asyncio.Lock()
         self._cache: dict[str, _Entry] = {}
-        self._reading: dict[str, asyncio.Task[None]] = {}  # topic -> its DescribeConfigs
+        self._reading: dict[str, asyncio.Task[list[str]]] = {}  # topic -> its DescribeConfigs
         self._queue = InOrder()  # per topic, the callers waiting for its first read
         # changes through the fleet (`changed`): per topic, and of every topic; a read
         # that began before a change does not keep what it read
         self._changes: dict[str, int] = {}
         self._all_changes = 0
         self._rereads: set[asyncio.TimerHandle] = set()
+        self._others: set[asyncio.Task[list[str]]] = set()  # reads `changed` let go, rereads
+        self._closed = False
 
     async def get(
         self, topics: Collection[str], *, refresh: bool = False
@@ -95,8 +100,10 @@ class TopicConfigs:
         """The topics' entries, the stale ones (all with `refresh`) read again first."""
         now = time.monotonic()
         stale = [t for t in topics if refresh or self._stale(t, now)]
-        if stale:
-            await self._describe(stale)
+        for _ in range(CHANGED_READS):
+            if not stale:
+                break
+            stale = await self._describe(stale)  # again those changed while read
         return {t: self._cache[t] for t in topics if t in self._cache}
 
     async def produce_rules(self, topic: str) -> ProduceRules | None:
@@ -112,36 +119,54 @@ class TopicConfigs:
                 self._read_soon(topic)
             return entry.produce
         async with self._queue.turn(topic):
-            if topic not in self._cache:
+            for _ in range(CHANGED_READS):
+                if topic in self._cache:
+                    break
+                change = self._change(topic)
                 try:
                     await asyncio.shield(self._read_soon(topic))
                 except (KafkaError, OSError, TimeoutError):
-                    pass  # logged by _read_done; no rules: the caller answers retriable
+                    break  # logged by _read_done; no rules: the caller answers retriable
+                if self._change(topic) == change:
+                    break  # read, or not described: what Kafka said
         entry = self._cache.get(topic)
         return None if entry is None else entry.produce
 
     def changed(self, topic: str | None) -> None:
         """`topic`'s configs (None: every topic's, a broker's default) were changed: read
-        them again before the next produce, and CHANGE_REREADS_S later (module docstring)."""
+        them again before the next produce, and CHANGE_REREADS_S later if they were read
+        again by then (module docstring)."""
+        if self._closed:
+            return
         if topic is None:
             self._all_changes += 1
             topics = list(self._cache)
             self._cache.clear()
+            reads = list(self._reading.values())
+            self._reading.clear()
         else:
             self._changes[topic] = self._changes.get(topic, 0) + 1
             topics = [topic]
             self._cache.pop(topic, None)
-        for name in topics:
-            self._reading.pop(name, None)  # what it reads is not kept (_describe)
+            read = self._reading.pop(topic, None)
+            reads = [] if read is None else [read]
+        for task in reads:  # what it reads is not kept (_describe); closed with the rest
+            self._keep(task)
         loop = asyncio.get_running_loop()
         self._rereads = {h for h in self._rereads if h.when() > loop.time()}  # those to come
         for delay in CHANGE_REREADS_S:
             self._rereads.add(loop.call_later(delay, self._reread, topics))
 
     def _reread(self, topics: list[str]) -> None:
-        for topic in topics:
-            if topic in self._cache:  # else its next produce reads it anyway
-                self._read_soon(topic)
+        cached = [t for t in topics if t in self._cache]  # else the next produce reads it
+        if cached and not self._closed:
+            task = asyncio.create_task(self._describe(cached), name="configs read again")
+            task.add_done_callback(lambda done: self._read_done(", ".join(cached), done))
+            self._keep(task)
+
+    def _keep(self, task: asyncio.Task[list[str]]) -> None:
+        self._others.add(task)
+        task.add_done_callback(self._others.discard)
 
     def _change(self, topic: str) -> int:
         return self._changes.get(topic, 0) + self._all_changes
@@ -150,7 +175,7 @@ class TopicConfigs:
         entry = self._cache.get(topic)
         return entry is None or now - entry.read_at > self.max_age_s
 
-    def _read_soon(self, topic: str) -> asyncio.Task[None]:
+    def _read_soon(self, topic: str) -> asyncio.Task[list[str]]:
         task = self._reading.get(topic)
         if task is None:
             task = asyncio.create_task(self._describe([topic]), name=f"configs of {topic}")
@@ -158,7 +183,7 @@ class TopicConfigs:
             task.add_done_callback(lambda done: self._read_done(topic, done))
         return task
 
-    def _read_done(self, topic: str, task: asyncio.Task[None]) -> None:
+    def _read_done(self, topic: str, task: asyncio.Task[list[str]]) -> None:
         if self._reading.get(topic) is task:
             del self._reading[topic]
         if not task.cancelled() and task.exception() is not None:
@@ -186,16 +211,20 @@ class TopicConfigs:
         )
         return answer[TopicPartition(topic, partition)]
 
-    async def _describe(self, topics: list[str]) -> None:
+    async def _describe(self, topics: list[str]) -> list[str]:
+        """The topics' configs read and kept; those changed while they were read (not
+        kept: what was read may be older than the change)."""
         now = time.monotonic()
         change = {topic: self._change(topic) for topic in topics}
+        changed: list[str] = []
         admin = await self._admin_client()
         wanted = dict.fromkeys(CONFIG_KEYS)
         resources = [ConfigResource(ConfigResourceType.TOPIC, t, wanted) for t in topics]
         for response in await admin.describe_configs(resources):
             for error_code, message, _, name, entries in response.resources:
                 if change.get(name, -1) != self._change(name):
-                    continue  # changed since this read began: what it read may be older
+                    changed.append(name)  # changed since this read began
+                    continue
                 if error_code != 0:
                     log.warning("configs of %s: DescribeConfigs: %s %s", name, error_code, message)
                     self._cache.pop(name, None)
@@ -204,12 +233,14 @@ class TopicConfigs:
                 self._cache[name] = _Entry(
                     now, retention_config(values), produce_rules(values), cleaner_config(values)
                 )
+        return changed
 
     async def close(self) -> None:
+        self._closed = True
         for handle in self._rereads:
             handle.cancel()
         self._rereads.clear()
-        reading, self._reading = list(self._reading.values()), {}
+        reading, self._reading = [*self._reading.values(), *self._others], {}
         for task in reading:
             task.cancel()
         await asyncio.gather(*reading, return_exceptions=True)

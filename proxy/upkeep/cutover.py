@@ -590,7 +590,7 @@ class CutoverLoop:
     async def admin(self, op: str, topic: str, topic_id: uuid.UUID) -> tuple[int, str]:
         """tier / untier a topic: written by the owner of its topic shard, wherever it is."""
         service = self.service
-        if op not in ADMIN_OPS:
+        if op not in ADMIN_OPS or op == "configs":  # configs: the service's (topic_configs)
             return ErrorCode.invalid_request, f"unknown admin operation {op!r}"
         if op == "look":  # a peer's produce waits for a partition this loop may not know
             self.look_soon()

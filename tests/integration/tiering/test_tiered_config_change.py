@@ -86,11 +86,16 @@ def _read(proxy: ProxyThread, topic: str, count: int) -> list[tuple[bytes, int, 
 
 
 def _described(cluster, topics: list[str], value: str) -> bool:
-    """Kafka describes `message.timestamp.type` of every topic as `value`."""
+    """Kafka describes `message.timestamp.type` of every topic as `value`, three times in
+    a row (each broker applies a change from the metadata log in its own time, and each
+    describe goes to any of them)."""
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     resources = [ConfigResource("topic", t) for t in topics]
-    answers = admin.describe_configs(resources)
-    return all(answers[r].result(30)["message.timestamp.type"].value == value for r in resources)
+    for _ in range(3):
+        answers = admin.describe_configs(resources)
+        if any(answers[r].result(30)["message.timestamp.type"].value != value for r in resources):
+            return False
+    return True
 
 
 def _owned_shards(proxy: ProxyThread) -> int:

@@ -71,6 +71,7 @@ async def test_a_read_under_way_when_the_change_came_is_not_kept(monkeypatch):
     old_read = admin.hold = asyncio.Event()
     await configs.produce_rules("t")  # a refresh starts, reading the old values
     await asyncio.sleep(0)
+    assert admin.reads == 2  # under way, holding the old values
     admin.values["message.timestamp.type"] = "LogAppendTime"
     configs.changed("t")
     monkeypatch.setattr(configs, "max_age_s", 60.0)
@@ -81,6 +82,55 @@ async def test_a_read_under_way_when_the_change_came_is_not_kept(monkeypatch):
     assert (await configs.produce_rules("t")).log_append_time
     assert admin.reads == 3
     await configs.close()
+
+
+async def test_a_first_read_a_change_overtook_is_read_again_not_answered_without_rules():
+    """A produce waits for the topic's first read when the change comes: that read is not
+    kept, so the produce reads again (it got no rules: KAFKA_STORAGE_ERROR)."""
+    admin = _Admin()
+    configs = _configs(admin)
+    old_read = admin.hold = asyncio.Event()
+    waiting = asyncio.create_task(configs.produce_rules("t"))
+    await asyncio.sleep(0.01)
+    assert admin.reads == 1
+    admin.values["message.timestamp.type"] = "LogAppendTime"
+    configs.changed("t")
+    old_read.set()
+    rules = await asyncio.wait_for(waiting, 2)
+    assert rules is not None and rules.log_append_time
+    assert admin.reads == 2
+    await configs.close()
+
+
+async def test_retention_and_deletes_reading_during_a_change_get_the_topic_read_again():
+    """`get` (retention, DeleteRecords' policy check) whose read a change overtook reads
+    again: a topic left out would let a DeleteRecords past a compacted topic's check."""
+    admin = _Admin()
+    admin.values["cleanup.policy"] = "compact"
+    configs = _configs(admin)
+    old_read = admin.hold = asyncio.Event()
+    reading = asyncio.create_task(configs.get(["t"]))
+    await asyncio.sleep(0.01)
+    configs.changed("t")
+    old_read.set()
+    got = await asyncio.wait_for(reading, 2)
+    assert list(got) == ["t"] and not got["t"].delete
+    assert admin.reads == 2
+    await configs.close()
+
+
+async def test_close_ends_the_reads_a_change_let_go_and_later_changes_do_nothing():
+    admin = _Admin()
+    configs = _configs(admin)
+    admin.hold = asyncio.Event()  # never set: the read hangs
+    configs._read_soon("t")
+    await asyncio.sleep(0.01)
+    configs.changed("t")  # lets the read go
+    (held,) = configs._others
+    await asyncio.wait_for(configs.close(), 2)
+    assert held.cancelled()
+    configs.changed("t")  # after close: no timer left behind
+    assert not configs._rereads
 
 
 async def test_a_brokers_default_changed_forgets_every_topic(monkeypatch):
