@@ -27,7 +27,7 @@ from proxy.metrics import Stages
 from proxy.partition.owner import OnBroken, Records, TieredPartition
 from proxy.partition.recovered_tail import RecoveredTail, TailEntry
 from proxy.partition.recovery import ReadCommitted, ReadUpstream, read_wal_batches
-from proxy.partition.rules import PartitionConfig, ProduceResult, not_owner
+from proxy.partition.rules import PartitionConfig, ProduceResult, RecoveryError, not_owner
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.partition.txn_gate import Verify
 from proxy.reads.logcache import LogCache
@@ -68,6 +68,10 @@ class PartitionSet:
         # stream -> why its last rebuild failed: not started until it is rebuilt again
         self.not_rebuilt: dict[int, BaseException] = {}
         self._recovering: set[int] = set()  # streams a recover() is rebuilding now
+        # of those: removed meanwhile (their shard lost: not started when rebuilt), and
+        # asked for by a later recover() that left them to the first
+        self._abandoned: set[int] = set()
+        self._asked_again: set[int] = set()
         # stream -> WAL offset: its entries starting below it are stale (`disown`)
         self._stale_below: dict[int, int] = {}
 
@@ -100,7 +104,13 @@ class PartitionSet:
         stream whose rebuild fails (or that another recovery started meanwhile) is not
         started, the others are, and the first failure is raised; the failed ones are in
         `not_rebuilt` until a later rebuild starts them. A stream another recover() is
-        rebuilding now is left to it."""
+        rebuilding now is left to it. A stream removed while it is rebuilt (its shard
+        lost) is not started when its rebuild ends: it would take produces on a proxy that
+        no longer owns it, acknowledged and never committed. If a later recover() left it
+        to that rebuild meanwhile (the shard claimed again), it goes to `not_rebuilt`, so
+        the retry of failed starts rebuilds it from the new claim's metadata."""
+        streams = list(streams)
+        self._asked_again.update(s for s in streams if s in self._recovering)
         streams = [s for s in streams if s not in self._partitions and s not in self._recovering]
         if not streams:
             return
@@ -109,6 +119,8 @@ class PartitionSet:
             await self._recover(streams, metadata, read_committed, read_upstream)
         finally:
             self._recovering.difference_update(streams)
+            self._abandoned.difference_update(streams)
+            self._asked_again.difference_update(streams)
 
     async def _recover(
         self,
@@ -147,6 +159,9 @@ class PartitionSet:
                 except Exception as exc:  # requests for it stop waiting for its start
                     self.not_rebuilt[stream] = exc
                     raise
+            if stream in self._abandoned:
+                self._rebuilt_for_nobody(stream)
+                return
             _log_rebuilt(partition, metadata, batches.get(stream, []))
             # served at once: a produce held for it does not wait for the slower rebuilds
             self.add(partition, () if tail is None else tail.entries(stream))
@@ -155,6 +170,13 @@ class PartitionSet:
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             raise failed
+
+    def _rebuilt_for_nobody(self, stream: int) -> None:
+        """A rebuild that ended after its stream was removed (`_abandoned`): not started."""
+        if stream in self._asked_again:  # claimed again since: the retry rebuilds it
+            why = RecoveryError(f"stream {stream}: its shard changed hands during its rebuild")
+            self.not_rebuilt[stream] = why
+        log.info("stream %d rebuilt after it was given up here: not started", stream)
 
     def add(self, partition: TieredPartition, tail: Sequence[TailEntry] = ()) -> None:
         """Start serving a partition; `tail`: its recovered entries not uploaded yet, for
@@ -203,8 +225,11 @@ class PartitionSet:
 
     async def remove(self, stream_id: int) -> None:
         """Give a partition up: close it (in-flight appends are answered) and forget it
-        (a failed start of it too)."""
+        (a failed start of it too, and a rebuild of it under way: `recover`)."""
         self.not_rebuilt.pop(stream_id, None)
+        if stream_id in self._recovering:
+            self._abandoned.add(stream_id)
+            self._asked_again.discard(stream_id)  # only a recover() after this counts
         partition = self._partitions.pop(stream_id, None)
         if partition is not None:
             await partition.close()

@@ -206,9 +206,9 @@ async def lost(service: ShardsHost, shard: int) -> None:
     partitions = service.partitions
     assert partitions is not None
     streams = service.readers[shard].state.stream_ids()
-    await asyncio.gather(*(partitions.remove(s) for s in streams if partitions.get(s)))
-    for stream in streams:  # a failed start of one: not this proxy's to retry now
-        partitions.not_rebuilt.pop(stream, None)
+    # each one started, being rebuilt (not started when it ends) or whose start failed
+    # (not this proxy's to retry now): all given up
+    await asyncio.gather(*(partitions.remove(s) for s in streams))
     claimed_elsewhere(service, shard)
 
 

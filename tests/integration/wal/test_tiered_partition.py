@@ -710,16 +710,22 @@ async def test_a_stream_whose_rebuild_fails_is_noted_until_a_rebuild_starts_it(t
         await partitions.close()
 
 
-async def test_a_stream_being_rebuilt_is_left_to_that_rebuild(tmp_path):
-    """A second recover() of a stream while the first is rebuilding it (the retry of a
-    failed start and a takeover's, say) leaves it to the first: one partition is started,
-    where the second's `add` raised "already has a partition"."""
+def _held_upstream():
+    """A read of Kafka's tail (soon after the cutover) that waits until the event is set."""
     slow = asyncio.Event()
 
     async def read_upstream(stream: int, lowest: int | None, end: int):
         await slow.wait()
         return []
 
+    return slow, read_upstream
+
+
+async def test_a_stream_being_rebuilt_is_left_to_that_rebuild(tmp_path):
+    """A second recover() of a stream while the first is rebuilding it (the retry of a
+    failed start and a takeover's, say) leaves it to the first: one partition is started,
+    where the second's `add` raised "already has a partition"."""
+    slow, read_upstream = _held_upstream()
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
         partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
         state = Shard().state
@@ -729,5 +735,38 @@ async def test_a_stream_being_rebuilt_is_left_to_that_rebuild(tmp_path):
         assert partitions.get(S0) is None  # not started twice, nor waited for
         slow.set()
         await asyncio.wait_for(first, 10)
+        assert partitions.get(S0) is not None and not partitions.not_rebuilt
+        await partitions.close()
+
+
+async def test_a_stream_removed_while_it_is_rebuilt_is_not_started_when_the_rebuild_ends(
+    tmp_path,
+):
+    """Its shard lost during the rebuild (after the cutover, an un-seal, the retry of a
+    failed start: none runs in the shard's owner task, which a loss cancels): the rebuild
+    ends on a proxy that no longer owns the stream, and starting it there would take
+    produces, acknowledged and never committed. When the shard was claimed here again
+    meanwhile (a later recover() left the stream to the first), the stream goes to
+    `not_rebuilt`, for the retry to rebuild from the new claim."""
+    slow, read_upstream = _held_upstream()
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
+        state = Shard().state
+        first = asyncio.create_task(partitions.recover([S0], state, read_upstream=read_upstream))
+        await asyncio.sleep(0.05)
+        await partitions.remove(S0)  # the shard lost
+        slow.set()
+        await asyncio.wait_for(first, 10)
+        assert partitions.get(S0) is None and not partitions.not_rebuilt
+
+        slow.clear()
+        first = asyncio.create_task(partitions.recover([S0], state, read_upstream=read_upstream))
+        await asyncio.sleep(0.05)
+        await partitions.remove(S0)  # lost, then claimed here again: its rebuild skips S0
+        await asyncio.wait_for(partitions.recover([S0], state, read_upstream=read_upstream), 1)
+        slow.set()
+        await asyncio.wait_for(first, 10)
+        assert partitions.get(S0) is None and list(partitions.not_rebuilt) == [S0]
+        await partitions.recover([S0], state, read_upstream=read_upstream)  # the retry
         assert partitions.get(S0) is not None and not partitions.not_rebuilt
         await partitions.close()
