@@ -96,6 +96,7 @@ class PartitionSet:
         *,
         read_committed: ReadCommitted | None = None,
         read_upstream: ReadUpstream | None = None,
+        may_start: Callable[[int], bool] | None = None,
     ) -> None:
         """Rebuild and start a partition per stream (`TieredPartition.recover`, up to
         REBUILDS_AT_ONCE at a time), reading the WAL once for all of them. The entries past
@@ -108,26 +109,45 @@ class PartitionSet:
         lost) is not started when its rebuild ends: it would take produces on a proxy that
         no longer owns it, acknowledged and never committed. If a later recover() left it
         to that rebuild meanwhile (the shard claimed again), it goes to `not_rebuilt`, so
-        the retry of failed starts rebuilds it from the new claim's metadata."""
+        the retry of failed starts rebuilds it from the new claim's metadata. `may_start`,
+        asked right before a rebuilt stream is started: False, and it is not (its shard
+        is being given up)."""
         streams = list(streams)
         self._asked_again.update(s for s in streams if s in self._recovering)
         streams = [s for s in streams if s not in self._partitions and s not in self._recovering]
         if not streams:
             return
         self._recovering.update(streams)
+        pending = set(streams)  # not ended each on its own (a failed WAL read, a cancel)
         try:
-            await self._recover(streams, metadata, read_committed, read_upstream)
+            await self._recover(
+                streams, pending, metadata, read_committed, read_upstream, may_start
+            )
         finally:
-            self._recovering.difference_update(streams)
-            self._abandoned.difference_update(streams)
-            self._asked_again.difference_update(streams)
+            for stream in pending:
+                self._rebuild_ended(stream)
+
+    def _rebuild_ended(self, stream: int) -> None:
+        """Its rebuild is over (each stream's as soon as it is: a stream started, then
+        removed and asked for again while others of its recover() still run, is rebuilt
+        by the later one, which the earlier one's end must not mark ended)."""
+        self._recovering.discard(stream)
+        self._abandoned.discard(stream)
+        self._asked_again.discard(stream)
+
+    def _start_failed(self, stream: int, error: BaseException) -> None:
+        """Noted in `not_rebuilt`, unless given up meanwhile and not asked for again."""
+        if stream not in self._abandoned or stream in self._asked_again:
+            self.not_rebuilt[stream] = error
 
     async def _recover(
         self,
         streams: list[int],
+        pending: set[int],
         metadata: MetadataState,
         read_committed: ReadCommitted | None,
         read_upstream: ReadUpstream | None,
+        may_start: Callable[[int], bool] | None,
     ) -> None:
         for stream in streams:  # being started again
             self.not_rebuilt.pop(stream, None)
@@ -138,33 +158,38 @@ class PartitionSet:
                 tail = RecoveredTail(ends, self.log_cache.room)
             batches = await read_wal_batches(self._wal, set(streams), tail, self.stale)
         except Exception as exc:  # the WAL unreadable: none of them is started
-            self.not_rebuilt.update(dict.fromkeys(streams, exc))
+            for stream in streams:
+                self._start_failed(stream, exc)
             raise
         limit = asyncio.Semaphore(REBUILDS_AT_ONCE)
 
         async def rebuilt(stream: int) -> None:
-            async with limit:
-                try:
-                    partition = await TieredPartition.recover(
-                        stream,
-                        self._wal,
-                        metadata,
-                        batches.get(stream, []),
-                        read_committed=read_committed,
-                        config=self.config,
-                        clock_ms=self._clock_ms,
-                        on_broken=self._broken_partition,
-                        read_upstream=read_upstream,
-                    )
-                except Exception as exc:  # requests for it stop waiting for its start
-                    self.not_rebuilt[stream] = exc
-                    raise
-            if stream in self._abandoned:
-                self._rebuilt_for_nobody(stream)
-                return
-            _log_rebuilt(partition, metadata, batches.get(stream, []))
-            # served at once: a produce held for it does not wait for the slower rebuilds
-            self.add(partition, () if tail is None else tail.entries(stream))
+            try:
+                async with limit:
+                    try:
+                        partition = await TieredPartition.recover(
+                            stream,
+                            self._wal,
+                            metadata,
+                            batches.get(stream, []),
+                            read_committed=read_committed,
+                            config=self.config,
+                            clock_ms=self._clock_ms,
+                            on_broken=self._broken_partition,
+                            read_upstream=read_upstream,
+                        )
+                    except Exception as exc:  # requests for it stop waiting for its start
+                        self._start_failed(stream, exc)
+                        raise
+                if stream in self._abandoned or (may_start is not None and not may_start(stream)):
+                    self._rebuilt_for_nobody(stream)
+                    return
+                _log_rebuilt(partition, metadata, batches.get(stream, []))
+                # served at once: a produce held for it does not wait for the slower ones
+                self.add(partition, () if tail is None else tail.entries(stream))
+            finally:
+                pending.discard(stream)
+                self._rebuild_ended(stream)
 
         results = await asyncio.gather(*(rebuilt(s) for s in streams), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
@@ -172,7 +197,8 @@ class PartitionSet:
             raise failed
 
     def _rebuilt_for_nobody(self, stream: int) -> None:
-        """A rebuild that ended after its stream was removed (`_abandoned`): not started."""
+        """A rebuild that ended after its stream was removed (`_abandoned`), or while its
+        shard is being given up (`may_start`): not started."""
         if stream in self._asked_again:  # claimed again since: the retry rebuilds it
             why = RecoveryError(f"stream {stream}: its shard changed hands during its rebuild")
             self.not_rebuilt[stream] = why
@@ -209,6 +235,12 @@ class PartitionSet:
     def streams(self) -> list[int]:
         """The streams served here now (the marker follower follows their partitions)."""
         return list(self._partitions)
+
+    def known(self) -> set[int]:
+        """Every stream this set holds anything of: served, being rebuilt, or whose start
+        failed (a shard given up gives up these too, also one its reader has not read yet:
+        a stream just cut over)."""
+        return {*self._partitions, *self._recovering, *self.not_rebuilt}
 
     async def produce(
         self,

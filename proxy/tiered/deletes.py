@@ -49,6 +49,7 @@ from proxy.kafka.frames import framed
 from proxy.metadata.topic_index import stream_of
 from proxy.peer.messages import TrimRequest
 from proxy.tiered.ports import DeletesHost
+from proxy.upkeep.retention_plan import RetentionConfig
 from proxy.upkeep.trims import trim_stream
 
 Key = tuple[str, int]
@@ -101,6 +102,16 @@ def refusal(offset: int, cutover: int, high_watermark: int | None) -> int | None
     return ErrorCode.offset_out_of_range if offset > high_watermark else None
 
 
+def policy_refusal(config: RetentionConfig | None) -> int | None:
+    """Kafka's error for a delete the topic's cleanup.policy forbids (a compacted topic
+    without `delete`), None to go ahead. A config not read (Kafka did not describe it,
+    logged) is a retriable KAFKA_STORAGE_ERROR: the check is not guessed (it was taken as
+    allowed, so a compacted topic's records could go where Kafka refuses)."""
+    if config is None:
+        return ErrorCode.kafka_storage_error
+    return None if config.delete else ErrorCode.policy_violation
+
+
 async def plan_delete_records(
     tiering: DeletesHost, header_bytes: memoryview, body: memoryview, api_version: int
 ) -> DeletePlan | None:
@@ -130,9 +141,9 @@ async def plan_delete_records(
     refused = await _refusals(tiering, asked, cutovers)
     configs = await tiering.topic_configs.get({name for name, _, _ in asked})
     for name, partition, _ in asked:
-        config = configs.get(name)
-        if config is not None and not config.delete:
-            refused[name, partition] = DeleteResult(ErrorCode.policy_violation)
+        code = policy_refusal(configs.get(name))
+        if code is not None:
+            refused[name, partition] = DeleteResult(code)
 
     def kafka_offset(topic: str, p: DeletePartitionView) -> int | None:
         tiered = cutovers.get((topic, p.partition))

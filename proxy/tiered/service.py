@@ -118,6 +118,7 @@ class TieringService:
             for k in range(shard_count)
         ]
         self.claimed_epochs: dict[int, int] = {}  # shard -> this process's latest claim
+        self.losing: set[int] = set()  # shards being given up (shards.lost): nothing started
         self._claims = shards.ClaimWatch(self)
         self.topics = TopicIndex([reader.state for reader in self.readers])
         self.in_flight: dict[str, int] = {}  # topic name -> passthrough produce in flight
@@ -329,7 +330,7 @@ class TieringService:
         """A peer's tier / untier / seal / unseal / deleted / look (upkeep/cutover.py), or
         configs: a topic's configs (no topic: every topic's) changed through that peer."""
         if request.op == "configs":
-            self.topic_configs.changed(request.topic or None)
+            self.topic_configs.changed([request.topic] if request.topic else None)
             return 0, f"the configs of {request.topic or 'every topic'} are read again"
         return await self.cutover.admin(request.op, request.topic, request.topic_id)
 
@@ -339,9 +340,8 @@ class TieringService:
         live member that reads the admin op configs, so that their next produces take
         the new ones (config_changes.py). A member not told in time is logged: it reads
         them again within a minute."""
-        names: list[str] = [""] if topics is None else topics
-        for name in names:
-            self.topic_configs.changed(name or None)
+        self.topic_configs.changed(topics)
+        names: list[str] = [""] if topics is None else topics  # "": every topic's
         calls = [
             self._tell_configs(member, name)
             for member in self.live_peers()

@@ -15,7 +15,7 @@ from proxy.markers.upstream_log import SEED_TIMEOUT_S, TIMEOUT_S, UpstreamLog
 from proxy.metadata.records import TopicMode, TopicModeSet
 from proxy.metadata.state import MetadataState
 from proxy.metadata.store import ShardOwner, ShardReader
-from proxy.metadata.streams import topic_shard
+from proxy.metadata.streams import shard_of, topic_shard
 from proxy.metadata.topic_index import TopicIndex
 from proxy.objects.store import ObjectStore
 from proxy.partition.committed import committed_blocks
@@ -51,6 +51,13 @@ class ShardsHost(Protocol):
         """shard -> the latest epoch at which this process claimed it (owned())."""
         ...
 
+    @property
+    def losing(self) -> set[int]:
+        """The shards being given up (from `lost` until `owned` again): no stream of theirs
+        is started, whichever rebuild ends meanwhile (their owner still commits what it
+        holds before it releases them)."""
+        ...
+
     def is_sealed(self, stream: int) -> bool:
         """Whether an untier sealed the stream (upkeep/seals.py): it is not started."""
         ...
@@ -70,6 +77,7 @@ async def owned(service: ShardsHost, owner: ShardOwner) -> None:
     streams is not their log (an unclean takeover went on without it): disowned first."""
     epochs = service.claimed_epochs
     epochs[owner.shard] = max(epochs.get(owner.shard, 0), owner.epoch)
+    service.losing.discard(owner.shard)
     if owner.previous_owner not in ("", service.name):
         disown(service, owner.state, owner.previous_owner)
     await recover_streams(service, owner.state, owner.state.stream_ids())
@@ -182,10 +190,17 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
         async with asyncio.timeout(SEED_TIMEOUT_S + 1):
             return await upstream.tail(mode.topic, info.partition, end, None, SEED_TIMEOUT_S)
 
+    def may_start(stream: int) -> bool:  # its shard not being given up meanwhile
+        return shard_of(stream, len(service.readers)) not in service.losing
+
     failed: Exception | None = None
     try:
         await partitions.recover(
-            streams, state, read_committed=read_committed, read_upstream=read_upstream
+            streams,
+            state,
+            read_committed=read_committed,
+            read_upstream=read_upstream,
+            may_start=may_start,
         )
     except Exception as exc:  # the others were started: noted below all the same
         failed = exc
@@ -205,10 +220,16 @@ async def lost(service: ShardsHost, shard: int) -> None:
     """A shard is being taken away: stop its partitions (in-flight appends answered)."""
     partitions = service.partitions
     assert partitions is not None
-    streams = service.readers[shard].state.stream_ids()
-    # each one started, being rebuilt (not started when it ends) or whose start failed
-    # (not this proxy's to retry now): all given up
-    await asyncio.gather(*(partitions.remove(s) for s in streams))
+    service.losing.add(shard)  # a rebuild ending from now on starts nothing of it
+    count = len(service.readers)
+    streams = set(service.readers[shard].state.stream_ids())
+    streams.update(s for s in partitions.known() if shard_of(s, count) == shard)  # cut over
+    # just now, which the reader may not have read yet; each one started, being rebuilt
+    # (not started when it ends) or whose start failed (not this proxy's to retry now)
+    started = [s for s in streams if partitions.get(s) is not None]
+    await asyncio.gather(*(partitions.remove(s) for s in started))  # each closed at once
+    for stream in streams.difference(started):
+        await partitions.remove(stream)  # nothing to close: forgotten, no task each
     claimed_elsewhere(service, shard)
 
 

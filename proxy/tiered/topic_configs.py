@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import TopicPartition
 
 from proxy.cleaner.plan import CONFIG_KEYS as CLEANER_KEYS
@@ -127,29 +127,37 @@ class TopicConfigs:
                     await asyncio.shield(self._read_soon(topic))
                 except (KafkaError, OSError, TimeoutError):
                     break  # logged by _read_done; no rules: the caller answers retriable
+                except asyncio.CancelledError:  # the shared read, by close(): no rules
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # this caller's own
+                    break
                 if self._change(topic) == change:
                     break  # read, or not described: what Kafka said
         entry = self._cache.get(topic)
         return None if entry is None else entry.produce
 
-    def changed(self, topic: str | None) -> None:
-        """`topic`'s configs (None: every topic's, a broker's default) were changed: read
-        them again before the next produce, and CHANGE_REREADS_S later if they were read
-        again by then (module docstring)."""
+    def changed(self, topics: Collection[str] | None) -> None:
+        """These topics' configs (None: every topic's, a broker's default) were changed:
+        read them again before the next produce, and CHANGE_REREADS_S later if they were
+        read again by then (module docstring)."""
         if self._closed:
             return
-        if topic is None:
+        if topics is None:
             self._all_changes += 1
-            topics = list(self._cache)
+            topics = [*self._cache, *self._reading]
             self._cache.clear()
             reads = list(self._reading.values())
             self._reading.clear()
         else:
-            self._changes[topic] = self._changes.get(topic, 0) + 1
-            topics = [topic]
-            self._cache.pop(topic, None)
-            read = self._reading.pop(topic, None)
-            reads = [] if read is None else [read]
+            topics = list(topics)
+            reads = []
+            for topic in topics:
+                self._changes[topic] = self._changes.get(topic, 0) + 1
+                self._cache.pop(topic, None)
+                read = self._reading.pop(topic, None)
+                if read is not None:
+                    reads.append(read)
         for task in reads:  # what it reads is not kept (_describe); closed with the rest
             self._keep(task)
         loop = asyncio.get_running_loop()
@@ -191,6 +199,8 @@ class TopicConfigs:
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
         async with self._admin_lock:
+            if self._closed:  # a delete_below after close(): no client left behind
+                raise KafkaConnectionError("the topic configs reader is closed")
             if self._admin is None:
                 admin = AIOKafkaAdminClient(**self._kafka)
                 try:
@@ -214,6 +224,8 @@ class TopicConfigs:
     async def _describe(self, topics: list[str]) -> list[str]:
         """The topics' configs read and kept; those changed while they were read (not
         kept: what was read may be older than the change)."""
+        if self._closed:  # a produce after close(): nothing read, no client left behind
+            raise KafkaConnectionError("the topic configs reader is closed")
         now = time.monotonic()
         change = {topic: self._change(topic) for topic in topics}
         changed: list[str] = []
@@ -244,6 +256,7 @@ class TopicConfigs:
         for task in reading:
             task.cancel()
         await asyncio.gather(*reading, return_exceptions=True)
-        admin, self._admin = self._admin, None
+        async with self._admin_lock:  # one being started is kept first, then closed here
+            admin, self._admin = self._admin, None
         if admin is not None:
             await admin.close()

@@ -20,9 +20,20 @@ import logging
 from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
-from test_tiered_partition import CUTOVER, NOW_MS, RECORDS, S0, Shard, config_for, nth, ok
+from test_tiered_partition import (
+    CUTOVER,
+    NOW_MS,
+    RECORDS,
+    S0,
+    Shard,
+    config_for,
+    held_upstream,
+    nth,
+    ok,
+)
 
 from proxy.metadata.records import ObjectCommit, ShardClaim
+from proxy.metadata.state import MetadataState
 from proxy.objects.local import LocalDirectoryStore
 from proxy.partition.committed import committed_blocks
 from proxy.partition.owner import PartitionConfig, TieredPartition
@@ -205,6 +216,7 @@ def service_of(partitions: PartitionSet, shard: Shard, store=None, **epochs: int
         claimed_epochs={0: epochs.get("claimed", 0)} if "claimed" in epochs else {},
         is_sealed=lambda stream: False,
         notify=lambda: None,
+        losing=set(),
     )
 
 
@@ -327,3 +339,45 @@ async def test_each_rebuilt_partition_logs_where_its_log_and_state_came_from(tmp
         f"stream {S0} rebuilt at shard 0 epoch 1: log [0, {end}), committed end "
         f"{CUTOVER}, producer state from no snapshot, 5 WAL batches [{CUTOVER}, {end})"
     ]
+
+
+async def test_a_shard_lost_during_a_rebuild_its_reader_has_not_read_starts_nothing(tmp_path):
+    """The cutover loop rebuilds a stream it has just cut over (its reader of the shard
+    has not read the cutover yet) when the shard is lost: `lost` gives up the streams the
+    partition set knows of too, so that rebuild starts nothing. A rebuild begun once the
+    shard is being given up (its owner still commits what it holds) starts nothing
+    either (`losing`, asked through `may_start`); a claim again clears that."""
+    slow, read_upstream = held_upstream()
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
+        behind = Shard.__new__(Shard)  # its reader has read the claim, not the cutover
+        behind.state = MetadataState(0, 1)
+        behind.write(ShardClaim(0, 1, "proxy-a", NOW_MS))
+        service = service_of(partitions, behind)
+        state = Shard().state
+
+        def may_start(stream: int) -> bool:  # as shards.recover_streams asks
+            return 0 not in service.losing
+
+        rebuilding = asyncio.create_task(
+            partitions.recover([S0], state, read_upstream=read_upstream)
+        )
+        await asyncio.sleep(0.05)
+        await shards.lost(service, 0)
+        slow.set()
+        await asyncio.wait_for(rebuilding, 10)
+        assert partitions.get(S0) is None and not partitions.not_rebuilt
+        assert service.losing == {0}
+
+        slow.clear()  # a rebuild begun while the shard is being given up
+        rebuilding = asyncio.create_task(
+            partitions.recover([S0], state, read_upstream=read_upstream, may_start=may_start)
+        )
+        await asyncio.sleep(0.05)
+        slow.set()
+        await asyncio.wait_for(rebuilding, 10)
+        assert partitions.get(S0) is None and not partitions.not_rebuilt
+        service.losing.discard(0)  # claimed again (shards.owned)
+        await partitions.recover([S0], state, read_upstream=read_upstream, may_start=may_start)
+        assert partitions.get(S0) is not None
+        await partitions.close()

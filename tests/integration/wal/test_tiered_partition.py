@@ -710,7 +710,7 @@ async def test_a_stream_whose_rebuild_fails_is_noted_until_a_rebuild_starts_it(t
         await partitions.close()
 
 
-def _held_upstream():
+def held_upstream():
     """A read of Kafka's tail (soon after the cutover) that waits until the event is set."""
     slow = asyncio.Event()
 
@@ -725,7 +725,7 @@ async def test_a_stream_being_rebuilt_is_left_to_that_rebuild(tmp_path):
     """A second recover() of a stream while the first is rebuilding it (the retry of a
     failed start and a takeover's, say) leaves it to the first: one partition is started,
     where the second's `add` raised "already has a partition"."""
-    slow, read_upstream = _held_upstream()
+    slow, read_upstream = held_upstream()
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
         partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
         state = Shard().state
@@ -748,7 +748,7 @@ async def test_a_stream_removed_while_it_is_rebuilt_is_not_started_when_the_rebu
     produces, acknowledged and never committed. When the shard was claimed here again
     meanwhile (a later recover() left the stream to the first), the stream goes to
     `not_rebuilt`, for the retry to rebuild from the new claim."""
-    slow, read_upstream = _held_upstream()
+    slow, read_upstream = held_upstream()
     async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
         partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
         state = Shard().state
@@ -769,4 +769,33 @@ async def test_a_stream_removed_while_it_is_rebuilt_is_not_started_when_the_rebu
         assert partitions.get(S0) is None and list(partitions.not_rebuilt) == [S0]
         await partitions.recover([S0], state, read_upstream=read_upstream)  # the retry
         assert partitions.get(S0) is not None and not partitions.not_rebuilt
+        await partitions.close()
+
+
+async def test_a_stream_started_removed_and_asked_for_again_while_its_sibling_rebuilds_starts(
+    tmp_path,
+):
+    """Two streams rebuilt together: S0 is started while the other still rebuilds, then
+    removed (sealed for an untier, its shard lost) and asked for again (the untier
+    refused, the shard claimed again). S0's rebuild is over: the new recover() rebuilds
+    and starts it, where it left S0 to the first (still running for the other) and
+    nothing started it."""
+    slow = asyncio.Event()
+
+    async def read_upstream(stream: int, lowest: int | None, end: int):
+        if stream == STREAMS[1]:
+            await slow.wait()
+        return []
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
+        state = Shard().state
+        both = asyncio.create_task(partitions.recover(STREAMS, state, read_upstream=read_upstream))
+        await eventually(lambda: partitions.get(S0) is not None)
+        await partitions.remove(S0)
+        await asyncio.wait_for(partitions.recover([S0], state, read_upstream=read_upstream), 5)
+        assert partitions.get(S0) is not None
+        slow.set()
+        await asyncio.wait_for(both, 10)
+        assert partitions.get(STREAMS[1]) is not None and not partitions.not_rebuilt
         await partitions.close()

@@ -5,8 +5,11 @@ Kafka's part's and the trim's."""
 
 from __future__ import annotations
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.api21_delete_records import DeleteResult
-from proxy.tiered.deletes import combined, needs_high_watermark, refusal
+from proxy.tiered.deletes import combined, needs_high_watermark, policy_refusal, refusal
+from proxy.upkeep.retention_plan import RetentionConfig
 
 OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER = 1, 6
 CUTOVER = 3
@@ -40,3 +43,9 @@ def test_the_answer_is_kafkas_error_else_the_trims_else_the_larger_low_watermark
     assert combined(DeleteResult(0, 1), DeleteResult(0, 7)) == DeleteResult(0, 7)  # past C
     # Kafka's own log start was past the offset already: Kafka answers it, so does the proxy
     assert combined(DeleteResult(0, 2), DeleteResult(0, 1)) == DeleteResult(0, 2)
+
+
+def test_a_compacted_topic_refuses_and_configs_not_read_are_not_guessed():
+    assert policy_refusal(RetentionConfig()) is None
+    assert policy_refusal(RetentionConfig(delete=False)) == ErrorCode.policy_violation
+    assert policy_refusal(None) == ErrorCode.kafka_storage_error  # retriable; was allowed

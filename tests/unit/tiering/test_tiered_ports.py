@@ -128,8 +128,9 @@ class Partitions:
         # stream 3: a DeleteRecords cut an open transaction's batch before the restart
         self.started = {1: Started(0, False), 3: Started(120, True)}
 
-    async def recover(self, streams, state, *, read_committed, read_upstream) -> None:
+    async def recover(self, streams, state, *, read_committed, read_upstream, may_start) -> None:
         self.recovered.append(list(streams))
+        self.may_start = may_start
 
     def get(self, stream: int) -> Started | None:
         return self.started.get(stream)
@@ -166,6 +167,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),
         claimed_epochs={},
+        losing={0},  # given up before, claimed again now
         batch_base=batch_base,
     )
     # the last claim before this one was this member's: its WAL entries are its log
@@ -181,6 +183,10 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
     assert asked == [(3, 120)]
     assert partitions.started[3].noted == [(120, 117)] and not partitions.started[1].noted
     assert woken == [True]
+    assert host.losing == set()  # claimed: its streams may start again
+    assert partitions.may_start(1)
+    host.losing.add(0)  # being given up: a rebuild ending now starts nothing
+    assert not partitions.may_start(1)
     assert host.claimed_epochs == {0: 4}  # the claim this process made, kept for the shard
 
 

@@ -57,7 +57,7 @@ async def test_a_change_is_read_before_the_next_produce_not_a_minute_later():
     assert not (await configs.produce_rules("t")).log_append_time
     admin.values["message.timestamp.type"] = "LogAppendTime"  # changed in Kafka
     assert not (await configs.produce_rules("t")).log_append_time  # cached: a minute
-    configs.changed("t")
+    configs.changed(["t"])
     assert (await configs.produce_rules("t")).log_append_time
     assert admin.reads == 2
     await configs.close()
@@ -73,7 +73,7 @@ async def test_a_read_under_way_when_the_change_came_is_not_kept(monkeypatch):
     await asyncio.sleep(0)
     assert admin.reads == 2  # under way, holding the old values
     admin.values["message.timestamp.type"] = "LogAppendTime"
-    configs.changed("t")
+    configs.changed(["t"])
     monkeypatch.setattr(configs, "max_age_s", 60.0)
     new_read = await asyncio.wait_for(configs.produce_rules("t"), 2)  # not the old read's
     assert new_read is not None and new_read.log_append_time
@@ -94,7 +94,7 @@ async def test_a_first_read_a_change_overtook_is_read_again_not_answered_without
     await asyncio.sleep(0.01)
     assert admin.reads == 1
     admin.values["message.timestamp.type"] = "LogAppendTime"
-    configs.changed("t")
+    configs.changed(["t"])
     old_read.set()
     rules = await asyncio.wait_for(waiting, 2)
     assert rules is not None and rules.log_append_time
@@ -111,7 +111,7 @@ async def test_retention_and_deletes_reading_during_a_change_get_the_topic_read_
     old_read = admin.hold = asyncio.Event()
     reading = asyncio.create_task(configs.get(["t"]))
     await asyncio.sleep(0.01)
-    configs.changed("t")
+    configs.changed(["t"])
     old_read.set()
     got = await asyncio.wait_for(reading, 2)
     assert list(got) == ["t"] and not got["t"].delete
@@ -125,12 +125,19 @@ async def test_close_ends_the_reads_a_change_let_go_and_later_changes_do_nothing
     admin.hold = asyncio.Event()  # never set: the read hangs
     configs._read_soon("t")
     await asyncio.sleep(0.01)
-    configs.changed("t")  # lets the read go
+    configs.changed(["t"])  # lets the read go
     (held,) = configs._others
+    admin.hold = asyncio.Event()
+    waiting = asyncio.create_task(configs.produce_rules("u"))  # its first read, shared
+    await asyncio.sleep(0.01)
     await asyncio.wait_for(configs.close(), 2)
     assert held.cancelled()
-    configs.changed("t")  # after close: no timer left behind
+    assert await waiting is None  # no rules (retriable), not the shared read's cancel
+    configs.changed(["t"])  # after close: no timer left behind
     assert not configs._rereads
+    calls = admin.reads
+    assert await configs.produce_rules("t") is None  # a produce after close reads nothing
+    assert admin.reads == calls and configs._admin is None
 
 
 async def test_a_brokers_default_changed_forgets_every_topic(monkeypatch):
@@ -151,7 +158,7 @@ async def test_the_configs_are_read_again_after_a_change(monkeypatch):
     monkeypatch.setattr(topic_configs, "CHANGE_REREADS_S", (0.05, 0.1))
     admin = _Admin()
     configs = _configs(admin)
-    configs.changed("t")
+    configs.changed(["t"])
     assert not (await configs.produce_rules("t")).log_append_time  # the broker is behind
     admin.values["message.timestamp.type"] = "LogAppendTime"  # now it applied it
     for _ in range(100):
@@ -167,7 +174,7 @@ async def test_the_change_is_told_to_every_live_member_that_reads_the_admin_op(c
     """`TieringService.configs_changed`: forgotten here, and told to each live member at
     CONFIGS_PROTOCOL or later; an older one is not asked (it reads them within a minute),
     one that fails to answer is logged. A member told runs `on_peer_admin`."""
-    forgotten: list[str | None] = []
+    forgotten: list[list[str] | None] = []
     told: list[tuple[tuple[str, int], str, str]] = []
     levels = {"new": CONFIGS_PROTOCOL, "old": CONFIGS_PROTOCOL - 1, "away": CONFIGS_PROTOCOL}
 
@@ -186,7 +193,7 @@ async def test_the_change_is_told_to_every_live_member_that_reads_the_admin_op(c
     )
     service._tell_configs = functools.partial(TieringService._tell_configs, service)
     await TieringService.configs_changed(service, ["t", "u"])
-    assert forgotten == ["t", "u"]
+    assert forgotten == [["t", "u"]]
     assert sorted(told) == [
         (("away", 9000), "configs", "t"),
         (("away", 9000), "configs", "u"),
@@ -200,6 +207,6 @@ async def test_the_change_is_told_to_every_live_member_that_reads_the_admin_op(c
 
     request = AdminRequest(1, "configs", "t", uuid.UUID(int=0))
     assert (await TieringService.on_peer_admin(service, request))[0] == 0
-    assert forgotten[-1] == "t"
+    assert forgotten[-1] == ["t"]
     await TieringService.on_peer_admin(service, AdminRequest(1, "configs", "", uuid.UUID(int=0)))
     assert forgotten[-1] is None
