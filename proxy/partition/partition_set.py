@@ -135,9 +135,10 @@ class PartitionSet:
         self._abandoned.discard(stream)
         self._asked_again.discard(stream)
 
-    def _start_failed(self, stream: int, error: BaseException) -> None:
-        """Noted in `not_rebuilt`, unless given up meanwhile and not asked for again."""
-        if stream not in self._abandoned or stream in self._asked_again:
+    def _start_failed(self, stream: int, error: BaseException, given_up: bool = False) -> None:
+        """Noted in `not_rebuilt`, unless given up meanwhile (removed, or `given_up`: its
+        shard lost) and not asked for again."""
+        if not (given_up or stream in self._abandoned) or stream in self._asked_again:
             self.not_rebuilt[stream] = error
 
     async def _recover(
@@ -163,6 +164,9 @@ class PartitionSet:
             raise
         limit = asyncio.Semaphore(REBUILDS_AT_ONCE)
 
+        def allowed(stream: int) -> bool:
+            return may_start is None or may_start(stream)
+
         async def rebuilt(stream: int) -> None:
             try:
                 async with limit:
@@ -179,9 +183,9 @@ class PartitionSet:
                             read_upstream=read_upstream,
                         )
                     except Exception as exc:  # requests for it stop waiting for its start
-                        self._start_failed(stream, exc)
+                        self._start_failed(stream, exc, not allowed(stream))
                         raise
-                if stream in self._abandoned or (may_start is not None and not may_start(stream)):
+                if stream in self._abandoned or not allowed(stream):
                     self._rebuilt_for_nobody(stream)
                     return
                 _log_rebuilt(partition, metadata, batches.get(stream, []))

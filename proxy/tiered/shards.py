@@ -168,7 +168,18 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
     (partition/carried.py)."""
     partitions, store = service.partitions, service.store
     assert partitions is not None and store is not None  # the service is started
-    streams = [s for s in streams if not service.is_sealed(s) and not _dropped(service, state, s)]
+    count, losing, epochs = len(service.readers), service.losing, service.claimed_epochs
+    # a shard being given up starts nothing (`lost`), and a stream starts only under the
+    # claim it was rebuilt for: one claimed again meanwhile is left to the retry of
+    # failed starts (PartitionSet.recover), which rebuilds it from the new claim's state
+    claims = {s: epochs.get(shard_of(s, count)) for s in streams}
+    streams = [
+        s
+        for s in streams
+        if shard_of(s, count) not in losing
+        and not service.is_sealed(s)
+        and not _dropped(service, state, s)
+    ]
 
     def read_committed(stream: int, start: int, end: int):
         return committed_blocks(store, state, stream, start, end)
@@ -190,8 +201,9 @@ async def recover_streams(service: ShardsHost, state: MetadataState, streams: li
         async with asyncio.timeout(SEED_TIMEOUT_S + 1):
             return await upstream.tail(mode.topic, info.partition, end, None, SEED_TIMEOUT_S)
 
-    def may_start(stream: int) -> bool:  # its shard not being given up meanwhile
-        return shard_of(stream, len(service.readers)) not in service.losing
+    def may_start(stream: int) -> bool:  # its shard neither given up nor claimed again
+        shard = shard_of(stream, count)
+        return shard not in losing and epochs.get(shard) == claims[stream]
 
     failed: Exception | None = None
     try:

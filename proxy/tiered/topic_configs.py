@@ -145,7 +145,7 @@ class TopicConfigs:
             return
         if topics is None:
             self._all_changes += 1
-            topics = [*self._cache, *self._reading]
+            topics = list(dict.fromkeys([*self._cache, *self._reading]))  # each once
             self._cache.clear()
             reads = list(self._reading.values())
             self._reading.clear()

@@ -799,3 +799,28 @@ async def test_a_stream_started_removed_and_asked_for_again_while_its_sibling_re
         await asyncio.wait_for(both, 10)
         assert partitions.get(STREAMS[1]) is not None and not partitions.not_rebuilt
         await partitions.close()
+
+
+async def test_a_stream_rebuilt_under_an_older_claim_is_left_to_the_retry(tmp_path):
+    """The shard was lost and claimed here again while the stream was rebuilt from the
+    old claim's state (`may_start` says no: shards.recover_streams ties it to the claim);
+    the new claim's rebuild left it to that one: it is not started, and is noted as not
+    rebuilt, for the retry to rebuild it from the new claim's state."""
+    slow, read_upstream = held_upstream()
+    claim = {"epoch": 1}
+
+    def may_start(stream: int) -> bool:
+        return claim["epoch"] == 1
+
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partitions = PartitionSet(wal, clock_ms=lambda: NOW_MS + 1000)
+        state = Shard().state
+        old = partitions.recover([S0], state, read_upstream=read_upstream, may_start=may_start)
+        first = asyncio.create_task(old)
+        await asyncio.sleep(0.05)
+        claim["epoch"] = 2  # lost and claimed again: the new claim's rebuild
+        await asyncio.wait_for(partitions.recover([S0], state, read_upstream=read_upstream), 1)
+        slow.set()
+        await asyncio.wait_for(first, 10)
+        assert partitions.get(S0) is None and list(partitions.not_rebuilt) == [S0]
+        await partitions.close()

@@ -159,7 +159,7 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
 
     host = SimpleNamespace(
         name="proxy-a",
-        readers=[SimpleNamespace(state=reader_state)],
+        readers=[SimpleNamespace(state=reader_state)] * 2,  # streams 1 and 3: shard 1
         partitions=partitions,
         store=object(),
         kafka_settings={},  # Kafka's log is read only by a rebuild that seeds from it
@@ -167,14 +167,14 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
         is_sealed=lambda stream: stream == 2,
         notify=lambda: woken.append(True),
         claimed_epochs={},
-        losing={0},  # given up before, claimed again now
+        losing={1},  # given up before, claimed again now
         batch_base=batch_base,
     )
     # the last claim before this one was this member's: its WAL entries are its log
     owner = SimpleNamespace(
         state=SimpleNamespace(stream_ids=lambda: [1, 2, 3, 4], stream=state.stream),
         previous_owner="",
-        shard=0,
+        shard=1,
         epoch=4,
     )
     await shards.owned(host, owner)
@@ -183,11 +183,19 @@ async def test_a_shard_given_starts_its_streams_except_the_sealed_and_the_delete
     assert asked == [(3, 120)]
     assert partitions.started[3].noted == [(120, 117)] and not partitions.started[1].noted
     assert woken == [True]
+    assert host.claimed_epochs == {1: 4}  # the claim this process made, kept for the shard
     assert host.losing == set()  # claimed: its streams may start again
-    assert partitions.may_start(1)
-    host.losing.add(0)  # being given up: a rebuild ending now starts nothing
-    assert not partitions.may_start(1)
-    assert host.claimed_epochs == {0: 4}  # the claim this process made, kept for the shard
+    may_start = partitions.may_start
+    assert may_start(1)
+    host.losing.add(0)  # another shard given up: not stream 1's
+    assert may_start(1)
+    host.losing.add(1)  # being given up: a rebuild ending now starts nothing
+    assert not may_start(1)
+    await shards.recover_streams(host, owner.state, [1, 3])  # nor does one begun now
+    assert partitions.recovered[-1] == []
+    host.losing.clear()
+    host.claimed_epochs[1] = 5  # claimed again since the rebuild began: the retry's
+    assert not may_start(1)
 
 
 async def test_the_start_stack_undoes_in_the_reverse_order_tasks_cancelled_and_awaited():

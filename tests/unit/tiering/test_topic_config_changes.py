@@ -15,6 +15,9 @@ import functools
 import uuid
 from types import SimpleNamespace
 
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
 from proxy.peer.codec import CONFIGS_PROTOCOL
 from proxy.peer.messages import AdminRequest
 from proxy.tiered import topic_configs
@@ -210,3 +213,13 @@ async def test_the_change_is_told_to_every_live_member_that_reads_the_admin_op(c
     assert forgotten[-1] == ["t"]
     await TieringService.on_peer_admin(service, AdminRequest(1, "configs", "", uuid.UUID(int=0)))
     assert forgotten[-1] is None
+
+
+async def test_no_admin_client_is_made_after_close():
+    """A DeleteRecords' trim below a log start (`delete_below`) or a read after close
+    opens no admin client that nothing would close."""
+    configs = TopicConfigs({"bootstrap_servers": "127.0.0.1:1"})
+    await configs.close()
+    with pytest.raises(KafkaConnectionError, match="closed"):
+        await configs._admin_client()
+    assert configs._admin is None
