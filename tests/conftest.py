@@ -5,16 +5,21 @@ Each is started once per test session, on first use, and stopped at the end what
 happened. A failing test gets the tail of every running component's log in its report.
 Set TIERPROXY_TEST_BOOTSTRAP / TIERPROXY_TEST_S3_ENDPOINT to use external services instead.
 
-`--part pure|shared` runs half the suite (scripts/test.sh runs both, the pure half on
-pytest-xdist workers): `shared` is every test under tests/integration and any other test
-that uses the session's Kafka, MinIO or Spark, which one process must share (a worker
-would start its own); `pure` is the rest.
+`--part pure|shared` runs half the suite (scripts/test.sh runs both on pytest-xdist
+workers): `shared` is every test under tests/integration and any other test that uses the
+session's Kafka, MinIO or Spark; `pure` is the rest. The shared part's workers share one
+Kafka and one MinIO, which scripts/test.sh starts (`python -m proxy.devstack.shared`) and
+names in TIERPROXY_TEST_SERVICES: without it each process would start its own. With
+`--dist loadscope`, tests that must share a process are grouped and the groups handed out
+longest first (tests/support/schedule.py); each xdist worker hands out ports from its own
+share of the free range (`proxy.devstack.paths.port_share`).
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+from collections import deque
 from pathlib import Path
 from typing import TextIO
 
@@ -22,7 +27,9 @@ import pytest
 
 from proxy.devstack import KafkaCluster, MinioServer
 from proxy.devstack.external import external_kafka, external_s3
+from proxy.devstack.paths import PORT_RANGE_ENV, port_share
 from proxy.devstack.process import tracked_processes
+from tests.support.schedule import grouped_scheduling, longest_first, misplaced, module_times
 
 ZONES = ["zone-a", "zone-b", "zone-c"]
 SESSION_SERVICES = {"kafka_cluster", "s3_server", "spark", "spark_cluster"}
@@ -45,16 +52,42 @@ def is_shared(item) -> bool:
     )
 
 
+def pytest_configure(config):
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and PORT_RANGE_ENV not in os.environ:
+        index = int(worker["workerid"].removeprefix("gw"))
+        os.environ[PORT_RANGE_ENV] = port_share(index, int(worker["workercount"]))
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_Groups(), "tierproxy-test-groups")
+
+
+class _Groups:
+    """The shared part's groups over xdist workers (tests/support/schedule.py)."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") == "loadscope":
+            return grouped_scheduling(config, log)
+        return None
+
+
 def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
-    if part is None:
-        return
-    keep, drop = [], []
-    for item in items:
-        (keep if is_shared(item) == (part == "shared") else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    if part is not None:
+        keep, drop = [], []
+        for item in items:
+            (keep if is_shared(item) == (part == "shared") else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    if part == "shared" and hasattr(config, "workerinput"):
+        wrong = misplaced((item.nodeid, item.fixturenames) for item in items)
+        if wrong:
+            raise pytest.UsageError("tests/support/schedule.py:\n" + "\n".join(wrong))
+        cache = Path(os.environ.get("TIERPROXY_CACHE", config.rootpath / ".cache"))
+        times = module_times(cache / "test-times" / "shared.xml")
+        order = longest_first([item.nodeid for item in items], times)
+        items[:] = [items[i] for i in order]
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +140,8 @@ def pytest_runtest_makereport(item, call):
             report.sections.append(
                 (f"log tail: {proc.name} ({proc.log_path})", proc.tail(40) or "(empty)")
             )
+        for log_path in _shared_logs():  # the services another process started
+            report.sections.append((f"log tail: {log_path}", _tail(log_path, 40)))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -162,3 +197,16 @@ def _timeout_s(item) -> float:
         if value is not None:
             return float(value)
     return float(item.config.getini("timeout") or 0)
+
+
+def _shared_logs() -> list[Path]:
+    kafka, s3 = external_kafka(), external_s3()
+    return [*(kafka.log_paths if kafka else ()), *(s3.log_paths if s3 else ())]
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, errors="replace") as log:
+            return "".join(deque(log, maxlen=lines)) or "(empty)"
+    except OSError as exc:
+        return f"(not readable: {exc})"

@@ -82,13 +82,11 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) ->
     port: on a busy machine thousands of ephemeral ports sit in TIME_WAIT, and a port
     the kernel hands out for a bind to 0 is the next one it hands to a connection (a
     fresh clone's run of 2026-11-28 lost a test to one). None of the ports was handed
-    out before by this process.
+    out before by this process; with TIERPROXY_PORT_RANGE set (`port_share`), the ports
+    come from this process's share of that range only, so processes that each hand out
+    ports (the suite's xdist workers) never hand out the same one.
     """
-    low = 10_000
-    try:
-        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        high = 32_768
+    low, high = _port_range()
     for _ in range(attempts):
         base = random.randrange(low, high - count - 1)
         ports = range(base + 1, base + count + 1)
@@ -109,3 +107,28 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) ->
         _handed_out.update(ports)
         return base
     raise RuntimeError(f"no block of {count} free ports found")
+
+
+PORT_RANGE_ENV = "TIERPROXY_PORT_RANGE"
+
+
+def _port_range() -> tuple[int, int]:
+    share = os.environ.get(PORT_RANGE_ENV)
+    if share:
+        first, _, last = share.partition("-")
+        return int(first), int(last)
+    try:
+        high = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32_768
+    return 10_000, high
+
+
+def port_share(index: int, count: int) -> str:
+    """The TIERPROXY_PORT_RANGE value for process `index` of `count` processes handing
+    out ports at once: `count` disjoint slices of the range below the ephemeral ports."""
+    if not 0 <= index < count:
+        raise ValueError(f"process {index} of {count}")
+    low, high = _port_range()
+    size = (high - low) // count
+    return f"{low + index * size}-{low + (index + 1) * size}"

@@ -24,7 +24,6 @@ from botocore.exceptions import (
 from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.devstack import MinioServer
-from proxy.devstack.external import external_s3
 from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
@@ -271,7 +270,7 @@ async def test_bad_credentials_fail_at_once(s3_server, make_s3_store, key_prefix
 @pytest.fixture(scope="module")
 def own_minio():
     """A MinIO of this module's own, so freezing and stopping it disturbs no other test."""
-    if external_s3() is not None:
+    if os.environ.get("TIERPROXY_TEST_S3_ENDPOINT"):  # a MinIO binary may not be there
         pytest.skip("outage tests freeze and stop the server: they need a local MinIO")
     with MinioServer(name="minio-outages") as server:
         yield server

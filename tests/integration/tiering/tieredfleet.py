@@ -53,6 +53,7 @@ from proxy.metadata.streams import shard_of, stream_id
 from proxy.objects.format import find_entries, read_block, read_object
 from proxy.objects.s3 import S3Store
 from proxy.objects.s3config import S3Config
+from proxy.objects.store import ObjectNotFound
 from proxy.records.batches import iter_batches
 from proxy.wal.fs import OsFilesystem
 from proxy.wal.segments import backlog_bytes
@@ -62,6 +63,9 @@ HEARTBEAT_S = 0.5
 MEMBER_TIMEOUT_S = 3.0
 PORTS_PER_PROXY = 10  # brokers at base + node id (1..3), then bootstrap, metrics, peer, admin
 _READY = "proxy ready at"
+
+# reads of the shards and their objects before a missing object is an error (`committed`)
+CHANGED_READS = 3
 
 
 def s3_settings(server: Any) -> dict[str, Any]:
@@ -428,7 +432,17 @@ class TieredFleet:
     # -- what is committed -----------------------------------------------------------------
 
     def committed(self, topic_id: uuid.UUID, partitions: int) -> Committed:
-        return self._loop.run(self._committed(topic_id, partitions), timeout=300)
+        """What the shards name for the topic, read from its objects. The fleet runs on:
+        an object compacted away and deleted (after `object_delete_grace_s`) between the
+        read of the shards and its GET is not an error, the shards are read again; one
+        still named after `CHANGED_READS` reads is."""
+        for attempt in range(1, CHANGED_READS + 1):
+            try:
+                return self._loop.run(self._committed(topic_id, partitions), timeout=300)
+            except ObjectNotFound:
+                if attempt == CHANGED_READS:
+                    raise
+        raise AssertionError("unreachable")
 
     def object_sizes(self, keys: list[str]) -> dict[str, int]:
         """Each object's size as the store reports it (HEAD)."""
