@@ -84,7 +84,8 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) ->
     fresh clone's run of 2026-11-28 lost a test to one). None of the ports was handed
     out before by this process; with TIERPROXY_PORT_RANGE set (`port_share`), the ports
     come from this process's share of that range only, so processes that each hand out
-    ports (the suite's xdist workers) never hand out the same one.
+    ports (the suite's xdist workers) never hand out the same one (a child process
+    inherits its parent's share, not its record of ports handed out).
     """
     low, high = _port_range()
     for _ in range(attempts):

@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import sys
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +59,14 @@ def describe(kafka: KafkaCluster, minio: MinioServer) -> dict[str, Any]:
 def serve(description: Path) -> None:
     """Start both, write `description` (atomically: a reader sees all of it or nothing),
     and keep them until told to stop."""
-    stop = threading.Event()
+    stopping: list[int] = []  # a flag the handler sets (an Event's lock is not reentrant)
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda signum, _: stopping.append(signum))
     # the parent (scripts/test.sh) killed without its trap running: stop all the same
+    parent = os.getppid()
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the call
+        return
     with (
         KafkaCluster(size=len(ZONES), racks=list(ZONES), name="kafka-shared") as kafka,
         MinioServer(name="minio-shared") as minio,
@@ -71,8 +74,8 @@ def serve(description: Path) -> None:
         partial = description.with_name(description.name + ".partial")
         partial.write_text(json.dumps(describe(kafka, minio), indent=2))
         os.replace(partial, description)
-        while not stop.wait(1.0):
-            pass
+        while not stopping:
+            time.sleep(0.5)
 
 
 if __name__ == "__main__":

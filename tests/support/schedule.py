@@ -17,6 +17,9 @@ reads.
 Groups are handed out longest first, from the last run's JUnit XML
 (.cache/test-times/shared.xml): a worker that begins the fault suite last would keep the
 whole run waiting for it. Groups the last run did not time go first, in collection order.
+xdist's loadscope hands a worker its next group while two or fewer tests of the current
+one are pending, so a group of one long test (the fault suite) takes the next group along
+on its worker, where it waits: the other workers may run out of groups first.
 """
 
 from __future__ import annotations
