@@ -2,7 +2,10 @@
 session, and a Spark standalone cluster (a master and two 1-core workers).
 
 Each is started once per test session, on first use, and stopped at the end whatever
-happened. A failing test gets the tail of every running component's log in its report.
+happened; in one process, the costly ones only some modules use (the conformance fleet,
+the SASL/TLS Kafka, Spark) are stopped right after their last test instead
+(tests/support/release.py). A failing test gets the tail of every running component's
+log in its report.
 Set TIERPROXY_TEST_BOOTSTRAP / TIERPROXY_TEST_S3_ENDPOINT to use external services instead.
 
 `--part pure|shared` runs half the suite (scripts/test.sh runs both, the pure part on
@@ -30,6 +33,7 @@ from proxy.devstack import KafkaCluster, MinioServer
 from proxy.devstack.external import external_kafka, external_s3
 from proxy.devstack.paths import PORT_RANGE_ENV, port_share
 from proxy.devstack.process import tracked_processes
+from tests.support.release import release_plan
 from tests.support.schedule import grouped_scheduling, longest_first, misplaced, module_times
 
 ZONES = ["zone-a", "zone-b", "zone-c"]
@@ -64,6 +68,14 @@ def pytest_configure(config):
         os.environ[PORT_RANGE_ENV] = port_share(index, count)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_Groups(), "tierproxy-test-groups")
+    if worker is None and not _distributed(config):
+        config.pluginmanager.register(_ReleaseAfterLastUse(), "tierproxy-release-early")
+
+
+def _distributed(config) -> bool:
+    """Whether xdist hands this run's tests to workers (-n N with N > 0)."""
+    numprocesses = getattr(config.option, "numprocesses", None)
+    return bool(numprocesses) and config.getvalue("dist") != "no"
 
 
 class _Groups:
@@ -74,6 +86,24 @@ class _Groups:
         if config.getvalue("dist") == "loadscope":
             return grouped_scheduling(config, log)
         return None
+
+
+class _ReleaseAfterLastUse:
+    """Finishes a costly session fixture once its last test is torn down, in one
+    process (tests/support/release.py)."""
+
+    def __init__(self) -> None:
+        self._plan: dict[str, list[str]] | None = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        result = yield  # the test's own teardown first; raised, nothing is released
+        if self._plan is None:
+            self._plan = release_plan((i.nodeid, i.fixturenames) for i in item.session.items)
+        for name in self._plan.get(item.nodeid, ()):
+            for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+                fixturedef.finish(item._request)  # its dependants' finalizers run first
+        return result
 
 
 def pytest_collection_modifyitems(config, items):
