@@ -181,6 +181,8 @@ class TieredFleet:
         store = {"kind": "s3", "bucket": minio.bucket, "endpoint_url": minio.endpoint}
         store |= {"access_key_id": minio.access_key, "secret_access_key": minio.secret_key}
         store |= {"region": "us-east-1", "path_style": True}
+        if args.sign_payload != "auto":  # MinIO here is http: auto signs every body
+            store["sign_payload"] = args.sign_payload == "true"
         self.members: list[Member] = []
         fleet_topic = f"__tierproxy_bench_fleet_{run_id}"
         for number, (name, notify) in enumerate((("a", "s3"), ("b", "s3"), ("c", "direct")), 1):
@@ -642,7 +644,9 @@ def render(run: dict, summary: dict, args) -> str:
         f"{args.latency_rate:,} rec/s ({args.latency_rate * args.record_size / MIB:.0f} MB/s); "
         "acks=all, idempotence on, client defaults otherwise"
         + (f" but {args.client_config}" if args.client_config else ""),
-        "- tiering: " + ", ".join(f"{key} {getattr(args, key):,}" for key in UPLOAD_SETTINGS),
+        "- tiering: "
+        + ", ".join(f"{key} {getattr(args, key):,}" for key in UPLOAD_SETTINGS)
+        + f"; object store sign_payload {getattr(args, 'sign_payload', 'auto')}",
         f"- total runtime {run['runtime_s']:.0f} s",
         "",
         "Mean of the rounds (lowest–highest). MB = 2^20 bytes of record values, as Kafka's "
@@ -757,6 +761,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key in UPLOAD_SETTINGS:  # the proxies' tiering settings, their defaults by default
         default = getattr(TieringConfig(), key)
         add(f"--{key.replace('_', '-')}", type=type(default), default=default)
+    more = "the object store's sign_payload (auto: over http, which MinIO here is)"
+    add("--sign-payload", choices=("auto", "true", "false"), default="auto", help=more)
     add("--json", type=Path, help="also write every phase's figures here")
     args = parser.parse_args(argv)
     args.clients = [c for c in args.clients.split(",") if c]

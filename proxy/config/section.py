@@ -75,6 +75,10 @@ class Section:
             raise ConfigError(self.key(name), f"{value!r} is not true or false")
         return value
 
+    def optional_boolean(self, name: str) -> bool | None:
+        """true, false, or None when the key is absent."""
+        return None if self.get(name) is None else self.boolean(name, False)
+
     def integer(self, name: str, default: int, minimum: int) -> int:
         value = self.get(name)
         if value is None:

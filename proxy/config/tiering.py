@@ -263,6 +263,7 @@ def _object_store(section: Section) -> ObjectStoreSettings:
     directory = Path(section.string("directory", str(ObjectStoreSettings.directory)))
     s3 = None
     if kind == "s3":
+        sign_payload = section.optional_boolean("sign_payload")  # names its key itself
         try:
             s3 = S3Config(
                 bucket=section.string("bucket", ""),
@@ -271,6 +272,7 @@ def _object_store(section: Section) -> ObjectStoreSettings:
                 access_key_id=section.get("access_key_id"),
                 secret_access_key=section.get("secret_access_key"),
                 path_style=section.boolean("path_style", False),
+                sign_payload=sign_payload,
             )
         except ValueError as exc:  # S3Config names the field: "S3 config bucket='': ..."
             field_name = str(exc).split()[2].split("=")[0] if " config " in str(exc) else "s3"

@@ -11,6 +11,7 @@ Design notes: docs/object-store.md.
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins  # `list` is a method of the store; annotations after it mean the type
 import functools
 import logging
@@ -20,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
+import crc32c
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import ClientError
@@ -44,6 +46,30 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 PRECONDITION_FAILED = "PreconditionFailed"  # 412: `If-None-Match: *` met an object
+
+
+def _s3_options(config: S3Config) -> dict[str, Any]:
+    """botocore's S3 settings. Every PutObject carries the body's CRC-32C, computed here
+    (`body_checksum`): botocore would otherwise compute a CRC-32 itself, in Python-driven
+    1 MiB steps, and, seeing a checksum header it did not make, would also hash the body
+    for the signature over https. So the SHA-256 payload signature is set explicitly:
+    off over https (what botocore does by default when it sends the checksum), on over
+    http unless `sign_payload` says otherwise (S3Config)."""
+    options: dict[str, Any] = {"addressing_style": "path" if config.path_style else "auto"}
+    sign = config.sign_payload
+    if sign is None:
+        sign = (config.endpoint_url or "https://").lower().startswith("http://")
+    options["payload_signing_enabled"] = sign
+    return options
+
+
+def body_checksum(pieces: Iterable[memoryview]) -> str:
+    """The base64 of the big-endian CRC-32C of the pieces one after another, as S3's
+    `x-amz-checksum-crc32c` header wants it (hardware CRC through the crc32c package)."""
+    value = 0
+    for piece in pieces:
+        value = crc32c.crc32c(piece, value)
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
 class S3Store:
@@ -81,7 +107,7 @@ class S3Store:
             read_timeout=config.read_timeout,
             retries={"mode": "standard", "total_max_attempts": 1},  # ours are the retries
             max_pool_connections=config.max_pool_connections,
-            s3={"addressing_style": "path" if config.path_style else "auto"},
+            s3=_s3_options(config),
         )
         self._client = await self._stack.enter_async_context(
             (self._session or get_session()).create_client(
@@ -126,6 +152,7 @@ class S3Store:
             return
         body = join_pieces(pieces, 0, total)
         condition = {"IfNoneMatch": "*"} if exclusive else {}
+        checksum = body_checksum(pieces)  # S3 refuses the PUT if the body differs
         tries = 0
 
         async def attempt() -> None:
@@ -133,7 +160,11 @@ class S3Store:
             tries += 1
             try:
                 await self._s3().put_object(
-                    Bucket=self.config.bucket, Key=key, Body=body, **condition
+                    Bucket=self.config.bucket,
+                    Key=key,
+                    Body=body,
+                    ChecksumCRC32C=checksum,
+                    **condition,
                 )
             except ClientError as exc:
                 if not exclusive or error_code(exc) != PRECONDITION_FAILED:

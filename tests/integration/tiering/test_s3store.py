@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from proxy.devstack import MinioServer
 from proxy.objects.metrics import ObjectStoreMetrics
-from proxy.objects.s3 import S3Store
+from proxy.objects.s3 import S3Store, body_checksum
 from proxy.objects.s3config import S3Config
 from proxy.objects.s3retry import DeleteErrors, backoff_delay, classify
 from proxy.objects.store import ObjectNotFound, ObjectStoreError
@@ -34,6 +34,39 @@ MiB = 1024 * 1024
 PART = 5 * MiB  # S3's smallest part: multipart tests stay quick
 
 minio = pytest.mark.minio
+
+
+# -- integrity ---------------------------------------------------------------------------
+
+
+@minio
+@pytest.mark.parametrize("sign_payload", [None, False])
+async def test_a_put_carries_its_crc32c_and_the_server_checks_it(
+    s3_server, make_s3_store, key_prefix, sign_payload
+):
+    """Every PutObject sends the body's CRC-32C (objects/s3.py, `body_checksum`), signed
+    payload or not (over http, `sign_payload` None signs it); the server keeps it, and
+    refuses a body that does not match, so a damaged upload fails instead of being
+    acknowledged."""
+    store = await make_s3_store(s3_server, sign_payload=sign_payload)
+    data = os.urandom(300_000)
+    pieces = [memoryview(data)[:1000], memoryview(data)[1000:]]
+    key = key_prefix + f"crc-{sign_payload}"
+    await store.put(key, pieces)
+    assert await store.get(key) == data
+    head = await store._client.head_object(
+        Bucket=store.config.bucket, Key=key, ChecksumMode="ENABLED"
+    )
+    assert head["ChecksumCRC32C"] == body_checksum([memoryview(data)])
+
+    wrong = body_checksum([memoryview(data[:-1] + bytes([data[-1] ^ 1]))])
+    with pytest.raises(ClientError) as refused:
+        await store._client.put_object(
+            Bucket=store.config.bucket, Key=key + "-bad", Body=data, ChecksumCRC32C=wrong
+        )
+    assert refused.value.response["Error"]["Code"] in ("BadDigest", "XAmzContentChecksumMismatch")
+    with pytest.raises(ObjectNotFound):
+        await store.get(key + "-bad")
 
 
 # -- multipart -----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
 
 import pytest
@@ -12,6 +13,7 @@ from proxy.metadata.records import TopicMode, TopicModeSet
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id, topic_shard
 from proxy.metadata.topic_index import TieredTopic, TopicIndex, cutover_ready, drained_topics
+from proxy.objects.s3 import _s3_options, body_checksum
 from proxy.routing.fleet import (
     Heartbeat,
     HeartbeatError,
@@ -40,6 +42,35 @@ def test_s3_object_store_is_read():
         {"object_store": {"kind": "s3", "bucket": "b", "endpoint_url": "http://x:9000"}}
     ).object_store
     assert store.kind == "s3" and store.s3.bucket == "b"
+    assert store.s3.sign_payload is None  # absent: over http only (objects/s3.py)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "sign_payload", "signed"),
+    [
+        ("http://x:9000", None, True),
+        ("HTTP://x:9000", None, True),
+        ("https://s3.example", None, False),
+        (None, None, False),  # AWS's endpoint: https
+        ("http://x:9000", False, False),
+        ("https://s3.example", True, True),
+    ],
+)
+def test_the_payload_is_signed_over_http_unless_told_not_to(endpoint, sign_payload, signed):
+    section = {"kind": "s3", "bucket": "b", "endpoint_url": endpoint}
+    if sign_payload is not None:
+        section["sign_payload"] = sign_payload
+    store = _parse({"object_store": section}).object_store
+    assert store.s3.sign_payload is sign_payload
+    assert _s3_options(store.s3)["payload_signing_enabled"] is signed
+
+
+def test_a_put_carries_the_crc32c_s3_checks():
+    # RFC 3720's check value for "123456789", split anywhere
+    expected = base64.b64encode((0xE3069283).to_bytes(4, "big")).decode()
+    assert body_checksum([memoryview(b"123456789")]) == expected
+    assert body_checksum([memoryview(b"1234"), memoryview(b""), memoryview(b"56789")]) == expected
+    assert body_checksum([]) == "AAAAAA=="
 
 
 @pytest.mark.parametrize(
@@ -51,6 +82,10 @@ def test_s3_object_store_is_read():
         ({"session_timeout_ms": 10}, "tiering.session_timeout_ms"),
         ({"object_store": {"kind": "s3"}}, "tiering.object_store.bucket"),
         ({"object_store": {"bucket": "b"}}, "tiering.object_store.bucket"),
+        (
+            {"object_store": {"kind": "s3", "bucket": "b", "sign_payload": "no"}},
+            "tiering.object_store.sign_payload",
+        ),
         (
             {"wal": {"segment_bytes": 64 << 20, "capacity_bytes": 8 << 20}},
             "tiering.wal.segment_bytes",
