@@ -68,6 +68,15 @@ async def test_a_put_carries_its_crc32c_and_the_server_checks_it(
     with pytest.raises(ObjectNotFound):
         await store.get(key + "-bad")
 
+    # parts carry botocore's own checksum, signed or not
+    parted = await make_s3_store(
+        s3_server, sign_payload=sign_payload, multipart_threshold=PART, part_size=PART
+    )
+    big = os.urandom(PART + 4321)
+    await parted.put(key + "-parts", memoryview(big))
+    assert parted.metrics.count("UploadPart") == 2
+    assert await parted.get(key + "-parts") == big
+
 
 # -- multipart -----------------------------------------------------------------------------
 
