@@ -97,13 +97,28 @@ class _ReleaseAfterLastUse:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item, nextitem):
-        result = yield  # the test's own teardown first; raised, nothing is released
+        try:
+            return (yield)  # the test's own teardown first
+        finally:
+            self._release_after(item)
+
+    def _release_after(self, item) -> None:
+        """Finish every fixture planned for `item`, each even when one before failed; the
+        failures end up as this test's teardown error, together."""
         if self._plan is None:
-            self._plan = release_plan((i.nodeid, i.fixturenames) for i in item.session.items)
+            users = ((i.nodeid, getattr(i, "fixturenames", ())) for i in item.session.items)
+            self._plan = release_plan(users)
+        failed: list[BaseException] = []
         for name in self._plan.get(item.nodeid, ()):
             for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
-                fixturedef.finish(item._request)  # its dependants' finalizers run first
-        return result
+                try:
+                    fixturedef.finish(item._request)  # its dependants' finalizers run first
+                except BaseException as exc:  # noqa: BLE001 - the others still stop
+                    failed.append(exc)
+        if len(failed) == 1:
+            raise failed[0]
+        if failed:
+            raise BaseExceptionGroup(f"releasing session fixtures after {item.nodeid}", failed)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -48,18 +48,24 @@ log = logging.getLogger(__name__)
 PRECONDITION_FAILED = "PreconditionFailed"  # 412: `If-None-Match: *` met an object
 
 
-def _s3_options(config: S3Config) -> dict[str, Any]:
-    """botocore's S3 settings. Every PutObject carries the body's CRC-32C, computed here
-    (`body_checksum`): botocore would otherwise compute a CRC-32 itself, in Python-driven
-    1 MiB steps, and, seeing a checksum header it did not make, would also hash the body
-    for the signature over https. So the SHA-256 payload signature is set explicitly:
-    off over https (what botocore does by default when it sends the checksum), on over
-    http unless `sign_payload` says otherwise (S3Config)."""
+def _s3_options(config: S3Config, endpoint_url: str | None, checksums: bool) -> dict[str, Any]:
+    """botocore's S3 settings, for a client whose endpoint is `endpoint_url` (None: AWS's,
+    https) and which sends checksums (`checksums`: botocore's
+    `request_checksum_calculation` is not `when_required`).
+
+    Then every PutObject carries the body's CRC-32C, computed here (`body_checksum`):
+    botocore would otherwise compute a CRC-32 itself, in Python-driven 1 MiB steps, and,
+    seeing a checksum header it did not make, would also hash the body for the signature
+    over https. So the SHA-256 payload signature is set explicitly: off over https (what
+    botocore does by default when it sends the checksum), on over http unless
+    `sign_payload` says otherwise (S3Config). Without checksums (a store that refuses
+    them) botocore's own rule stands."""
     options: dict[str, Any] = {"addressing_style": "path" if config.path_style else "auto"}
     sign = config.sign_payload
-    if sign is None:
-        sign = (config.endpoint_url or "https://").lower().startswith("http://")
-    options["payload_signing_enabled"] = sign
+    if sign is None and checksums:
+        sign = (endpoint_url or "https://").lower().startswith("http://")
+    if sign is not None:
+        options["payload_signing_enabled"] = sign
     return options
 
 
@@ -92,6 +98,7 @@ class S3Store:
         self._rng = rng or random.Random()
         self._stack = AsyncExitStack()
         self._client: Any = None
+        self._checksums = True  # each PutObject sends its body's CRC-32C (`start`)
         self._where = f"s3://{config.bucket}"
 
     @classmethod
@@ -101,15 +108,32 @@ class S3Store:
         return store
 
     async def start(self) -> None:
+        """Opens the client. The endpoint and the checksum setting botocore resolves (an
+        `AWS_ENDPOINT_URL`, `AWS_REQUEST_CHECKSUM_CALCULATION`, its config file) decide the
+        payload signature (`_s3_options`): a first guess from `config`, and the client made
+        again when the resolved ones differ."""
+        config = self.config
+        options = _s3_options(config, config.endpoint_url, checksums=True)
+        client = await self._open_client(options)
+        meta = client.meta
+        self._checksums = meta.config.request_checksum_calculation != "when_required"
+        resolved = _s3_options(config, meta.endpoint_url, self._checksums)
+        if resolved != options:
+            await self._stack.aclose()
+            self._stack = AsyncExitStack()
+            client = await self._open_client(resolved)
+        self._client = client
+
+    async def _open_client(self, s3_options: dict[str, Any]) -> Any:
         config = self.config
         client_config = AioConfig(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             retries={"mode": "standard", "total_max_attempts": 1},  # ours are the retries
             max_pool_connections=config.max_pool_connections,
-            s3=_s3_options(config),
+            s3=s3_options,
         )
-        self._client = await self._stack.enter_async_context(
+        return await self._stack.enter_async_context(
             (self._session or get_session()).create_client(
                 "s3",
                 region_name=config.region,
@@ -152,7 +176,8 @@ class S3Store:
             return
         body = join_pieces(pieces, 0, total)
         condition = {"IfNoneMatch": "*"} if exclusive else {}
-        checksum = body_checksum(pieces)  # S3 refuses the PUT if the body differs
+        # S3 refuses the PUT if the body differs
+        checksum = {"ChecksumCRC32C": body_checksum(pieces)} if self._checksums else {}
         tries = 0
 
         async def attempt() -> None:
@@ -163,7 +188,7 @@ class S3Store:
                     Bucket=self.config.bucket,
                     Key=key,
                     Body=body,
-                    ChecksumCRC32C=checksum,
+                    **checksum,
                     **condition,
                 )
             except ClientError as exc:

@@ -36,6 +36,9 @@ TIMEOUT_CODES = frozenset({"RequestTimeout", "RequestTimeoutException"})
 # ConditionalRequestConflict (409): another conditional write to the key was in flight;
 # retried, the create then meets that write's object or none
 SERVER_CODES = frozenset({"InternalError", "PriorRequestNotComplete", "ConditionalRequestConflict"})
+# 400: the body the server got does not match the checksum sent with it (objects/s3.py
+# sends every PUT's CRC-32C): damaged on its way, like a connection reset mid-body
+DAMAGED_CODES = frozenset({"BadDigest", "XAmzContentChecksumMismatch"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,8 @@ def _code_verdict(code: str, status: int) -> Verdict:
         return TIMEOUT
     if code in SERVER_CODES or status >= 500:
         return SERVER_ERROR
+    if code in DAMAGED_CODES:
+        return CONNECTION_ERROR
     return CLIENT_ERROR  # AccessDenied, NoSuchBucket, InvalidAccessKeyId, ...
 
 

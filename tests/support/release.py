@@ -6,9 +6,12 @@ SASL/TLS Kafka; Spark) stays up, and keeps the shared Kafka and the CPU busy, fo
 whole shared part after them: the conformance fleet runs first and was idle for about an
 hour of every run. In one process the order of the tests is known before the first
 runs, so each such fixture is finished right after the teardown of its last user
-(tests/conftest.py, `_ReleaseAfterLastUse`). A test that still asked for one later would
-get it started again (correct, only slower). On xdist workers nothing is released: a
-worker does not know which tests it will be given.
+(tests/conftest.py, `_ReleaseAfterLastUse`); the time it takes counts in that test's
+teardown. A test that still asked for one later (`request.getfixturevalue`) would get it
+started again, correct only if no longer-lived fixture holds it: none does for these. The
+Spark session is stopped, its JVM is not (pyspark keeps the gateway to the process's
+end). On xdist workers nothing is released: a worker does not know which tests it will
+be given.
 """
 
 from __future__ import annotations

@@ -78,6 +78,31 @@ async def test_a_put_carries_its_crc32c_and_the_server_checks_it(
     assert await parted.get(key + "-parts") == big
 
 
+@minio
+async def test_the_endpoint_and_checksum_setting_botocore_resolves_decide(
+    s3_server, make_s3_store, key_prefix, monkeypatch
+):
+    """`sign_payload` unset: an http endpoint given by AWS_ENDPOINT_URL (no endpoint_url in
+    the config) signs the body as one in the config would; AWS_REQUEST_CHECKSUM_CALCULATION
+    =when_required (a store that refuses checksums) sends none of ours."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    store = await make_s3_store(s3_server, endpoint_url=None)
+    assert store._client.meta.endpoint_url.startswith("http://")
+    assert store._client.meta.config.s3["payload_signing_enabled"] is True
+    await store.put(key_prefix + "env-endpoint", b"x" * 1000)
+    assert await store.get(key_prefix + "env-endpoint") == b"x" * 1000
+
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    plain = await make_s3_store(s3_server)
+    assert not plain._checksums
+    assert "payload_signing_enabled" not in plain._client.meta.config.s3
+    await plain.put(key_prefix + "no-checksum", b"y" * 1000)
+    head = await plain._client.head_object(
+        Bucket=plain.config.bucket, Key=key_prefix + "no-checksum", ChecksumMode="ENABLED"
+    )
+    assert "ChecksumCRC32C" not in head
+
+
 # -- multipart -----------------------------------------------------------------------------
 
 
@@ -502,6 +527,9 @@ def _client_error(code: str, status: int) -> ClientError:
         (_client_error("InternalError", 500), "server_error", True),
         (_client_error("BadGateway", 502), "server_error", True),
         (_client_error("RequestTimeout", 400), "timeout", True),
+        (_client_error("BadDigest", 400), "connection_error", True),
+        (_client_error("XAmzContentChecksumMismatch", 400), "connection_error", True),
+        (_client_error("InvalidDigest", 400), "client_error", False),
         (_client_error("AccessDenied", 403), "client_error", False),
         (_client_error("NoSuchBucket", 404), "client_error", False),
         (_client_error("InvalidAccessKeyId", 403), "client_error", False),

@@ -62,7 +62,11 @@ def test_the_payload_is_signed_over_http_unless_told_not_to(endpoint, sign_paylo
         section["sign_payload"] = sign_payload
     store = _parse({"object_store": section}).object_store
     assert store.s3.sign_payload is sign_payload
-    assert _s3_options(store.s3)["payload_signing_enabled"] is signed
+    assert _s3_options(store.s3, endpoint, checksums=True)["payload_signing_enabled"] is signed
+    # a client that sends no checksum (botocore told `when_required`): botocore's own rule,
+    # unless the setting says
+    unchecked = _s3_options(store.s3, endpoint, checksums=False)
+    assert unchecked.get("payload_signing_enabled") is sign_payload
 
 
 def test_a_put_carries_the_crc32c_s3_checks():
