@@ -25,9 +25,9 @@ class S3Config:
     path_style: bool = False  # http://host/bucket/key, as MinIO usually wants
     # SHA-256 of each request body in its signature. None: only over http (botocore's rule:
     # over https the body's CRC-32C, which S3 checks, and TLS protect it). False over http
-    # spares the proxy and the server hashing every byte (half the CPU of a PUT, measured
-    # in docs/object-store.md) where the network is trusted: the CRC-32C still catches
-    # damage, not a forger on the path
+    # spares the proxy and the server hashing every byte (half the proxy's CPU of a PUT:
+    # docs/benchmarks.md, "S3 PUTs") where the network is trusted: the CRC-32C still
+    # catches damage, not a forger on the path
     sign_payload: bool | None = None
     multipart_threshold: int = 16 * MiB  # objects larger than this upload in parts
     part_size: int = 8 * MiB
