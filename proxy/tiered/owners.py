@@ -7,6 +7,18 @@ sends the bytes; the owner's answer is the client's. An unreachable owner answer
 NOT_LEADER_OR_FOLLOWER (retriable). A stream's batches reach its partition in the order
 they came (a producer's sequence numbers must arrive in order), on both sides, however
 the S3 PUTs and GETs between them interleave.
+
+Across an owner change too. A batch is handed to the owner the sender knew when it came;
+if the stream's owner changes while an earlier batch is still on its way to the old one,
+the next batch would reach the new owner before the old one's answer is known: its
+refusal (NOT_LEADER_OR_FOLLOWER, a drop in `SequenceHoles`) would come too late for the
+hole the next batch carries, so the new owner would see a gap no drop explains and answer
+OUT_OF_ORDER_SEQUENCE_NUMBER, or, for a producer it does not know, take the later batch
+first. Kafka's old leader refuses both and the client resends them in order. So a hand-off
+to another owner than an earlier one of the stream still unanswered waits for that answer
+(recorded in `holes` first), holding the stream's later hand-offs behind it; and a batch
+for a stream just taken over here waits the same way before it reaches the partition
+(`here_after_handoffs`).
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,7 +44,7 @@ from proxy.partition.produce_rules import ProduceRules
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.partition.txn_gate import Verify
-from proxy.peer.clients import PeerClients, PeerUnavailable
+from proxy.peer.clients import Address, PeerClients, PeerUnavailable
 from proxy.peer.codec import for_peer, frame_size
 from proxy.peer.messages import AppendRequest, AppendResponse
 from proxy.records.batches import CorruptBatchError
@@ -98,6 +111,70 @@ class ToOwner:
         self._service = service
         # per stream, the hand-offs in the order they came: each written after the last
         self._sends = InOrder()
+        # per stream, the hand-offs made and not answered yet: (owner, done once answered
+        # and its answer recorded in `holes`)
+        self._unanswered: dict[int, list[tuple[Address, asyncio.Future[None]]]] = {}
+
+    def busy(self, stream: int) -> bool:
+        """Whether a hand-off of `stream` is under way (waiting, or not answered yet)."""
+        return self._sends.busy(stream) or stream in self._unanswered
+
+    async def here_after_handoffs(
+        self, stream: int, produce: Callable[[], Awaitable[ProduceResult | None]]
+    ) -> ProduceResult | None:
+        """`produce` (the stream's partition here) once every earlier hand-off of the
+        stream is answered: the stream was taken over here while batches were on their
+        way to its old owner. Started in this turn, so later calls stay behind it."""
+        turn = self._sends.take(stream)
+        try:
+            await turn.ready()
+            await self._answered_elsewhere(stream, None)
+            call = asyncio.ensure_future(produce())
+            await asyncio.sleep(0)  # its first step queues the batch, before the next's
+        finally:
+            turn.end()
+        return await call
+
+    async def _answered_elsewhere(self, stream: int, address: Address | None) -> None:
+        """Until every unanswered hand-off of `stream` to an owner other than `address`
+        (None: any owner) is answered. Never cancels them."""
+        waiting = [
+            done
+            for owner, done in self._unanswered.get(stream, ())
+            if owner != address and not done.done()
+        ]
+        if waiting:
+            await asyncio.wait(waiting)
+
+    def _handed(
+        self,
+        stream: int,
+        address: Address,
+        batch: ProducerBatch | None,
+        call: asyncio.Future[ProduceResult | None],
+    ) -> None:
+        """`call` (a hand-off of `batch`) is unanswered until it ends; then its answer is
+        recorded in `holes` (no answer: a drop) before any hand-off waiting on it goes.
+        A callback of the call itself: it runs whatever becomes of `send`."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (address, done)
+        self._unanswered.setdefault(stream, []).append(entry)
+        holes = self._service.holes
+
+        def answered(call: asyncio.Future[ProduceResult | None]) -> None:
+            result = None if call.cancelled() or call.exception() is not None else call.result()
+            if result is not None:
+                holes.observe(stream, batch, result.error_code)  # the caller's record too
+            else:
+                holes.dropped(stream, batch)  # none for acks=0 (no batch): a no-op
+            pending = self._unanswered.get(stream)
+            if pending is not None:
+                pending.remove(entry)
+                if not pending:
+                    del self._unanswered[stream]
+            done.set_result(None)
+
+        call.add_done_callback(answered)
 
     async def send(self, part: Part) -> ProduceResult | None:
         """The owner's answer to `part` (None for acks=0)."""
@@ -121,6 +198,7 @@ class ToOwner:
             else:
                 inline = records
             await turn.ready()
+            await self._answered_elsewhere(stream, address)  # an owner change: see above
             called = time.perf_counter()
             call = asyncio.ensure_future(
                 service.peers.append(
@@ -138,6 +216,7 @@ class ToOwner:
                     produce_version=part.produce_version,
                 )
             )
+            self._handed(stream, address, batch, call)  # before the turn ends: the next sees it
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
             return ProduceResult(
@@ -263,6 +342,7 @@ class AtOwner:
                 why = service.not_served(stream) or f"not owned by {service.name}"
                 return not_owner(f"stream {stream}: {why}")
             if rules is None:
+                holes.dropped(stream, batch)  # retriable and not appended, as above
                 return ProduceResult(
                     ErrorCode.kafka_storage_error, error_message=f"stream {stream}: no topic config"
                 )

@@ -24,6 +24,7 @@ import asyncio
 import functools
 import logging
 import uuid
+from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
 from kio.schema.errors import ErrorCode
@@ -477,9 +478,14 @@ class TieringService:
         if self.partitions.get(stream) is not None:
             append_time = part.rules.log_append_time if part.rules is not None else None
             verify = self.verifier_for(stream, part.transactional_id, part.produce_version)
-            return await self.partitions.produce(
-                stream, part.records, part.acks, append_time, verify
-            )
+            partitions = self.partitions
+
+            def here() -> Awaitable[ProduceResult | None]:
+                return partitions.produce(stream, part.records, part.acks, append_time, verify)
+
+            if self.to_owner.busy(stream):  # taken over here with batches on their way
+                return await self.to_owner.here_after_handoffs(stream, here)
+            return await here()
         why = self.not_served(stream)
         if why is not None:
             return not_owner(f"{part.topic.name}-{part.partition}: {why}")
