@@ -24,12 +24,13 @@ for a stream just taken over here waits the same way before it reaches the parti
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -111,40 +112,51 @@ class ToOwner:
         self._service = service
         # per stream, the hand-offs in the order they came: each written after the last
         self._sends = InOrder()
-        # per stream, the hand-offs made and not answered yet: (owner, done once answered
-        # and its answer recorded in `holes`)
-        self._unanswered: dict[int, list[tuple[Address, asyncio.Future[None]]]] = {}
+        # per stream, the hand-offs made and not answered yet: (owner, the call); a call's
+        # answer is in `holes` before anything waiting on it wakes (`_handed`)
+        self._unanswered: dict[int, list[tuple[Address, asyncio.Future[Any]]]] = {}
 
     def busy(self, stream: int) -> bool:
         """Whether a hand-off of `stream` is under way (waiting, or not answered yet)."""
         return self._sends.busy(stream) or stream in self._unanswered
 
     async def here_after_handoffs(
-        self, stream: int, produce: Callable[[], Awaitable[ProduceResult | None]]
+        self,
+        stream: int,
+        batch: ProducerBatch | None,
+        timeout_ms: int,
+        produce: Callable[[], Awaitable[ProduceResult | None]],
     ) -> ProduceResult | None:
         """`produce` (the stream's partition here) once every earlier hand-off of the
         stream is answered: the stream was taken over here while batches were on their
-        way to its old owner. Started in this turn, so later calls stay behind it."""
+        way to its old owner. Started in this turn, so later calls stay behind it. Not
+        answered within the request's `timeout_ms`: NOT_LEADER_OR_FOLLOWER, a drop."""
         turn = self._sends.take(stream)
         try:
             await turn.ready()
-            await self._answered_elsewhere(stream, None)
+            if not await self._answered_elsewhere(stream, None, timeout_ms):
+                self._service.holes.dropped(stream, batch)  # before the next one goes
+                return not_owner(f"stream {stream}: its hand-offs to the old owner unanswered")
             call = asyncio.ensure_future(produce())
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
         finally:
             turn.end()
         return await call
 
-    async def _answered_elsewhere(self, stream: int, address: Address | None) -> None:
+    async def _answered_elsewhere(
+        self, stream: int, address: Address | None, timeout_ms: int
+    ) -> bool:
         """Until every unanswered hand-off of `stream` to an owner other than `address`
-        (None: any owner) is answered. Never cancels them."""
-        waiting = [
-            done
-            for owner, done in self._unanswered.get(stream, ())
-            if owner != address and not done.done()
-        ]
-        if waiting:
-            await asyncio.wait(waiting)
+        (None: any owner) is answered, at most `timeout_ms` (the waiting request's own);
+        False if that ran out. Never cancels them."""
+        pending = self._unanswered.get(stream)
+        if pending is None:
+            return True
+        waiting = [call for owner, call in pending if owner != address and not call.done()]
+        if not waiting:
+            return True
+        _, left = await asyncio.wait(waiting, timeout=max(timeout_ms, 0) / 1000)
+        return not left
 
     def _handed(
         self,
@@ -152,27 +164,32 @@ class ToOwner:
         address: Address,
         batch: ProducerBatch | None,
         call: asyncio.Future[ProduceResult | None],
+        release: Callable[[], None] | None,
     ) -> None:
-        """`call` (a hand-off of `batch`) is unanswered until it ends; then its answer is
-        recorded in `holes` (no answer: a drop) before any hand-off waiting on it goes.
-        A callback of the call itself: it runs whatever becomes of `send`."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (address, done)
+        """`call` (a hand-off of `batch`) is unanswered until it ends; then its S3-WAL
+        location is released (`release`) and its answer recorded in `holes` (no answer: a
+        drop) before anything waiting on it wakes: a callback of the call, added first, so
+        it runs whatever becomes of `send`, and before the waiters' own."""
+        entry = (address, call)
         self._unanswered.setdefault(stream, []).append(entry)
         holes = self._service.holes
 
         def answered(call: asyncio.Future[ProduceResult | None]) -> None:
-            result = None if call.cancelled() or call.exception() is not None else call.result()
-            if result is not None:
-                holes.observe(stream, batch, result.error_code)  # the caller's record too
-            else:
-                holes.dropped(stream, batch)  # none for acks=0 (no batch): a no-op
-            pending = self._unanswered.get(stream)
-            if pending is not None:
-                pending.remove(entry)
-                if not pending:
-                    del self._unanswered[stream]
-            done.set_result(None)
+            try:
+                if release is not None:
+                    release()  # answered: the owner read it first; failed: nothing acked
+                failed = call.cancelled() or call.exception() is not None
+                result = None if failed else call.result()
+                if result is not None:
+                    holes.observe(stream, batch, result.error_code)  # the caller's record too
+                else:
+                    holes.dropped(stream, batch)  # none for acks=0 (no batch): a no-op
+            finally:
+                pending = self._unanswered.get(stream)
+                if pending is not None:
+                    pending.remove(entry)
+                    if not pending:
+                        del self._unanswered[stream]
 
         call.add_done_callback(answered)
 
@@ -192,13 +209,17 @@ class ToOwner:
         location: S3WalLocation | None = None  # released once the owner answered: s3walgc.py
         inline: memoryview | None = None  # or the records themselves (notify: direct)
         s3wal, holes = service.s3wal, service.holes
+        call: asyncio.Future[ProduceResult | None] | None = None
         try:
             if s3wal is not None:
                 location = await s3wal.append(stream, records)
             else:
                 inline = records
             await turn.ready()
-            await self._answered_elsewhere(stream, address)  # an owner change: see above
+            if not await self._answered_elsewhere(stream, address, timeout_ms):
+                # an earlier batch still on its way to the old owner: its fate unknown
+                holes.dropped(stream, batch)  # before the stream's next hand-off goes
+                return not_owner(f"{topic.name}-{partition}: waiting on the last owner")
             called = time.perf_counter()
             call = asyncio.ensure_future(
                 service.peers.append(
@@ -216,7 +237,10 @@ class ToOwner:
                     produce_version=part.produce_version,
                 )
             )
-            self._handed(stream, address, batch, call)  # before the turn ends: the next sees it
+            release = None
+            if location is not None and s3wal is not None:
+                release = functools.partial(_release_location, s3wal, location, acks)
+            self._handed(stream, address, batch, call, release)  # the next one sees it
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
             return ProduceResult(
@@ -225,13 +249,13 @@ class ToOwner:
         except Exception as exc:  # the S3-WAL PUT failed, or the batch is invalid
             log.warning("produce to %s-%d failed: %r", topic.name, partition, exc)
             holes.dropped(stream, batch)  # before the next hand-off of the stream goes
-            if location is not None and s3wal is not None:
-                s3wal.release(location)
             return ProduceResult(
                 ErrorCode.kafka_storage_error, error_message=f"could not hand the batch over: {exc}"
             )
         finally:
             turn.end()
+            if call is None and location is not None and s3wal is not None:
+                s3wal.release(location)  # never handed over (a call made releases it itself)
         txn = part.transactional_id if batch is not None else None
         request = for_peer(
             AppendRequest(
@@ -253,9 +277,6 @@ class ToOwner:
             service.stages.since("notify", called)  # to the owner and back: its whole work
         except (PeerUnavailable, TimeoutError, OSError) as exc:
             return not_owner(f"{topic.name}-{partition}: owner at {address}: {exc}")
-        finally:  # answered: the owner read the batch first; failed: nothing acknowledged
-            if location is not None and s3wal is not None:
-                _release_location(s3wal, location, acks)
         if result is not None:
             service.count_peer_bytes(
                 address, "from_owner", frame_size(AppendResponse.from_result(0, result))

@@ -479,13 +479,15 @@ class TieringService:
             append_time = part.rules.log_append_time if part.rules is not None else None
             verify = self.verifier_for(stream, part.transactional_id, part.produce_version)
             partitions = self.partitions
-
-            def here() -> Awaitable[ProduceResult | None]:
-                return partitions.produce(stream, part.records, part.acks, append_time, verify)
-
             if self.to_owner.busy(stream):  # taken over here with batches on their way
-                return await self.to_owner.here_after_handoffs(stream, here)
-            return await here()
+
+                def here() -> Awaitable[ProduceResult | None]:
+                    return partitions.produce(stream, part.records, part.acks, append_time, verify)
+
+                return await self.to_owner.here_after_handoffs(
+                    stream, part.batch, part.timeout_ms, here
+                )
+            return await partitions.produce(stream, part.records, part.acks, append_time, verify)
         why = self.not_served(stream)
         if why is not None:
             return not_owner(f"{part.topic.name}-{part.partition}: {why}")

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 from kio.schema.errors import ErrorCode
 
+from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.clients import PeerUnavailable
@@ -78,10 +79,26 @@ class Sender:
         pass
 
 
-def part(seq: int) -> Part:
+def part(seq: int, timeout_ms: int = 30_000) -> Part:
     batch = ProducerBatch(PID, EPOCH, seq, seq + 9)
     topic = SimpleNamespace(name="t")
-    return Part(topic, 0, STREAM, batch, memoryview(b"records"), -1, 30_000)  # type: ignore[arg-type]
+    return Part(topic, 0, STREAM, batch, memoryview(b"records"), -1, timeout_ms)  # type: ignore[arg-type]
+
+
+class S3Wal:
+    """The S3-WAL writer's surface `ToOwner` uses: each append PUT at once, each
+    location's releases counted."""
+
+    def __init__(self) -> None:
+        self.appended = 0
+        self.released: list[S3WalLocation] = []
+
+    async def append(self, stream: int, records) -> S3WalLocation:
+        self.appended += 1
+        return S3WalLocation(f"wal/{self.appended}", 0, len(records), stream, 0)
+
+    def release(self, location: S3WalLocation) -> None:
+        self.released.append(location)
 
 
 async def settle() -> None:
@@ -176,7 +193,14 @@ async def test_a_batch_for_a_stream_taken_over_here_waits_for_the_handoffs_on_th
     # the stream is now owned and started here: its next batches go to the partition
     assert to_owner.busy(STREAM)
     local = [
-        asyncio.create_task(to_owner.here_after_handoffs(STREAM, lambda s=seq: produce_here(s)))
+        asyncio.create_task(
+            to_owner.here_after_handoffs(
+                STREAM,
+                ProducerBatch(PID, EPOCH, seq, seq + 9),
+                30_000,
+                lambda s=seq: produce_here(s),
+            )
+        )
         for seq in (10, 20)
     ]
     await settle()
@@ -223,3 +247,49 @@ async def test_the_owner_records_a_batch_it_refuses_for_want_of_its_topic_config
     result = await AtOwner(owner).append(request)  # type: ignore[arg-type]
     assert result.error_code == ErrorCode.kafka_storage_error
     assert owner.holes.hole_before(STREAM, ProducerBatch(PID, EPOCH, 10, 19)) == 0
+
+
+async def test_a_wait_on_the_old_owner_ends_with_the_waiting_requests_own_timeout():
+    """A call to the old owner lives as long as its request's timeout (up to the
+    client's, plus 5 s); a later batch waits at most its own, then is answered
+    NOT_LEADER_OR_FOLLOWER and recorded as a drop, and the next still waits its turn."""
+    sender = Sender()
+    to_owner = ToOwner(sender)  # type: ignore[arg-type]
+    first = asyncio.create_task(to_owner.send(part(0)))
+    await settle()
+    sender.owner = B
+    result = await to_owner.send(part(10, timeout_ms=50))
+    assert result is not None and result.error_code == ErrorCode.not_leader_or_follower
+    assert sender.peers.calls == [(A, 0, -1)]  # never handed to B
+    third = asyncio.create_task(to_owner.send(part(20)))
+    await settle()
+    assert sender.peers.calls == [(A, 0, -1)]  # batch 0 is still unanswered
+    sender.peers.answer(0, ProduceResult(0, base_offset=0))
+    await settle()
+    assert sender.peers.calls == [(A, 0, -1), (B, 20, 10)]  # batch 10's drop goes with it
+    sender.peers.answer(20, NOT_LEADER)
+    await first, third
+
+
+async def test_every_s3_wal_location_is_released_once_whatever_ends_its_send():
+    sender = Sender()
+    sender.s3wal = S3Wal()  # type: ignore[assignment]
+    to_owner = ToOwner(sender)  # type: ignore[arg-type]
+    answered = asyncio.create_task(to_owner.send(part(0)))
+    await settle()
+    assert sender.s3wal.released == []  # the owner has not read it yet
+    sender.owner = B
+    timed_out = await to_owner.send(part(10, timeout_ms=20))  # never handed over
+    assert timed_out is not None and timed_out.error_code == ErrorCode.not_leader_or_follower
+    assert len(sender.s3wal.released) == 1
+    cancelled = asyncio.create_task(to_owner.send(part(20)))
+    await settle()
+    cancelled.cancel()  # waiting for batch 0's answer: never handed over
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert len(sender.s3wal.released) == 2
+    sender.peers.answer(0, ProduceResult(0, base_offset=0))
+    await answered
+    assert len(sender.s3wal.released) == 3
+    assert len(set(sender.s3wal.released)) == 3
+    assert not to_owner.busy(STREAM)
