@@ -118,8 +118,9 @@ class TieredPartition:
         self.holes: SequenceHoles | None = None
         # the queue: requests keep the order of their produce() calls
         self._inbox: deque[_Request] = deque()
-        # a producer's batches around a KIP-890 verification (txn_gate.py)
+        # a producer's batches around a KIP-890 verification (txn_gate.py), and those in it
         self._gate = VerificationGate()
+        self._in_gate: set[_Request] = set()
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
         # owned by the task
         self._in_flight: deque[_InFlight] = deque()
@@ -252,7 +253,11 @@ class TieredPartition:
                 await self._enqueue(request)
                 return None
 
-            refused = await self._gate.in_turn(producer, verify, self._open_here, enqueue)
+            self._in_gate.add(request)  # a close records it as dropped at once
+            try:
+                refused = await self._gate.in_turn(producer, verify, self._open_here, enqueue)
+            finally:
+                self._in_gate.discard(request)
             if refused is not None:
                 if refused.error_code in DROP_CODES:
                     self._dropped(records)
@@ -343,6 +348,11 @@ class TieredPartition:
         so a close never waits for room in the WAL: it withdraws what the WAL holds now,
         and again each time the WAL starts to wait for room before the close ends."""
         self._closing = True
+        # A batch waiting for its verification can only be refused from now on, but not
+        # before the verification ends (seconds, if the coordinator is slow): recorded
+        # as dropped now, before the stream can reach another owner (sequence_holes.py)
+        for waiting in self._in_gate:
+            self._dropped(waiting.records)
         full = self._wal.next_full()
         try:
             self._withdraw_unwritten()

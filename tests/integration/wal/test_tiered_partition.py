@@ -27,6 +27,7 @@ from proxy.objects.local import LocalDirectoryStore
 from proxy.partition.owner import PartitionConfig, ProduceResult, RecoveryError, TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.rules import SEED_FOR_MS, CommittedBlock
+from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import iter_batches, read_batch_header, with_base_offset
 from proxy.records.markers import Marker, marker_batch
@@ -824,3 +825,31 @@ async def test_a_stream_rebuilt_under_an_older_claim_is_left_to_the_retry(tmp_pa
         await asyncio.wait_for(first, 10)
         assert partitions.get(S0) is None and list(partitions.not_rebuilt) == [S0]
         await partitions.close()
+
+
+async def test_a_close_records_a_batch_waiting_for_its_verification_as_dropped(tmp_path):
+    """A transactional batch waits for its KIP-890 verification with the coordinator
+    (seconds, if the coordinator is slow). A close refuses it once the verification ends;
+    its drop is recorded at the close itself, so that the producer's next batch, handed to
+    the stream's next owner meanwhile, carries it (sequence_holes.py)."""
+    coordinator: asyncio.Future[ProduceResult | None] = asyncio.get_running_loop().create_future()
+
+    async def verify(producer_id: int, producer_epoch: int) -> ProduceResult | None:
+        return await coordinator
+
+    holes = SequenceHoles()
+    async with await WriteAheadLog.open(config_for(tmp_path / "wal")) as wal:
+        partition = await TieredPartition.recover(S0, wal, Shard().state)
+        partition.holes = holes
+        partition.start()
+        waiting = asyncio.create_task(
+            partition.produce(batch(7, 0, transactional=True), -1, verify=verify)
+        )
+        await eventually(lambda: partition.has_transaction_of(7))  # in the gate
+        await partition.close()
+        assert holes.hole_before(S0, ProducerBatch(7, 0, 3, 5)) == 0  # before the answer
+        assert not waiting.done()
+        coordinator.set_result(None)  # verified, too late: the partition is closed
+        result = await waiting
+        assert result is not None and result.error_code == ErrorCode.not_leader_or_follower
+        assert wal.stats.appends == 0
