@@ -120,7 +120,7 @@ class TieredPartition:
         self._inbox: deque[_Request] = deque()
         # a producer's batches around a KIP-890 verification (txn_gate.py), and those in it
         self._gate = VerificationGate()
-        self._in_gate: set[_Request] = set()
+        self._in_gate: dict[_Request, None] = {}  # in arrival order (a close drops them)
         self._blocked: deque[tuple[_Request, asyncio.Future[None]]] = deque()
         # owned by the task
         self._in_flight: deque[_InFlight] = deque()
@@ -253,11 +253,11 @@ class TieredPartition:
                 await self._enqueue(request)
                 return None
 
-            self._in_gate.add(request)  # a close records it as dropped at once
+            self._in_gate[request] = None  # a close records it as dropped at once
             try:
                 refused = await self._gate.in_turn(producer, verify, self._open_here, enqueue)
             finally:
-                self._in_gate.discard(request)
+                self._in_gate.pop(request, None)
             if refused is not None:
                 if refused.error_code in DROP_CODES:
                     self._dropped(records)
@@ -351,7 +351,7 @@ class TieredPartition:
         # A batch waiting for its verification can only be refused from now on, but not
         # before the verification ends (seconds, if the coordinator is slow): recorded
         # as dropped now, before the stream can reach another owner (sequence_holes.py)
-        for waiting in self._in_gate:
+        for waiting in self._in_gate:  # oldest first: the newest stays in SequenceHoles
             self._dropped(waiting.records)
         full = self._wal.next_full()
         try:

@@ -74,6 +74,8 @@ class PartitionSet:
         self._asked_again: set[int] = set()
         # stream -> WAL offset: its entries starting below it are stale (`disown`)
         self._stale_below: dict[int, int] = {}
+        # stream -> its partition's close under way (`remove`): in the set until it ends
+        self._closing: dict[int, asyncio.Future[None]] = {}
 
     def disown(self, streams: Iterable[int]) -> None:
         """Every WAL entry of `streams` written so far is stale: another member owned
@@ -113,6 +115,9 @@ class PartitionSet:
         asked right before a rebuilt stream is started: False, and it is not (its shard
         is being given up)."""
         streams = list(streams)
+        closing = [self._closing[s] for s in streams if s in self._closing]
+        if closing:  # given up and claimed again: rebuilt once its old partition is closed
+            await asyncio.wait([asyncio.shield(c) for c in closing])
         self._asked_again.update(s for s in streams if s in self._recovering)
         streams = [s for s in streams if s not in self._partitions and s not in self._recovering]
         if not streams:
@@ -261,16 +266,37 @@ class PartitionSet:
 
     async def remove(self, stream_id: int) -> None:
         """Give a partition up: close it (in-flight appends are answered) and forget it
-        (a failed start of it too, and a rebuild of it under way: `recover`)."""
+        (a failed start of it too, and a rebuild of it under way: `recover`).
+
+        The partition stays in the set until its close has answered every write in
+        flight: meanwhile a produce for the stream still reaches it and is refused
+        (NOT_LEADER_OR_FOLLOWER, recorded as dropped by the partition itself), and no
+        batch of the stream is handed to its next owner before the drops of the writes
+        that failed here are in `holes` (docs/sequencer.md, "Across an owner change in
+        flight"). A recover() of the stream meanwhile waits for the close. Removing a
+        stream being closed waits for that close."""
         self.not_rebuilt.pop(stream_id, None)
         if stream_id in self._recovering:
             self._abandoned.add(stream_id)
             self._asked_again.discard(stream_id)  # only a recover() after this counts
-        partition = self._partitions.pop(stream_id, None)
+        partition = self._partitions.get(stream_id)
         if partition is not None:
-            await partition.close()
+            closing = self._closing.get(stream_id)
+            if closing is None:
+                closing = asyncio.ensure_future(self._close_and_forget(partition))
+                self._closing[stream_id] = closing
+            await asyncio.shield(closing)
         if self.log_cache is not None:
             self.log_cache.drop(stream_id)
+
+    async def _close_and_forget(self, partition: TieredPartition) -> None:
+        stream = partition.stream_id
+        try:
+            await partition.close()
+        finally:
+            if self._partitions.get(stream) is partition:
+                del self._partitions[stream]
+            self._closing.pop(stream, None)
 
     async def close(self) -> None:
         partitions, self._partitions = list(self._partitions.values()), {}

@@ -24,7 +24,6 @@ import asyncio
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
 from kio.schema.errors import ErrorCode
@@ -480,10 +479,9 @@ class TieringService:
             verify = self.verifier_for(stream, part.transactional_id, part.produce_version)
             partitions = self.partitions
             if self.to_owner.busy(stream):  # taken over here with batches on their way
-
-                def here() -> Awaitable[ProduceResult | None]:
-                    return partitions.produce(stream, part.records, part.acks, append_time, verify)
-
+                here = functools.partial(
+                    partitions.produce, stream, part.records, part.acks, append_time, verify
+                )
                 return await self.to_owner.here_after_handoffs(
                     stream, part.batch, part.timeout_ms, here
                 )

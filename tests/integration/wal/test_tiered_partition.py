@@ -853,3 +853,70 @@ async def test_a_close_records_a_batch_waiting_for_its_verification_as_dropped(t
         result = await waiting
         assert result is not None and result.error_code == ErrorCode.not_leader_or_follower
         assert wal.stats.appends == 0
+
+
+async def test_a_partition_being_removed_stays_in_its_set_until_its_writes_are_answered():
+    """A shard taken away while a write is in flight (an unclean takeover learnt late, a
+    hand-over): the partition stays in the set until its close has answered the write.
+    Meanwhile the stream's next batch still reaches it and is refused and recorded as
+    dropped; when the set forgets it, the failed write's drop is recorded too, so the
+    next batch, handed to the stream's next owner from then on, carries both
+    (sequence_holes.py). Before, the set forgot it at once, and a batch handed over then
+    missed the drop of the write still in flight."""
+    fs = MemoryFilesystem()
+    holes = SequenceHoles()
+    wal = await WriteAheadLog.open(WalConfig("/wal"), fs=fs)
+    partitions = PartitionSet(wal, holes=holes)
+    await partitions.recover([S0], Shard().state)
+    partition = partitions.get(S0)
+    assert partition is not None
+    async with held_fsyncs(fs):
+        first = asyncio.create_task(partitions.produce(S0, nth(7, 0), -1))
+        await eventually(lambda: len(fs.file_bytes(f"/wal/{segment_name(0)}")) > 0)
+        fs.fail_next_fsync()
+        removal = asyncio.create_task(partitions.remove(S0))
+        await eventually(lambda: partition._closing)  # the close began
+        assert partitions.get(S0) is partition and not removal.done()
+        refused = await partitions.produce(S0, nth(7, 1), -1)  # still here: refused here
+        assert refused is not None
+        assert refused.error_code == ErrorCode.not_leader_or_follower
+        assert holes.hole_before(S0, ProducerBatch(7, 0, 6, 8)) == 3
+        assert holes.hole_before(S0, ProducerBatch(7, 0, 3, 5)) == -1  # its fate unknown
+    await eventually(lambda: partitions.get(S0) is None)
+    assert holes.hole_before(S0, ProducerBatch(7, 0, 3, 5)) == 0  # the failed write's, first
+    await asyncio.wait_for(removal, 5)
+    assert (await first).error_code == ErrorCode.kafka_storage_error
+    await partitions.close()
+    with contextlib.suppress(WalBrokenError):
+        await wal.close()
+
+
+async def test_a_stream_asked_for_while_its_partition_closes_is_rebuilt_after_the_close(
+    tmp_path,
+):
+    """Its shard given up and claimed here again while the old partition still answers
+    its writes in flight: the new recover() waits for that close, then rebuilds the
+    stream from the WAL (the write answered included) and starts it; before the close
+    kept the partition in the set, it was left out, and the stream not served here."""
+    fs = MemoryFilesystem()
+    wal = await WriteAheadLog.open(WalConfig("/wal"), fs=fs)
+    partitions = PartitionSet(wal)
+    state = Shard().state
+    await partitions.recover([S0], state)
+    old = partitions.get(S0)
+    assert old is not None
+    async with held_fsyncs(fs):
+        first = asyncio.create_task(partitions.produce(S0, nth(7, 0), -1))
+        await eventually(lambda: len(fs.file_bytes(f"/wal/{segment_name(0)}")) > 0)
+        removal = asyncio.create_task(partitions.remove(S0))
+        again = asyncio.create_task(partitions.recover([S0], state))
+        await eventually(lambda: old._closing)
+        assert not again.done() and partitions.get(S0) is old
+    ok(await asyncio.wait_for(first, 5), CUTOVER)
+    await asyncio.wait_for(asyncio.gather(removal, again), 5)
+    new = partitions.get(S0)
+    assert new is not None and new is not old
+    assert new.high_watermark == CUTOVER + RECORDS  # rebuilt with the answered write
+    ok(await partitions.produce(S0, nth(7, 1), -1), CUTOVER + RECORDS)
+    await partitions.close()
+    await wal.close()
