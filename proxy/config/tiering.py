@@ -63,6 +63,10 @@ class TieringConfig:
     # coordinator before the first transactional batch of a producer with no transaction
     # open in a tiered partition (docs/tiering.md, "Transactions")
     transaction_partition_verification: bool = True
+    # S3 notify: an owner (local WAL) orders a batch from the header its notification
+    # carries and answers once a small reference entry is durable, fetching the bytes after
+    # (docs/wal.md, "The owner answering from the notification"); false: it reads them first
+    owner_takes_references: bool = True
     block_cache_bytes: int = 256 * MiB  # objects' blocks read by any proxy (LRU)
     log_cache_bytes: int = 256 * MiB  # the owned partitions' tail (only uploaded is evicted)
     retention_check_interval_s: float = 60.0  # how often owners apply retention.ms/bytes
@@ -143,6 +147,9 @@ def parse_tiering(section: Section, fleet_name: str) -> TieringConfig:
         cutover_hold_ms=section.integer("cutover_hold_ms", defaults.cutover_hold_ms, minimum=100),
         transaction_partition_verification=section.boolean(
             "transaction_partition_verification", defaults.transaction_partition_verification
+        ),
+        owner_takes_references=section.boolean(
+            "owner_takes_references", defaults.owner_takes_references
         ),
         block_cache_bytes=section.integer(
             "block_cache_bytes", defaults.block_cache_bytes, minimum=MiB

@@ -1,13 +1,14 @@
 """Deleting S3-WAL objects once nothing needs them (docs/wal.md, "Deleting S3-WAL objects").
 
 An S3-WAL object is the only durable copy of its appends until each append's owner has
-answered the notification: the owner reads the batch from the object before it answers,
-and a success means the batch is in the owner's own WAL (fsynced), a failure that nothing
-was acknowledged. So the writer's proxy releases a location once the owner's answer (or
-the failure of the call) is in; an object whose every append is released is deleted, in
-batches (DeleteObjects). An append cancelled before it got its location is released when
-its object's PUT ends. Deleting early never loses an acknowledged record: an owner that
-reads a deleted object fails that append, and its producer, not acknowledged, retries.
+them in its own WAL. An owner that read the batch before it answered (the bytes path):
+a success means the batch is in the owner's fsynced WAL, a failure that nothing was
+acknowledged, so the writer's proxy releases the location once the answer (or the
+failure of the call) is in. An owner that took the batch by reference (docs/wal.md, "The
+owner answering from the notification") answers before it has the bytes: the location
+is released only when that owner says so (`tiered/owners.py`, `HeldLocations`). An object
+whose every append is released is deleted, in batches (DeleteObjects). An append
+cancelled before it got its location is released when its object's PUT ends.
 
 What a writer that died leaves is deleted by the orphan sweep once older than
 `tiering.s3wal_retention_s` (orphan_plan.py). Like the writer, this has no task of its

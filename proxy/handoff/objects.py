@@ -75,6 +75,31 @@ class S3WalLocation:
         return self.end - self.start
 
 
+_LOCATION = struct.Struct(">QQQIH")  # stream id, start, end, crc, key length; then the key
+
+
+def encode_location(location: S3WalLocation) -> bytes:
+    """The bytes an owner's WAL reference entry keeps of where a batch is (docs/wal.md,
+    "The owner answering from the notification"): read back by `decode_location`."""
+    key = location.object_key.encode()
+    if len(key) > 0xFFFF:
+        raise ValueError(f"S3-WAL object key of {len(key)} bytes")
+    head = _LOCATION.pack(location.stream_id, location.start, location.end, location.crc, len(key))
+    return head + key
+
+
+def decode_location(data: Buffer) -> S3WalLocation:
+    """`encode_location`'s bytes back; S3WalCorruptError when they cannot be."""
+    view = memoryview(data).cast("B")
+    if len(view) < _LOCATION.size:
+        raise S3WalCorruptError("?", f"a location of {len(view)} bytes")
+    stream, start, end, crc, size = _LOCATION.unpack_from(view, 0)
+    if len(view) != _LOCATION.size + size or end < start:
+        raise S3WalCorruptError("?", f"a location of {len(view)} bytes, [{start}, {end})")
+    key = bytes(view[_LOCATION.size :]).decode(errors="replace")
+    return S3WalLocation(key, start, end, stream, crc)
+
+
 @dataclass(frozen=True, slots=True)
 class WalBlock:
     """One stream's batches in an object: bytes [position, position + size)."""
@@ -125,8 +150,14 @@ def check_writer_id(writer_id: str) -> str:
 def writer_id_for(proxy_name: str, started_at: float) -> str:
     """A writer id no other process uses: the proxy's name, its start time in ms and 32
     random bits (two processes given one name, started in the same millisecond)."""
+    return check_writer_id(f"{writer_prefix(proxy_name, started_at)}{secrets.token_hex(4)}")
+
+
+def writer_prefix(proxy_name: str, started_at: float) -> str:
+    """How the writer ids of the proxy `proxy_name` started at `started_at` (its fleet
+    heartbeat says both) begin: the orphan sweep leaves a live writer's objects to it."""
     name = re.sub(r"[^A-Za-z0-9._-]", "-", proxy_name).lstrip("._-")[:96] or "proxy"
-    return check_writer_id(f"{name}-{int(started_at * 1000)}-{secrets.token_hex(4)}")
+    return f"{name}-{int(started_at * 1000)}-"
 
 
 def writer_hash(writer_id: str) -> int:

@@ -22,6 +22,7 @@ from proxy.records.batches import (
     iter_batches,
     set_log_append_time,
     validate_batch,
+    validate_header,
 )
 from proxy.records.markers import Marker
 
@@ -36,6 +37,7 @@ __all__ = [
     "sequence_gap",
     "stamp_log_append_time",
     "validate_records",
+    "validate_referenced",
 ]
 
 
@@ -134,6 +136,18 @@ def validate_records(records: bytes | bytearray | memoryview) -> list[BatchHeade
         if refusal is not None:
             return refusal
     return headers
+
+
+def validate_referenced(header: bytes | bytearray | memoryview) -> list[BatchHeader] | Rejected:
+    """`validate_records` for one batch known by its header only (its bytes are in an
+    S3-WAL object, their CRC checked by the proxy that PUT them): the same checks, but
+    the CRC's."""
+    try:
+        checked = validate_header(header)
+    except CorruptBatchError as exc:
+        return Rejected(ErrorCode.corrupt_message, str(exc))
+    refusal = refuse_batch(checked)
+    return [checked] if refusal is None else refusal
 
 
 def duplicate_answer(

@@ -19,6 +19,7 @@ partitions of one proxy, by stream id, are `partition/partition_set.py` (`Partit
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -68,7 +69,8 @@ log = logging.getLogger(__name__)
 
 Records = bytes | bytearray | memoryview
 OnBroken = Callable[[int, BaseException], None]
-OnAppended = Callable[[int, int, int, bytearray], None]  # stream, base, last offset, batches
+# stream, base, last offset, batches
+OnAppended = Callable[[int, int, int, bytearray | memoryview], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -78,6 +80,9 @@ class _Request:
     log_append_time: bool | None = None  # the topic's message.timestamp.type; None: config's
     marker: Marker | None = None  # a transaction marker to append (`records` is empty)
     queued_at: float = 0.0  # perf_counter() when queued, if `stages` are observed
+    # a batch known by its header: `records` is its first 61 bytes, and this says where
+    # its bytes are (an encoded S3-WAL location, kept in the WAL's reference entry)
+    reference: bytes | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -87,6 +92,17 @@ class _InFlight:
     # the request and retries of it: (answer, base offset, log append time)
     waiters: list[tuple[asyncio.Future[ProduceResult], int, int]]
     started: float = 0.0  # perf_counter() when handed to the WAL, if `stages` are observed
+    reference: bytes | None = None  # the request's (`_Request.reference`)
+
+
+@dataclass(slots=True, eq=False)
+class _Unfilled:
+    """A commit not given to the log cache yet (`TieredPartition._committed`)."""
+
+    base: int
+    last: int
+    reference: bytes | None
+    data: memoryview | bytearray | None
 
 
 class TieredPartition:
@@ -112,6 +128,11 @@ class TieredPartition:
         self._clock_ms = clock_ms
         self.on_broken = on_broken  # called once, with the error, when a write fails
         self.on_appended: OnAppended | None = None  # each durable append (the log cache)
+        # Committed appends the log cache has not had yet, in offset order, from the first
+        # batch taken by reference whose bytes are not here yet; and bytes that came
+        # before their reference entry was committed
+        self._unfilled: deque[_Unfilled] = deque()
+        self._early: dict[bytes, memoryview] = {}
         # where a produce's time goes here (queue, sequencer, wal): ProxyMetrics.produce_stages
         self.stages: Stages | None = None
         # the batches this proxy dropped, to tell its gaps from the client's (sequence_holes.py)
@@ -222,6 +243,8 @@ class TieredPartition:
         acks: int,
         log_append_time: bool | None = None,
         verify: Verify | None = None,
+        *,
+        reference: bytes | None = None,
     ) -> ProduceResult | None:
         """Queue one partition's records and return the answer once they are durable (or
         refused). acks=0 returns None once queued; the write is the same. Waits while the
@@ -231,16 +254,30 @@ class TieredPartition:
         (a topic config may change); None keeps `config.log_append_time`. `verify`: a
         transactional batch of a producer with no transaction open here is verified with
         the coordinator first (KIP-890, txn_gate.py); None: not verified. A producer's
-        batches keep their call order around a verification."""
+        batches keep their call order around a verification.
+
+        `reference`: `records` is one batch's header only (HEADER_SIZE bytes), its bytes
+        in the S3-WAL object `reference` encodes (docs/wal.md, "The owner answering from the
+        notification"): sequenced from the header, made durable as a WAL reference entry
+        and answered then (`ProduceResult.referenced`); the bytes reach the log cache when
+        the WAL has fetched them (`filled`). Not with LogAppendTime nor acks=0."""
+        header_only = reference is not None
+        stamped = self.config.log_append_time if log_append_time is None else log_append_time
+        if header_only and (acks == 0 or stamped):
+            raise ValueError("a batch taken by reference needs acks and CreateTime")
         if not self._open:
-            self._dropped(records)
+            self._dropped(records, header_only)
             return None if acks == 0 else not_owner(self.stream_id)
         loop = self._loop or asyncio.get_running_loop()
         future = None if acks == 0 else loop.create_future()
-        request = _Request(records, future, log_append_time)
+        request = _Request(records, future, log_append_time, reference=reference)
         if self.stages is not None:
             request.queued_at = time.perf_counter()
-        producer = producer_of(records) if verify is not None or self._gate.waiting else None
+        producer = (
+            producer_of(records, header_only=header_only)
+            if verify is not None or self._gate.waiting
+            else None
+        )
         if producer is None or not self._gate.must_wait(
             producer, verify, self._open_here(producer.producer_id)
         ):
@@ -260,7 +297,7 @@ class TieredPartition:
                 self._in_gate.pop(request, None)
             if refused is not None:
                 if refused.error_code in DROP_CODES:
-                    self._dropped(records)
+                    self._dropped(records, header_only)
                 return None if future is None else refused
         return None if future is None else await future
 
@@ -352,7 +389,7 @@ class TieredPartition:
         # before the verification ends (seconds, if the coordinator is slow): recorded
         # as dropped now, before the stream can reach another owner (sequence_holes.py)
         for waiting in self._in_gate:  # oldest first: the newest stays in SequenceHoles
-            self._dropped(waiting.records)
+            self._dropped(waiting.records, waiting.reference is not None)
         full = self._wal.next_full()
         try:
             self._withdraw_unwritten()
@@ -392,7 +429,7 @@ class TieredPartition:
             self._wake = None
             self._closing = True
             for item in self._in_flight:  # cancelled or a bug: the writes' fate is unknown
-                self._dropped(item.pending.records)
+                self._dropped(item.pending.records, item.reference is not None)
                 _answer_all(item, storage_error("the partition's task stopped"))
             self._refuse_queued()
             self._notify()
@@ -436,14 +473,21 @@ class TieredPartition:
                 _answer(future, ProduceResult(int(result.error_code), error_message=result.message))
                 return
         else:
-            result = sequence(self._sequencer, request.records, now, self.holes, self.stream_id)
+            result = sequence(
+                self._sequencer,
+                request.records,
+                now,
+                self.holes,
+                self.stream_id,
+                header_only=request.reference is not None,
+            )
             if started:
                 assert stages is not None
                 stages.since("sequencer", started)
         if isinstance(result, Rejected):
             answer = refusal(result, self.stream_id, self.holes)
             if answer.error_code in DROP_CODES:  # fenced, or a gap this proxy made
-                self._dropped(request.records)
+                self._dropped(request.records, request.reference is not None)
             if result.error_code in _SEQUENCE_REFUSALS:  # rare, and what settles a duplicate
                 log.warning(
                     "stream %d: %s refused (%s), answered %d",
@@ -455,14 +499,16 @@ class TieredPartition:
             _answer(future, answer)
         elif isinstance(result, Duplicate):
             if result.awaiting is None:  # the original is durable
-                _answer(future, self._success(result.base_offset, result.log_append_time_ms))
+                _answer(future, self._success(result.base_offset, result.log_append_time_ms, False))
             elif future is not None:
                 item = next(i for i in self._in_flight if i.pending is result.awaiting)
                 item.waiters.append((future, result.base_offset, result.log_append_time_ms))
         else:
             # Queued in the WAL now, in sequence order, and made durable in that order.
             try:
-                write = self._wal.submit(self.stream_id, result.base_offset, result.records)
+                write = self._wal.submit(
+                    self.stream_id, result.base_offset, result.records, request.reference
+                )
             except Exception as exc:  # closed or broken: answered by _settle, in order
                 write = (self._loop or asyncio.get_running_loop()).create_future()
                 write.set_exception(exc)
@@ -470,7 +516,7 @@ class TieredPartition:
             waiters = (
                 [] if future is None else [(future, result.base_offset, result.log_append_time_ms)]
             )
-            in_flight = _InFlight(result, write, waiters)
+            in_flight = _InFlight(result, write, waiters, reference=request.reference)
             if started:
                 in_flight.started = time.perf_counter()
             self._in_flight.append(in_flight)
@@ -493,17 +539,17 @@ class TieredPartition:
             if item.started and self.stages is not None:
                 self.stages.since("wal", item.started)  # group commit: queue, write, fsync
             code = self._sequencer.commit(item.pending)
-            if code == ErrorCode.none and self.on_appended is not None:
-                pending = item.pending
-                self.on_appended(
-                    self.stream_id, pending.base_offset, pending.last_offset, pending.records
-                )
-            for future, base_offset, append_time in item.waiters:
+            pending = item.pending
+            if code == ErrorCode.none:
+                self._committed(pending.base_offset, pending.last_offset, pending.records, item)
+            for i, (future, base_offset, append_time) in enumerate(item.waiters):
+                referenced = item.reference is not None and i == 0  # the request itself
                 if code == ErrorCode.none:
-                    _answer(future, self._success(base_offset, append_time))
-                else:
-                    self._dropped(item.pending.records)
-                    _answer(future, storage_error("the partition was fenced"))
+                    _answer(future, self._success(base_offset, append_time, referenced))
+                else:  # written, not committed: the reference entry is in the WAL
+                    self._dropped(item.pending.records, item.reference is not None)
+                    fenced = storage_error("the partition was fenced")
+                    _answer(future, dataclasses.replace(fenced, referenced=referenced))
             moved = True
         if moved:
             self._notify()
@@ -513,9 +559,10 @@ class TieredPartition:
         KAFKA_STORAGE_ERROR (later requests get it from the fenced sequencer)."""
         self._sequencer.abort(item.pending)
         self._broken = error
+        self._early.clear()
         result = storage_error(f"the WAL write failed: {error!r}")
         for failed in (item, *self._in_flight):  # their writes fail too (the WAL is broken)
-            self._dropped(failed.pending.records)
+            self._dropped(failed.pending.records, failed.reference is not None)
             _answer_all(failed, result)
         self._in_flight.clear()
         self._notify()
@@ -537,8 +584,8 @@ class TieredPartition:
         )
         result = not_owner(self.stream_id)
         for item in reversed(withdrawn):
-            self._dropped(item.pending.records)
-            _answer_all(item, result)
+            self._dropped(item.pending.records, item.reference is not None)
+            _answer_all(item, result, written=False)
 
     def _refuse_queued(self) -> None:
         result = not_owner(self.stream_id)
@@ -550,17 +597,56 @@ class TieredPartition:
                 if admitted.done():
                     continue
                 admitted.set_result(None)
-            self._dropped(request.records)
+            self._dropped(request.records, request.reference is not None)
             _answer(request.future, result)
 
-    def _dropped(self, records: Records) -> None:
+    def _dropped(self, records: Records, header_only: bool = False) -> None:
         """Answered retriable, not appended: recorded before the answer is given, so no
         later batch of the producer can pass it unnoticed (sequence_holes.py)."""
         if self.holes is not None:
-            self.holes.dropped(self.stream_id, ProducerBatch.of(records))
+            batch = ProducerBatch.of(records, header_only=header_only)
+            self.holes.dropped(self.stream_id, batch)
 
-    def _success(self, base_offset: int, append_time: int) -> ProduceResult:
-        return ProduceResult(0, base_offset, append_time, self.log_start_offset)
+    def _success(self, base_offset: int, append_time: int, referenced: bool) -> ProduceResult:
+        return ProduceResult(0, base_offset, append_time, self.log_start_offset, None, referenced)
+
+    # -- the log cache, behind batches taken by reference -------------------------------
+
+    @property
+    def unfilled_from(self) -> int | None:
+        """The first committed offset whose batch the log cache has not had yet (its
+        bytes, taken by reference, not fetched yet); None when it has every one."""
+        return self._unfilled[0].base if self._unfilled else None
+
+    def filled(self, reference: bytes, data: memoryview) -> None:
+        """The bytes of the batch taken by `reference`, its offsets assigned (the WAL
+        fetched them): to the log cache, with the commits held behind them, in order."""
+        for entry in self._unfilled:
+            if entry.reference == reference and entry.data is None:
+                entry.data = data
+                self._flush()
+                return
+        if any(item.reference == reference for item in self._in_flight):
+            self._early[reference] = data  # before its reference entry was committed
+
+    def _committed(self, base: int, last: int, records: bytearray, item: _InFlight) -> None:
+        """A commit for the log cache: given at once unless a batch before it waits for
+        its bytes (then in order behind it)."""
+        data: memoryview | bytearray | None = records
+        if item.reference is not None:
+            data = self._early.pop(item.reference, None)
+        elif not self._unfilled:
+            if self.on_appended is not None:
+                self.on_appended(self.stream_id, base, last, records)
+            return
+        self._unfilled.append(_Unfilled(base, last, item.reference, data))
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._unfilled and (data := self._unfilled[0].data) is not None:
+            entry = self._unfilled.popleft()
+            if self.on_appended is not None:
+                self.on_appended(self.stream_id, entry.base, entry.last, data)
 
     def _poke(self) -> None:
         if self._wake is not None and not self._wake.done():
@@ -583,6 +669,12 @@ def _answer(future: asyncio.Future[ProduceResult] | None, result: ProduceResult)
         future.set_result(result)
 
 
-def _answer_all(item: _InFlight, result: ProduceResult) -> None:
-    for future, _, _ in item.waiters:
-        _answer(future, result)
+def _answer_all(item: _InFlight, result: ProduceResult, written: bool = True) -> None:
+    """`result` to the request and its retries. A batch taken by reference whose write
+    may have reached the WAL (`written`: not withdrawn) is answered `referenced`: its
+    sender keeps the S3-WAL object until this WAL, reopened, says whether it holds it."""
+    for i, (future, _, _) in enumerate(item.waiters):
+        if i == 0 and written and item.reference is not None:
+            _answer(future, dataclasses.replace(result, referenced=True))
+        else:
+            _answer(future, result)

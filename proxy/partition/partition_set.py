@@ -258,11 +258,20 @@ class PartitionSet:
         acks: int,
         log_append_time: bool | None = None,
         verify: Verify | None = None,
+        *,
+        reference: bytes | None = None,
     ) -> ProduceResult | None:
         partition = self._partitions.get(stream_id)
         if partition is None:
             return None if acks == 0 else not_owner(stream_id)
-        return await partition.produce(records, acks, log_append_time, verify)
+        return await partition.produce(records, acks, log_append_time, verify, reference=reference)
+
+    def fetched(self, stream_id: int, reference: bytes, data: memoryview) -> None:
+        """The bytes of a batch its partition took by reference, fetched by the WAL
+        (partition/referenced.py): on to the partition, for the log cache."""
+        partition = self._partitions.get(stream_id)
+        if partition is not None:
+            partition.filled(reference, data)
 
     async def remove(self, stream_id: int) -> None:
         """Give a partition up: close it (in-flight appends are answered) and forget it

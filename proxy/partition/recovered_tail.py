@@ -51,24 +51,35 @@ class RecoveredTail:
         base_offset: int,
         last_offset: int,
         position: WalPosition,
-        batch: bytes | bytearray | memoryview,
+        batch: bytes | bytearray | memoryview | None,
     ) -> None:
         """One WAL entry, in WAL order. Ignored for other streams and below what is
-        wanted (committed, or replayed already); the rebuild checks the rest for gaps."""
+        wanted (committed, or replayed already); the rebuild checks the rest for gaps.
+        `batch` None: a reference entry, its bytes not here (partition/referenced.py):
+        left in the WAL, and so is every entry of the stream before it (the log cache
+        takes those noted in the WAL first, then bytes from the first one it holds)."""
         wanted = self._next.get(stream)
         if wanted is None or last_offset < wanted:
             return
         self._next[stream] = last_offset + 1
+        entries = self._entries.setdefault(stream, [])
+        if batch is None:
+            for earlier in entries:
+                if earlier.data is not None:
+                    self.held_bytes -= len(earlier.data)
+                    earlier.data = None
+            entries.append(TailEntry(base_offset, last_offset, position, None))
+            return
         data = bytes(batch)
         entry = TailEntry(base_offset, last_offset, position, data)
-        self._entries.setdefault(stream, []).append(entry)
+        entries.append(entry)
         self._held.append(entry)
         self.held_bytes += len(data)
         while self.held_bytes > self.budget:
             oldest = self._held.popleft()  # an entry over the budget goes at once
-            assert oldest.data is not None
-            self.held_bytes -= len(oldest.data)
-            oldest.data = None
+            if oldest.data is not None:  # else: dropped behind a reference entry
+                self.held_bytes -= len(oldest.data)
+                oldest.data = None
 
     def entries(self, stream: int) -> list[TailEntry]:
         """The stream's tail in offset order: those with data None first."""

@@ -141,9 +141,13 @@ async def read_wal_batches(
         if stale is not None and stale(entry):
             continue
         if streams is None or entry.stream_id in streams:
-            headers = entry_batches(entry.stream_id, entry.base_offset, entry.batch)
+            referenced = entry.reference is not None  # its bytes elsewhere (referenced.py)
+            headers = entry_batches(
+                entry.stream_id, entry.base_offset, entry.batch, header_only=referenced
+            )
             found.setdefault(entry.stream_id, []).extend(headers)
             if tail is not None:
                 last = headers[-1].last_offset
-                tail.add(entry.stream_id, entry.base_offset, last, entry.position, entry.batch)
+                batch = None if referenced else entry.batch
+                tail.add(entry.stream_id, entry.base_offset, last, entry.position, batch)
     return found

@@ -80,7 +80,7 @@ from proxy.partition.producer_state import (
 )
 from proxy.partition.sequence_holes import ProducerBatch, SequenceGap, SequenceHoles
 from proxy.partition.sequencer import AppendResult, PartitionSequencer, Rejected
-from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches
+from proxy.records.batches import BatchHeader, CorruptBatchError, iter_batches, validate_header
 
 # A rebuild this long after the cutover reads no producers from Kafka's log: every client
 # has given up a batch from before the cutover by then (module docstring).
@@ -111,6 +111,10 @@ class ProduceResult:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
+    # the owner took the batch by reference: ordered from its header, durable as a WAL
+    # reference entry, its bytes still only in the S3-WAL object the sender holds until
+    # the owner releases it (docs/wal.md, "The owner answering from the notification")
+    referenced: bool = False
 
 
 def storage_error(message: str) -> ProduceResult:
@@ -167,6 +171,8 @@ def sequence(
     now_ms: int,
     holes: SequenceHoles | None,
     stream_id: int,
+    *,
+    header_only: bool = False,
 ) -> AppendResult:
     """`sequencer.append`, except for a producer the partition has no state for whose
     earlier batch this proxy dropped: Kafka accepts an unknown producer at any sequence
@@ -174,7 +180,7 @@ def sequence(
     It is refused as a gap from the dropped batch instead, which `refusal` answers
     NOT_LEADER_OR_FOLLOWER."""
     if holes is not None and len(holes):
-        batch = ProducerBatch.of(records)
+        batch = ProducerBatch.of(records, header_only=header_only)
         if batch is not None and sequencer.producer_state(batch.producer_id) is None:
             hole = holes.hole_before(stream_id, batch)
             if hole >= 0:
@@ -187,7 +193,7 @@ def sequence(
                     f"{hole} was not appended: {batch.first_sequence} would leave a gap",
                     gap,
                 )
-    return sequencer.append(records, now_ms)
+    return sequencer.append(records, now_ms, header_only=header_only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,10 +301,16 @@ class RecoveryPoint:
         )
 
 
-def entry_batches(stream: int, base_offset: int, batch: bytes | memoryview) -> list[BatchHeader]:
-    """The batch headers of one WAL entry, checked against the entry's base offset."""
+def entry_batches(
+    stream: int, base_offset: int, batch: bytes | memoryview, *, header_only: bool = False
+) -> list[BatchHeader]:
+    """The batch headers of one WAL entry, checked against the entry's base offset.
+    `header_only`: a reference entry's, one batch's header (partition/referenced.py)."""
     try:
-        headers = [header for header, _ in iter_batches(batch)]
+        if header_only:
+            headers = [validate_header(batch)]
+        else:
+            headers = [header for header, _ in iter_batches(batch)]
     except CorruptBatchError as exc:
         raise RecoveryError(f"stream {stream}: WAL entry at offset {base_offset}: {exc}") from exc
     if not headers or headers[0].base_offset != base_offset:

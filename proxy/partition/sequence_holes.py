@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from proxy.partition.producer_state import INT32_MAX, increment_sequence, sequence_before
-from proxy.records.batches import CorruptBatchError, iter_batches
+from proxy.records.batches import CorruptBatchError, iter_batches, validate_header
 
 __all__ = [
     "DROP_CODES",
@@ -72,16 +72,22 @@ class ProducerBatch:
     last_sequence: int
 
     @classmethod
-    def of(cls, records: bytes | bytearray | memoryview | None) -> ProducerBatch | None:
+    def of(
+        cls, records: bytes | bytearray | memoryview | None, *, header_only: bool = False
+    ) -> ProducerBatch | None:
         """From the batch headers (no CRC check, no record read); None without a producer
-        id, or for records that cannot be read (the sequencer refuses those anyway)."""
+        id, or for records that cannot be read (the sequencer refuses those anyway).
+        `header_only`: `records` is one batch's header, its bytes elsewhere."""
         if records is None:
             return None
         first = last = None
         try:
-            for header, _ in iter_batches(records):
-                first = first or header
-                last = header
+            if header_only:
+                first = last = validate_header(records)
+            else:
+                for header, _ in iter_batches(records):
+                    first = first or header
+                    last = header
         except CorruptBatchError:
             return None
         if first is None or last is None or first.producer_id < 0 or first.base_sequence < 0:

@@ -64,6 +64,7 @@ from proxy.partition.appends import (
     sequence_gap,
     stamp_log_append_time,
     validate_records,
+    validate_referenced,
 )
 from proxy.partition.marker_follow import MarkerFollow, MarkerIdentity
 from proxy.partition.producer_snapshot import encode_snapshot, read_snapshot
@@ -82,6 +83,7 @@ from proxy.records.batches import (
     BatchHeader,
     assign_offsets,
     read_batch_header,
+    set_base_offset,
     set_log_append_time,
 )
 from proxy.records.markers import Marker, marker_batch
@@ -185,15 +187,23 @@ class PartitionSequencer:
         entry = self._pending_states.get(producer_id)
         return entry if entry is not None else self._producers.get(producer_id)
 
-    def append(self, records: bytes | bytearray | memoryview, now_ms: int) -> AppendResult:
-        """Check and sequence one partition's `records`; see the module docstring."""
+    def append(
+        self, records: bytes | bytearray | memoryview, now_ms: int, *, header_only: bool = False
+    ) -> AppendResult:
+        """Check and sequence one partition's `records`; see the module docstring.
+        `header_only`: `records` is the first HEADER_SIZE bytes of one batch whose bytes
+        are elsewhere (an S3-WAL object); sequenced the same, and the pending append holds
+        that header with its offsets assigned. Not on a LogAppendTime topic (stamping
+        changes bytes the batch CRC covers)."""
         if self._fenced:
             return Rejected(
                 ErrorCode.kafka_storage_error,
                 "the partition's sequencer was fenced after a failed write",
             )
         self._check_replayed()
-        headers = validate_records(records)
+        if header_only and self.log_append_time:
+            raise ValueError("a batch known by its header only cannot take LogAppendTime")
+        headers = validate_referenced(records) if header_only else validate_records(records)
         if isinstance(headers, Rejected):
             return headers
         changes: dict[int, ProducerStateEntry] = {}
@@ -232,7 +242,10 @@ class PartitionSequencer:
                 duplicates, len(headers), self._pending, self._high_watermark, self.log_append_time
             )
         out = bytearray(records)  # the one copy of the run
-        assign_offsets(out, self._log_end)
+        if header_only:
+            set_base_offset(out, 0, self._log_end)
+        else:
+            assign_offsets(out, self._log_end)
         append_time = NO_TIMESTAMP
         if self.log_append_time:
             stamp_log_append_time(out, headers, now_ms)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from proxy.partition.rules import ProduceResult
-from proxy.records.batches import CorruptBatchError, read_batch_header
+from proxy.records.batches import CorruptBatchError, read_batch_header, validate_header
 
 # (producer id, producer epoch) -> None once verified, else the answer to give
 Verify = Callable[[int, int], Awaitable[ProduceResult | None]]
@@ -43,11 +43,14 @@ class Producer:
     transactional: bool
 
 
-def producer_of(records: bytes | bytearray | memoryview) -> Producer | None:
+def producer_of(
+    records: bytes | bytearray | memoryview, *, header_only: bool = False
+) -> Producer | None:
     """The producer of `records` (first batch header only; no CRC check); None without a
-    producer id or when the header cannot be read (the sequencer refuses those)."""
+    producer id or when the header cannot be read (the sequencer refuses those).
+    `header_only`: `records` is one batch's header, its bytes elsewhere."""
     try:
-        header = read_batch_header(records)
+        header = validate_header(records) if header_only else read_batch_header(records)
     except (CorruptBatchError, ValueError, IndexError):
         return None
     if header.producer_id < 0:

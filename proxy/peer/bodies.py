@@ -15,8 +15,19 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
                      then, optionally (a transactional Produce, after the sequences):
                      produce_version i16, transactional_id string, only to a peer at
                      protocol 6 or later (the owner verifies the transaction, KIP-890)
+                     then, optionally (an s3 append's batch header, after both): the
+                     batch's first 61 bytes, only to a peer at protocol 13 or later. The
+                     trailers are told apart only by their order, so an append with a
+                     header has both before it, each written as "none" when the append
+                     has none: sequences all -1 (producer_id -1, no batch), transaction
+                     produce_version -1 and an empty id; "none" is read only before a
+                     header
     append response  error_code i16, base_offset i64, log_append_time_ms i64,
-                     log_start_offset i64, error_message nullable string
+                     log_start_offset i64, error_message nullable string, then, only
+                     when the owner took the batch by reference: flags u8 (1: referenced),
+                     which a reader before protocol 13 refuses; an owner sets it only in
+                     answer to a request with a header, which only a sender at 13 or
+                     later sends (the level rules cover it)
     admin request    op string ("tier" | "untier" | "seal" | "unseal"), topic string,
                      topic_id 16 bytes
     admin response   error_code i16, message string
@@ -53,6 +64,11 @@ Bodies (string: u16 size + UTF-8; nullable string: i16 size, -1 for null)::
     shard read request
                      shard u32, offset i64 (>= 0), timeout_ms i32 (>= 0); answered by an
                      admin response (protocol level 11)
+    held request     timeout_ms i32 (>= 0), locations count u32 (> 0), then per location:
+                     stream_id u64, object_key string, start u64, end u64 (>= start),
+                     crc u32 (protocol level 13)
+    held response    error_code i16, released count u32, then that many indexes u32
+                     into the request's locations, increasing (none with an error)
 
 A new message is a new type, with a body of its own here and a protocol level in
 `codec.py` ("Protocol levels"); an optional trailer goes only to peers known to read it.
@@ -82,6 +98,8 @@ from proxy.peer.messages import (
     CleanedObject,
     FetchRequest,
     FetchResponse,
+    HeldRequest,
+    HeldResponse,
     PeerMessage,
     PingRequest,
     PingResponse,
@@ -93,6 +111,7 @@ from proxy.peer.messages import (
     TrimResponse,
     buffer_size,
 )
+from proxy.records.batches import HEADER_SIZE as BATCH_HEADER_SIZE
 
 _APPEND = struct.Struct(">QhiB")  # stream_id, acks, timeout_ms, payload kind
 _U32 = struct.Struct(">I")
@@ -100,11 +119,14 @@ _U16 = struct.Struct(">H")
 _I16 = struct.Struct(">h")
 _RANGE = struct.Struct(">QQI")  # start, end, crc
 _SEQUENCE = struct.Struct(">qhiii")  # producer id, epoch, first and last sequence, hole
+_NO_SEQUENCE = (-1, -1, -1, -1, -1)  # "none", only before a header trailer
+_NO_TRANSACTION = _I16.pack(-1) + _U16.pack(0)  # produce_version -1, empty id: "none", too
 _RESULT = struct.Struct(">hqqq")  # error_code, base_offset, log_append_time_ms, log_start_offset
 _FETCH = struct.Struct(">Qqii")  # stream_id, offset, max_bytes, max_wait_ms
 _FETCHED = struct.Struct(">hqqI")  # error_code, high_watermark, log_start_offset, records size
-_FLAGS = struct.Struct(">B")  # a fetch request's trailer
+_FLAGS = struct.Struct(">B")  # a fetch request's and an append response's trailer
 _STABLE = 1  # its flag: answer the last stable offset
+_REFERENCED = 1  # an append response's flag: taken by reference
 _I64 = struct.Struct(">q")  # a fetch response's trailer: last_stable_offset
 _BACKFILL = struct.Struct(">QqQqq")  # object_id, size, stream_id, start_offset, end_offset
 _TRIM = struct.Struct(">Qqi")  # stream_id, offset, timeout_ms
@@ -116,6 +138,8 @@ _CLEANED = struct.Struct(">QqqqH")  # object_id, size, start, end, replaces coun
 _U64 = struct.Struct(">Q")
 _PRODUCERS = struct.Struct(">hI")  # error_code, producers count
 _SHARD_READ = struct.Struct(">Iqi")  # shard, offset, timeout_ms
+_HELD = struct.Struct(">iI")  # timeout_ms, locations count
+_RELEASED = struct.Struct(">hI")  # error_code, released count
 # producer id, epoch, last sequence, last timestamp, coordinator epoch, txn start offset
 _PRODUCER = struct.Struct(">qiiqiq")
 
@@ -132,6 +156,7 @@ PRODUCER_CATCH_UP_REQUEST = 13
 CLEAN_COMMIT_REQUEST = 14
 PRODUCERS_REQUEST, PRODUCERS_RESPONSE = 15, 16
 SHARD_READ_REQUEST = 17
+HELD_REQUEST, HELD_RESPONSE = 18, 19
 
 
 class PeerProtocolError(ValueError):
@@ -168,13 +193,7 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         else:
             body = _APPEND.pack(message.stream_id, message.acks, message.timeout_ms, S3)
             body += _string(loc.object_key) + _RANGE.pack(loc.start, loc.end, loc.crc)
-        b = message.batch
-        if b is not None:  # after the records, which are the tail pieces (never copied)
-            trailer = _SEQUENCE.pack(
-                b.producer_id, b.producer_epoch, b.first_sequence, b.last_sequence, message.hole
-            )
-            if message.transactional_id is not None:
-                trailer += _I16.pack(message.produce_version) + _string(message.transactional_id)
+        if trailer := _append_trailers(message):  # after the records, the tail (never copied)
             if tail:
                 tail = (*tail, trailer)
             else:
@@ -184,6 +203,8 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
         r = message
         body = _RESULT.pack(r.error_code, r.base_offset, r.log_append_time_ms, r.log_start_offset)
         body += _nullable_string(r.error_message)
+        if r.referenced:
+            body += _FLAGS.pack(_REFERENCED)
     elif isinstance(message, AdminRequest):
         kind = ADMIN_REQUEST
         body = _string(message.op) + _string(message.topic) + message.topic_id.bytes
@@ -251,9 +272,40 @@ def encode_body(message: PeerMessage) -> tuple[int, bytes, Sequence[Buffer]]:
     elif isinstance(message, ShardReadRequest):
         kind = SHARD_READ_REQUEST
         body = _SHARD_READ.pack(message.shard, message.offset, message.timeout_ms)
+    elif isinstance(message, HeldRequest):
+        kind = HELD_REQUEST
+        parts = [_HELD.pack(message.timeout_ms, len(message.locations))]
+        for loc in message.locations:
+            parts.append(_U64.pack(loc.stream_id) + _string(loc.object_key))
+            parts.append(_RANGE.pack(loc.start, loc.end, loc.crc))
+        body = b"".join(parts)
+    elif isinstance(message, HeldResponse):
+        kind = HELD_RESPONSE
+        parts = [_RELEASED.pack(message.error_code, len(message.released))]
+        parts.extend(_U32.pack(index) for index in message.released)
+        body = b"".join(parts)
     else:
         raise TypeError(f"not a peer message: {message!r}")
     return kind, body, tail
+
+
+def _append_trailers(message: AppendRequest) -> bytes:
+    """The optional trailers of an append request, in their order: the sequences, the
+    transaction, the batch header. Told apart only by that order, so those before a header
+    are written as "none" when the append has none."""
+    b, header = message.batch, message.header
+    if b is None and header is None:
+        return b""
+    if b is None:
+        sequences = _SEQUENCE.pack(*_NO_SEQUENCE)
+    else:
+        seqs = (b.first_sequence, b.last_sequence, message.hole)
+        sequences = _SEQUENCE.pack(b.producer_id, b.producer_epoch, *seqs)
+    if message.transactional_id is not None:
+        txn = _I16.pack(message.produce_version) + _string(message.transactional_id)
+    else:
+        txn = b"" if header is None else _NO_TRANSACTION
+    return sequences + txn + (b"" if header is None else bytes(header))
 
 
 # -- decoding ------------------------------------------------------------------------------
@@ -319,14 +371,26 @@ def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
         )
     batch, hole = None, -1
     transactional_id, produce_version = None, -1
+    header = None
+    nones = False  # a trailer read as "none": only before a header
     if cur.pos < cur.end:
-        pid, epoch, first, last, hole = cur.fixed(_SEQUENCE, "append request sequences")
-        batch = ProducerBatch(pid, epoch, first, last)
+        sequences = cur.fixed(_SEQUENCE, "append request sequences")
+        if sequences == _NO_SEQUENCE:
+            nones = True
+        else:
+            pid, epoch, first, last, hole = sequences
+            batch = ProducerBatch(pid, epoch, first, last)
     if cur.pos < cur.end:
         (produce_version,) = cur.fixed(_I16, "append request produce version")
-        if produce_version < 0:
-            raise PeerProtocolError(f"append request produce version {produce_version}")
         transactional_id = cur.string("append request transactional id")
+        if (produce_version, transactional_id) == (-1, ""):
+            nones, transactional_id = True, None
+        elif produce_version < 0:
+            raise PeerProtocolError(f"append request produce version {produce_version}")
+    if cur.pos < cur.end:
+        header = bytes(cur.take(BATCH_HEADER_SIZE, "append request batch header"))
+    elif nones:
+        raise PeerProtocolError("append request trailers written as none, with no header after")
     return AppendRequest(
         cid,
         stream_id,
@@ -338,13 +402,21 @@ def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
         hole=hole,
         transactional_id=transactional_id,
         produce_version=produce_version,
+        header=header,
     )
 
 
 def _append_response(cur: _Cursor, cid: int) -> AppendResponse:
     error_code, base_offset, append_time, log_start = cur.fixed(_RESULT, "append response")
     message = cur.nullable_string("error message")
-    return AppendResponse(cid, error_code, base_offset, append_time, log_start, message)
+    referenced = False
+    if cur.pos < cur.end:
+        (flags,) = cur.fixed(_FLAGS, "append response flags")
+        if flags != _REFERENCED:
+            raise PeerProtocolError(f"append response flags {flags:#04x}")
+        referenced = True
+    fields = (base_offset, append_time, log_start, message, referenced)
+    return AppendResponse(cid, error_code, *fields)
 
 
 def _admin_request(cur: _Cursor, cid: int) -> AdminRequest:
@@ -428,6 +500,32 @@ def _shard_read_request(cur: _Cursor, cid: int) -> ShardReadRequest:
     return ShardReadRequest(cid, *cur.fixed(_SHARD_READ, "shard read request"))
 
 
+def _held_request(cur: _Cursor, cid: int) -> HeldRequest:
+    timeout_ms, count = cur.fixed(_HELD, "held request")
+    smallest = _U64.size + _U16.size + _RANGE.size
+    if count > (cur.end - cur.pos) // smallest:  # checked before anything is built
+        left = cur.end - cur.pos
+        raise PeerProtocolError(f"truncated held request: {count} locations in {left} bytes")
+    locations = []
+    for _ in range(count):
+        (stream_id,) = cur.fixed(_U64, "held location stream id")
+        key = cur.string("held location object key")
+        start, end, crc = cur.fixed(_RANGE, "held location range")
+        if end < start:
+            raise PeerProtocolError(f"location range [{start}, {end}) ends before it starts")
+        locations.append(S3WalLocation(key, start, end, stream_id, crc))
+    return HeldRequest(cid, timeout_ms, tuple(locations))
+
+
+def _held_response(cur: _Cursor, cid: int) -> HeldResponse:
+    error_code, count = cur.fixed(_RELEASED, "held response")
+    if count > (cur.end - cur.pos) // _U32.size:  # checked before anything is built
+        left = cur.end - cur.pos
+        raise PeerProtocolError(f"truncated held response: {count} indexes in {left} bytes")
+    released = tuple(cur.fixed(_U32, "released index")[0] for _ in range(count))
+    return HeldResponse(cid, released, error_code)
+
+
 def _producers_response(cur: _Cursor, cid: int) -> ProducersResponse:
     error_code, count = cur.fixed(_PRODUCERS, "producers response")
     if count > (cur.end - cur.pos) // _PRODUCER.size:  # checked before anything is built
@@ -457,6 +555,8 @@ DECODERS: dict[int, Callable[[_Cursor, int], PeerMessage]] = {
     PRODUCERS_REQUEST: _producers_request,
     PRODUCERS_RESPONSE: _producers_response,
     SHARD_READ_REQUEST: _shard_read_request,
+    HELD_REQUEST: _held_request,
+    HELD_RESPONSE: _held_response,
 }
 
 

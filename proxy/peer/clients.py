@@ -4,9 +4,10 @@ frames are `peer/codec.py`, the listener that answers them `peer_server.py`.
 `PeerClients` keeps one pipelined connection per peer address, opened on first use and
 opened again after it breaks; answers are matched to their calls by correlation id.
 
-Errors: a Kafka error code travels in the answer; bytes that are not a frame fail every
-call waiting on that connection with `PeerUnavailable`; arguments that cannot make a
-message raise ValueError before any I/O.
+Errors: a Kafka error code travels in the answer (a call that returns no error code,
+`held`, raises `PeerRefused` for one); bytes that are not a frame fail every call waiting
+on that connection with `PeerUnavailable`; arguments that cannot make a message raise
+ValueError before any I/O.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 
 from proxy.apis.api61_describe_producers import DescribedProducer
+from proxy.errors import TierproxyError
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     PROTOCOL,
+    REFERENCE_PROTOCOL,
     PeerFrameReader,
     PeerProtocolError,
     encode,
@@ -42,6 +45,8 @@ from proxy.peer.messages import (
     CleanCommitRequest,
     FetchRequest,
     FetchResponse,
+    HeldRequest,
+    HeldResponse,
     PeerMessage,
     PingRequest,
     PingResponse,
@@ -54,7 +59,7 @@ from proxy.peer.messages import (
 )
 from proxy.peer.server import READ_BYTES, Answer, Request, peer_name
 
-__all__ = ["Address", "PeerClients", "PeerUnavailable"]
+__all__ = ["Address", "PeerClients", "PeerRefused", "PeerUnavailable"]
 
 # The same logger as peer_server.py: both ends of the peer protocol log as one.
 log = logging.getLogger("tierproxy.peers")
@@ -68,6 +73,16 @@ _LSO_TRAILER = 8  # the last stable offset after the records, when asked for
 class PeerUnavailable(ConnectionError):
     """The connection to a peer could not be opened, or broke while the call waited. The
     next call opens a new one."""
+
+
+class PeerRefused(TierproxyError):
+    """The peer answered a call that returns no error code with one (`error_code`):
+    it cannot serve such calls (UNSUPPORTED_VERSION), or its handler failed. Raised, not
+    returned as an empty answer, so a caller asking in a loop waits before asking again."""
+
+    def __init__(self, message: str, error_code: int) -> None:
+        super().__init__(message)
+        self.error_code = error_code
 
 
 class _PeerConnection:
@@ -289,6 +304,7 @@ class PeerClients:
         peer_protocol: int = PROTOCOL,
         transactional_id: str | None = None,
         produce_version: int = -1,
+        header: bytes | bytearray | memoryview | None = None,
     ) -> ProduceResult | None:
         """The owner's answer to appending `records` (direct) or the batches at `location`
         (s3) to `stream_id`; None for acks=0, once the request is written. The default
@@ -298,7 +314,10 @@ class PeerClients:
         (its heartbeat's) predates them: `codec.for_peer`; `on_lost`:
         `_PeerConnection.call`. `transactional_id` and `produce_version`: a transactional
         Produce's, for the owner's verification (only with `batch`; dropped by `for_peer`
-        for an owner that predates it)."""
+        for an owner that predates it). `header`: the batch's first 61 bytes, only with
+        `location`, for an owner that may answer `referenced` (the answer's
+        `ProduceResult.referenced`: keep the S3-WAL object until `held` releases it);
+        dropped by `for_peer` for an owner older than `REFERENCE_PROTOCOL`."""
         hole_seq = -1 if hole is None or batch is None else hole()
         if batch is None:
             transactional_id, produce_version = None, -1
@@ -314,6 +333,7 @@ class PeerClients:
                 hole=hole_seq,
                 transactional_id=transactional_id,
                 produce_version=produce_version if transactional_id is not None else -1,
+                header=header,
             ),
             peer_protocol,
         )
@@ -423,6 +443,44 @@ class PeerClients:
         response = await self._connection(address).call(request, AdminResponse, timeout)
         assert isinstance(response, AdminResponse)
         return response.error_code, response.message
+
+    async def held(
+        self,
+        address: Address,
+        locations: Sequence[S3WalLocation],
+        timeout_ms: int,
+        *,
+        peer_protocol: int,
+    ) -> tuple[int, ...]:
+        """The indexes, increasing, of `locations` (of appends the owner at `address`
+        answered `referenced`) that it no longer needs: this proxy may delete those
+        objects once no owner holds them. The owner waits up to `timeout_ms` for them to
+        be released; this call's own timeout is that plus `timeout_margin_s`. Only to an
+        owner at `REFERENCE_PROTOCOL` or later (ValueError before any I/O otherwise; an
+        older owner never answers `referenced`). PeerRefused for an answer with an error
+        code; an index past `locations` (a broken owner) is dropped with a warning, its
+        object kept for the orphan sweep."""
+        if peer_protocol < REFERENCE_PROTOCOL:
+            raise ValueError(
+                f"a held request to a peer at protocol {peer_protocol}: it reads them from "
+                f"{REFERENCE_PROTOCOL} on"
+            )
+        request = HeldRequest(0, timeout_ms, tuple(locations))
+        timeout = timeout_ms / 1000 + self.timeout_margin_s
+        connection = self._connection(address)
+        response = await connection.call(request, HeldResponse, timeout)
+        assert isinstance(response, HeldResponse)
+        if response.error_code:
+            raise PeerRefused(
+                f"peer {connection.name}: held request answered error code {response.error_code}",
+                response.error_code,
+            )
+        released = response.released
+        if released and released[-1] >= len(request.locations):
+            count = len(request.locations)
+            log.warning("peer %s: released indexes %s of %d", connection.name, released, count)
+            released = tuple(index for index in released if index < count)
+        return released
 
     async def producers(
         self, address: Address, stream_id: int

@@ -29,7 +29,8 @@ Every message is one frame, big-endian::
                                       answered by an admin response),
                                       15 producers request, 16 producers response,
                                       17 shard read request (answered by an admin
-                                      response)
+                                      response),
+                                      18 held request, 19 held response
     10      4     correlation id  u32: chosen by the requester, echoed by the answer
     14      n     body
 
@@ -74,6 +75,13 @@ serves below the new log start until its reader applies the trim, as before).
 12: the admin op `configs` (a tiered topic's configs, or with no topic every topic's,
 changed through another proxy: read them again before the next produce), sent only to a
 member at 12 or later; an older member reads them again within a minute, as before.
+13: the append request's header trailer (an s3 append's 61-byte batch header: the owner
+may order the batch from it, write a reference entry and answer at once, before it has
+the bytes; docs/wal.md, "The owner answering from the notification"), the append
+response's referenced flag (set only in answer to a request with a header, so only a
+sender at 13 or later gets it) and the held request and response (which referenced S3-WAL
+objects the owner still needs; sent only to an owner at 13 or later). An owner before 13
+gets the append without its header and answers it from the bytes, as before.
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -106,6 +114,7 @@ __all__ = [
     "PRODUCER_CATCH_UP_PROTOCOL",
     "HEADER_SIZE",
     "PROTOCOL",
+    "REFERENCE_PROTOCOL",
     "SEQUENCES_PROTOCOL",
     "SHARD_READ_PROTOCOL",
     "STABLE_PROTOCOL",
@@ -122,7 +131,7 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 12  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 13  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
@@ -133,6 +142,7 @@ PRODUCERS_PROTOCOL = 9  # the first level that reads the producers request
 TOPIC_OPS_PROTOCOL = 10  # the first that reads admin ops deleted, look; TopicModeSet v2
 SHARD_READ_PROTOCOL = 11  # the first level that reads the shard read request
 CONFIGS_PROTOCOL = 12  # the first level that reads the admin op configs
+REFERENCE_PROTOCOL = 13  # the first that reads an append's header, referenced, held
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc
@@ -159,7 +169,11 @@ def for_peer(request: AppendRequest, peer_protocol: int) -> AppendRequest:
     for one older than `SEQUENCES_PROTOCOL` (it would refuse the frame, and drop the
     connection with every call on it). That owner then judges a sequence gap by its own
     record of drops only, as it always did. Without the transaction trailer for one
-    older than `TXN_PROTOCOL`: that owner does not verify transactions (KIP-890)."""
+    older than `TXN_PROTOCOL`: that owner does not verify transactions (KIP-890).
+    Without the batch header for one older than `REFERENCE_PROTOCOL`: that owner reads
+    the bytes before it answers, and never answers `referenced`."""
+    if request.header is not None and peer_protocol < REFERENCE_PROTOCOL:
+        request = dataclasses.replace(request, header=None)
     if request.batch is None or peer_protocol >= TXN_PROTOCOL:
         return request
     if peer_protocol >= SEQUENCES_PROTOCOL:

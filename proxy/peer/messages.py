@@ -17,6 +17,7 @@ from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch
+from proxy.records.batches import HEADER_SIZE as BATCH_HEADER_SIZE
 
 ACKS = (-1, 0, 1)
 ADMIN_OPS = ("tier", "untier", "seal", "unseal", "deleted", "look", "configs")
@@ -35,7 +36,8 @@ Buffer = bytes | bytearray | memoryview
 class AppendRequest:
     """Append these batches to `stream_id` on its owner: `records` inline (direct mode) or
     the `location` of an S3-WAL range (s3 mode), exactly one. Decoded records are a view
-    of the received frame, not a copy."""
+    of the received frame, not a copy; a decoded `header` is a copy, 61 bytes an owner
+    keeps in its log cache long after the frame is gone."""
 
     correlation_id: int
     stream_id: int
@@ -53,6 +55,11 @@ class AppendRequest:
     # "Transactions"); only with `batch` (a transactional batch has a producer id)
     transactional_id: str | None = None
     produce_version: int = -1
+    # the first batch's 61-byte v2 header, only with `location` (s3 mode): the owner may
+    # order the batch from it and answer `referenced` before it has the bytes (docs/wal.md,
+    # "The owner answering from the notification"); sent only to an owner at
+    # `codec.REFERENCE_PROTOCOL` or later
+    header: bytes | bytearray | memoryview | None = None
 
     def __post_init__(self) -> None:
         check_range("correlation_id", self.correlation_id, 0, U32_MAX)
@@ -81,20 +88,30 @@ class AppendRequest:
         if self.records is not None and buffer_size(self.records) > MAX_RECORDS_BYTES:
             raise ValueError(f"{buffer_size(self.records)} bytes of records do not fit in a frame")
         if self.location is not None:
-            loc = self.location
-            if loc.stream_id != self.stream_id:
+            if self.location.stream_id != self.stream_id:
                 raise ValueError(
-                    f"location of stream {loc.stream_id} in an append to {self.stream_id}"
+                    f"location of stream {self.location.stream_id} in an append to {self.stream_id}"
                 )
-            check_range("location.start", loc.start, 0, (1 << 64) - 1)
-            check_range("location.end", loc.end, loc.start, (1 << 64) - 1)
-            check_range("location.crc", loc.crc, 0, U32_MAX)
-            check_string("location.object_key", loc.object_key, 0xFFFF)
+            check_location("location", self.location)
+        if self.header is not None:
+            if self.location is None:
+                raise ValueError("an append carries a batch header only with its location (s3)")
+            if not isinstance(self.header, Buffer):
+                raise ValueError(f"header of type {type(self.header).__name__}: not a buffer")
+            if (size := buffer_size(self.header)) != BATCH_HEADER_SIZE:
+                raise ValueError(f"a batch header of {size} bytes: must be {BATCH_HEADER_SIZE}")
 
 
 @dataclass(frozen=True, slots=True)
 class AppendResponse:
-    """The owner's answer to an append: one partition's Produce answer."""
+    """The owner's answer to an append: one partition's Produce answer. `referenced`: the
+    owner took the batch by reference (its order durable, its bytes still only in the
+    S3-WAL object), so the sender keeps that object until a `HeldResponse` releases it.
+    An error may be referenced too: the owner wrote a reference entry whose fate is
+    unknown (its WAL failed), settled when that WAL is opened again. Only in answer to a
+    request that carried a `header`: a sender sends one only to an owner at
+    `codec.REFERENCE_PROTOCOL` or later and reads the flag itself, so an older sender,
+    whose decoder refuses it, never gets one (the level rules cover it: `bodies.py`)."""
 
     correlation_id: int
     error_code: int
@@ -102,6 +119,7 @@ class AppendResponse:
     log_append_time_ms: int = -1
     log_start_offset: int = -1
     error_message: str | None = None
+    referenced: bool = False
 
     def __post_init__(self) -> None:
         check_range("correlation_id", self.correlation_id, 0, U32_MAX)
@@ -110,15 +128,17 @@ class AppendResponse:
             check_range(name, getattr(self, name), -(1 << 63), I64_MAX)
         if self.error_message is not None:
             check_string("error_message", self.error_message, 0x7FFF)
+        if not isinstance(self.referenced, bool):
+            raise ValueError(f"referenced {self.referenced!r} is not a bool")
 
     @classmethod
     def from_result(cls, correlation_id: int, r: ProduceResult) -> AppendResponse:
         fields = (r.base_offset, r.log_append_time_ms, r.log_start_offset, r.error_message)
-        return cls(correlation_id, r.error_code, *fields)
+        return cls(correlation_id, r.error_code, *fields, r.referenced)
 
     def result(self) -> ProduceResult:
         fields = (self.base_offset, self.log_append_time_ms, self.log_start_offset)
-        return ProduceResult(self.error_code, *fields, self.error_message)
+        return ProduceResult(self.error_code, *fields, self.error_message, self.referenced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +485,60 @@ class ProducersResponse:
             check_range("current_txn_start_offset", p.current_txn_start_offset, -1, I64_MAX)
 
 
+@dataclass(frozen=True, slots=True)
+class HeldRequest:
+    """Which of these S3-WAL `locations`, whose appends the asked owner answered
+    `referenced`, does it still need? It waits up to `timeout_ms` for them to be
+    released (their bytes durable in its own WAL) and answers by a `HeldResponse`. Sent
+    by the proxy that wrote the objects, which deletes none while its owner holds only a
+    reference to it (docs/wal.md, "The owner answering from the notification"), only to
+    an owner at `codec.REFERENCE_PROTOCOL` or later."""
+
+    correlation_id: int
+    timeout_ms: int
+    locations: tuple[S3WalLocation, ...]
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("timeout_ms", self.timeout_ms, 0, I32_MAX)
+        if not isinstance(self.locations, tuple):
+            raise ValueError(f"locations {type(self.locations).__name__}: must be a tuple")
+        check_range("locations count", len(self.locations), 1, U32_MAX)
+        for loc in self.locations:
+            if not isinstance(loc, S3WalLocation):
+                raise ValueError(f"a location of type {type(loc).__name__}: not an S3WalLocation")
+            check_range("location.stream_id", loc.stream_id, 0, (1 << 64) - 1)
+            check_location("location", loc)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldResponse:
+    """The answer to a HeldRequest: the indexes, in increasing order, of the request's
+    locations the owner no longer needs (the sender may delete them once no other owner
+    holds them). A location not named is still needed, or not known: the sender asks
+    again later. With an error code (UNSUPPORTED_VERSION: the owner serves no held
+    requests) nothing is released."""
+
+    correlation_id: int
+    released: tuple[int, ...]
+    error_code: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("correlation_id", self.correlation_id, 0, U32_MAX)
+        check_range("error_code", self.error_code, -(1 << 15), (1 << 15) - 1)
+        if not isinstance(self.released, tuple):
+            raise ValueError(f"released {type(self.released).__name__}: must be a tuple")
+        if self.released and self.error_code != 0:
+            raise ValueError(f"an answer with error code {self.error_code} releases nothing")
+        check_range("released count", len(self.released), 0, U32_MAX)
+        previous = -1
+        for index in self.released:
+            check_range("released index", index, 0, U32_MAX - 1)
+            if index <= previous:  # one encoding per answer, no repeats
+                raise ValueError(f"released {self.released}: indexes must increase")
+            previous = index
+
+
 PeerMessage = (
     AppendRequest
     | AppendResponse
@@ -483,6 +557,8 @@ PeerMessage = (
     | ProducersRequest
     | ProducersResponse
     | ShardReadRequest
+    | HeldRequest
+    | HeldResponse
 )
 
 
@@ -494,6 +570,15 @@ def buffer_size(piece: Buffer) -> int:
 def check_range(name: str, value: int, low: int, high: int) -> None:
     if not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"{name} {value!r}: must be an integer in [{low}, {high}]")
+
+
+def check_location(name: str, loc: S3WalLocation) -> None:
+    """The range, crc and key of `loc` fit their wire types (its stream id is the caller's
+    to check: an append's is the request's own)."""
+    check_range(f"{name}.start", loc.start, 0, (1 << 64) - 1)
+    check_range(f"{name}.end", loc.end, loc.start, (1 << 64) - 1)
+    check_range(f"{name}.crc", loc.crc, 0, U32_MAX)
+    check_string(f"{name}.object_key", loc.object_key, 0xFFFF)
 
 
 def check_string(name: str, value: str, max_bytes: int) -> None:

@@ -44,6 +44,8 @@ from proxy.peer.messages import (
     FetchRequest,
     FetchResponse,
     FetchResult,
+    HeldRequest,
+    HeldResponse,
     PingRequest,
     PingResponse,
     ProducerCatchUpRequest,
@@ -73,6 +75,9 @@ OnCatchUp = Callable[[CatchUpRequest | ProducerCatchUpRequest], Awaitable[tuple[
 # is started if it is being started (up to 1 s)
 OnProducers = Callable[[int], Awaitable[tuple[int, tuple[DescribedProducer, ...]]]]
 OnShardRead = Callable[[ShardReadRequest], Awaitable[tuple[int, str]]]
+# the indexes of the request's locations this owner no longer needs, once some are or
+# its timeout_ms has passed (any order; repeats are dropped)
+OnHeld = Callable[[HeldRequest], Awaitable[tuple[int, ...]]]
 
 _MAX_MESSAGE_CHARS = 4096  # an error message stays far below the i16 string limit
 
@@ -96,9 +101,16 @@ Request = (
     | ProducerCatchUpRequest
     | ProducersRequest
     | ShardReadRequest
+    | HeldRequest
 )
 Answer = (
-    AppendResponse | AdminResponse | FetchResponse | TrimResponse | PingResponse | ProducersResponse
+    AppendResponse
+    | AdminResponse
+    | FetchResponse
+    | TrimResponse
+    | PingResponse
+    | ProducersResponse
+    | HeldResponse
 )
 READ_BYTES = 256 * 1024
 
@@ -120,7 +132,8 @@ class PeerServer:
     transaction markers before AddPartitionsToTxn is answered (and of a producer's
     partitions before InitProducerId is), given `on_producers`, DescribeProducers on
     tiered partitions owned here, given `on_shard_read`, a read of a metadata shard up to
-    an offset before a DeleteRecords is answered;
+    an offset before a DeleteRecords is answered, given `on_held`, which S3-WAL objects
+    of appends answered `referenced` this owner still needs;
     without a handler such a request is answered UNSUPPORTED_VERSION. A ping is answered
     with `name` (the proxy's fleet.name) and this code's version, without any handler.
 
@@ -146,6 +159,7 @@ class PeerServer:
         on_catch_up: OnCatchUp | None = None,
         on_producers: OnProducers | None = None,
         on_shard_read: OnShardRead | None = None,
+        on_held: OnHeld | None = None,
         name: str = "",
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_inflight: int = 1024,
@@ -162,6 +176,7 @@ class PeerServer:
         self._on_catch_up = on_catch_up
         self._on_producers = on_producers
         self._on_shard_read = on_shard_read
+        self._on_held = on_held
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self.max_inflight = max_inflight
@@ -269,6 +284,8 @@ class PeerServer:
             what = f"read of metadata shard {request.shard} to {request.offset} for {peer}"
             refusal = "this proxy reads no metadata shard"
             response = await self._coded(request, self._on_shard_read, refusal, what)
+        elif isinstance(request, HeldRequest):
+            response = await self._held(request, peer)
         else:
             response = await self._admin(request, peer)
         if writer.is_closing():
@@ -281,6 +298,10 @@ class PeerServer:
         cid = request.correlation_id
         try:
             result = await self._on_append(request)
+            if result.referenced and request.header is None:
+                # the sender may predate the flag (it would drop the connection) and
+                # would release the object the owner still needs: an owner's bug
+                raise ValueError("an append without a batch header answered as referenced")
             return AppendResponse.from_result(cid, result)
         except _FAILURES as exc:  # the store or the disk failed (S3 throttling, a full
             # disk): the asker retries on the storage error; no traceback, it is no bug
@@ -348,6 +369,21 @@ class PeerServer:
         except Exception:
             log.exception("producers of stream %d for %s failed", request.stream_id, peer)
             return ProducersResponse(cid, ErrorCode.unknown_server_error)
+
+    async def _held(self, request: HeldRequest, peer: str) -> HeldResponse:
+        cid = request.correlation_id
+        if self._on_held is None:
+            return HeldResponse(cid, (), ErrorCode.unsupported_version)
+        try:
+            released = sorted(set(await self._on_held(request)))
+            if released and not 0 <= released[0] <= released[-1] < len(request.locations):
+                count = len(request.locations)
+                raise ValueError(f"released indexes {released} of {count} locations")
+            return HeldResponse(cid, tuple(released))
+        except Exception:
+            count = len(request.locations)
+            log.exception("held request of %d locations from %s failed", count, peer)
+            return HeldResponse(cid, (), ErrorCode.unknown_server_error)
 
     async def _catch_up(
         self, request: CatchUpRequest | ProducerCatchUpRequest, peer: str

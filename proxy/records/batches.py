@@ -197,12 +197,7 @@ def validate_batch(batch: bytes | bytearray | memoryview, position: int = 0) -> 
         raise CorruptBatchError(
             position, f"batch length says {header.size} bytes, {len(view)} were given"
         )
-    if header.codec > max(Compression):
-        raise CorruptBatchError(position, f"unknown compression codec {header.codec}")
-    if header.last_offset_delta < 0:
-        raise CorruptBatchError(position, f"negative last offset delta {header.last_offset_delta}")
-    if header.record_count < 0:
-        raise CorruptBatchError(position, f"negative record count {header.record_count}")
+    _check_header_fields(header, position)
     computed = crc32c.crc32c(view[ATTRIBUTES_POSITION:])
     if computed != header.crc:
         raise CorruptBatchError(
@@ -211,6 +206,35 @@ def validate_batch(batch: bytes | bytearray | memoryview, position: int = 0) -> 
             f"bytes {position + ATTRIBUTES_POSITION}..{position + len(view)}",
         )
     return header
+
+
+def validate_header(header_bytes: bytes | bytearray | memoryview) -> BatchHeader:
+    """The checks of `validate_batch` that the first HEADER_SIZE bytes of a batch allow
+    (magic, length, codec, offset delta, record count), for a batch whose bytes are
+    elsewhere: an owner ordering a batch from its header (docs/wal.md, "The owner
+    answering from the notification"), whose sender checked the whole batch (its CRC)."""
+    view = memoryview(header_bytes).cast("B")
+    if len(view) != HEADER_SIZE:
+        raise CorruptBatchError(0, f"a batch header is {HEADER_SIZE} bytes, not {len(view)}")
+    magic = view[MAGIC_POSITION]
+    if magic != 2:
+        raise CorruptBatchError(0, f"magic is {magic}, only magic 2 batches are supported")
+    header = BatchHeader(*_HEADER.unpack_from(view, 0))
+    if header.batch_length < MIN_BATCH_LENGTH:
+        raise CorruptBatchError(
+            0, f"batch length {header.batch_length} is below the minimum {MIN_BATCH_LENGTH}"
+        )
+    _check_header_fields(header, 0)
+    return header
+
+
+def _check_header_fields(header: BatchHeader, position: int) -> None:
+    if header.codec > max(Compression):
+        raise CorruptBatchError(position, f"unknown compression codec {header.codec}")
+    if header.last_offset_delta < 0:
+        raise CorruptBatchError(position, f"negative last offset delta {header.last_offset_delta}")
+    if header.record_count < 0:
+        raise CorruptBatchError(position, f"negative record count {header.record_count}")
 
 
 def set_base_offset(buffer: bytearray | memoryview, pos: int, base_offset: int) -> None:

@@ -28,13 +28,13 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
-from proxy.handoff.objects import S3WalLocation
+from proxy.handoff.objects import S3WalLocation, encode_location
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.metadata.state import MetadataState
 from proxy.metadata.topic_index import TieredTopic
@@ -42,13 +42,19 @@ from proxy.metrics import Stages
 from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
+from proxy.partition.referenced import ReferencingLog
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.partition.txn_gate import Verify
 from proxy.peer.clients import Address, PeerClients, PeerUnavailable
-from proxy.peer.codec import for_peer, frame_size
-from proxy.peer.messages import AppendRequest, AppendResponse
-from proxy.records.batches import CorruptBatchError
+from proxy.peer.codec import REFERENCE_PROTOCOL, for_peer, frame_size
+from proxy.peer.messages import AppendRequest, AppendResponse, HeldRequest
+from proxy.records.batches import (
+    HEADER_SIZE,
+    CorruptBatchError,
+    read_batch_header,
+    validate_header,
+)
 from proxy.tiered.in_order import InOrder
 
 log = logging.getLogger("tierproxy.tiering")
@@ -106,6 +112,11 @@ class SenderHost(Protocol):
 
     def count_peer_bytes(self, address: tuple[str, int], direction: str, size: int) -> None: ...
 
+    @property
+    def sends_headers(self) -> bool: ...
+
+    def heard_protocol(self, member: str) -> int | None: ...
+
 
 class ToOwner:
     def __init__(self, service: SenderHost) -> None:
@@ -115,6 +126,8 @@ class ToOwner:
         # per stream, the hand-offs made and not answered yet: (owner, the call); a call's
         # answer is in `holes` before anything waiting on it wakes (`_handed`)
         self._unanswered: dict[int, list[tuple[Address, asyncio.Future[Any]]]] = {}
+        # S3-WAL locations an owner may hold by reference, released when it says so
+        self.held = HeldLocations(service)
 
     def busy(self, stream: int) -> bool:
         """Whether a hand-off of `stream` is under way (waiting, or not answered yet)."""
@@ -165,21 +178,27 @@ class ToOwner:
         batch: ProducerBatch | None,
         call: asyncio.Future[ProduceResult | None],
         release: Callable[[], None] | None,
+        held: Callable[[], None] | None = None,
     ) -> None:
         """`call` (a hand-off of `batch`) is unanswered until it ends; then its S3-WAL
         location is released (`release`) and its answer recorded in `holes` (no answer: a
         drop) before anything waiting on it wakes: a callback of the call, added first, so
-        it runs whatever becomes of `send`, and before the waiters' own."""
+        it runs whatever becomes of `send`, and before the waiters' own. `held`: the
+        hand-off carried the batch's header, so the owner may have taken it by reference:
+        answered `referenced`, or not answered, the location goes to `held` instead (kept
+        until the owner says it no longer needs it)."""
         entry = (address, call)
         self._unanswered.setdefault(stream, []).append(entry)
         holes = self._service.holes
 
         def answered(call: asyncio.Future[ProduceResult | None]) -> None:
             try:
-                if release is not None:
-                    release()  # answered: the owner read it first; failed: nothing acked
                 failed = call.cancelled() or call.exception() is not None
                 result = None if failed else call.result()
+                if held is not None and (result is None or result.referenced):
+                    held()  # the owner's WAL may need the object: asked before deleting
+                elif release is not None:
+                    release()  # answered: the owner read it first; failed: nothing acked
                 if result is not None:
                     holes.observe(stream, batch, result.error_code)  # the caller's record too
                 else:
@@ -210,9 +229,12 @@ class ToOwner:
         inline: memoryview | None = None  # or the records themselves (notify: direct)
         s3wal, holes = service.s3wal, service.holes
         call: asyncio.Future[ProduceResult | None] | None = None
+        header: bytes | None = None  # for an owner that may take it by reference
         try:
             if s3wal is not None:
                 location = await s3wal.append(stream, records)
+                if protocol >= REFERENCE_PROTOCOL and service.sends_headers:
+                    header = _header_to_send(part)
             else:
                 inline = records
             await turn.ready()
@@ -235,12 +257,16 @@ class ToOwner:
                     peer_protocol=protocol,
                     transactional_id=part.transactional_id,
                     produce_version=part.produce_version,
+                    header=header,
                 )
             )
-            release = None
+            release = held = None
             if location is not None and s3wal is not None:
                 release = functools.partial(_release_location, s3wal, location, acks)
-            self._handed(stream, address, batch, call, release)  # the next one sees it
+                if header is not None:
+                    owner = service.state(stream).owner
+                    held = functools.partial(self.held.add, address, owner, location)
+            self._handed(stream, address, batch, call, release, held)  # the next one sees it
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
             return ProduceResult(
@@ -268,6 +294,7 @@ class ToOwner:
                 batch=batch,
                 transactional_id=txn,
                 produce_version=part.produce_version if txn is not None else -1,
+                header=header,
             ),
             protocol,
         )
@@ -282,6 +309,103 @@ class ToOwner:
                 address, "from_owner", frame_size(AppendResponse.from_result(0, result))
             )
         return result
+
+
+def _header_to_send(part: Part) -> bytes | None:
+    """The header the owner may order the batch by (docs/wal.md, "The owner answering
+    from the notification"): for one batch, not transactional, with acks, on a topic
+    whose timestamps the owner does not stamp; None otherwise (the owner reads it)."""
+    if part.acks == 0 or part.transactional_id is not None:
+        return None
+    if part.rules is None or part.rules.log_append_time:
+        return None
+    records = part.records
+    try:
+        header = read_batch_header(records)
+    except CorruptBatchError:
+        return None
+    if header.size != len(records) or header.is_transactional:
+        return None
+    return bytes(records[:HEADER_SIZE])
+
+
+class HeldLocations:
+    """S3-WAL locations their owner may still need (it answered `referenced`, or did not
+    answer a hand-off that carried the header): per owner, asked about together with
+    `PeerClients.held` until it releases them, then released to the writer for deletion.
+    A proxy that stops leaves what it held to the orphan sweep (`s3wal_retention_s`).
+    An owner heard from at a level below REFERENCE_PROTOCOL (rolled back) holds none:
+    its WAL cannot hold references. One not heard from is not asked until it is."""
+
+    ASK_WAIT_MS = 1000  # how long the owner may wait for them to be released, per ask
+    MAX_ASKED = 1000  # locations per ask
+    RETRY_FIRST_S = 1.0  # after an owner did not answer, doubling up to RETRY_MAX_S
+    RETRY_MAX_S = 30.0
+
+    def __init__(self, service: SenderHost) -> None:
+        self._service = service
+        self._held: dict[Address, list[S3WalLocation]] = {}
+        self._members: dict[Address, str] = {}
+        self._tasks: dict[Address, asyncio.Task[None]] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return sum(len(held) for held in self._held.values())
+
+    def add(self, address: Address, member: str, location: S3WalLocation) -> None:
+        if self._closed:  # stopping: left to the orphan sweep
+            return
+        self._held.setdefault(address, []).append(location)
+        self._members[address] = member
+        if address not in self._tasks:
+            task = asyncio.get_running_loop().create_task(self._ask(address))
+            self._tasks[address] = task
+
+    async def _ask(self, address: Address) -> None:
+        service = self._service
+        delay = self.RETRY_FIRST_S
+        try:
+            while held := self._held.get(address):
+                level = service.heard_protocol(self._members[address])
+                if level is not None and level < REFERENCE_PROTOCOL:
+                    released: Sequence[int] = range(len(held))  # it holds no reference
+                    asked = list(held)
+                elif level is None:  # not heard from: asked once it is
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.RETRY_MAX_S)
+                    continue
+                else:
+                    asked = held[: self.MAX_ASKED]
+                    try:
+                        released = await service.peers.held(
+                            address, asked, self.ASK_WAIT_MS, peer_protocol=level
+                        )
+                    except Exception as exc:  # away, refused: asked again later
+                        log.debug("owner at %s: held request failed: %r", address, exc)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, self.RETRY_MAX_S)
+                        continue
+                    delay = self.RETRY_FIRST_S
+                gone = {id(asked[i]) for i in released}
+                self._held[address] = [loc for loc in held if id(loc) not in gone]
+                s3wal = service.s3wal
+                for i in released:
+                    if s3wal is not None:
+                        s3wal.release(asked[i])
+        finally:
+            self._tasks.pop(address, None)
+            if not self._held.get(address):
+                self._held.pop(address, None)
+                self._members.pop(address, None)
+
+    async def close(self) -> None:
+        """Stop asking; what is held is left to the orphan sweep."""
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._held.clear()
 
 
 def _release_location(s3wal: S3WalWriter, location: S3WalLocation, acks: int) -> None:
@@ -324,6 +448,16 @@ class OwnerHost(Protocol):
         self, stream: int, transactional_id: str | None, produce_version: int
     ) -> Verify | None: ...
 
+    @property
+    def takes_references(self) -> bool:
+        """New batches handed over by location are taken by reference (docs/wal.md)."""
+        ...
+
+    @property
+    def referencing(self) -> ReferencingLog | None:
+        """The WAL as the partitions see it, references and all (partition/referenced.py)."""
+        ...
+
 
 class AtOwner:
     def __init__(self, service: OwnerHost) -> None:
@@ -344,16 +478,45 @@ class AtOwner:
             pid, epoch, seq = batch.producer_id, batch.producer_epoch, request.hole
             hole = ProducerBatch(pid, epoch, seq, seq)
             holes.dropped(stream, hole)
+        wal = service.referencing
+        expected: bytes | None = None  # noted as being handled here (`ReferencingLog.expect`)
+        if request.header is not None and request.location is not None and wal is not None:
+            expected = encode_location(request.location)
+            if not wal.expect(expected):  # told its sender it was released: maybe gone
+                holes.dropped(stream, batch)
+                return not_owner(f"stream {stream}: its location was released before it came")
+        handed: list[bool] = []  # the call keeps it noted until it ends (`_append`)
+        try:
+            return await self._append(request, batch, expected, handed)
+        finally:
+            if expected is not None and wal is not None and not handed:
+                wal.unexpect(expected)
+
+    async def _append(
+        self,
+        request: AppendRequest,
+        batch: ProducerBatch | None,
+        expected: bytes | None,
+        handed: list[bool],
+    ) -> ProduceResult:
+        service = self._service
+        partitions, reader, holes = service.partitions, service.s3wal_reader, service.holes
+        assert partitions is not None and reader is not None
+        stream = request.stream_id
         turn = self._arrivals.take(stream)
         stages = service.stages
         arrived = time.perf_counter()
+        reference: bytes | None = None
         try:
             records = request.records
-            if records is None:
+            rules = await self._stream_rules(stream)  # before the order is kept: may wait
+            if records is None and expected and self._by_reference(request, rules):
+                assert request.header is not None
+                records, reference = request.header, expected  # the bytes follow
+            elif records is None:
                 assert request.location is not None
                 records = await reader.read(request.location)
                 stages.since("owner_read", arrived)  # the GET, or its shared or cached bytes
-            rules = await self._stream_rules(stream)  # before the order is kept: may wait
             if turn.behind:
                 waited = time.perf_counter()
                 await turn.ready()
@@ -370,19 +533,57 @@ class AtOwner:
             append_time = rules.log_append_time
             verify = service.verifier_for(stream, request.transactional_id, request.produce_version)
             call = asyncio.ensure_future(
-                partitions.produce(stream, records, request.acks, append_time, verify)
+                partitions.produce(
+                    stream, records, request.acks, append_time, verify, reference=reference
+                )
             )
+            wal = service.referencing
+            if reference is not None and wal is not None:
+                # noted as being handled until the partition has answered it, even if this
+                # handler is cancelled meanwhile (the request, queued, is still written):
+                # a sender asking about it before then is told to keep its object
+                call.add_done_callback(lambda _: wal.unexpect(reference))
+                handed.append(True)
             await asyncio.sleep(0)  # its first step queues the batch, before the next's
         except BaseException:  # the S3-WAL read failed: a storage error, the batch not appended
             holes.dropped(stream, batch)  # before the stream's next arrival goes on
             raise
         finally:
             turn.end()
-        result = await call
+        result = await (call if reference is None else asyncio.shield(call))
         stages.since("owner_append", arrived)  # arrival to durable here (read included)
         if result is not None:
             holes.observe(stream, batch, result.error_code)
         return result if result is not None else ProduceResult(0)
+
+    def _by_reference(self, request: AppendRequest, rules: ProduceRules | None) -> bool:
+        """Whether to take the batch by reference, from its header, without reading it
+        first (docs/wal.md, "The owner answering from the notification"); else read it and
+        append its bytes, as for a batch the owner must rewrite (LogAppendTime), one whose
+        transaction is verified with the coordinator, acks=0, or when this owner does not
+        take references (`tiering.owner_takes_references`)."""
+        header, location, wal = request.header, request.location, self._service.referencing
+        if header is None or location is None or request.acks == 0 or wal is None:
+            return False
+        if not self._service.takes_references or rules is None or rules.log_append_time:
+            return False
+        if not wal.has_room():  # the bytes not uploaded yet: by bytes, held back by the WAL
+            return False
+        if request.transactional_id is not None:
+            return False
+        try:
+            checked = validate_header(header)
+        except CorruptBatchError:
+            return False  # the bytes path refuses it as the sequencer does
+        return not checked.is_transactional and checked.size == location.size
+
+    async def held(self, request: HeldRequest) -> tuple[int, ...]:
+        """A sender's question: which of these locations, answered `referenced`, it may
+        delete now (waiting up to the request's timeout for the others)."""
+        wal = self._service.referencing
+        if wal is None:  # no WAL here takes references: none is held
+            return tuple(range(len(request.locations)))
+        return await wal.held(request.locations, request.timeout_ms)
 
     async def _stream_rules(self, stream: int) -> ProduceRules | None:
         """The produce rules of a stream's topic, at its owner (LogAppendTime)."""

@@ -51,8 +51,7 @@ from proxy.reads.stream_reader import StreamReader
 from proxy.records.batches import CorruptBatchError, iter_batches, read_batch_header
 from proxy.records.transactions import ControlRecordError
 from proxy.tiered.committed import Run, read_committed
-from proxy.wal.log import WriteAheadLog
-from proxy.wal.s3log import S3WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.types import WalError
 
 START_WAIT_S = 1.0  # a read waits this long for a partition being started here
@@ -88,7 +87,9 @@ class ReadsHost(Protocol):
         ...
 
     @property
-    def wal(self) -> WriteAheadLog | S3WriteAheadLog | None: ...
+    def log(self) -> Log | None:
+        """The WAL as the partitions write it (references resolved on read)."""
+        ...
 
     @property
     def bandwidth(self) -> Bandwidth | None: ...
@@ -241,16 +242,16 @@ class TieredReads:
         cache from `offset` on, after waiting up to max_wait_ms for data past it."""
         stream, offset = request.stream_id, request.offset
         partition = await self._started(stream)
-        if partition is not None and request.max_wait_ms > 0 and partition.high_watermark <= offset:
+        if partition is not None and request.max_wait_ms > 0 and _nothing_at(partition, offset):
             await self.log_cache.wait_for_data(stream, offset, request.max_wait_ms)
             partition = self._partition(stream)
         if partition is None:
             return TieredFetchResult(ErrorCode.not_leader_or_follower)
         # the LSO with the high watermark, before the batches: they reach the markers of
         # every transaction below it (the asker decides with them: records/transactions.py)
-        end, start = partition.high_watermark, partition.log_start_offset
-        stable = partition.last_stable_offset
-        if offset > end or offset < start:
+        stable, end = _readable_end(partition)
+        start = partition.log_start_offset
+        if offset > partition.high_watermark or offset < start:
             return TieredFetchResult(ErrorCode.offset_out_of_range, end, stable, start)
         records: Sequence[memoryview] = ()
         if request.max_bytes > 0:
@@ -263,8 +264,13 @@ class TieredReads:
         (`LogCache.in_wal`), by Kafka's rule (the first entry whole). Empty when the WAL
         was trimmed meanwhile: the objects hold it now."""
         records, _ = self.log_cache.read(stream, offset, max_bytes)
+        partition = None if records else self._partition(stream)
+        if partition is not None and _nothing_at(partition, offset):
+            if partition.high_watermark > offset:  # committed, its bytes being fetched
+                await self.log_cache.wait_for_data(stream, offset, FILL_WAIT_MS)
+                records, _ = self.log_cache.read(stream, offset, max_bytes)
         where = None if records else self.log_cache.wal_position(stream, offset)
-        wal = self.service.wal
+        wal = self.service.log
         if where is None or wal is None:
             return records
         try:
@@ -460,7 +466,7 @@ class TieredReads:
         partition = self._partition(stream)
         last_stable: int | None = None
         if partition is not None:
-            last_stable, end = partition.last_stable_offset, partition.high_watermark
+            last_stable, end = _readable_end(partition)
         if limit <= 0:
             return Run((), end, last_stable, offset >= end)
         found = await self.reader.read(state, stream, offset, limit, reader_id=reader_id)
@@ -512,6 +518,29 @@ class TieredReads:
             for pending in waits:
                 pending.cancel()
             await asyncio.gather(*waits, return_exceptions=True)
+
+
+# How long a read of the owner's tail waits for the bytes of a batch taken by reference
+# (committed: a consumer may read it, and Kafka would serve it): a GET, normally
+FILL_WAIT_MS = 2000
+
+
+def _readable_end(partition: TieredPartition) -> tuple[int, int]:
+    """(last stable offset, high watermark) as a read of the owner's tail sees them: at
+    most the first batch whose bytes, taken by reference, are not here yet, so that a
+    read_committed run that stops there is whole (no transaction past it looks decided)."""
+    stable, end = partition.last_stable_offset, partition.high_watermark
+    unfilled = partition.unfilled_from
+    if unfilled is not None:
+        stable, end = min(stable, unfilled), min(end, unfilled)
+    return stable, end
+
+
+def _nothing_at(partition: TieredPartition, offset: int) -> bool:
+    """Nothing to read at `offset` yet: past the high watermark, or committed but its
+    bytes, taken by reference, not fetched yet (partition/referenced.py)."""
+    unfilled = partition.unfilled_from
+    return partition.high_watermark <= offset or (unfilled is not None and unfilled <= offset)
 
 
 class _OutOfRange(Exception):

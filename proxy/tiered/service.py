@@ -33,6 +33,7 @@ from proxy.apis.api03_metadata import TopicsAnswer
 from proxy.apis.api24_add_partitions_to_txn import Key
 from proxy.apis.fetch_split import TieredFetchResult
 from proxy.config.tiering import TieringConfig
+from proxy.handoff.objects import writer_prefix
 from proxy.handoff.writer import S3WalReader, S3WalWriter
 from proxy.lifecycle import start_or_undo
 from proxy.markers.follower import MarkerFollower
@@ -49,6 +50,7 @@ from proxy.objects.store import ObjectStore, ObjectStoreError
 from proxy.partition.owner import TieredPartition
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
+from proxy.partition.referenced import ReferencingLog
 from proxy.partition.rules import ProduceResult
 from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.partition.txn_gate import Verify
@@ -82,6 +84,7 @@ from proxy.upkeep.seals import Seals
 from proxy.upload.plan import ObjectIdAllocator
 from proxy.upload.uploader import Uploader
 from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.s3log import S3WriteAheadLog
 
 log = logging.getLogger("tierproxy.tiering")
@@ -152,6 +155,10 @@ class TieringService:
         self.bandwidth: Bandwidth | None = None
         self.store: ObjectStore | None = None
         self.wal: WriteAheadLog | S3WriteAheadLog | None = None
+        # the WAL as the partitions, the uploader and the reads see it: with the batches
+        # taken by reference (local WAL; partition/referenced.py), else `wal` itself
+        self.log: Log | None = None
+        self.referencing: ReferencingLog | None = None
         self.partitions: PartitionSet | None = None
         self.block_cache: BlockCache | None = None
         self._reads: TieredReads | None = None
@@ -302,11 +309,45 @@ class TieringService:
         """The live members of the fleet but this proxy."""
         return [m.name for m in self.fleet.live() if m.name != self.name]
 
+    @property
+    def takes_references(self) -> bool:
+        """This owner takes batches handed over by location by reference, from their
+        header (docs/wal.md): a local WAL, `owner_takes_references`."""
+        return self.config.owner_takes_references and self.config.wal_mode == "local"
+
+    @property
+    def sends_headers(self) -> bool:
+        """Hand-offs by location carry the batch's header (an owner may take it by
+        reference: its own choice): `owner_takes_references`."""
+        return self.config.owner_takes_references
+
     def peer_protocol(self, member: str) -> int:
         """The peer protocol level of `member`, from its last heartbeat; a member not heard
         from counts as the oldest, so nothing it might refuse is sent to it."""
         heartbeat = self.fleet.heartbeat(member) if member else None
         return OLD_PEER_PROTOCOL if heartbeat is None else heartbeat.peer_protocol
+
+    @property
+    def started_at(self) -> float:
+        """When this proxy started (its heartbeat says it): in its S3-WAL writer id."""
+        return self._host.started_at
+
+    def live_writer_prefixes(self) -> tuple[str, ...]:
+        """How the S3-WAL writer ids of the members alive now begin (objects.writer_prefix):
+        their objects are theirs to delete (the orphan sweep leaves them)."""
+        fleet = self._host.fleet
+        prefixes = []
+        for member in fleet.live():
+            heartbeat = fleet.heartbeat(member.name)
+            if heartbeat is not None:
+                prefixes.append(writer_prefix(member.name, heartbeat.started_at))
+        prefixes.append(writer_prefix(self.name, self.started_at))  # this one, heard or not
+        return tuple(prefixes)
+
+    def heard_protocol(self, member: str) -> int | None:
+        """`member`'s peer protocol level from its last heartbeat; None if not heard from."""
+        heartbeat = self.fleet.heartbeat(member) if member else None
+        return None if heartbeat is None else heartbeat.peer_protocol
 
     async def read_everywhere(self, shard: int, offset: int, timeout_s: float) -> list[str]:
         """Every live member reads `shard` until every record below `offset` is applied

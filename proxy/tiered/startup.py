@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from contextlib import AsyncExitStack
 from typing import Protocol
 
@@ -45,13 +44,14 @@ from proxy.objects.metrics import ObjectStoreMetrics
 from proxy.objects.s3 import S3Store
 from proxy.objects.store import ObjectStore
 from proxy.partition.partition_set import PartitionSet
+from proxy.partition.referenced import ReferencingLog
 from proxy.partition.sequence_holes import SequenceHoles
 from proxy.peer.messages import AdminRequest, FetchRequest
 from proxy.peer.server import PeerServer
 from proxy.reads.blockcache import BlockCache
 from proxy.tiered import shards
 from proxy.tiered.catch_up import CatchUpHost, catch_up_here
-from proxy.tiered.owners import AtOwner
+from proxy.tiered.owners import AtOwner, ToOwner
 from proxy.tiered.reads import ReadsHost, TieredReads
 from proxy.tiered.shard_reads import ShardReadHost, read_here
 from proxy.tiered.shards import ShardsHost
@@ -68,6 +68,7 @@ from proxy.upkeep.retention import Retention
 from proxy.upkeep.trims import trim_stream
 from proxy.upload.plan import ObjectIdAllocator
 from proxy.wal.log import WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.s3log import S3WalConfig, S3WriteAheadLog
 from proxy.wal.s3log_objects import log_prefix
 from proxy.wal.types import WalConfig
@@ -98,9 +99,12 @@ class StartHost(
     cutover: CutoverLoop
     retention: Retention
     at_owner: AtOwner
+    to_owner: ToOwner
     bandwidth: Bandwidth | None
     store: ObjectStore | None
     wal: WriteAheadLog | S3WriteAheadLog | None
+    log: Log | None
+    referencing: ReferencingLog | None
     partitions: PartitionSet | None
     block_cache: BlockCache | None
     reads: TieredReads
@@ -114,6 +118,9 @@ class StartHost(
     orphans: OrphanSweep | None
     markers: MarkerFollower | None
     txn_verifier: TxnVerifier | None
+
+    @property
+    def started_at(self) -> float: ...
 
     def dirty_shards(self) -> list[int]: ...
 
@@ -131,6 +138,9 @@ async def open_store(
         assert settings.s3 is not None
         return await S3Store.open(settings.s3, metrics=ObjectStoreMetrics(registry))
     return LocalDirectoryStore(settings.directory)
+
+
+FETCHED_DIRECTORY = "fetched"  # under wal.directory: the bytes of batches taken by reference
 
 
 async def open_wal(
@@ -153,6 +163,32 @@ async def open_wal(
             capacity_bytes=config.wal_capacity_bytes,
         )
     )
+
+
+async def open_log(
+    config: TieringConfig, wal: WriteAheadLog | S3WriteAheadLog, reader: S3WalReader
+) -> tuple[Log, ReferencingLog | None]:
+    """The WAL as the partitions see it: over the local WAL, the batches taken by
+    reference, their bytes fetched into `wal.directory`/fetched (partition/referenced.py);
+    opened whether or not new ones are taken (`owner_takes_references`), as the WAL may
+    hold references from before. `wal.mode: s3` takes none: the WAL itself."""
+    if config.wal_mode == "s3":
+        return wal, None
+    directory = config.wal_directory / FETCHED_DIRECTORY
+    directory.mkdir(parents=True, exist_ok=True)
+    fetched = await WriteAheadLog.open(
+        WalConfig(
+            str(directory),
+            segment_bytes=config.wal_segment_bytes,
+            capacity_bytes=config.wal_capacity_bytes,
+        )
+    )
+    try:
+        referencing = await ReferencingLog.open(wal, fetched, reader)
+    except BaseException:
+        await fetched.close()
+        raise
+    return referencing, referencing
 
 
 def run_task(stack: AsyncExitStack, coroutine, name: str) -> asyncio.Task[None]:
@@ -193,14 +229,21 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     stack.push_async_callback(store.close)
     wal = service.wal = await open_wal(config, service.name, store)
     stack.push_async_callback(wal.close)
+    service.s3wal_reader = S3WalReader(store)
+    the_log, referencing = await open_log(config, wal, service.s3wal_reader)
+    service.log, service.referencing = the_log, referencing
+    if referencing is not None:
+        stack.push_async_callback(referencing.close)  # before the WAL's own close
     partitions = service.partitions = PartitionSet(
-        wal,
+        the_log,
         on_broken=shards.partition_broken,
         log_cache=service.log_cache,
         holes=service.holes,
         stages=service.stages,
     )
     stack.push_async_callback(partitions.close)
+    if referencing is not None:
+        referencing.on_fetched = partitions.fetched
     for reader in service.readers:  # before the uploader reads the WAL
         if reader.state.owner not in ("", service.name):
             shards.disown(service, reader.state, reader.state.owner)
@@ -214,11 +257,10 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     stack.push_async_callback(cache.close)
     service.reads = TieredReads(service, cache, service.log_cache)
     await _start_peer_listener(service, stack)
-    service.s3wal_reader = S3WalReader(store)
     if config.notify == "s3":
         s3wal = service.s3wal = S3WalWriter(
             store,
-            writer_id_for(service.name, time.time()),
+            writer_id_for(service.name, service.started_at),
             max_delay_s=config.s3wal_max_delay_ms / 1000,
             idle_s=config.s3wal_idle_ms / 1000,
             max_bytes=config.s3wal_max_bytes,
@@ -226,8 +268,9 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
             stages=service.stages,
         )
         stack.push_async_callback(s3wal.close)
+        stack.push_async_callback(service.to_owner.held.close)  # before the writer's close
     uploads = service.uploads = UploadLoop(
-        service, wal, store, service.allocate, stale=partitions.stale
+        service, the_log, store, service.allocate, stale=partitions.stale
     )
     stack.push_async_callback(uploads.close)
     assignment = service.assignment = ShardAssignment(
@@ -277,6 +320,7 @@ async def _start_peer_listener(service: StartHost, stack: AsyncExitStack) -> Non
         on_catch_up=lambda request: catch_up_here(service, request),
         on_producers=service.reads.producers_here,
         on_shard_read=lambda request: read_here(service, request),
+        on_held=service.at_owner.held,
         name=service.name,
     )
     stack.push_async_callback(server.close)

@@ -31,8 +31,7 @@ from proxy.upload.uploader import (
     Uploader,
     UploaderConfig,
 )
-from proxy.wal.log import WriteAheadLog
-from proxy.wal.s3log import S3WriteAheadLog
+from proxy.wal.port import Log
 from proxy.wal.types import WalEntry
 
 log = logging.getLogger("tierproxy.tiering")
@@ -69,7 +68,7 @@ class UploadLoop:
     def __init__(
         self,
         service: UploadsHost,
-        wal: WriteAheadLog | S3WriteAheadLog,
+        wal: Log,
         store: ObjectStore,
         allocate: ObjectIdAllocator,
         stale: Stale | None = None,

@@ -35,6 +35,9 @@ from proxy.objects.store import ObjectInfo
 # between the writer and the store, which stamps LastModified.
 COMMIT_FRACTION = 0.5
 _WAL_PREFIX = KEY_ROOT + "/"
+# An S3-WAL object of a writer still running is left to it this long (its releases: an
+# owner's reference to a batch in it, fetched in ms normally, kept through owner outages)
+LIVE_WRITER_RETENTION_S = 7 * 86400.0
 
 
 def commit_age_limit(grace_s: float) -> float:
@@ -82,10 +85,13 @@ def plan_sweep(
     named: Callable[[int], bool],
     listed_at: float,
     limits: SweepLimits,
+    live_writer: Callable[[str], bool] | None = None,
 ) -> SweepPlan:
     """Sort a listing taken from `listed_at` (seconds since the epoch, taken before the
     listing started, so every age is counted short) into what to delete and what stays.
-    `named(object_id)`: whether some shard's metadata names the object."""
+    `named(object_id)`: whether some shard's metadata names the object. `live_writer(id)`:
+    whether an S3-WAL writer still runs; its objects are its own to delete (an owner may
+    hold a batch of one by reference, docs/wal.md) until LIVE_WRITER_RETENTION_S."""
     orphans: list[ObjectInfo] = []
     offload: list[ObjectInfo] = []
     s3wal: list[ObjectInfo] = []
@@ -97,11 +103,13 @@ def plan_sweep(
         age = listed_at - info.last_modified
         if info.key.startswith(_WAL_PREFIX):
             try:
-                parse_wal_object_key(info.key)
+                writer, _ = parse_wal_object_key(info.key)
             except ValueError:
                 foreign += 1
                 continue
-            if age >= limits.s3wal_retention_s:
+            if live_writer is not None and age < LIVE_WRITER_RETENTION_S and live_writer(writer):
+                young += 1
+            elif age >= limits.s3wal_retention_s:
                 s3wal.append(info)
             else:
                 young += 1

@@ -84,6 +84,7 @@ class OrphanSweep:
         interval_s: float,
         metrics: SweepMetrics | None = None,
         wall_clock: Callable[[], float] = time.time,
+        live_writers: Callable[[], Sequence[str]] = tuple,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"tiering.orphan_sweep_interval_s: {interval_s!r} is not positive")
@@ -92,6 +93,8 @@ class OrphanSweep:
         self._store, self._shard_count = store, shard_count
         self._state_of, self._read_to_end = state_of, read_to_end
         self._is_sweeper, self._wall_clock = is_sweeper, wall_clock
+        # the writer-id prefixes of the S3-WAL writers running now (objects.writer_prefix)
+        self._live_writers = live_writers
 
     @classmethod
     def for_service(cls, service: UpkeepHost) -> OrphanSweep:
@@ -109,6 +112,7 @@ class OrphanSweep:
             ),
             interval_s=config.orphan_sweep_interval_s,
             metrics=SweepMetrics(service.registry),
+            live_writers=service.live_writer_prefixes,
         )
 
     async def run(self) -> None:
@@ -141,7 +145,12 @@ class OrphanSweep:
         def named(object_id: int) -> bool:
             return any(state.object_commit(object_id) is not None for state in states)
 
-        plan = plan_sweep(listed, named, listed_at, self.limits)
+        prefixes = tuple(self._live_writers())
+
+        def live_writer(writer_id: str) -> bool:
+            return writer_id.startswith(prefixes)
+
+        plan = plan_sweep(listed, named, listed_at, self.limits, live_writer)
         offload = [info for info in plan.offload_orphans if await self._unchanged(info)]
         deleted: list[str] = []
         for kind, infos in (("stream", plan.orphans), ("offload", offload), ("s3wal", plan.s3wal)):

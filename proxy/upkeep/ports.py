@@ -57,6 +57,10 @@ class Shards(Protocol):
 class UpkeepHost(Shards, Protocol):
     """The background passes over the object store (compactor.py, orphan_sweep.py)."""
 
+    def live_writer_prefixes(self) -> tuple[str, ...]:
+        """How the S3-WAL writer ids of the members alive now begin (objects.writer_prefix)."""
+        ...
+
     @property
     def store(self) -> ObjectStore | None: ...
 

@@ -281,7 +281,8 @@ class Uploader:
                 break
             entries.extend(got)
             offset = got[-1].position.end
-            size += sum(entry.position.size for entry in got)
+            size += sum(max(entry.position.size, len(entry.batch)) for entry in got)  # a
+            # reference entry read through partition/referenced.py counts its batch's bytes
         return entries
 
     def _committed_ends(self, entries: list[WalEntry]) -> dict[int, int | None]:

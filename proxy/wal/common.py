@@ -82,17 +82,22 @@ class LogState:
 
 
 def entry_header(
-    stream_id: int, base_offset: int, batch: Buffer, capacity_bytes: int
+    stream_id: int,
+    base_offset: int,
+    batch: Buffer,
+    capacity_bytes: int,
+    reference: Buffer | None = None,
 ) -> tuple[bytes, int]:
-    """The header framing `batch` and the entry's size in the log; ValueError for an entry
-    that could never fit the log's capacity (waiting for room would wait forever)."""
-    size = entry_size(len(batch))
+    """The header framing `batch` (with `reference`, a version-2 entry's, the reference
+    in it) and the entry's size in the log; ValueError for an entry that could never fit
+    the log's capacity (waiting for room would wait forever)."""
+    size = entry_size(len(batch), None if reference is None else len(reference))
     if size > capacity_bytes:
         raise ValueError(
             f"a WAL entry of {size} bytes can never fit the WAL's capacity of "
             f"{capacity_bytes} bytes (capacity_bytes)"
         )
-    return encode_header(stream_id, base_offset, batch), size
+    return encode_header(stream_id, base_offset, batch, reference), size
 
 
 def check_trim(offset: int, durable_end: int) -> None:

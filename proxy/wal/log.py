@@ -166,20 +166,27 @@ class WriteAheadLog(LogState):
     def segments(self) -> tuple[Segment, ...]:
         return self._segments
 
-    async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition:
+    async def append(
+        self, stream_id: int, base_offset: int, batch: Buffer, reference: Buffer | None = None
+    ) -> WalPosition:
         """Write one record batch; return where it is once it is durable. Waits while the
         WAL is full. `batch` must not change until this returns. If the caller stops
-        waiting (cancel), the entry may or may not end up in the WAL."""
-        return await self.submit(stream_id, base_offset, batch)
+        waiting (cancel), the entry may or may not end up in the WAL. With `reference`
+        (at most 65535 bytes, opaque here) the entry is a version-2 one that `read` and
+        `replay` give back with it (docs/wal.md, "Entry format")."""
+        return await self.submit(stream_id, base_offset, batch, reference)
 
     def submit(
-        self, stream_id: int, base_offset: int, batch: Buffer
+        self, stream_id: int, base_offset: int, batch: Buffer, reference: Buffer | None = None
     ) -> asyncio.Future[WalPosition]:
         """`append` without a coroutine: the write is queued now, behind every write
         queued before it, and the future is its answer (the owner's hot path: no task per
-        append). Raises at once what `append` would (closed, broken, too large)."""
+        append). Raises at once what `append` would (closed, broken, too large). The
+        reference is copied into the entry's header now; the batch is not."""
         self._check_open()
-        header, size = entry_header(stream_id, base_offset, batch, self._config.capacity_bytes)
+        header, size = entry_header(
+            stream_id, base_offset, batch, self._config.capacity_bytes, reference
+        )
         future: asyncio.Future[WalPosition] = self._loop.create_future()
         self._inbox.put_nowait(_Append(header, batch, size, future))
         return future

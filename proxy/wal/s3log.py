@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from proxy.objects.store import ObjectExists, ObjectStore, ObjectStoreError
 from proxy.wal.common import LogState, check_read, check_trim, entry_header
+from proxy.wal.entry import header_reference
 from proxy.wal.fs import Buffer
 from proxy.wal.s3log_objects import decode_object, object_key, plan_recovery
 from proxy.wal.segments import Segment
@@ -189,18 +190,23 @@ class S3WriteAheadLog(LogState):
         """The objects not yet deleted, in order (the local WAL's segments)."""
         return tuple(self._objects)
 
-    async def append(self, stream_id: int, base_offset: int, batch: Buffer) -> WalPosition:
+    async def append(
+        self, stream_id: int, base_offset: int, batch: Buffer, reference: Buffer | None = None
+    ) -> WalPosition:
         """Write one record batch; return where it is once its object is PUT. Waits while
-        the WAL is full. `batch` must not change until this returns."""
-        return await self.submit(stream_id, base_offset, batch)
+        the WAL is full. `batch` must not change until this returns. With `reference`, a
+        version-2 entry, given back with it by `read` and `replay`."""
+        return await self.submit(stream_id, base_offset, batch, reference)
 
     def submit(
-        self, stream_id: int, base_offset: int, batch: Buffer
+        self, stream_id: int, base_offset: int, batch: Buffer, reference: Buffer | None = None
     ) -> asyncio.Future[WalPosition]:
         """`append` without a coroutine: queued now, behind every write queued before it;
         the future is its answer. Raises at once what `append` would."""
         self._check_open()
-        header, size = entry_header(stream_id, base_offset, batch, self._config.capacity_bytes)
+        header, size = entry_header(
+            stream_id, base_offset, batch, self._config.capacity_bytes, reference
+        )
         future: asyncio.Future[WalPosition] = self._loop.create_future()
         self._pending.append(_Append(header, batch, stream_id, base_offset, size, future))
         self._wakeup.set()
@@ -375,6 +381,8 @@ class S3WriteAheadLog(LogState):
                 item.stream_id,
                 item.base_offset,
                 memoryview(item.batch).cast("B"),
+                # the header's copy, not the caller's buffer, as a replay would read it
+                header_reference(item.header),
             )
             self._entries.append(entry)
             self._starts.append(position)

@@ -131,6 +131,7 @@ def decode_object(obj: Segment, data: bytes | memoryview) -> list[WalEntry]:
             e.stream_id,
             e.base_offset,
             e.batch,
+            e.reference,
         )
         for e in decoded
     ]

@@ -107,6 +107,7 @@ def read_segment(
             stream_id=entry.stream_id,
             base_offset=entry.base_offset,
             batch=entry.batch,
+            reference=entry.reference,
         )
         for entry in entries
     ]

@@ -29,12 +29,16 @@ class WalPosition:
 @dataclass(frozen=True, slots=True)
 class WalEntry:
     """One entry read back: what `append` was given, and where it was put.
-    `batch` is a slice of the buffer the entry was read in, not a copy."""
+    `batch` is a slice of the buffer the entry was read in, not a copy. `reference` is
+    the opaque reference an append with one wrote (a version-2 entry: where the batch's
+    whole bytes are, docs/wal.md), None for an ordinary entry; its bytes count in
+    `position.size`."""
 
     position: WalPosition
     stream_id: int
     base_offset: int
     batch: memoryview
+    reference: memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -599,7 +599,7 @@ async def test_a_rebuild_loads_the_tail_not_uploaded_into_the_log_cache_or_notes
             noted = [cache.wal_position(S0, base) for base in range(CUTOVER, high, RECORDS)]
             in_wal = [p is not None for p in noted]
             assert in_wal == [False] * 4 + [True] * (len(tail) - fits) + [False] * fits
-            reads = TieredReads(SimpleNamespace(wal=wal), None, cache)
+            reads = TieredReads(SimpleNamespace(log=wal, partitions=None), None, cache)
             for offset in range(end, high):
                 batches = await reads._tail(S0, offset, 1)  # noqa: SLF001
                 base = offset - (offset - CUTOVER) % RECORDS

@@ -65,6 +65,7 @@ class Sender:
         self.s3wal = None
         self.stages = SimpleNamespace(since=lambda *_: None)
         self.owner = A
+        self.sends_headers = False
 
     def state(self, stream: int):
         return SimpleNamespace(owner="member")
@@ -225,6 +226,8 @@ async def test_the_owner_records_a_batch_it_refuses_for_want_of_its_topic_config
         partitions = object()
         s3wal_reader = object()
         stages = SimpleNamespace(since=lambda *_: None)
+        referencing = None
+        takes_references = False
 
         def state(self, stream: int):
             return SimpleNamespace(stream=lambda s: SimpleNamespace(topic_id="topic"))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, parse_config
-from proxy.handoff.objects import wal_object_key
+from proxy.handoff.objects import wal_object_key, writer_id_for, writer_prefix
 from proxy.metadata.streams import OFFLOAD_ID_BIT
 from proxy.objects.keys import ObjectKind, object_key
 from proxy.objects.store import ObjectInfo
 from proxy.upkeep.orphan_plan import (
+    LIVE_WRITER_RETENTION_S,
     SweepLimits,
     commit_age_limit,
     plan_sweep,
@@ -58,6 +59,22 @@ def test_s3wal_objects_go_after_their_retention():
     young = info(wal_object_key("proxy-a-1", 8), 49.0)
     result = plan(old, young)
     assert result.s3wal == (old,) and result.young == 1
+
+
+def test_a_live_writers_s3wal_objects_are_left_to_it_for_days():
+    """An owner may hold a batch of one by reference (docs/wal.md) while it is down: the
+    writer, alive, deletes the object once released; only past LIVE_WRITER_RETENTION_S
+    does the sweep take it (a writer that lost count of it)."""
+    live = writer_id_for("proxy-a", 1_000.0)
+    assert live.startswith(writer_prefix("proxy-a", 1_000.0))
+    kept = info(wal_object_key(live, 7), 5000.0)
+    very_old = info(wal_object_key(live, 8), LIVE_WRITER_RETENTION_S)
+    dead = info(wal_object_key(writer_id_for("proxy-a", 2_000.0), 9), 50.0)  # restarted
+    prefixes = (writer_prefix("proxy-a", 1_000.0),)
+    result = plan_sweep(
+        (kept, very_old, dead), NAMED.__contains__, NOW, LIMITS, lambda w: w.startswith(prefixes)
+    )
+    assert result.s3wal == (very_old, dead) and result.young == 1
 
 
 @pytest.mark.parametrize(

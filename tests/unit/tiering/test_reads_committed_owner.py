@@ -28,11 +28,13 @@ def owner_with(*batches: bytes, last_stable: int | None = None):
         cache.append(STREAM, head.base_offset, head.last_offset, placed)
         offset = head.next_offset
     stable = offset if last_stable is None else last_stable
-    owned = SimpleNamespace(high_watermark=offset, log_start_offset=0, last_stable_offset=stable)
+    owned = SimpleNamespace(
+        high_watermark=offset, log_start_offset=0, last_stable_offset=stable, unfilled_from=None
+    )
     reads = reads_of(migrated(), {STREAM: owned})
     reads.log_cache = cache
     reads.service.bandwidth = None
-    reads.service.wal = None
+    reads.service.log = None
     return reads, owned
 
 

@@ -102,7 +102,7 @@ def test_length_too_small_for_a_header_is_corrupt():
 
 
 def test_unknown_version_with_a_good_crc_is_reported_as_such():
-    body = bytes([VERSION + 1]) + bytes(16) + b"from the future"
+    body = bytes([VERSION + 2]) + bytes(16) + b"from the future"  # 2 has a reference
     newer = struct.pack(">II", len(body), crc32c(body)) + body
     buf = encode_entry(1, 0, b"ok") + newer
     entries, valid = read_entries(buf)

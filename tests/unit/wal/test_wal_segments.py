@@ -109,7 +109,7 @@ def test_a_gap_between_segments_is_refused(fs):
 
 
 def test_entries_of_a_newer_format_are_not_cut(fs):
-    body = bytes([VERSION + 1]) + bytes(20)
+    body = bytes([VERSION + 2]) + bytes(20)  # version 2 is read (a reference entry)
     newer = struct.pack(">II", len(body), crc32c(body)) + body
     write_segment(fs, 0, entries(b"a") + newer)
     with pytest.raises(WalCorruptError, match="newer"):
