@@ -94,7 +94,7 @@ GET_APIS = {"GetObject", "HeadObject"}
 # an owner's answer to a peer append with no error message: counts the batches handed over
 ANSWER_BYTES = frame_size(AppendResponse(0, 0))
 UPLOAD_SETTINGS = ("upload_bytes", "upload_interval_s", "s3wal_max_delay_ms", "s3wal_max_bytes")
-UPLOAD_SETTINGS += ("s3wal_idle_ms",)
+UPLOAD_SETTINGS += ("s3wal_idle_ms", "owner_takes_references")
 IO = ("received", "sent")
 # PUTs by what made them, as the proxies count them (summed over the fleet): listing the
 # bucket cannot say, since the owner deletes S3-WAL objects once uploaded and compaction
@@ -645,7 +645,7 @@ def render(run: dict, summary: dict, args) -> str:
         "acks=all, idempotence on, client defaults otherwise"
         + (f" but {args.client_config}" if args.client_config else ""),
         "- tiering: "
-        + ", ".join(f"{key} {getattr(args, key):,}" for key in UPLOAD_SETTINGS)
+        + ", ".join(f"{key} {_setting(getattr(args, key))}" for key in UPLOAD_SETTINGS)
         + f"; object store sign_payload {getattr(args, 'sign_payload', 'auto')}",
         f"- total runtime {run['runtime_s']:.0f} s",
         "",
@@ -760,7 +760,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--client-config", action="append", default=[], metavar="KEY=VALUE", help=more)
     for key in UPLOAD_SETTINGS:  # the proxies' tiering settings, their defaults by default
         default = getattr(TieringConfig(), key)
-        add(f"--{key.replace('_', '-')}", type=type(default), default=default)
+        kind = _yes if isinstance(default, bool) else type(default)
+        add(f"--{key.replace('_', '-')}", type=kind, default=default)
     more = "the object store's sign_payload (auto: over http, which MinIO here is)"
     add("--sign-payload", choices=("auto", "true", "false"), default="auto", help=more)
     add("--json", type=Path, help="also write every phase's figures here")
@@ -799,6 +800,17 @@ def start_fleet(
     stack.callback(fleet.stop)
     fleet.start()
     return kafka, minio, cluster, fleet
+
+
+def _setting(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else f"{value:,}"
+
+
+def _yes(value: str) -> bool:
+    """A boolean setting's value: true/false (argparse's bool() takes any word as true)."""
+    if value.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{value!r}: true or false")
+    return value.lower() == "true"
 
 
 def main(argv: list[str] | None = None) -> int:

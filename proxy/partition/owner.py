@@ -584,6 +584,8 @@ class TieredPartition:
         )
         result = not_owner(self.stream_id)
         for item in reversed(withdrawn):
+            if item.reference is not None:
+                self._early.pop(item.reference, None)
             self._dropped(item.pending.records, item.reference is not None)
             _answer_all(item, result, written=False)
 

@@ -83,6 +83,9 @@ class _Ref:
     ready: asyncio.Future[memoryview] | None = None
     task: asyncio.Task[None] | None = None  # the fetch under way
     durable: bool = False  # the fetched log holds the bytes
+    # while its bytes are being written to the fetched log: where they will be at the
+    # earliest (the fetched log's durable end when submitted), so no trim passes them
+    fetched_floor: int | None = None
     local: bool = False  # submitted by this process (its partition waits for the bytes)
 
 
@@ -102,6 +105,9 @@ class ReferencingLog:
     ) -> None:
         self._wal, self._fetched, self._reader = wal, fetched, reader
         self.on_fetched = on_fetched
+        # entries no reader uses (a disowned stream's: PartitionSet.stale): read as they
+        # are, their bytes not fetched
+        self.skip: Callable[[WalEntry], bool] | None = None
         # the bytes of the references not trimmed yet: new batches are taken by reference
         # while they stay below `room_bytes` (`has_room`; else by bytes, which the WAL's
         # capacity holds back)
@@ -271,7 +277,7 @@ class ReferencingLog:
                 batch_size = validate_header(entry.batch).size
             if found and size + batch_size > max_bytes:
                 break
-            if entry.reference is not None:
+            if entry.reference is not None and not (self.skip is not None and self.skip(entry)):
                 entry = await self._resolve(entry)
             found.append(entry)
             size += batch_size
@@ -325,9 +331,25 @@ class ReferencingLog:
         if ref.task is None:
             task = asyncio.get_running_loop().create_task(self._fetch_bytes(ref, ready))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda done: self._fetch_ended(ref, ready, done))
             ref.task = task
         return ready
+
+    def _fetch_ended(
+        self, ref: _Ref, ready: asyncio.Future[memoryview], task: asyncio.Task[None]
+    ) -> None:
+        """Whatever ended the fetch (even a cancel before its first step), its readers
+        are answered: trimmed meanwhile, as a read below the trim point; else why."""
+        self._tasks.discard(task)
+        if ref.task is task:
+            ref.task = None
+        if not task.cancelled():
+            task.exception()  # retrieved (its readers have it through `ready`)
+        if not ready.done():
+            if ref.reference not in self._refs:
+                ready.set_exception(WalOffsetOutOfRange(f"stream {ref.stream}: trimmed"))
+            else:
+                ready.set_exception(ReferenceError(f"stream {ref.stream}: its fetch stopped"))
 
     async def _fetch_bytes(self, ref: _Ref, ready: asyncio.Future[memoryview]) -> None:
         """GET the bytes (again after a failure, backing off), check them against the
@@ -346,6 +368,7 @@ class ReferencingLog:
                     self.on_fetched(ref.stream, ref.reference, data)
                 except Exception:  # the log cache's; the fetch goes on
                     log.exception("stream %d: the fetched batch not taken", ref.stream)
+            ref.fetched_floor = self._fetched.durable_end
             try:
                 position = await self._fetched.submit(
                     ref.stream, ref.base_offset, data, ref.reference
@@ -353,6 +376,8 @@ class ReferencingLog:
             except Exception as exc:  # the fetched log broken: its object stays held
                 log.error("stream %d: the fetched log failed: %r", ref.stream, exc)
                 return
+            finally:
+                ref.fetched_floor = None
             if ref.reference in self._refs:
                 self._fetched_at[ref.reference] = position
                 ref.durable = True
@@ -361,12 +386,6 @@ class ReferencingLog:
         except ReferenceError as exc:
             if not ready.done():
                 ready.set_exception(exc)
-        except BaseException as exc:  # cancelled: trimmed, withdrawn, or closing
-            if not ready.done():
-                ready.set_exception(ReferenceError(f"stream {ref.stream}: fetch stopped: {exc!r}"))
-            raise
-        finally:
-            ref.task = None
 
     async def _get(self, ref: _Ref) -> memoryview:
         delay = RETRY_FIRST_S
@@ -405,8 +424,11 @@ class ReferencingLog:
             self._forget(key)
         if trimmed:
             self._signal()
-        needed = [self._fetched_at[key] for key in self._refs if key in self._fetched_at]
-        point = min((p.start for p in needed), default=self._fetched.durable_end)
+        # not past the bytes of a reference still needed: written (`_fetched_at`), or being
+        # written (durable maybe, not noted yet: their floor)
+        needed = [self._fetched_at[key].start for key in self._refs if key in self._fetched_at]
+        needed += [r.fetched_floor for r in self._refs.values() if r.fetched_floor is not None]
+        point = min(needed, default=self._fetched.durable_end)
         for key in [k for k, p in self._fetched_at.items() if p.end <= point]:
             del self._fetched_at[key]
         if point > self._fetched.trimmed_to:

@@ -220,7 +220,8 @@ class ToOwner:
         address = service.owner_address(stream)
         if address is None:
             return not_owner(f"{topic.name}-{partition}: no live owner right now")
-        protocol = service.peer_protocol(service.state(stream).owner)
+        owner = service.state(stream).owner  # with `address`: whom the hand-off goes to
+        protocol = service.peer_protocol(owner)
         # A stream's batches reach the owner in the order they came (producer sequence
         # numbers): each call is made after the previous one's, which PeerClients writes
         # first, whichever S3-WAL PUT ends first.
@@ -264,7 +265,6 @@ class ToOwner:
             if location is not None and s3wal is not None:
                 release = functools.partial(_release_location, s3wal, location, acks)
                 if header is not None:
-                    owner = service.state(stream).owner
                     held = functools.partial(self.held.add, address, owner, location)
             self._handed(stream, address, batch, call, release, held)  # the next one sees it
             await asyncio.sleep(0)  # its first step queues the request, before the next's

@@ -274,7 +274,11 @@ class TieredReads:
         if where is None or wal is None:
             return records
         try:
-            entries = await wal.read(where.start, max(max_bytes, 1))
+            async with asyncio.timeout(FILL_WAIT_MS / 1000):  # its bytes fetched, maybe
+                entries = await wal.read(where.start, max(max_bytes, 1))
+        except TimeoutError:
+            log.debug("stream %d at offset %d: the WAL's bytes not fetched in time", stream, offset)
+            return ()
         except WalError as exc:
             log.debug("stream %d at offset %d from the WAL: %r", stream, offset, exc)
             return ()

@@ -183,8 +183,9 @@ async def open_log(
             capacity_bytes=config.wal_capacity_bytes,
         )
     )
-    try:
-        referencing = await ReferencingLog.open(wal, fetched, reader)
+    try:  # new batches by reference while their bytes stay below half the WAL's capacity
+        room = config.wal_capacity_bytes // 2
+        referencing = await ReferencingLog.open(wal, fetched, reader, room_bytes=room)
     except BaseException:
         await fetched.close()
         raise
@@ -244,6 +245,7 @@ async def start_parts(service: StartHost, stack: AsyncExitStack) -> None:
     stack.push_async_callback(partitions.close)
     if referencing is not None:
         referencing.on_fetched = partitions.fetched
+        referencing.skip = partitions.stale  # a disowned stream's entries: never fetched
     for reader in service.readers:  # before the uploader reads the WAL
         if reader.state.owner not in ("", service.name):
             shards.disown(service, reader.state, reader.state.owner)
