@@ -60,6 +60,10 @@ OnFetched = Callable[[int, bytes, memoryview], None]  # stream, reference, batch
 # A location a sender was told is released while unknown here is never taken by reference
 # for this long after (far above a hand-off's time on the way: its request's timeout)
 DISCLAIMED_S = 3600.0
+# at most this many remembered (~200 bytes each); past it they are forgotten at once and no
+# batch is taken by reference for DISCLAIMED_S (by bytes, whose GET finds a deleted object
+# missing and answers an error, the way every hand-off went before references)
+MAX_DISCLAIMED = 100_000
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 5.0
 
@@ -122,6 +126,7 @@ class ReferencingLog:
         # were released while unknown here, with when (`disclaimed`)
         self._expected: dict[bytes, int] = {}
         self._disclaimed: dict[bytes, float] = {}
+        self._by_bytes_until = 0.0  # loop time: `MAX_DISCLAIMED` was passed, references off
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -156,7 +161,10 @@ class ReferencingLog:
         return self
 
     def has_room(self) -> bool:
-        """Whether a new batch may be taken by reference (`room_bytes`)."""
+        """Whether a new batch may be taken by reference (`room_bytes`; not while the
+        disclaimed locations overflowed: `MAX_DISCLAIMED`)."""
+        if self._by_bytes_until and asyncio.get_running_loop().time() < self._by_bytes_until:
+            return False
         return self.referenced_bytes < self.room_bytes
 
     # -- what the partitions write ---------------------------------------------------------
@@ -229,6 +237,15 @@ class ReferencingLog:
             return False
         ref = self._refs.get(key)
         if ref is None:
+            if key not in self._disclaimed and len(self._disclaimed) >= MAX_DISCLAIMED:
+                log.warning(
+                    "%d locations released while unknown here within %.0f s: forgotten, and "
+                    "no batch taken by reference for as long",
+                    len(self._disclaimed),
+                    DISCLAIMED_S,
+                )
+                self._disclaimed.clear()
+                self._by_bytes_until = now + DISCLAIMED_S
             self._disclaimed.setdefault(key, now)
             return True
         return ref.durable

@@ -406,15 +406,21 @@ def _append_request(cur: _Cursor, cid: int) -> AppendRequest:
     )
 
 
+def _flag(cur: _Cursor, value: int, what: str) -> bool:
+    """An optional trailing flags byte: absent (an older peer) is False, `value` is True,
+    any other byte is refused (a flag this side does not know)."""
+    if cur.pos >= cur.end:
+        return False
+    (flags,) = cur.fixed(_FLAGS, what)
+    if flags != value:
+        raise PeerProtocolError(f"{what} {flags:#04x}")
+    return True
+
+
 def _append_response(cur: _Cursor, cid: int) -> AppendResponse:
     error_code, base_offset, append_time, log_start = cur.fixed(_RESULT, "append response")
     message = cur.nullable_string("error message")
-    referenced = False
-    if cur.pos < cur.end:
-        (flags,) = cur.fixed(_FLAGS, "append response flags")
-        if flags != _REFERENCED:
-            raise PeerProtocolError(f"append response flags {flags:#04x}")
-        referenced = True
+    referenced = _flag(cur, _REFERENCED, "append response flags")
     fields = (base_offset, append_time, log_start, message, referenced)
     return AppendResponse(cid, error_code, *fields)
 
@@ -435,12 +441,7 @@ def _admin_response(cur: _Cursor, cid: int) -> AdminResponse:
 
 def _fetch_request(cur: _Cursor, cid: int) -> FetchRequest:
     stream_id, offset, max_bytes, max_wait_ms = cur.fixed(_FETCH, "fetch request")
-    stable = False
-    if cur.pos < cur.end:
-        (flags,) = cur.fixed(_FLAGS, "fetch request flags")
-        if flags != _STABLE:
-            raise PeerProtocolError(f"fetch request flags {flags:#04x}")
-        stable = True
+    stable = _flag(cur, _STABLE, "fetch request flags")
     return FetchRequest(cid, stream_id, offset, max_bytes, max_wait_ms, stable)
 
 

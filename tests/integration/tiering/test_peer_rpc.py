@@ -33,6 +33,7 @@ from proxy.peer.codec import encode_frame
 from proxy.peer.messages import AdminRequest, AppendRequest, FetchRequest, FetchResponse
 from proxy.peer.server import PeerServer
 from proxy.reads.logcache import LogCache
+from tests.support.peers import peer_clients, peer_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,17 +113,14 @@ async def owner():
 
 @pytest.fixture
 async def server(owner):
-    server = PeerServer("127.0.0.1", 0, owner.on_append, owner.on_admin)
-    await server.start()
-    yield server
-    await server.close()
+    async with peer_server(owner.on_append, owner.on_admin) as server:
+        yield server
 
 
 @pytest.fixture
 async def clients():
-    clients = PeerClients(connect_timeout_s=2.0)
-    yield clients
-    await clients.close()
+    async with peer_clients() as clients:
+        yield clients
 
 
 async def test_200_concurrent_appends_get_their_own_results_answered_out_of_order(

@@ -8,6 +8,7 @@ a trim that forgets both.
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 from uuid import UUID
 
@@ -22,6 +23,7 @@ from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectStore
+from proxy.partition import referenced
 from proxy.partition.owner import PartitionConfig
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.referenced import ReferenceError, ReferencingLog
@@ -217,6 +219,30 @@ async def test_a_location_told_released_while_unknown_is_never_taken_by_referenc
     location = await writer.append(S0, batch(7, 0))
     assert await log.held([location], 0) == (0,)
     assert not log.expect(encode_location(location))
+    await log.close()
+
+
+async def test_past_max_disclaimed_they_are_forgotten_and_no_batch_is_taken_by_reference(
+    tmp_path, writer, monkeypatch, caplog
+):
+    """The disclaimed locations are bounded: past the bound they are forgotten, and since a
+    forgotten one could come back, every batch goes by bytes (whose GET finds a deleted
+    object missing) for as long as one was to be remembered."""
+    monkeypatch.setattr(referenced, "MAX_DISCLAIMED", 2)
+    log = await open_log(tmp_path, writer.store)
+    locations = [await writer.append(S0, batch(7, seq)) for seq in range(3)]
+    assert await log.held(locations[:2], 0) == (0, 1)
+    assert log.has_room()
+    assert [log.expect(encode_location(at)) for at in locations[:2]] == [False, False]
+    with caplog.at_level(logging.WARNING, logger=referenced.__name__):
+        assert await log.held(locations[2:], 0) == (0,)
+    assert "no batch taken by reference" in caplog.text
+    assert not log.has_room()
+    # the first two are forgotten (noted as being handled, by bytes); the third still known
+    assert [log.expect(encode_location(at)) for at in locations] == [True, True, False]
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(log, "_by_bytes_until", loop.time() - 1)  # the hour passed
+    assert log.has_room()
     await log.close()
 
 

@@ -19,6 +19,7 @@ from proxy.peer.clients import PeerClients, PeerRefused
 from proxy.peer.codec import CONFIGS_PROTOCOL, REFERENCE_PROTOCOL
 from proxy.peer.messages import AdminRequest, AppendRequest, HeldRequest
 from proxy.peer.server import PeerServer
+from tests.support.peers import peer_clients, peer_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,19 +67,16 @@ async def owner():
 
 @pytest.fixture
 async def server(owner):
-    server = PeerServer(
-        "127.0.0.1", 0, owner.on_append, owner.on_admin, on_held=owner.on_held, name="owner"
-    )
-    await server.start()
-    yield server
-    await server.close()
+    async with peer_server(
+        owner.on_append, owner.on_admin, on_held=owner.on_held, name="owner"
+    ) as server:
+        yield server
 
 
 @pytest.fixture
 async def clients():
-    clients = PeerClients(connect_timeout_s=2.0)
-    yield clients
-    await clients.close()
+    async with peer_clients() as clients:
+        yield clients
 
 
 async def test_an_append_with_its_header_is_answered_referenced(owner, server, clients):
