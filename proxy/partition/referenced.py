@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -126,7 +127,11 @@ class ReferencingLog:
         # were released while unknown here, with when (`disclaimed`)
         self._expected: dict[bytes, int] = {}
         self._disclaimed: dict[bytes, float] = {}
-        self._by_bytes_until = 0.0  # loop time: `MAX_DISCLAIMED` was passed, references off
+        self._by_bytes_until = 0.0  # time.monotonic(): `MAX_DISCLAIMED` passed, references off
+        # for /metrics (plain ints, read from its thread): fetches that failed and were
+        # tried again, and batches whose bytes can never be had (ReferenceError)
+        self.fetch_retries = 0
+        self.unreadable = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -163,9 +168,13 @@ class ReferencingLog:
     def has_room(self) -> bool:
         """Whether a new batch may be taken by reference (`room_bytes`; not while the
         disclaimed locations overflowed: `MAX_DISCLAIMED`)."""
-        if self._by_bytes_until and asyncio.get_running_loop().time() < self._by_bytes_until:
-            return False
-        return self.referenced_bytes < self.room_bytes
+        return self.referenced_bytes < self.room_bytes and not self.references_off
+
+    @property
+    def references_off(self) -> bool:
+        """No batch is taken by reference now: `MAX_DISCLAIMED` was passed within the
+        last DISCLAIMED_S."""
+        return bool(self._by_bytes_until) and time.monotonic() < self._by_bytes_until
 
     # -- what the partitions write ---------------------------------------------------------
 
@@ -245,7 +254,7 @@ class ReferencingLog:
                     DISCLAIMED_S,
                 )
                 self._disclaimed.clear()
-                self._by_bytes_until = now + DISCLAIMED_S
+                self._by_bytes_until = time.monotonic() + DISCLAIMED_S
             self._disclaimed.setdefault(key, now)
             return True
         return ref.durable
@@ -410,12 +419,14 @@ class ReferencingLog:
             try:
                 found = await self._reader.read(ref.location)
             except (ObjectNotFound, S3WalCorruptError) as exc:  # nothing brings it back
+                self.unreadable += 1
                 log.error(
                     "stream %d: the batch at offset %d, taken by reference, cannot be read: %r",
                     *(ref.stream, ref.base_offset, exc),
                 )
                 raise ReferenceError(f"stream {ref.stream} at {ref.base_offset}: {exc}") from exc
             except Exception as exc:  # the store away: the object is held for us
+                self.fetch_retries += 1
                 log.warning(
                     "stream %d: fetching the batch at offset %d taken by reference: %r; "
                     "again in %.1f s",
@@ -493,6 +504,16 @@ class ReferencingLog:
     def references(self) -> int:
         """Reference entries not trimmed yet."""
         return len(self._refs)
+
+    @property
+    def fetched_bytes(self) -> int:
+        """Bytes the fetched log holds (not trimmed yet)."""
+        return self._fetched.stats.retained_bytes
+
+    @property
+    def disclaimed(self) -> int:
+        """Locations a sender was told were released while unknown here, remembered."""
+        return len(self._disclaimed)
 
     def next_full(self) -> asyncio.Future[None]:
         return self._wal.next_full()

@@ -130,6 +130,38 @@ class _Collector:
                 ("s3wal_reader_bytes", "S3-WAL object bytes GET", reader.bytes_fetched),
             ):  # fmt: skip
                 yield CounterMetricFamily(f"tierproxy_{name}", documentation, value=value)
+        referencing = service.referencing
+        if referencing is not None:  # the owner's batches taken by reference (docs/wal.md)
+            for family, name, documentation, value in (
+                (GaugeMetricFamily, "references",
+                 "Batches taken by reference whose reference entry is not trimmed yet",
+                 referencing.references),
+                (GaugeMetricFamily, "referenced_bytes",
+                 "Their batches' bytes (new batches go by bytes past half the WAL's "
+                 "capacity)", referencing.referenced_bytes),
+                (GaugeMetricFamily, "fetched_log_bytes",
+                 "Bytes of those batches fetched and held in the fetched log",
+                 referencing.fetched_bytes),
+                (GaugeMetricFamily, "references_disclaimed",
+                 "Locations a sender was told were released while unknown here, remembered "
+                 "so that they are never taken by reference", referencing.disclaimed),
+                (GaugeMetricFamily, "references_off",
+                 "1 while no batch is taken by reference (too many disclaimed locations)",
+                 int(referencing.references_off)),
+                (CounterMetricFamily, "reference_fetch_retries",
+                 "Fetches of a referenced batch's bytes that failed and were tried again",
+                 referencing.fetch_retries),
+                (CounterMetricFamily, "references_unreadable",
+                 "Referenced batches whose object is gone or corrupt (ERROR: the uploads "
+                 "stop at them)", referencing.unreadable),
+            ):  # fmt: skip
+                yield family(f"tierproxy_{name}", documentation, value=value)
+        yield GaugeMetricFamily(
+            "tierproxy_held_locations",
+            "S3-WAL locations this proxy keeps for owners that took them by reference, or "
+            "may have (their objects are not deleted until the owner releases them)",
+            value=service.held_locations,
+        )
         clamped = CounterMetricFamily(
             "tierproxy_kafka_beyond_cutover",
             "Kafka answers for a tiered partition clamped at its cutover: Kafka's log held "

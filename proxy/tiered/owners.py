@@ -348,14 +348,16 @@ class HeldLocations:
         self._members: dict[Address, str] = {}
         self._tasks: dict[Address, asyncio.Task[None]] = {}
         self._closed = False
+        self.count = 0  # locations held, an int /metrics reads from its own thread
 
     def __len__(self) -> int:
-        return sum(len(held) for held in self._held.values())
+        return self.count
 
     def add(self, address: Address, member: str, location: S3WalLocation) -> None:
         if self._closed:  # stopping: left to the orphan sweep
             return
         self._held.setdefault(address, []).append(location)
+        self.count += 1
         self._members[address] = member
         if address not in self._tasks:
             task = asyncio.get_running_loop().create_task(self._ask(address))
@@ -387,7 +389,9 @@ class HeldLocations:
                         continue
                     delay = self.RETRY_FIRST_S
                 gone = {id(asked[i]) for i in released}
-                self._held[address] = [loc for loc in held if id(loc) not in gone]
+                kept = [loc for loc in held if id(loc) not in gone]
+                self.count -= len(held) - len(kept)
+                self._held[address] = kept
                 s3wal = service.s3wal
                 for i in released:
                     if s3wal is not None:
@@ -406,6 +410,7 @@ class HeldLocations:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._held.clear()
+        self.count = 0
 
 
 def _release_location(s3wal: S3WalWriter, location: S3WalLocation, acks: int) -> None:

@@ -28,6 +28,7 @@ from proxy.metrics import ProxyMetrics, Stages
 from proxy.objects.bandwidth import Bandwidth
 from proxy.partition.partition_set import PartitionSet
 from proxy.partition.produce_rules import ProduceRules
+from proxy.partition.referenced import ReferencingLog
 from proxy.partition.rules import ProduceResult
 from proxy.reads.logcache import LogCache
 from proxy.routing.fleet import FleetView
@@ -168,3 +169,9 @@ class MetricsHost(Protocol):
 
     @property
     def beyond_cutover(self) -> BeyondCutover: ...
+
+    @property
+    def referencing(self) -> ReferencingLog | None: ...
+
+    @property
+    def held_locations(self) -> int: ...

@@ -310,6 +310,11 @@ class TieringService:
         return [m.name for m in self.fleet.live() if m.name != self.name]
 
     @property
+    def held_locations(self) -> int:
+        """S3-WAL locations held for owners that may still need them (owners.HeldLocations)."""
+        return self.to_owner.held.count
+
+    @property
     def takes_references(self) -> bool:
         """This owner takes batches handed over by location by reference, from their
         header (docs/wal.md): a local WAL, `owner_takes_references`."""

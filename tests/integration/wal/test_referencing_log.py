@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from types import SimpleNamespace
 from uuid import UUID
 
@@ -21,6 +22,7 @@ from proxy.metadata.codec import encode
 from proxy.metadata.records import ShardClaim, StreamCutover
 from proxy.metadata.state import MetadataState
 from proxy.metadata.streams import stream_id
+from proxy.metrics import ProxyMetrics
 from proxy.objects.local import LocalDirectoryStore
 from proxy.objects.store import ObjectStore
 from proxy.partition import referenced
@@ -31,6 +33,8 @@ from proxy.partition.sequence_holes import ProducerBatch, SequenceHoles
 from proxy.peer.messages import AppendRequest
 from proxy.reads.logcache import LogCache
 from proxy.records.batches import HEADER_SIZE, read_batch_header
+from proxy.tiered.beyond_cutover import BeyondCutover
+from proxy.tiered.metrics import TieringMetrics
 from proxy.tiered.owners import AtOwner
 from proxy.wal import WalConfig, WriteAheadLog
 from proxy.wal.memfs import MemoryFilesystem
@@ -211,6 +215,55 @@ async def test_a_trim_forgets_the_references_and_the_fetched_bytes_below_it(tmp_
     await log.close()
 
 
+async def test_metrics_follow_the_references(tmp_path, writer):
+    """/metrics shows the references not trimmed, their bytes, the fetched log's bytes,
+    the disclaimed locations and the sender's held locations, from the real parts."""
+    log = await open_log(tmp_path, writer.store)
+    partitions = PartitionSet(log)
+    await partitions.recover([S0], shard_state())
+    metrics = ProxyMetrics()
+    service = SimpleNamespace(
+        wal=log,
+        uploader=None,
+        log_cache=LogCache(4096),
+        config=SimpleNamespace(wal_capacity_bytes=1 << 20),
+        beyond_cutover=BeyondCutover(),
+        s3wal_reader=None,
+        referencing=log,
+        held_locations=2,
+    )
+    tiering = TieringMetrics(metrics.registry)
+    tiering.attach(service)
+
+    def value(name: str) -> float:
+        return metrics.registry.get_sample_value(name) or 0.0
+
+    try:
+        records = [batch(7, 3 * n) for n in range(2)]
+        locations = [await writer.append(S0, r) for r in records]
+        for r, location in zip(records, locations, strict=True):
+            key = encode_location(location)
+            result = await partitions.produce(S0, r[:HEADER_SIZE], -1, reference=key)
+            assert result is not None and result.referenced
+        assert await log.held(locations, 5000) == (0, 1)
+        assert value("tierproxy_references") == 2
+        assert value("tierproxy_referenced_bytes") == sum(map(len, records))
+        assert value("tierproxy_fetched_log_bytes") > sum(map(len, records))
+        assert value("tierproxy_held_locations") == 2
+        assert value("tierproxy_references_off") == 0
+        unknown = await writer.append(S0, batch(8, 0))
+        assert await log.held([unknown], 0) == (0,)
+        assert value("tierproxy_references_disclaimed") == 1
+        [first, _] = await log.read(0)
+        await log.trim_to(first.position.end)
+        assert value("tierproxy_references") == 1
+        assert value("tierproxy_referenced_bytes") == len(records[1])
+    finally:
+        tiering.close()
+        await partitions.close()
+        await log.close()
+
+
 async def test_a_location_told_released_while_unknown_is_never_taken_by_reference(tmp_path, writer):
     """A sender whose hand-off was lost asks about its location before the hand-off
     reaches the owner: told it is released (unknown here), it may delete the object, so
@@ -240,9 +293,9 @@ async def test_past_max_disclaimed_they_are_forgotten_and_no_batch_is_taken_by_r
     assert not log.has_room()
     # the first two are forgotten (noted as being handled, by bytes); the third still known
     assert [log.expect(encode_location(at)) for at in locations] == [True, True, False]
-    loop = asyncio.get_running_loop()
-    monkeypatch.setattr(log, "_by_bytes_until", loop.time() - 1)  # the hour passed
-    assert log.has_room()
+    assert log.references_off and log.disclaimed == 1
+    monkeypatch.setattr(log, "_by_bytes_until", time.monotonic() - 1)  # the hour passed
+    assert log.has_room() and not log.references_off
     await log.close()
 
 

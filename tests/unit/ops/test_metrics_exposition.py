@@ -58,6 +58,8 @@ async def test_wal_uploader_and_log_cache_metrics_follow_the_real_parts(tmp_path
         config=SimpleNamespace(wal_capacity_bytes=1 << 20),
         beyond_cutover=BeyondCutover(),
         s3wal_reader=None,  # notify: direct, or before the start
+        referencing=None,  # no batch taken by reference (S3-WAL mode, or references off)
+        held_locations=0,
     )
     tiering = TieringMetrics(metrics.registry)
     tiering.attach(service)
@@ -94,5 +96,7 @@ async def test_wal_uploader_and_log_cache_metrics_follow_the_real_parts(tmp_path
     assert value("tierproxy_log_cache_bytes") == 50
     assert value("tierproxy_log_cache_capacity_bytes") == 4096
     assert samples["tierproxy_kafka_beyond_cutover_total", (("api", "fetch"),)] == 2
+    assert value("tierproxy_held_locations") == 0
+    assert not any(n.startswith("tierproxy_referenc") for n, _ in samples)
     # closed: off the registry, so a proxy restarted in the same process registers again
     assert not any(n.startswith("tierproxy_wal") for n, _ in _samples(metrics))
