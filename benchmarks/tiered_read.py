@@ -649,6 +649,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also read the tiered topic's first N partitions only, cold and warm, for each "
         "N listed (e.g. 1,6): N streams read at once through b's block cache",
     )
+    more = "the object store's sign_payload (auto: over http, which MinIO here is)"
+    add("--sign-payload", choices=("auto", "true", "false"), default="auto", help=more)
     add("--json", type=Path, help="also write every phase's figures here")
     args = parser.parse_args(argv)
     args.catchup_readers = [int(n) for n in args.catchup_readers.split(",") if n]

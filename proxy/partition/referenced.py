@@ -29,6 +29,7 @@ read in WAL order. The fetched log is only ever read by position, so its order i
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -274,8 +275,20 @@ class ReferencingLog:
             now = loop.time()
             return tuple(i for i, key in enumerate(keys) if self._released(key, now))
 
+        # the indexes not seen released, checked from the first on each wake and only up
+        # to the first still held (the references are fetched about in order): a wake
+        # costs little however many are asked. A released one stays released (an unknown
+        # one is disclaimed, never expected again), and `done` settles the answer.
+        pending = collections.deque(range(len(keys)))
+
+        def settled() -> bool:
+            now = loop.time()
+            while pending and self._released(keys[pending[0]], now):
+                pending.popleft()
+            return not pending
+
         deadline = loop.time() + max(timeout_ms, 0) / 1000
-        while len(done()) < len(keys) and not self._closed:
+        while not settled() and not self._closed:
             left = deadline - loop.time()
             if left <= 0:
                 break

@@ -275,6 +275,25 @@ async def test_a_location_told_released_while_unknown_is_never_taken_by_referenc
     await log.close()
 
 
+async def test_a_held_ask_answers_every_location_released_even_behind_one_still_held(
+    tmp_path, writer
+):
+    """An ask waits for its locations from the first on: one still held ahead does not
+    hide those behind it released (the answer names them at its end), and the ask ends
+    as soon as the last is released."""
+    log = await open_log(tmp_path, writer.store)
+    locations = [await writer.append(S0, batch(7, seq)) for seq in range(3)]
+    first = encode_location(locations[0])
+    assert log.expect(first)  # its hand-off being handled: held
+    assert await log.held(locations, 50) == (1, 2)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, log.unexpect, first)
+    started = loop.time()
+    assert await log.held(locations, 5000) == (0, 1, 2)
+    assert loop.time() - started < 2
+    await log.close()
+
+
 async def test_past_max_disclaimed_they_are_forgotten_and_no_batch_is_taken_by_reference(
     tmp_path, writer, monkeypatch, caplog
 ):
