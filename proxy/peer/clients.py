@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 
+from kio.schema.errors import ErrorCode
+
 from proxy.apis.api61_describe_producers import DescribedProducer
 from proxy.errors import TierproxyError
 from proxy.handoff.objects import S3WalLocation
@@ -285,6 +287,8 @@ class PeerClients:
         self.timeout_margin_s = timeout_margin_s
         self.admin_timeout_s = admin_timeout_s
         self._connections: dict[Address, _PeerConnection] = {}
+        # the member a connection's ping named, for `held` (the same connection only)
+        self._named: dict[Address, tuple[_PeerConnection, str]] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -451,6 +455,7 @@ class PeerClients:
         timeout_ms: int,
         *,
         peer_protocol: int,
+        member: str | None = None,
     ) -> tuple[int, ...]:
         """The indexes, increasing, of `locations` (of appends the owner at `address`
         answered `referenced`) that it no longer needs: this proxy may delete those
@@ -459,7 +464,11 @@ class PeerClients:
         owner at `REFERENCE_PROTOCOL` or later (ValueError before any I/O otherwise; an
         older owner never answers `referenced`). PeerRefused for an answer with an error
         code; an index past `locations` (a broken owner) is dropped with a warning, its
-        object kept for the orphan sweep."""
+        object kept for the orphan sweep.
+        `member`: the owner's name; the proxy at `address` is asked only if its ping, on
+        the connection the request then goes on, answers that name (once per connection),
+        else PeerRefused (UNKNOWN_MEMBER_ID): another proxy at that address now knows none
+        of the locations and would release them all."""
         if peer_protocol < REFERENCE_PROTOCOL:
             raise ValueError(
                 f"a held request to a peer at protocol {peer_protocol}: it reads them from "
@@ -468,6 +477,16 @@ class PeerClients:
         request = HeldRequest(0, timeout_ms, tuple(locations))
         timeout = timeout_ms / 1000 + self.timeout_margin_s
         connection = self._connection(address)
+        if member is not None and self._named.get(address) != (connection, member):
+            ping = await connection.call(PingRequest(0), PingResponse, self.admin_timeout_s)
+            assert isinstance(ping, PingResponse)
+            if ping.name != member:
+                raise PeerRefused(
+                    f"peer at {address[0]}:{address[1]} is {ping.name!r}, not {member!r}: "
+                    f"not asked about {member}'s locations",
+                    ErrorCode.unknown_member_id,
+                )
+            self._named[address] = (connection, member)
         response = await connection.call(request, HeldResponse, timeout)
         assert isinstance(response, HeldResponse)
         if response.error_code:
@@ -537,4 +556,5 @@ class PeerClients:
         self._closed = True
         connections = list(self._connections.values())
         self._connections.clear()
+        self._named.clear()
         await asyncio.gather(*(c.close() for c in connections), *self._retiring)

@@ -329,6 +329,9 @@ def _header_to_send(part: Part) -> bytes | None:
     return bytes(records[:HEADER_SIZE])
 
 
+_Owner = tuple[Address, str]  # an owner as HeldLocations knows it: peer address, member
+
+
 class HeldLocations:
     """S3-WAL locations their owner may still need (it answered `referenced`, or did not
     answer a hand-off that carried the header): per owner, asked about together with
@@ -344,9 +347,11 @@ class HeldLocations:
 
     def __init__(self, service: SenderHost) -> None:
         self._service = service
-        self._held: dict[Address, list[S3WalLocation]] = {}
-        self._members: dict[Address, str] = {}
-        self._tasks: dict[Address, asyncio.Task[None]] = {}
+        # per owner, by its peer address and its name: another member later at the same
+        # address (a restarted host's address given to another proxy) is not this one,
+        # and is never asked about what this one holds
+        self._held: dict[_Owner, list[S3WalLocation]] = {}
+        self._tasks: dict[_Owner, asyncio.Task[None]] = {}
         self._closed = False
         self.count = 0  # locations held, an int /metrics reads from its own thread
 
@@ -356,19 +361,20 @@ class HeldLocations:
     def add(self, address: Address, member: str, location: S3WalLocation) -> None:
         if self._closed:  # stopping: left to the orphan sweep
             return
-        self._held.setdefault(address, []).append(location)
+        owner = (address, member)
+        self._held.setdefault(owner, []).append(location)
         self.count += 1
-        self._members[address] = member
-        if address not in self._tasks:
-            task = asyncio.get_running_loop().create_task(self._ask(address))
-            self._tasks[address] = task
+        if owner not in self._tasks:
+            task = asyncio.get_running_loop().create_task(self._ask(owner))
+            self._tasks[owner] = task
 
-    async def _ask(self, address: Address) -> None:
+    async def _ask(self, owner: _Owner) -> None:
         service = self._service
+        address, member = owner
         delay = self.RETRY_FIRST_S
         try:
-            while held := self._held.get(address):
-                level = service.heard_protocol(self._members[address])
+            while held := self._held.get(owner):
+                level = service.heard_protocol(member)
                 if level is not None and level < REFERENCE_PROTOCOL:
                     released: Sequence[int] = range(len(held))  # it holds no reference
                     asked = list(held)
@@ -378,12 +384,12 @@ class HeldLocations:
                     continue
                 else:
                     asked = held[: self.MAX_ASKED]
-                    try:
+                    try:  # only if `member` is the proxy at `address` (PeerClients.held)
                         released = await service.peers.held(
-                            address, asked, self.ASK_WAIT_MS, peer_protocol=level
+                            address, asked, self.ASK_WAIT_MS, peer_protocol=level, member=member
                         )
-                    except Exception as exc:  # away, refused: asked again later
-                        log.debug("owner at %s: held request failed: %r", address, exc)
+                    except Exception as exc:  # away, refused, another there: asked later
+                        log.debug("owner %s at %s: held request failed: %r", member, address, exc)
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, self.RETRY_MAX_S)
                         continue
@@ -391,16 +397,15 @@ class HeldLocations:
                 gone = {id(asked[i]) for i in released}
                 kept = [loc for loc in held if id(loc) not in gone]
                 self.count -= len(held) - len(kept)
-                self._held[address] = kept
+                self._held[owner] = kept
                 s3wal = service.s3wal
                 for i in released:
                     if s3wal is not None:
                         s3wal.release(asked[i])
         finally:
-            self._tasks.pop(address, None)
-            if not self._held.get(address):
-                self._held.pop(address, None)
-                self._members.pop(address, None)
+            self._tasks.pop(owner, None)
+            if not self._held.get(owner):
+                self._held.pop(owner, None)
 
     async def close(self) -> None:
         """Stop asking; what is held is left to the orphan sweep."""

@@ -12,6 +12,7 @@ import logging
 import time
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from proxy.handoff.objects import S3WalLocation
 from proxy.partition.rules import ProduceResult
@@ -193,3 +194,20 @@ async def test_a_failing_or_wrong_handler_answers_an_error_and_is_logged(
     assert failed.value.error_code == wrong.value.error_code == -1
     assert [type(r.exc_info[1]) for r in caplog.records] == [RuntimeError, ValueError]
     assert "released indexes [0, 1] of 1 locations" in str(caplog.records[1].exc_info[1])
+
+
+async def test_a_held_request_naming_another_member_is_not_sent(owner, server, clients):
+    """The proxy now at the owner's address is asked only if its ping names the owner:
+    another one would know none of the locations and release them all."""
+    address = ("127.0.0.1", server.port)
+    owner.released = (0,)
+    asked = [location(1)]
+    released = await clients.held(
+        address, asked, 0, peer_protocol=REFERENCE_PROTOCOL, member="owner"
+    )
+    assert released == (0,) and len(owner.helds) == 1
+    with pytest.raises(PeerRefused) as refused:
+        await clients.held(address, asked, 0, peer_protocol=REFERENCE_PROTOCOL, member="other")
+    assert refused.value.error_code == ErrorCode.unknown_member_id
+    assert "is 'owner', not 'other'" in str(refused.value)
+    assert len(owner.helds) == 1  # never asked

@@ -60,6 +60,7 @@ class Peers:
         self.answer: ProduceResult | BaseException = ProduceResult(0, 100, referenced=True)
         self.headers: list[bytes | None] = []
         self.asked: list[list[S3WalLocation]] = []
+        self.members: list[tuple[object, str | None]] = []  # whom each ask named
         self.releases: asyncio.Queue[tuple[int, ...] | BaseException] = asyncio.Queue()
 
     async def append(self, address, stream, acks, timeout_ms, **kw) -> ProduceResult:
@@ -68,9 +69,12 @@ class Peers:
             raise self.answer
         return self.answer
 
-    async def held(self, address, locations, timeout_ms, *, peer_protocol) -> tuple[int, ...]:
+    async def held(
+        self, address, locations, timeout_ms, *, peer_protocol, member=None
+    ) -> tuple[int, ...]:
         assert peer_protocol >= REFERENCE_PROTOCOL
         self.asked.append(list(locations))
+        self.members.append((address, member))
         answer = await self.releases.get()
         if isinstance(answer, BaseException):
             raise answer
@@ -192,3 +196,24 @@ async def test_a_closed_set_holds_nothing_more():
     await held.close()
     held.add(A, "member-a", S3WalLocation("wal/1", 0, 10, STREAM, 0))
     assert len(held) == 0 and sender.s3wal.released == []
+
+
+async def test_two_members_at_one_address_are_asked_each_about_their_own():
+    """A proxy that took over another's address (a restarted host's) is another owner:
+    asked only about what it was handed, each ask naming the member it is for."""
+    sender = Sender()
+    held = HeldLocations(sender)  # type: ignore[arg-type]
+    first = S3WalLocation("wal/1", 0, 10, STREAM, 0)
+    second = S3WalLocation("wal/2", 0, 10, STREAM, 0)
+    held.add(A, "member-a", first)
+    await settle()
+    held.add(A, "member-x", second)
+    await settle()
+    assert sorted(sender.peers.members) == [(A, "member-a"), (A, "member-x")]
+    by_member = dict(zip(sender.peers.members, sender.peers.asked, strict=True))
+    assert by_member[A, "member-a"] == [first] and by_member[A, "member-x"] == [second]
+    sender.peers.releases.put_nowait((0,))
+    sender.peers.releases.put_nowait(())
+    await settle()
+    assert len(sender.s3wal.released) == 1 and len(held) == 1
+    await held.close()
