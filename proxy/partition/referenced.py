@@ -266,9 +266,12 @@ class ReferencingLog:
         keys = [encode_location(location) for location in locations]
         loop = asyncio.get_running_loop()
         now = loop.time()
-        for key, at in list(self._disclaimed.items()):  # oldest first
+        expired = []
+        for key, at in self._disclaimed.items():  # oldest first: only the expired read
             if now - at < DISCLAIMED_S:
                 break
+            expired.append(key)
+        for key in expired:
             del self._disclaimed[key]
 
         def done() -> tuple[int, ...]:

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 
@@ -287,10 +288,38 @@ class PeerClients:
         self.timeout_margin_s = timeout_margin_s
         self.admin_timeout_s = admin_timeout_s
         self._connections: dict[Address, _PeerConnection] = {}
-        # the member a connection's ping named, for `held` (the same connection only)
-        self._named: dict[Address, tuple[_PeerConnection, str]] = {}
+        # the member each connection's ping named (`append`'s header, `held`): one TCP
+        # connection reaches one process; a new connection is asked again
+        self._named: weakref.WeakKeyDictionary[_PeerConnection, str] = weakref.WeakKeyDictionary()
+        self._naming: set[_PeerConnection] = set()  # pings in flight (`_is`)
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
+
+    def _is(self, connection: _PeerConnection, member: str) -> bool:
+        """Whether `connection` is known to reach `member`; if not known yet, its ping is
+        sent (once at a time, in the background) and answers for the calls after this."""
+        name = self._named.get(connection)
+        if name is None and connection not in self._naming and not connection.failed:
+            self._naming.add(connection)
+            task = asyncio.get_running_loop().create_task(self._name_soon(connection))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        return name == member
+
+    async def _name_soon(self, connection: _PeerConnection) -> None:
+        try:
+            await self._ping_name(connection)
+        except Exception as exc:  # the next call with a header asks again
+            log.debug("peer %s: its name not known: %r", connection.name, exc)
+        finally:
+            self._naming.discard(connection)
+
+    async def _ping_name(self, connection: _PeerConnection) -> str:
+        """The name the proxy on `connection` answers a ping with, noted in `_named`."""
+        ping = await connection.call(PingRequest(0), PingResponse, self.admin_timeout_s)
+        assert isinstance(ping, PingResponse)
+        self._named[connection] = ping.name
+        return ping.name
 
     async def append(
         self,
@@ -309,6 +338,7 @@ class PeerClients:
         transactional_id: str | None = None,
         produce_version: int = -1,
         header: bytes | bytearray | memoryview | None = None,
+        member: str | None = None,
     ) -> ProduceResult | None:
         """The owner's answer to appending `records` (direct) or the batches at `location`
         (s3) to `stream_id`; None for acks=0, once the request is written. The default
@@ -321,10 +351,17 @@ class PeerClients:
         for an owner that predates it). `header`: the batch's first 61 bytes, only with
         `location`, for an owner that may answer `referenced` (the answer's
         `ProduceResult.referenced`: keep the S3-WAL object until `held` releases it);
-        dropped by `for_peer` for an owner older than `REFERENCE_PROTOCOL`."""
+        dropped by `for_peer` for an owner older than `REFERENCE_PROTOCOL`, and, with
+        `member` (the owner's name), until a ping on the connection it goes on named that
+        member (`_named`, asked on the first such call of a connection and not waited
+        for: the request is written now, in the order the calls came): only the member
+        the sender will ask about it may take it by reference."""
         hole_seq = -1 if hole is None or batch is None else hole()
         if batch is None:
             transactional_id, produce_version = None, -1
+        connection = self._connection(address)
+        if header is not None and member is not None and not self._is(connection, member):
+            header = None  # by bytes, until the ping says whom this connection reaches
         request = for_peer(
             AppendRequest(
                 0,
@@ -344,7 +381,6 @@ class PeerClients:
         if timeout_s is None:
             timeout_s = max(timeout_ms, 0) / 1000 + self.timeout_margin_s
         expect = None if acks == 0 else AppendResponse
-        connection = self._connection(address)
         response = await connection.call(request, expect, timeout_s, on_lost)
         assert response is None or isinstance(response, AppendResponse)
         return None if response is None else response.result()
@@ -477,16 +513,16 @@ class PeerClients:
         request = HeldRequest(0, timeout_ms, tuple(locations))
         timeout = timeout_ms / 1000 + self.timeout_margin_s
         connection = self._connection(address)
-        if member is not None and self._named.get(address) != (connection, member):
-            ping = await connection.call(PingRequest(0), PingResponse, self.admin_timeout_s)
-            assert isinstance(ping, PingResponse)
-            if ping.name != member:
+        if member is not None:
+            name = self._named.get(connection)
+            if name is None:
+                name = await self._ping_name(connection)
+            if name != member:
                 raise PeerRefused(
-                    f"peer at {address[0]}:{address[1]} is {ping.name!r}, not {member!r}: "
+                    f"peer at {address[0]}:{address[1]} is {name!r}, not {member!r}: "
                     f"not asked about {member}'s locations",
                     ErrorCode.unknown_member_id,
                 )
-            self._named[address] = (connection, member)
         response = await connection.call(request, HeldResponse, timeout)
         assert isinstance(response, HeldResponse)
         if response.error_code:
@@ -556,5 +592,4 @@ class PeerClients:
         self._closed = True
         connections = list(self._connections.values())
         self._connections.clear()
-        self._named.clear()
         await asyncio.gather(*(c.close() for c in connections), *self._retiring)

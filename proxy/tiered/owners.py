@@ -117,6 +117,8 @@ class SenderHost(Protocol):
 
     def heard_protocol(self, member: str) -> int | None: ...
 
+    def peer_address(self, member: str) -> tuple[str, int] | None: ...
+
 
 class ToOwner:
     def __init__(self, service: SenderHost) -> None:
@@ -259,13 +261,14 @@ class ToOwner:
                     transactional_id=part.transactional_id,
                     produce_version=part.produce_version,
                     header=header,
+                    member=owner,  # the header only to a connection known to reach it
                 )
             )
             release = held = None
             if location is not None and s3wal is not None:
                 release = functools.partial(_release_location, s3wal, location, acks)
                 if header is not None:
-                    held = functools.partial(self.held.add, address, owner, location)
+                    held = functools.partial(self.held.add, owner, location)
             self._handed(stream, address, batch, call, release, held)  # the next one sees it
             await asyncio.sleep(0)  # its first step queues the request, before the next's
         except CorruptBatchError as exc:  # the S3-WAL writer checks each batch's CRC
@@ -329,9 +332,6 @@ def _header_to_send(part: Part) -> bytes | None:
     return bytes(records[:HEADER_SIZE])
 
 
-_Owner = tuple[Address, str]  # an owner as HeldLocations knows it: peer address, member
-
-
 class HeldLocations:
     """S3-WAL locations their owner may still need (it answered `referenced`, or did not
     answer a hand-off that carried the header): per owner, asked about together with
@@ -347,44 +347,43 @@ class HeldLocations:
 
     def __init__(self, service: SenderHost) -> None:
         self._service = service
-        # per owner, by its peer address and its name: another member later at the same
-        # address (a restarted host's address given to another proxy) is not this one,
-        # and is never asked about what this one holds
-        self._held: dict[_Owner, list[S3WalLocation]] = {}
-        self._tasks: dict[_Owner, asyncio.Task[None]] = {}
+        # per owner, by its name: asked wherever the fleet says it is now (a member back
+        # at another address still holds them), and only if the proxy there is that
+        # member (`PeerClients.held`): another one given its old address knows none
+        self._held: dict[str, list[S3WalLocation]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closed = False
         self.count = 0  # locations held, an int /metrics reads from its own thread
 
     def __len__(self) -> int:
         return self.count
 
-    def add(self, address: Address, member: str, location: S3WalLocation) -> None:
+    def add(self, member: str, location: S3WalLocation) -> None:
         if self._closed:  # stopping: left to the orphan sweep
             return
-        owner = (address, member)
-        self._held.setdefault(owner, []).append(location)
+        self._held.setdefault(member, []).append(location)
         self.count += 1
-        if owner not in self._tasks:
-            task = asyncio.get_running_loop().create_task(self._ask(owner))
-            self._tasks[owner] = task
+        if member not in self._tasks:
+            task = asyncio.get_running_loop().create_task(self._ask(member))
+            self._tasks[member] = task
 
-    async def _ask(self, owner: _Owner) -> None:
+    async def _ask(self, member: str) -> None:
         service = self._service
-        address, member = owner
         delay = self.RETRY_FIRST_S
         try:
-            while held := self._held.get(owner):
+            while held := self._held.get(member):
                 level = service.heard_protocol(member)
+                address = service.peer_address(member)
                 if level is not None and level < REFERENCE_PROTOCOL:
                     released: Sequence[int] = range(len(held))  # it holds no reference
                     asked = list(held)
-                elif level is None:  # not heard from: asked once it is
+                elif level is None or address is None:  # not heard from, not live: later
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.RETRY_MAX_S)
                     continue
                 else:
                     asked = held[: self.MAX_ASKED]
-                    try:  # only if `member` is the proxy at `address` (PeerClients.held)
+                    try:  # only if the proxy at `address` is `member` (PeerClients.held)
                         released = await service.peers.held(
                             address, asked, self.ASK_WAIT_MS, peer_protocol=level, member=member
                         )
@@ -397,15 +396,15 @@ class HeldLocations:
                 gone = {id(asked[i]) for i in released}
                 kept = [loc for loc in held if id(loc) not in gone]
                 self.count -= len(held) - len(kept)
-                self._held[owner] = kept
+                self._held[member] = kept
                 s3wal = service.s3wal
                 for i in released:
                     if s3wal is not None:
                         s3wal.release(asked[i])
         finally:
-            self._tasks.pop(owner, None)
-            if not self._held.get(owner):
-                self._held.pop(owner, None)
+            self._tasks.pop(member, None)
+            if not self._held.get(member):
+                self._held.pop(member, None)
 
     async def close(self) -> None:
         """Stop asking; what is held is left to the orphan sweep."""

@@ -21,6 +21,7 @@ from proxy.peer.codec import CONFIGS_PROTOCOL, REFERENCE_PROTOCOL
 from proxy.peer.messages import AdminRequest, AppendRequest, HeldRequest
 from proxy.peer.server import PeerServer
 from tests.support.peers import peer_clients, peer_server
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -211,3 +212,31 @@ async def test_a_held_request_naming_another_member_is_not_sent(owner, server, c
     assert refused.value.error_code == ErrorCode.unknown_member_id
     assert "is 'owner', not 'other'" in str(refused.value)
     assert len(owner.helds) == 1  # never asked
+
+
+async def test_a_header_goes_only_on_a_connection_known_to_reach_the_member(owner, server, clients):
+    """With the owner's name given, the first append on a new connection goes by bytes
+    (its ping is sent beside it, not waited for), the next ones with their header; to a
+    proxy whose ping names another member, never with it."""
+    address = ("127.0.0.1", server.port)
+
+    async def append(stream: int, member: str):
+        return await clients.append(
+            address,
+            stream,
+            -1,
+            1000,
+            location=location(stream),
+            header=HEADER,
+            peer_protocol=REFERENCE_PROTOCOL,
+            member=member,
+        )
+
+    first = await append(1, "owner")
+    assert first is not None and not first.referenced and owner.appends[0].header is None
+    # its ping's answer comes after the append's (written after it)
+    await eventually(lambda: not clients._naming, what="the ping answered")
+    second = await append(2, "owner")
+    assert second is not None and second.referenced and owner.appends[1].header == HEADER
+    third = await append(3, "someone-else")
+    assert third is not None and not third.referenced and owner.appends[2].header is None

@@ -23,6 +23,7 @@ from tests.support.batches import build_batch
 
 STREAM = 11
 A = ("127.0.0.1", 1001)
+B = ("127.0.0.2", 1001)
 RULES = SimpleNamespace(log_append_time=False)
 
 
@@ -102,6 +103,7 @@ class Sender:
         self.stages = SimpleNamespace(since=lambda *_: None)
         self.sends_headers = True
         self.level: int | None = REFERENCE_PROTOCOL
+        self.addresses: dict[str, object] = {}  # where members are, if not at A
 
     def state(self, stream: int):
         return SimpleNamespace(owner="member-a")
@@ -114,6 +116,9 @@ class Sender:
 
     def heard_protocol(self, member: str) -> int | None:
         return self.level
+
+    def peer_address(self, member: str):
+        return self.addresses.get(member, A)
 
     def count_peer_bytes(self, address, direction: str, size: int) -> None:
         pass
@@ -164,7 +169,7 @@ async def test_a_failed_ask_is_asked_again_and_releases_nothing():
     held = HeldLocations(sender)  # type: ignore[arg-type]
     held.RETRY_FIRST_S = 0.01
     location = S3WalLocation("wal/1", 0, 10, STREAM, 0)
-    held.add(A, "member-a", location)
+    held.add("member-a", location)
     await settle()
     sender.peers.releases.put_nowait(PeerUnavailable("away"))
     await asyncio.sleep(0.05)
@@ -181,7 +186,7 @@ async def test_an_owner_not_heard_from_is_not_asked_and_one_rolled_back_holds_no
     held.RETRY_FIRST_S = 0.01
     sender.level = None  # not heard from: it may be a level-13 owner that is down
     location = S3WalLocation("wal/1", 0, 10, STREAM, 0)
-    held.add(A, "member-a", location)
+    held.add("member-a", location)
     await asyncio.sleep(0.05)
     assert sender.peers.asked == [] and sender.s3wal.released == []
     sender.level = REFERENCE_PROTOCOL - 1  # back at a level whose WAL holds no reference
@@ -194,26 +199,36 @@ async def test_a_closed_set_holds_nothing_more():
     sender = Sender()
     held = HeldLocations(sender)  # type: ignore[arg-type]
     await held.close()
-    held.add(A, "member-a", S3WalLocation("wal/1", 0, 10, STREAM, 0))
+    held.add("member-a", S3WalLocation("wal/1", 0, 10, STREAM, 0))
     assert len(held) == 0 and sender.s3wal.released == []
 
 
-async def test_two_members_at_one_address_are_asked_each_about_their_own():
-    """A proxy that took over another's address (a restarted host's) is another owner:
-    asked only about what it was handed, each ask naming the member it is for."""
+async def test_an_owner_is_asked_where_it_is_now_and_only_about_its_own():
+    """Held locations go with their owner's name: asked at the address the fleet gives it
+    now (back elsewhere after a restart, it still holds them), each ask naming it (the
+    proxy at an address that is not that member is not asked: PeerClients.held), and
+    another member's locations never in its asks."""
     sender = Sender()
     held = HeldLocations(sender)  # type: ignore[arg-type]
     first = S3WalLocation("wal/1", 0, 10, STREAM, 0)
     second = S3WalLocation("wal/2", 0, 10, STREAM, 0)
-    held.add(A, "member-a", first)
+    held.add("member-a", first)
     await settle()
-    held.add(A, "member-x", second)
+    sender.addresses["member-x"] = B
+    held.add("member-x", second)
     await settle()
-    assert sorted(sender.peers.members) == [(A, "member-a"), (A, "member-x")]
+    assert sorted(sender.peers.members) == [(A, "member-a"), (B, "member-x")]
     by_member = dict(zip(sender.peers.members, sender.peers.asked, strict=True))
-    assert by_member[A, "member-a"] == [first] and by_member[A, "member-x"] == [second]
-    sender.peers.releases.put_nowait((0,))
-    sender.peers.releases.put_nowait(())
+    assert by_member[A, "member-a"] == [first] and by_member[B, "member-x"] == [second]
+    sender.addresses["member-a"] = B  # member-a back at another address
+    sender.peers.releases.put_nowait(())  # its first ask: still needed
     await settle()
-    assert len(sender.s3wal.released) == 1 and len(held) == 1
+    sender.peers.releases.put_nowait((0,))  # member-x's: released
+    await settle()
+    assert len(held) == 1 and sender.s3wal.released == [second]
+    assert sender.peers.members[-1] == (B, "member-a")  # asked again, where it is now
+    sender.peers.releases.put_nowait((0,))
+    await settle()
+    assert sorted(loc.object_key for loc in sender.s3wal.released) == ["wal/1", "wal/2"]
+    assert len(held) == 0
     await held.close()
