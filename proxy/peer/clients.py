@@ -353,15 +353,13 @@ class PeerClients:
         `ProduceResult.referenced`: keep the S3-WAL object until `held` releases it);
         dropped by `for_peer` for an owner older than `REFERENCE_PROTOCOL`, and, with
         `member` (the owner's name), until a ping on the connection it goes on named that
-        member (`_named`, asked on the first such call of a connection and not waited
-        for: the request is written now, in the order the calls came): only the member
-        the sender will ask about it may take it by reference."""
+        member (`_named`: asked on the first such call of a connection, not waited for,
+        so every call on it until the ping is answered goes without its header; the
+        request is written now, in the order the calls came): only the member the sender
+        will ask about it may take it by reference."""
         hole_seq = -1 if hole is None or batch is None else hole()
         if batch is None:
             transactional_id, produce_version = None, -1
-        connection = self._connection(address)
-        if header is not None and member is not None and not self._is(connection, member):
-            header = None  # by bytes, until the ping says whom this connection reaches
         request = for_peer(
             AppendRequest(
                 0,
@@ -381,6 +379,10 @@ class PeerClients:
         if timeout_s is None:
             timeout_s = max(timeout_ms, 0) / 1000 + self.timeout_margin_s
         expect = None if acks == 0 else AppendResponse
+        connection = self._connection(address)
+        if request.header is not None and member is not None and not self._is(connection, member):
+            # by bytes, until a ping says whom this connection reaches
+            request = dataclasses.replace(request, header=None)
         response = await connection.call(request, expect, timeout_s, on_lost)
         assert response is None or isinstance(response, AppendResponse)
         return None if response is None else response.result()

@@ -20,6 +20,7 @@ from proxy.peer.codec import REFERENCE_PROTOCOL
 from proxy.records.batches import HEADER_SIZE
 from proxy.tiered.owners import HeldLocations, Part, ToOwner, _header_to_send
 from tests.support.batches import build_batch
+from tests.support.waiting import eventually
 
 STREAM = 11
 A = ("127.0.0.1", 1001)
@@ -65,6 +66,8 @@ class Peers:
         self.releases: asyncio.Queue[tuple[int, ...] | BaseException] = asyncio.Queue()
 
     async def append(self, address, stream, acks, timeout_ms, **kw) -> ProduceResult:
+        # the header goes with the owner's name: PeerClients sends it only to that member
+        assert kw["header"] is None or kw["member"] == "member-a"
         self.headers.append(kw["header"])
         if isinstance(self.answer, BaseException):
             raise self.answer
@@ -231,4 +234,22 @@ async def test_an_owner_is_asked_where_it_is_now_and_only_about_its_own():
     await settle()
     assert sorted(loc.object_key for loc in sender.s3wal.released) == ["wal/1", "wal/2"]
     assert len(held) == 0
+    await held.close()
+
+
+async def test_an_owner_not_live_keeps_its_locations_and_is_asked_once_back():
+    sender = Sender()
+    held = HeldLocations(sender)  # type: ignore[arg-type]
+    held.RETRY_FIRST_S = 0.01
+    sender.addresses["member-a"] = None  # not live: no address
+    location = S3WalLocation("wal/1", 0, 10, STREAM, 0)
+    held.add("member-a", location)
+    await asyncio.sleep(0.05)
+    assert sender.peers.asked == [] and sender.s3wal.released == [] and len(held) == 1
+    sender.addresses["member-a"] = B  # back, at another address
+    await eventually(lambda: sender.peers.asked, what="asked once back")
+    assert sender.peers.members == [(B, "member-a")]
+    sender.peers.releases.put_nowait((0,))
+    await settle()
+    assert sender.s3wal.released == [location] and len(held) == 0
     await held.close()
