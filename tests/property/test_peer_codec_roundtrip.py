@@ -25,16 +25,10 @@ from proxy.peer.messages import (
     TrimRequest,
     TrimResponse,
 )
+from tests.support.peer_strategies import I16, I32, I64, NON_NEGATIVE_I32, TEXT, U32, U64
 
-U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
-U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
-I16 = st.integers(min_value=-(1 << 15), max_value=(1 << 15) - 1)
-I32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)
-I64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
-NON_NEGATIVE_I32 = st.integers(min_value=0, max_value=(1 << 31) - 1)
 NON_NEGATIVE_I64 = st.integers(min_value=0, max_value=(1 << 63) - 1)
 ACKS = st.sampled_from([-1, 0, 1])
-TEXT = st.text(max_size=40)
 UUIDS = st.builds(uuid.UUID, bytes=st.binary(min_size=16, max_size=16))
 
 

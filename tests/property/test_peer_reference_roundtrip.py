@@ -14,14 +14,8 @@ from proxy.handoff.objects import S3WalLocation
 from proxy.partition.sequence_holes import ProducerBatch
 from proxy.peer.codec import REFERENCE_PROTOCOL, decode_frame, encode_frame, for_peer, frame_size
 from proxy.peer.messages import AppendRequest, AppendResponse, HeldRequest, HeldResponse
+from tests.support.peer_strategies import I16, I32, I64, NON_NEGATIVE_I32, TEXT, U32, U64
 
-U32 = st.integers(min_value=0, max_value=(1 << 32) - 1)
-U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
-I16 = st.integers(min_value=-(1 << 15), max_value=(1 << 15) - 1)
-I32 = st.integers(min_value=-(1 << 31), max_value=(1 << 31) - 1)
-I64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
-NON_NEGATIVE_I32 = st.integers(min_value=0, max_value=(1 << 31) - 1)
-TEXT = st.text(max_size=40)
 HEADERS = st.binary(min_size=61, max_size=61)
 
 

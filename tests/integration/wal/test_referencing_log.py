@@ -87,6 +87,15 @@ async def open_log(tmp_path, store) -> ReferencingLog:
     return await ReferencingLog.open(wal, fetched, S3WalReader(store))
 
 
+async def cached_partitions(log: ReferencingLog) -> tuple[LogCache, PartitionSet]:
+    """A log cache and the partition set of S0 over `log`, fed the fetched bytes."""
+    cache = LogCache(1 << 20)
+    partitions = PartitionSet(log, log_cache=cache)
+    log.on_fetched = partitions.fetched
+    await partitions.recover([S0], shard_state())
+    return cache, partitions
+
+
 @pytest.fixture
 async def writer(tmp_path):
     store = LocalDirectoryStore(str(tmp_path / "bucket"))
@@ -103,10 +112,7 @@ async def test_a_batch_taken_by_reference_is_answered_before_its_bytes_are_read(
     records = batch(7, 0)
     location = await writer.append(S0, records)
     log = await open_log(tmp_path, store)
-    cache = LogCache(1 << 20)
-    partitions = PartitionSet(log, log_cache=cache)
-    log.on_fetched = partitions.fetched
-    await partitions.recover([S0], shard_state())
+    cache, partitions = await cached_partitions(log)
     partition = partitions.get(S0)
     assert partition is not None
     store.gate.clear()
@@ -140,10 +146,7 @@ async def test_a_commit_behind_a_batch_taken_by_reference_reaches_the_cache_afte
     first, second = batch(7, 0), batch(8, 0)
     location = await writer.append(S0, first)
     log = await open_log(tmp_path, store)
-    cache = LogCache(1 << 20)
-    partitions = PartitionSet(log, log_cache=cache)
-    log.on_fetched = partitions.fetched
-    await partitions.recover([S0], shard_state())
+    cache, partitions = await cached_partitions(log)
     store.gate.clear()
     key = encode_location(location)
     by_reference = await partitions.produce(S0, first[:HEADER_SIZE], -1, reference=key)
