@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import socket
 import time
+from collections.abc import Iterator
 
 from confluent_kafka import ElectionType, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -18,7 +19,7 @@ from kio.schema.alter_partition_reassignments.v0.response import (
 )
 
 from offload_jobs.kafka_client import METADATA_VERSION, ReaderSettings, metadata, parse_bootstrap
-from proxy.apis.api03_metadata import read_brokers, read_partition_leaders
+from proxy.apis.api03_metadata import read_brokers, read_partition_leaders, read_topics
 from proxy.kafka.messages import decode_response, encode_request
 
 
@@ -41,16 +42,34 @@ def reassign_replicas(address: str, topic: str, partition: int, replicas: list[i
     assert all(p.error_code == 0 for t in answer.responses for p in t.partitions), answer
 
 
+def _each_brokers_answer(bootstrap: str, topic: str) -> Iterator[tuple[int, memoryview]]:
+    """(broker, its own Metadata answer about `topic`) for every broker of the cluster."""
+    settings = ReaderSettings.of({})
+    body = metadata(parse_bootstrap(bootstrap), topic, settings)
+    for node, host, port, _ in read_brokers(METADATA_VERSION, body):
+        yield node, metadata([(host, port)], topic, settings)
+
+
 def leaders_seen_by_each_broker(bootstrap: str, topic: str, partition: int) -> dict[int, int]:
     """{broker: the partition's leader in that broker's own Metadata answer}: each KRaft
     broker applies a leader change in its own time, so they can differ for a while."""
-    settings = ReaderSettings.of({})
-    body = metadata(parse_bootstrap(bootstrap), topic, settings)
     seen = {}
-    for node, host, port, _ in read_brokers(METADATA_VERSION, body):
-        answer = metadata([(host, port)], topic, settings)
+    for node, answer in _each_brokers_answer(bootstrap, topic):
         _, leaders = read_partition_leaders(METADATA_VERSION, answer, topic)
         seen[node] = leaders[partition][1] if partition in leaders else -1
+    return seen
+
+
+def partitions_seen_by_each_broker(bootstrap: str, topic: str) -> dict[int, int]:
+    """{broker: the topic's partition count in that broker's own Metadata answer} (0 if
+    it does not know the topic): partitions just added reach each broker in its own
+    time, and a client given the old count fails a record for a new partition at once
+    (librdkafka's local UNKNOWN_PARTITION), so a test waits until all agree."""
+    seen = {}
+    for node, answer in _each_brokers_answer(bootstrap, topic):
+        topics = read_topics(METADATA_VERSION, answer)
+        counts = [n for err, name, _, n in topics if name == topic and err == 0]
+        seen[node] = counts[0] if counts else 0
     return seen
 
 

@@ -32,6 +32,7 @@ from proxy.metadata.streams import stream_id
 from tests.support.batches import build_batch
 from tests.support.clients import watermarks
 from tests.support.kafka_python import KafkaProducer
+from tests.support.leaders import partitions_seen_by_each_broker
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -55,8 +56,17 @@ def _produce_to(bootstrap: str, topic: str, partition: int, prefix: str) -> Read
     return acked
 
 
-def _partition_count(admin: AdminClient, topic: str) -> int:
-    return len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+def _grown(cluster, topic: str, partitions: int) -> None:
+    """Wait until every broker's own Metadata gives the topic `partitions` partitions (one
+    broker's answer is not enough: a producer asking another may still be told the old
+    count and fail a record for a new partition at once)."""
+
+    def agreed() -> bool:
+        return set(partitions_seen_by_each_broker(cluster.bootstrap, topic).values()) == {
+            partitions
+        }
+
+    wait_until(agreed, 30, f"every broker sees {partitions} partitions of {topic}")
 
 
 def test_partitions_added_to_a_tiered_topic_are_tiered_and_answer_as_kafkas(
@@ -71,7 +81,7 @@ def test_partitions_added_to_a_tiered_topic_are_tiered_and_answer_as_kafkas(
         admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
         for name in (topic, twin):
             admin.create_partitions([NewPartitions(name, PARTITIONS)])[name].result(30)
-            wait_until(lambda n=name: _partition_count(admin, n) == PARTITIONS, 30, "grown")
+            _grown(kafka_cluster, name, PARTITIONS)
 
         written: dict[str, dict[int, Read]] = {}
         for name in (topic, twin):
@@ -112,7 +122,7 @@ def test_a_topic_created_again_with_fewer_partitions_and_tiered_again_takes_reco
         admin.delete_topics([topic])[topic].result(30)
         wait_until(lambda: t.tiering.topics.topic(topic) is None, 30, "dropped")
         admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(30)
-        wait_until(lambda: _partition_count(admin, topic) == 1, 30, "created again")
+        _grown(kafka_cluster, topic, 1)
         assert topics_command("tier", topic, t.tiering.peer_port).returncode == 0
         new_id = tiered_topic_id(proxy, topic)
         assert new_id != old_id
@@ -142,7 +152,7 @@ def test_a_produce_to_a_partition_just_added_asks_for_a_look_at_kafka(
         wait_until(far_off, 30, "a look with the next one an hour off")
         admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
         admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
-        wait_until(lambda: _partition_count(admin, topic) == 2, 30, "grown")
+        _grown(kafka_cluster, topic, 2)
 
         acked = [(o, v) for o, v, _ in _produce(proxy.bootstrap, topic, "new", 3, 1)]
         assert [o for o, _ in acked] == [0, 1, 2]

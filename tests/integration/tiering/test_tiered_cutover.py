@@ -49,6 +49,7 @@ from proxy.devstack.paths import free_port, free_port_block
 from proxy.devstack.proxy_thread import ProxyThread
 from proxy.metadata.streams import shard_of, stream_id, topic_shard
 from proxy.objects.local import LocalDirectoryStore
+from tests.support.leaders import partitions_seen_by_each_broker
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -440,8 +441,10 @@ def test_an_untier_right_after_a_partition_was_added_counts_it(
 
         wait_until(far_off, 30, "both proxies' next look an hour off")
         admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
-        wait_until(
-            lambda: len(admin.list_topics(topic, timeout=30).topics[topic].partitions) == 2,
+        wait_until(  # by every broker: a producer told one partition fails partition 1's records
+            lambda: (
+                set(partitions_seen_by_each_broker(kafka_cluster.bootstrap, topic).values()) == {2}
+            ),
             30,
             "grown",
         )
