@@ -237,6 +237,16 @@ class TieredPartition:
         """The committed producer state, covering offsets below the high watermark."""
         return self._sequencer.snapshot()
 
+    def snapshot_at(self, offset: int) -> bytes | None:
+        """The producer snapshot a trim to `offset` writes with it
+        (`PartitionSequencer.snapshot_at`); None when there is none to write: the
+        sequencer is fenced (its state may not be the log's) or `offset` is past what is
+        committed here."""
+        sequencer = self._sequencer
+        if sequencer.fenced or offset > sequencer.producer_state_end:
+            return None
+        return sequencer.snapshot_at(offset)
+
     async def produce(
         self,
         records: Records,

@@ -8,13 +8,20 @@ the marker follower has to consider). A version 1 snapshot reads as no transacti
 no coordinator epoch known and no marker position: what a v1 writer, which refused
 transactional batches, had.
 
+Version 3 is written only for a snapshot taken below the stream's end whose markers need
+it (`PartitionSequencer.snapshot_at`, written with a trim): the offset from which the
+stream's markers are still to be met upstream (`markers_end`, past the snapshot's
+offset), and the identities of those still to be met that lie below the snapshot's
+offset. Every other snapshot is written as version 2, which a release before version 3
+reads.
+
 Pure: no I/O, no asyncio.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -36,11 +43,14 @@ __all__ = [
 ]
 
 # big-endian; Kafka's snapshot header (version, CRC-32C of every byte after it)
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3  # the newest read and written; 2 when version 3 adds nothing
 _NONE = -1  # an absent offset (no open transaction, no marker position)
 _HEADER = struct.Struct(">hI")
 _BODY_V1 = struct.Struct(">qi")  # offset covered, producer count
 _BODY_V2 = struct.Struct(">qqi")  # offset covered, marker position, producer count
+_BODY_V3 = struct.Struct(">qqqi")  # ... markers end, before the producer count
+_EXPECTED = struct.Struct(">i")  # count of the identities after the producers
+_IDENTITY = struct.Struct(">qhq")  # producer id, producer epoch, timestamp
 _PRODUCER_V1 = struct.Struct(">qhqb")  # id, epoch, last timestamp, batch count
 _PRODUCER_V2 = struct.Struct(">qhqiqb")  # ... coordinator epoch, txn first offset, batch count
 _BATCH = struct.Struct(">iqiq")  # last seq, last offset, offset delta, timestamp
@@ -55,15 +65,33 @@ class ProducerSnapshot:
     offset: int  # the state covers every batch below this offset
     entries: list[ProducerStateEntry]
     marker_position: int | None = None
+    # the stream's markers from here on are still to be met upstream (at least `offset`)
+    markers_end: int = 0
+    # identities (producer id, epoch, timestamp) of markers still to be met upstream that
+    # lie below `offset`, in stream order
+    expected: tuple[tuple[int, int, int], ...] = ()
 
 
 def encode_snapshot(
-    offset: int, entries: Iterable[ProducerStateEntry], marker_position: int | None = None
+    offset: int,
+    entries: Iterable[ProducerStateEntry],
+    marker_position: int | None = None,
+    *,
+    markers_end: int | None = None,
+    expected: Sequence[tuple[int, int, int]] = (),
 ) -> bytes:
-    """The state of `entries`, which covers every batch below `offset` (version 2)."""
+    """The state of `entries`, which covers every batch below `offset`: version 2, or 3
+    when `markers_end` is past `offset` or markers below it are `expected`."""
     entries = sorted(entries, key=lambda entry: entry.producer_id)
     position = _NONE if marker_position is None else marker_position
-    parts = [_BODY_V2.pack(offset, position, len(entries))]
+    end = offset if markers_end is None else markers_end
+    if end < offset:
+        raise ValueError(f"markers end {end} below the snapshot's offset {offset}")
+    v3 = end > offset or bool(expected)
+    if v3:
+        parts = [_BODY_V3.pack(offset, position, end, len(entries))]
+    else:
+        parts = [_BODY_V2.pack(offset, position, len(entries))]
     for entry in entries:
         first = entry.current_txn_first_offset
         parts.append(
@@ -80,8 +108,11 @@ def encode_snapshot(
             _BATCH.pack(b.last_seq, b.last_offset, b.offset_delta, b.timestamp)
             for b in entry.batches
         )
+    if v3:
+        parts.append(_EXPECTED.pack(len(expected)))
+        parts.extend(_IDENTITY.pack(*identity) for identity in expected)
     body = b"".join(parts)
-    return _HEADER.pack(SNAPSHOT_VERSION, crc32c.crc32c(body)) + body
+    return _HEADER.pack(3 if v3 else 2, crc32c.crc32c(body)) + body
 
 
 def decode_snapshot(data: bytes | bytearray | memoryview) -> tuple[int, list[ProducerStateEntry]]:
@@ -91,12 +122,12 @@ def decode_snapshot(data: bytes | bytearray | memoryview) -> tuple[int, list[Pro
 
 
 def read_snapshot(data: bytes | bytearray | memoryview) -> ProducerSnapshot:
-    """A snapshot of version 1 or 2; CorruptSnapshotError otherwise."""
+    """A snapshot of version 1, 2 or 3; CorruptSnapshotError otherwise."""
     view = memoryview(data).cast("B")
     if len(view) < _HEADER.size + _BODY_V1.size:
         raise CorruptSnapshotError(f"{len(view)} bytes is too short for a producer snapshot")
     version, crc = _HEADER.unpack_from(view)
-    if version not in (1, 2):
+    if version not in (1, 2, 3):
         raise CorruptSnapshotError(f"producer snapshot version {version} is not known")
     computed = crc32c.crc32c(view[_HEADER.size :])
     if computed != crc:
@@ -109,11 +140,19 @@ def read_snapshot(data: bytes | bytearray | memoryview) -> ProducerSnapshot:
             offset, count = _BODY_V1.unpack_from(view, pos)
             position = _NONE
             pos += _BODY_V1.size
-        else:
+        elif version == 2:
             offset, position, count = _BODY_V2.unpack_from(view, pos)
             pos += _BODY_V2.size
-        if offset < 0 or position < _NONE:
-            raise CorruptSnapshotError(f"negative offset {offset} or marker position {position}")
+        else:
+            offset, position, markers_end, count = _BODY_V3.unpack_from(view, pos)
+            pos += _BODY_V3.size
+        if version < 3:
+            markers_end = offset
+        if offset < 0 or position < _NONE or markers_end < offset:
+            raise CorruptSnapshotError(
+                f"negative offset {offset} or marker position {position}, or markers end "
+                f"{markers_end} below it"
+            )
         entries: dict[int, ProducerStateEntry] = {}
         for _ in range(count):
             if version == 1:
@@ -134,8 +173,23 @@ def read_snapshot(data: bytes | bytearray | memoryview) -> ProducerSnapshot:
             entries[pid] = ProducerStateEntry(
                 pid, epoch, used, tuple(batches), coordinator, None if first == _NONE else first
             )
+        expected: list[tuple[int, int, int]] = []
+        if version == 3:
+            (known,) = _EXPECTED.unpack_from(view, pos)
+            pos += _EXPECTED.size
+            if known < 0:
+                raise CorruptSnapshotError(f"{known} expected markers")
+            for _ in range(known):
+                expected.append(_IDENTITY.unpack_from(view, pos))
+                pos += _IDENTITY.size
     except struct.error:
         raise CorruptSnapshotError("producer snapshot cut short") from None
     if count < 0 or pos != len(view):
         raise CorruptSnapshotError(f"producer count {count} does not match {len(view)} bytes")
-    return ProducerSnapshot(offset, list(entries.values()), None if position == _NONE else position)
+    return ProducerSnapshot(
+        offset,
+        list(entries.values()),
+        None if position == _NONE else position,
+        markers_end,
+        tuple(expected),
+    )

@@ -25,10 +25,11 @@ has three sources for a stream:
 **A log start inside a batch.** DeleteRecords may move the log start L to any offset up
 to the high watermark, in the middle of a batch too (Kafka Streams purges its
 repartition topics after every commit). Kafka keeps such a batch whole in its segment,
-and with it its producer's last sequence. So with no snapshot and S = L above the
-cutover, the first batch from S on may begin below S: it is replayed whole and the
-rebuild goes on from its end. A snapshot's offset and the cutover are batch boundaries,
-so a batch straddling them is still a RecoveryError.
+and with it its producer's last sequence. So with S = L above the cutover (no snapshot,
+or the one written with the trim to L, which leaves that batch's producer out), the
+first batch from S on may begin below S: it is replayed whole and the rebuild goes on
+from its end. The cutover is a batch boundary, so a batch straddling it is still a
+RecoveryError.
 
 **Holes a log cleaner left** (docs/tiering.md, "Compacted topics"). The objects of a
 compacted stream hold offsets with no batch, where a cleaner dropped batches. The
@@ -73,7 +74,7 @@ from dataclasses import dataclass
 from kio.schema.errors import ErrorCode
 
 from proxy.metadata.state import MetadataState
-from proxy.partition.producer_snapshot import CorruptSnapshotError
+from proxy.partition.producer_snapshot import CorruptSnapshotError, read_snapshot
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ProducerStateEntry,
@@ -268,11 +269,10 @@ class RecoveryPoint:
 
     @property
     def starts_at_log_start(self) -> bool:
-        """S is a log start above the cutover, with no snapshot: DeleteRecords may have
-        put it inside a batch, which the rebuild then replays whole (module docstring)."""
-        return self.snapshot is None and self.state_offset == self.log_start_offset > (
-            self.cutover_offset
-        )
+        """S is a log start above the cutover (with no snapshot, or the one written with
+        the trim that put the log start there): DeleteRecords may have put it inside a
+        batch, which the rebuild then replays whole (module docstring)."""
+        return self.state_offset == self.log_start_offset > self.cutover_offset
 
     @classmethod
     def from_metadata(cls, state: MetadataState, stream: int) -> RecoveryPoint:
@@ -367,13 +367,16 @@ def rebuild_sequencer(
         sequencer = PartitionSequencer(expected, carried, **options)
     else:
         try:
-            sequencer = PartitionSequencer.restore(point.snapshot, point.state_offset, **options)
+            covered = read_snapshot(point.snapshot).offset
+            sequencer = PartitionSequencer.restore(
+                point.snapshot, point.state_offset, replay_from=expected, **options
+            )
         except (CorruptSnapshotError, ValueError) as exc:
             raise RecoveryError(f"stream {stream}: producer snapshot: {exc}") from exc
-        if sequencer.producer_state_end != point.state_offset:
+        if covered != point.state_offset:
             raise RecoveryError(
                 f"stream {stream}: the snapshot record says offset {point.state_offset}, its "
-                f"state covers offsets below {sequencer.producer_state_end}"
+                f"state covers offsets below {covered}"
             )
     gap = missing_committed(point, wal_batches) if blocks is None else None
     if gap is not None:

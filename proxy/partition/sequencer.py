@@ -172,7 +172,7 @@ class PartitionSequencer:
         """The identities of the control batches `replay` saw since the sequencer was
         built or restored, in order, until a live marker moves `marker_position`: the
         markers already in the stream past `marker_position` (the resume rule)."""
-        return tuple(self._markers.replayed)
+        return tuple(identity for _, identity in self._markers.replayed)
 
     @property
     def pending(self) -> tuple[PendingAppend, ...]:
@@ -281,7 +281,8 @@ class PartitionSequencer:
                 ),
             )
         if refusal is not None:
-            self._markers.skipped(self._pending, max(position or 0, marker.upstream_offset + 1))
+            after = max(position or 0, marker.upstream_offset + 1)
+            self._markers.skipped(self._pending, after, self._state_end)
             return Rejected(*refusal)
         base = self._log_end
         out = marker_batch(marker, base)
@@ -328,7 +329,7 @@ class PartitionSequencer:
             if self._pending_states.get(pid) is entry:
                 del self._pending_states[pid]
         self._high_watermark = self._state_end = pending.next_offset
-        self._markers.committed(pending.base_offset)
+        self._markers.committed(pending.base_offset, pending.next_offset)
         return ErrorCode.none
 
     def abort(self, pending: PendingAppend) -> None:
@@ -365,7 +366,7 @@ class PartitionSequencer:
             if header.is_control:
                 # written by append_marker: Kafka's rules passed; its coordinator epoch is
                 # in the record, not the header, so the known one is kept
-                self._markers.replayed.append((pid, epoch, header.max_timestamp))
+                self._markers.replay(header.base_offset, (pid, epoch, header.max_timestamp))
                 if epoch >= entry.producer_epoch:
                     self._set(pid, entry.with_marker(epoch, None, used, header.max_timestamp))
             elif epoch >= entry.producer_epoch:  # an older epoch's batch changes nothing
@@ -397,7 +398,36 @@ class PartitionSequencer:
     def snapshot(self) -> bytes:
         """The committed producer state, the offset it covers and the marker position
         (docs/sequencer.md)."""
-        return encode_snapshot(self._state_end, self._producers.values(), self._markers.position)
+        return self.snapshot_at(self._state_end)
+
+    def snapshot_at(self, offset: int) -> bytes:
+        """A snapshot at `offset` (at most `producer_state_end`) for a rebuild that replays
+        the batches from `offset` on: the committed state of the producers whose batches
+        all lie below it (those with a batch from `offset` on are left out: the replay
+        brings them back, from that batch), and the marker follower's place, which the
+        replayed markers must not move back (`MarkerFollow.markers_end`). Written with a
+        trim to `offset` (docs/sequencer.md, "Producer state below the log start"): a
+        producer whose batches the log start passed is known until it expires, as Kafka
+        keeps it (KIP-360). `offset` may fall inside a batch: that batch's producer is
+        left out, and the rebuild replays the batch whole."""
+        if not 0 <= offset <= self._state_end:
+            raise ValueError(
+                f"a snapshot at {offset}, outside the committed state [0, {self._state_end}]"
+            )
+        entries = [
+            entry
+            for entry in self._producers.values()
+            if not entry.batches or entry.batches[-1].last_offset < offset
+        ]
+        markers = self._markers
+        expected = [identity for at, identity in markers.replayed if at < offset]
+        return encode_snapshot(
+            offset,
+            entries,
+            markers.position,
+            markers_end=max(offset, markers.markers_end()),
+            expected=expected,
+        )
 
     @classmethod
     def restore(
@@ -407,24 +437,33 @@ class PartitionSequencer:
         *,
         log_append_time: bool = False,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+        replay_from: int | None = None,
     ) -> PartitionSequencer:
-        """A sequencer for a log ending at `log_end_offset`, from a `snapshot()`. Replay the
-        batches from the snapshot's offset (`producer_state_end`) on before appending.
-        Raises CorruptSnapshotError for bad bytes, ValueError for a snapshot past the log."""
+        """A sequencer for a log ending at `log_end_offset`, from a `snapshot()` or
+        `snapshot_at()`. Replay the batches from the snapshot's offset
+        (`producer_state_end`) on before appending; `replay_from`: from there instead,
+        below the snapshot's offset, to replay whole a batch the snapshot's offset falls
+        inside (its producer is not in the snapshot). Raises CorruptSnapshotError for bad
+        bytes, ValueError for a snapshot past the log."""
         snapshot = read_snapshot(data)
         offset, entries = snapshot.offset, snapshot.entries
         if offset > log_end_offset:
             raise ValueError(
                 f"the snapshot covers offsets below {offset}, past the log end {log_end_offset}"
             )
+        start = offset if replay_from is None else replay_from
+        if not 0 <= start <= offset:
+            raise ValueError(f"a replay from {start}, past the snapshot's offset {offset}")
         sequencer = cls(
             log_end_offset,
             entries,
             log_append_time=log_append_time,
             producer_id_expiration_ms=producer_id_expiration_ms,
         )
-        sequencer._state_end = offset
-        sequencer._markers.position = snapshot.marker_position
+        sequencer._state_end = start
+        sequencer._markers = MarkerFollow(
+            snapshot.marker_position, snapshot.markers_end, snapshot.expected, offset
+        )
         return sequencer
 
     def _check_replayed(self) -> None:

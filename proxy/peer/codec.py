@@ -82,6 +82,10 @@ response's referenced flag (set only in answer to a request with a header, so on
 sender at 13 or later gets it) and the held request and response (which referenced S3-WAL
 objects the owner still needs; sent only to an owner at 13 or later). An owner before 13
 gets the append without its header and answers it from the bytes, as before.
+14: no new frame: a release at 14 rebuilds a partition from the producer snapshot a trim
+writes (version 3, or at a log start inside a batch: docs/sequencer.md, "Producer state
+below the log start"), written only while every live member is at 14 or later (an older
+one taking the shard over would fail to rebuild the partition from it).
 A rolling upgrade therefore never breaks a hand-off
 (docs/operations.md, "Upgrades").
 """
@@ -119,6 +123,7 @@ __all__ = [
     "SHARD_READ_PROTOCOL",
     "STABLE_PROTOCOL",
     "TOPIC_OPS_PROTOCOL",
+    "TRIM_SNAPSHOT_PROTOCOL",
     "TXN_PROTOCOL",
     "PeerFrameReader",
     "PeerProtocolError",
@@ -131,7 +136,7 @@ __all__ = [
 ]
 
 VERSION = 1
-PROTOCOL = 13  # the level this code reads and writes (docstring: "Protocol levels")
+PROTOCOL = 14  # the level this code reads and writes (docstring: "Protocol levels")
 SEQUENCES_PROTOCOL = 2  # the first level that reads the append request's sequences
 CATCH_UP_PROTOCOL = 4  # the first level that reads the catch-up request
 STABLE_PROTOCOL = 5  # the first level that reads a fetch request's flags (last stable offset)
@@ -143,6 +148,7 @@ TOPIC_OPS_PROTOCOL = 10  # the first that reads admin ops deleted, look; TopicMo
 SHARD_READ_PROTOCOL = 11  # the first level that reads the shard read request
 CONFIGS_PROTOCOL = 12  # the first level that reads the admin op configs
 REFERENCE_PROTOCOL = 13  # the first that reads an append's header, referenced, held
+TRIM_SNAPSHOT_PROTOCOL = 14  # the first whose rebuild reads a trim's producer snapshot
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 _PREFIX = struct.Struct(">II")  # length, crc

@@ -332,6 +332,13 @@ class TieringService:
         heartbeat = self.fleet.heartbeat(member) if member else None
         return OLD_PEER_PROTOCOL if heartbeat is None else heartbeat.peer_protocol
 
+    def fleet_at(self, level: int) -> bool:
+        """Every live member of the fleet but this one is at peer protocol `level` or
+        later (this one is)."""
+        return all(
+            self.peer_protocol(m.name) >= level for m in self.fleet.live() if m.name != self.name
+        )
+
     @property
     def started_at(self) -> float:
         """When this proxy started (its heartbeat says it): in its S3-WAL writer id."""

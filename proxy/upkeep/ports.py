@@ -108,7 +108,15 @@ class OwnedPartitions(Protocol):
     def partitions(self) -> PartitionSet | None: ...
 
 
-class TrimHost(ShardsAndPeers, OwnedPartitions, Protocol):
+class TrimWriter(OwnedPartitions, Protocol):
+    """What writing a trim asks (trims.write_trim)."""
+
+    def fleet_at(self, level: int) -> bool:
+        """Every live member of the fleet is at peer protocol `level` or later."""
+        ...
+
+
+class TrimHost(ShardsAndPeers, TrimWriter, Protocol):
     """DeleteRecords' trim of a stream (trims.py), at the owner of its shard."""
 
     @property
@@ -140,7 +148,7 @@ class BackfillHost(ShardsAndPeers, Protocol):
     def store(self) -> ObjectStore | None: ...
 
 
-class RetentionHost(Shards, OwnedPartitions, Protocol):
+class RetentionHost(Shards, TrimWriter, Protocol):
     """The retention task (retention.py): trims the streams of the shards owned here."""
 
     @property

@@ -25,12 +25,13 @@ from aiokafka.errors import KafkaError
 from kio.schema.errors import ErrorCode
 
 from proxy.clock import now_ms
-from proxy.metadata.records import StreamTrim
+from proxy.metadata.records import ProducerSnapshot, StreamTrim
 from proxy.metadata.rules import Outcome, Verdict
 from proxy.metadata.store import ShardFenced, ShardOwner
 from proxy.metadata.streams import StreamInfo, shard_of
+from proxy.peer.codec import TRIM_SNAPSHOT_PROTOCOL
 from proxy.peer.messages import TrimRequest
-from proxy.upkeep.ports import OwnedPartitions, TrimHost, owner_or_peer
+from proxy.upkeep.ports import TrimHost, TrimWriter, owner_or_peer
 from proxy.upload.uploader import UploadError
 
 log = logging.getLogger("tierproxy.trims")
@@ -39,7 +40,7 @@ HIGH_WATERMARK = -1
 
 
 async def write_trim(
-    service: OwnedPartitions,
+    service: TrimWriter,
     owner: ShardOwner,
     info: StreamInfo,
     log_start: int,
@@ -47,13 +48,42 @@ async def write_trim(
     batch_base: int | None = None,
 ) -> Verdict:
     """Write the StreamTrim and, once accepted, move the owned partition's log start;
-    `batch_base`: where the batch holding `log_start` begins, if it began below it."""
-    trim = StreamTrim(
-        owner.state.generation, info.stream_id, info.incarnation, log_start, owner.epoch, now_ms
-    )
-    [verdict] = await owner.write([trim])
+    `batch_base`: where the batch holding `log_start` begins, if it began below it.
+
+    With the trim goes a producer snapshot at the new log start when the partition is
+    served here and the log start is past the cutover (docs/sequencer.md, "Producer state
+    below the log start"): the producers whose batches the trim passes stay known to a
+    rebuild, as Kafka keeps them (KIP-360), and the marker follower's place with them.
+    The trim drops the snapshot before it; this one, after it in the same write, stays.
+    Only while every live member reads it (`TRIM_SNAPSHOT_PROTOCOL`): a release before it
+    taking the shard over would fail to rebuild the partition from it."""
+    partition = service.partitions.get(info.stream_id) if service.partitions else None
+    records: list[StreamTrim | ProducerSnapshot] = [
+        StreamTrim(
+            owner.state.generation, info.stream_id, info.incarnation, log_start, owner.epoch, now_ms
+        )
+    ]
+    state = None
+    current = owner.state.stream(info.stream_id)  # the snapshot names no incarnation
+    same = current is not None and current.incarnation == info.incarnation
+    readable = service.fleet_at(TRIM_SNAPSHOT_PROTOCOL)
+    if partition is not None and same and readable and log_start > info.cutover_offset:
+        state = partition.snapshot_at(log_start)
+    if state is not None:
+        records.append(
+            ProducerSnapshot(
+                owner.state.generation, info.stream_id, owner.epoch, log_start, now_ms, state
+            )
+        )
+    verdict, *snapshot = await owner.write(records)
+    if snapshot and not snapshot[0].accepted:
+        log.warning(
+            "stream %d: producer snapshot at %d not written: %s",
+            info.stream_id,
+            log_start,
+            snapshot[0].reason,
+        )
     if verdict.accepted:
-        partition = service.partitions.get(info.stream_id) if service.partitions else None
         if partition is not None and log_start > partition.log_start_offset:
             partition.log_start_offset = log_start
             if batch_base is not None:

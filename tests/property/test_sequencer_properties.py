@@ -22,6 +22,7 @@ from proxy.partition.producer_snapshot import (
     CorruptSnapshotError,
     decode_snapshot,
     encode_snapshot,
+    read_snapshot,
 )
 from proxy.partition.producer_state import INT32_MAX, BatchMetadata, ProducerStateEntry
 from proxy.partition.sequencer import (
@@ -244,6 +245,28 @@ def test_random_producers_against_the_model(ops, data, start, first):
     assert rebuilt.producer_states == sequencer.producer_states
     assert rebuilt.snapshot() == sequencer.snapshot()
 
+    # a trim anywhere: its snapshot, restored, and the batches from the one holding the
+    # trim's offset replayed, gives every producer's last batch back, and the whole
+    # state of those the trim passed
+    trim = data.draw(st.integers(start, sequencer.high_watermark), label="trim at")
+    headers = [h for pending, _ in run.committed for h, _ in iter_batches(pending.records)]
+    kept = [h for h in headers if h.next_offset > trim]
+    replay_from = kept[0].base_offset if kept else trim
+    after = PartitionSequencer.restore(sequencer.snapshot_at(trim), trim, replay_from=replay_from)
+    for header in kept:
+        assert after.replay(header, NOW)
+    assert after.high_watermark == sequencer.high_watermark
+    assert after.producer_states.keys() == sequencer.producer_states.keys()
+    for pid, entry in sequencer.producer_states.items():
+        again = after.producer_states[pid]
+        if not entry.batches or entry.batches[-1].last_offset < trim:
+            assert again == entry
+        else:
+            assert (again.producer_epoch, again.batches[-1]) == (
+                entry.producer_epoch,
+                entry.batches[-1],
+            )
+
 
 @settings(max_examples=500, deadline=None)
 @given(data=st.binary(max_size=120))
@@ -279,10 +302,32 @@ def test_snapshot_round_trip(offset, entries):
     )
 
 
+IDENTITY = st.tuples(I64, I16, I64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    offset=st.integers(0, 1 << 62),
+    past=st.integers(0, 1 << 40),
+    position=st.none() | st.integers(0, 1 << 62),
+    entries=st.lists(ENTRY, max_size=4, unique_by=lambda entry: entry.producer_id),
+    expected=st.lists(IDENTITY, max_size=4).map(tuple),
+)
+def test_snapshot_round_trip_with_markers(offset, past, position, entries, expected):
+    data = encode_snapshot(offset, entries, position, markers_end=offset + past, expected=expected)
+    snapshot = read_snapshot(data)
+    assert (snapshot.offset, snapshot.marker_position) == (offset, position)
+    assert (snapshot.markers_end, snapshot.expected) == (offset + past, expected)
+    assert sorted(snapshot.entries, key=lambda e: e.producer_id) == sorted(
+        entries, key=lambda e: e.producer_id
+    )
+    assert data[1] == (3 if past or expected else 2)
+
+
 @settings(max_examples=500, deadline=None)
-@given(body=st.binary(max_size=160))
-def test_snapshot_bytes_with_a_valid_crc_only_ever_raise_corrupt_snapshot_error(body):
-    data = struct.pack(">hI", 1, crc32c.crc32c(body)) + body
+@given(body=st.binary(max_size=160), version=st.sampled_from([1, 2, 3]))
+def test_snapshot_bytes_with_a_valid_crc_only_ever_raise_corrupt_snapshot_error(body, version):
+    data = struct.pack(">hI", version, crc32c.crc32c(body)) + body
     try:
         decode_snapshot(data)
     except CorruptSnapshotError:

@@ -48,7 +48,7 @@ def reframe(body_and_head: bytes) -> bytes:
 
 
 def test_the_levels():
-    assert REFERENCE_PROTOCOL == 13 == PROTOCOL
+    assert REFERENCE_PROTOCOL == 13 == PROTOCOL - 1
     assert REFERENCE_PROTOCOL == CONFIGS_PROTOCOL + 1
     assert HEADER_SIZE == 61
 

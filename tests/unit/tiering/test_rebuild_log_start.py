@@ -130,11 +130,15 @@ def test_a_log_start_at_the_batch_end_or_past_the_committed_end_still_works():
         rebuilt(point(CUTOVER + 110, CUTOVER + 110), [], written([120, 10])[1][1:])
 
 
-def test_a_batch_straddling_a_snapshot_or_the_cutover_is_still_refused():
+def test_a_batch_straddling_a_snapshot_above_the_log_start_or_the_cutover_is_refused():
+    """Only a snapshot at the log start (the one written with the trim that put it
+    there, which leaves the straddling batch's producer out) replays such a batch whole."""
     _, headers = written([100])
     snapshot = PartitionSequencer(CUTOVER + 50).snapshot()
     with pytest.raises(RecoveryError, match=r"offsets \[1050, 1000\) are missing"):
-        rebuilt(point(CUTOVER + 50, CUTOVER + 100, snapshot=snapshot), None, headers)
+        rebuilt(
+            point(CUTOVER + 10, CUTOVER + 100, snapshot=snapshot, state=CUTOVER + 50), None, headers
+        )
     # below the cutover nothing is the proxy's: a batch reaching over it is a disagreement
     moved = [h.__class__(**{**_fields(h), "base_offset": CUTOVER - 5}) for h in headers]
     with pytest.raises(RecoveryError, match=r"offsets \[1000, 995\) are missing"):

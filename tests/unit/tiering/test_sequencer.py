@@ -12,6 +12,7 @@ from proxy.partition.producer_snapshot import (
     CorruptSnapshotError,
     decode_snapshot,
     encode_snapshot,
+    read_snapshot,
 )
 from proxy.partition.producer_state import INT32_MAX, BatchMetadata, ProducerStateEntry
 from proxy.partition.sequencer import (
@@ -397,12 +398,44 @@ def test_the_snapshot_format_is_as_documented():
     assert struct.unpack_from(">qhqiqb", encode_snapshot(5, [none]), 26) == (8, 0, 1, -1, -1, 0)
 
 
+def test_version_3_adds_the_markers_end_and_the_expected_markers():
+    entry = ProducerStateEntry(7, 3, 1234, (BatchMetadata(9, 100, 4, 555),), 11, 96)
+    data = encode_snapshot(42, [entry], 3000, markers_end=50, expected=[(8, 1, 77)])
+    version, crc = struct.unpack_from(">hI", data)
+    assert (version, crc) == (3, crc32c.crc32c(data[6:]))
+    assert struct.unpack_from(">qqqi", data, 6) == (42, 3000, 50, 1)
+    assert struct.unpack_from(">qhqiqb", data, 34) == (7, 3, 1234, 11, 96, 1)
+    assert struct.unpack_from(">iqiq", data, 65) == (9, 100, 4, 555)
+    assert struct.unpack_from(">iqhq", data, 89) == (1, 8, 1, 77)
+    assert len(data) == 111
+    snapshot = read_snapshot(data)
+    assert (snapshot.offset, snapshot.markers_end, snapshot.expected) == (42, 50, ((8, 1, 77),))
+    assert snapshot.entries == [entry]
+    # written as version 2 when version 3 adds nothing; read as markers end = offset
+    same = encode_snapshot(42, [entry], 3000, markers_end=42)
+    assert same == encode_snapshot(42, [entry], 3000) and same[:2] == b"\x00\x02"
+    assert read_snapshot(same).markers_end == 42
+    with pytest.raises(ValueError, match="below the snapshot's offset"):
+        encode_snapshot(42, [], markers_end=41)
+
+    def changed(at: int, fmt: str, value: int) -> bytes:  # a field changed, its CRC made again
+        out = bytearray(data)
+        struct.pack_into(fmt, out, at, value)
+        struct.pack_into(">I", out, 2, crc32c.crc32c(out[6:]))
+        return bytes(out)
+
+    with pytest.raises(CorruptSnapshotError, match="markers end 41 below it"):
+        read_snapshot(changed(22, ">q", 41))
+    with pytest.raises(CorruptSnapshotError, match="cut short"):
+        read_snapshot(changed(89, ">i", 2))
+
+
 @pytest.mark.parametrize(
     ("damage", "words"),
     [
         (lambda d: d[:-1], "CRC-32C mismatch"),
         (lambda d: d[:5], "too short"),
-        (lambda d: patched(d, 0, ">h", 3, fix_crc=False), "version 3"),
+        (lambda d: patched(d, 0, ">h", 4, fix_crc=False), "version 4"),
         (lambda d: d[:6] + bytes([d[6] ^ 1]) + d[7:], "CRC-32C mismatch"),
     ],
 )

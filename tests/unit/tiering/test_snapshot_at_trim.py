@@ -1,0 +1,212 @@
+"""The producer snapshot a trim writes (`PartitionSequencer.snapshot_at`, docs/sequencer.md,
+"Producer state below the log start"): a rebuild from the new log start keeps the
+producers whose batches the log start passed (Kafka keeps them, KIP-360), and the
+marker follower's place, so that the markers the trim passed are not appended again.
+
+Each test rebuilds twice from the same log: from the snapshot, and as before it (no
+snapshot: the state starts empty at the log start), and shows what the snapshot changes.
+Real batches (kafka-python's producer code), the real sequencer and rebuild rules."""
+
+from __future__ import annotations
+
+import pytest
+from kio.schema.errors import ErrorCode
+from test_rebuild_log_start import CUTOVER, STREAM, Shard
+from test_sequencer import NOW, PID, appended, idem, rejected
+from test_sequencer_txn import ended, headers_of, marker, txn
+
+from proxy.metadata.codec import encode
+from proxy.metadata.records import (
+    ObjectCommit,
+    OffsetRange,
+    ProducerSnapshot,
+    StreamTrim,
+)
+from proxy.objects.keys import ObjectKind
+from proxy.partition.producer_snapshot import read_snapshot
+from proxy.partition.rules import PartitionConfig, RecoveryPoint, rebuild_sequencer
+from proxy.partition.sequencer import Duplicate, PartitionSequencer, PendingAppend
+from proxy.peer.codec import TRIM_SNAPSHOT_PROTOCOL
+from proxy.upkeep.trims import write_trim
+
+A, B = PID, PID + 1
+
+
+def rebuilt(log_start: int, end: int, wal, snapshot: bytes | None) -> PartitionSequencer:
+    """The sequencer a restart builds: the state from `snapshot` (at the log start) or
+    empty there, then the WAL's batches `wal` (headers) from the log start on."""
+    point = RecoveryPoint(STREAM, log_start, end, log_start, snapshot, CUTOVER)
+    return rebuild_sequencer(point, None, wal, NOW, PartitionConfig())
+
+
+def test_a_producer_whose_batches_the_log_start_passed_is_kept_and_answers_as_kafkas():
+    live = PartitionSequencer(CUTOVER)
+    a = appended(live, idem(0, 10, pid=A))  # [1000, 1010)
+    b1 = appended(live, idem(0, 10, pid=B))  # [1010, 1020)
+    b2 = appended(live, idem(10, 10, pid=B))  # [1020, 1030)
+    trim = CUTOVER + 15  # DeleteRecords inside B's first batch
+    snapshot = live.snapshot_at(trim)
+    kept = read_snapshot(snapshot)
+    assert (kept.offset, [e.producer_id for e in kept.entries]) == (trim, [A])  # B replays
+    wal = headers_of(b1, b2)  # what the WAL holds from the log start on
+
+    after = rebuilt(trim, CUTOVER + 30, wal, snapshot)
+    assert after.high_watermark == CUTOVER + 30
+    assert after.producer_states[A] == live.producer_states[A]
+    # A's retry is a duplicate, a gap after it is 45, its next batch follows on
+    assert after.append(idem(0, 10, pid=A), NOW) == Duplicate(CUTOVER, CUTOVER + 9, -1, None)
+    rejected(after, idem(20, 3, pid=A), ErrorCode.out_of_order_sequence_number)
+    # B's batch holding the log start is replayed whole: its retry is a duplicate too
+    assert after.append(idem(0, 10, pid=B), NOW) == Duplicate(CUTOVER + 10, CUTOVER + 19, -1, None)
+    assert appended(after, idem(10, 3, pid=A)).base_offset == CUTOVER + 30
+
+    before = rebuilt(trim, CUTOVER + 30, wal, None)  # without it, A was forgotten
+    assert A not in before.producer_states
+    assert isinstance(before.append(idem(20, 3, pid=A), NOW), PendingAppend)
+    assert a.base_offset == CUTOVER
+
+
+def test_a_snapshot_at_a_batch_boundary_and_at_the_end():
+    live = PartitionSequencer(CUTOVER)
+    appended(live, idem(0, 10, pid=A))
+    b = appended(live, idem(0, 10, pid=B))
+    for trim, kept in ((CUTOVER + 10, [A]), (CUTOVER + 20, [A, B])):
+        snapshot = live.snapshot_at(trim)
+        assert [e.producer_id for e in read_snapshot(snapshot).entries] == kept
+        wal = headers_of(b) if trim < CUTOVER + 20 else []
+        after = rebuilt(trim, CUTOVER + 20, wal, snapshot)
+        assert after.producer_states == live.producer_states
+    assert read_snapshot(live.snapshot_at(CUTOVER + 20)) == read_snapshot(live.snapshot())
+
+
+def test_markers_the_trim_passed_are_not_expected_again():
+    """A transaction committed (its marker at stream offset 1003, upstream 2000), then an
+    idempotent batch; DeleteRecords to 1004. Rebuilt from the trim's snapshot, the
+    follower resumes past the marker with nothing to meet: Kafka's log of the
+    partition still holds it, and before, with no snapshot, the follower began at the
+    cutover with nothing expected, so it appended that marker again (an offset Kafka's
+    log does not have)."""
+    live = PartitionSequencer(CUTOVER)
+    appends = [appended(live, txn(0)), ended(live, marker()), appended(live, idem(0, pid=B))]
+    assert live.marker_position == 2001
+    trim = CUTOVER + 4
+    after = rebuilt(trim, CUTOVER + 7, headers_of(appends[2]), live.snapshot_at(trim))
+    assert (after.marker_position, after.replayed_markers) == (2001, ())
+    before = rebuilt(trim, CUTOVER + 7, headers_of(appends[2]), None)
+    assert (before.marker_position, before.replayed_markers) == (None, ())
+    # a trim below the marker: the replay meets it again, as one accounted for
+    below = rebuilt(CUTOVER + 3, CUTOVER + 7, headers_of(*appends[1:]), live.snapshot_at(1003))
+    assert (below.marker_position, below.replayed_markers) == (2001, ())
+    assert below.open_transactions == {}
+    # a marker appended after the snapshot is still to be met upstream
+    snapshot = live.snapshot_at(trim)
+    later = ended(live, marker(pid=B, at=5))  # B had no transaction: appended all the same
+    again = rebuilt(trim, CUTOVER + 8, headers_of(appends[2], later), snapshot)
+    assert (again.marker_position, again.replayed_markers) == (2001, ((B, 0, NOW + 5),))
+
+
+def test_replayed_markers_a_trim_cuts_off_stay_expected():
+    """A rebuild replayed a marker the follower has not met upstream yet (it moves past
+    it only with a live marker); a trim past it before that: the next rebuild must still
+    expect it first, or every marker from the cutover on would look new."""
+    live = PartitionSequencer(CUTOVER)
+    appends = [appended(live, txn(0)), ended(live, marker()), appended(live, idem(0, pid=B))]
+    restarted = rebuilt(CUTOVER, CUTOVER + 7, headers_of(*appends), None)
+    assert restarted.replayed_markers == ((A, 0, NOW),)
+    trim = CUTOVER + 4
+    snapshot = restarted.snapshot_at(trim)
+    assert read_snapshot(snapshot).expected == ((A, 0, NOW),)
+    after = rebuilt(trim, CUTOVER + 7, headers_of(appends[2]), snapshot)
+    assert (after.marker_position, after.replayed_markers) == (None, ((A, 0, NOW),))
+    # and again, from the rebuilt one, with a further trim
+    end = CUTOVER + 7
+    further = rebuilt(end, end, [], after.snapshot_at(end))
+    assert further.replayed_markers == ((A, 0, NOW),)
+    # once a live marker moves the position, nothing is expected any more
+    ended(after, marker(pid=B, at=7))
+    assert read_snapshot(after.snapshot_at(end)).expected == ()
+
+
+def test_the_snapshot_is_version_2_unless_its_markers_need_3():
+    live = PartitionSequencer(CUTOVER)
+    appended(live, idem(0, pid=A))
+    assert live.snapshot_at(CUTOVER + 3)[:2] == b"\x00\x02"
+    ended(live, marker(pid=B))
+    assert live.snapshot_at(CUTOVER + 3)[:2] == b"\x00\x03"  # the marker at 1003 accounted
+    assert live.snapshot_at(CUTOVER + 4)[:2] == b"\x00\x02"
+    assert read_snapshot(live.snapshot_at(CUTOVER + 3)).markers_end == CUTOVER + 4
+
+
+def test_the_metadata_keeps_the_snapshot_written_after_its_trim():
+    """As `trims.write_trim` writes them: the trim, then the snapshot at the new log start
+    (the trim drops the snapshot before it). A rebuild starts from it, at the log start,
+    inside a batch."""
+    live = PartitionSequencer(CUTOVER)
+    appended(live, idem(0, 10, pid=A))
+    b = appended(live, idem(0, 10, pid=B))
+    shard = Shard()
+    shard.write(ObjectCommit(0, 1, ObjectKind.STREAM_SET, 100, 1, NOW, (
+        OffsetRange(STREAM, CUTOVER, CUTOVER + 20),
+    )))  # fmt: skip
+    for trim in (CUTOVER + 5, CUTOVER + 15):
+        shard.write(StreamTrim(0, STREAM, 1, trim, 1, NOW))
+        shard.write(ProducerSnapshot(0, STREAM, 1, trim, NOW, live.snapshot_at(trim)))
+    point = RecoveryPoint.from_metadata(shard.state, STREAM)
+    assert (point.state_offset, point.starts_at_log_start) == (CUTOVER + 15, True)
+    after = rebuild_sequencer(point, None, headers_of(b), NOW, PartitionConfig())
+    assert after.producer_states == live.producer_states
+
+
+class _Owner:
+    """A shard owner over a real MetadataState: writes apply at once."""
+
+    def __init__(self, shard: Shard) -> None:
+        self.shard, self.state, self.epoch = shard, shard.state, 1
+        self.written: list[type] = []
+
+    async def write(self, records):
+        verdicts = []
+        for record in records:
+            self.written.append(type(record))
+            verdicts.append(self.state.apply(*encode(record), self.state.next_offset))
+        return verdicts
+
+
+class _Partition:
+    def __init__(self, sequencer: PartitionSequencer) -> None:
+        self.sequencer, self.log_start_offset = sequencer, CUTOVER
+
+    def snapshot_at(self, offset: int) -> bytes | None:
+        return self.sequencer.snapshot_at(offset)
+
+
+class _Service:
+    def __init__(self, partition: _Partition, fleet_level: int) -> None:
+        self.partitions = {STREAM: partition}
+        self.fleet_level = fleet_level
+
+    def fleet_at(self, level: int) -> bool:
+        return self.fleet_level >= level
+
+
+@pytest.mark.parametrize("fleet_level", [TRIM_SNAPSHOT_PROTOCOL, TRIM_SNAPSHOT_PROTOCOL - 1])
+async def test_write_trim_adds_the_snapshot_only_once_every_member_reads_it(fleet_level):
+    live = PartitionSequencer(CUTOVER)
+    appended(live, idem(0, 10, pid=A))
+    shard = Shard()
+    shard.write(ObjectCommit(0, 1, ObjectKind.STREAM_SET, 100, 1, NOW, (
+        OffsetRange(STREAM, CUTOVER, CUTOVER + 10),
+    )))  # fmt: skip
+    owner = _Owner(shard)
+    partition = _Partition(live)
+    info = shard.state.stream(STREAM)
+    verdict = await write_trim(_Service(partition, fleet_level), owner, info, CUTOVER + 10, NOW)
+    assert verdict.accepted and partition.log_start_offset == CUTOVER + 10
+    point = RecoveryPoint.from_metadata(shard.state, STREAM)
+    if fleet_level >= TRIM_SNAPSHOT_PROTOCOL:
+        assert owner.written == [StreamTrim, ProducerSnapshot]
+        assert rebuild_sequencer(point, None, [], NOW, PartitionConfig()).producer_states == (
+            live.producer_states
+        )
+    else:  # a member before it would fail to rebuild from it: the trim goes alone
+        assert owner.written == [StreamTrim] and point.snapshot is None
