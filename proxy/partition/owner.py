@@ -237,15 +237,16 @@ class TieredPartition:
         """The committed producer state, covering offsets below the high watermark."""
         return self._sequencer.snapshot()
 
-    def snapshot_at(self, offset: int) -> bytes | None:
-        """The producer snapshot a trim to `offset` writes with it
-        (`PartitionSequencer.snapshot_at`); None when there is none to write: the
-        sequencer is fenced (its state may not be the log's) or `offset` is past what is
-        committed here."""
+    def snapshot_at(self, offset: int, committed_end: int) -> bytes | None:
+        """The producer snapshot a trim to `offset` writes with it, as of the stream's
+        `committed_end` in objects (`PartitionSequencer.snapshot_at`); None when there is
+        none to write: the sequencer is fenced (its state may not be the log's), the
+        offsets are past what is committed here, or the marker follower's place there is
+        no longer known."""
         sequencer = self._sequencer
-        if sequencer.fenced or offset > sequencer.producer_state_end:
+        if sequencer.fenced or not offset <= committed_end <= sequencer.producer_state_end:
             return None
-        return sequencer.snapshot_at(offset)
+        return sequencer.snapshot_at(offset, committed_end)
 
     async def produce(
         self,

@@ -66,10 +66,11 @@ from proxy.partition.appends import (
     validate_records,
     validate_referenced,
 )
-from proxy.partition.marker_follow import MarkerFollow, MarkerIdentity
+from proxy.partition.marker_follow import MarkerFollow, MarkerIdentity, markers_end
 from proxy.partition.producer_snapshot import encode_snapshot, read_snapshot
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    NO_PRODUCER_EPOCH,
     NO_TIMESTAMP,
     BatchMetadata,
     ProducerStateEntry,
@@ -398,35 +399,60 @@ class PartitionSequencer:
     def snapshot(self) -> bytes:
         """The committed producer state, the offset it covers and the marker position
         (docs/sequencer.md)."""
-        return self.snapshot_at(self._state_end)
+        snapshot = self.snapshot_at(self._state_end)
+        assert snapshot is not None  # the live place is always known
+        return snapshot
 
-    def snapshot_at(self, offset: int) -> bytes:
-        """A snapshot at `offset` (at most `producer_state_end`) for a rebuild that replays
-        the batches from `offset` on: the committed state of the producers whose batches
-        all lie below it (those with a batch from `offset` on are left out: the replay
-        brings them back, from that batch), and the marker follower's place, which the
-        replayed markers must not move back (`MarkerFollow.markers_end`). Written with a
-        trim to `offset` (docs/sequencer.md, "Producer state below the log start"): a
-        producer whose batches the log start passed is known until it expires, as Kafka
-        keeps it (KIP-360). `offset` may fall inside a batch: that batch's producer is
-        left out, and the rebuild replays the batch whole."""
-        if not 0 <= offset <= self._state_end:
+    def snapshot_at(self, offset: int, committed_end: int | None = None) -> bytes | None:
+        """A snapshot at `offset` (at most `committed_end`, the stream's end in objects,
+        by default `producer_state_end`) for a rebuild that replays the batches from
+        `offset` on. Written with a trim to `offset` (docs/sequencer.md, "Producer state
+        below the log start"): a producer whose batches the log start passed is known
+        until it expires, as Kafka keeps it (KIP-360).
+
+        - The committed state of the producers whose batches all lie below `offset`. One
+          with a batch from `offset` on is left out (the replay brings it back from that
+          batch), unless its open transaction began below `offset`: then it is kept as
+          that transaction's first offset and coordinator epoch, its epoch unknown, so
+          that the replay's batches add to it. `offset` may fall inside a batch: that
+          batch's producer is left out, and the rebuild replays the batch whole.
+        - The marker follower's place as of `committed_end` (`MarkerFollow.place_at`),
+          with where the replayed markers still to be met upstream begin. None when the
+          place there is no longer known (then no snapshot is written). The moves below
+          `committed_end` are forgotten: it only grows."""
+        end = self._state_end if committed_end is None else committed_end
+        if not 0 <= offset <= end <= self._state_end:
             raise ValueError(
-                f"a snapshot at {offset}, outside the committed state [0, {self._state_end}]"
+                f"a snapshot at {offset} as of {end}, outside the committed state "
+                f"[0, {self._state_end}]"
             )
-        entries = [
-            entry
-            for entry in self._producers.values()
-            if not entry.batches or entry.batches[-1].last_offset < offset
-        ]
-        markers = self._markers
-        expected = [identity for at, identity in markers.replayed if at < offset]
+        place = self._markers.place_at(end)
+        if place is None:
+            return None
+        self._markers.forget_below(end)
+        entries = []
+        for entry in self._producers.values():
+            first = entry.current_txn_first_offset
+            if not entry.batches or entry.batches[-1].last_offset < offset:
+                entries.append(entry)
+            elif first is not None and first < offset:
+                entries.append(
+                    ProducerStateEntry(
+                        entry.producer_id,
+                        NO_PRODUCER_EPOCH,
+                        entry.last_timestamp,
+                        (),
+                        entry.coordinator_epoch,
+                        first,
+                    )
+                )
+        position, _, replayed = place
         return encode_snapshot(
             offset,
             entries,
-            markers.position,
-            markers_end=max(offset, markers.markers_end()),
-            expected=expected,
+            position,
+            markers_end=max(offset, markers_end(place)),
+            expected=[identity for at, identity in replayed if at < offset],
         )
 
     @classmethod

@@ -68,7 +68,8 @@ async def write_trim(
     same = current is not None and current.incarnation == info.incarnation
     readable = service.fleet_at(TRIM_SNAPSHOT_PROTOCOL)
     if partition is not None and same and readable and log_start > info.cutover_offset:
-        state = partition.snapshot_at(log_start)
+        end = owner.state.stream_end(info.stream_id)
+        state = None if end is None else partition.snapshot_at(log_start, end)
     if state is not None:
         records.append(
             ProducerSnapshot(

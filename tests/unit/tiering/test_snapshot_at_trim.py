@@ -127,6 +127,63 @@ def test_replayed_markers_a_trim_cuts_off_stay_expected():
     assert read_snapshot(after.snapshot_at(end)).expected == ()
 
 
+def test_the_follower_place_is_the_one_as_of_the_committed_end():
+    """A marker appended past the stream's committed end E is in the owner's WAL only: a
+    takeover without that WAL (an unclean one) rebuilds to E, and the follower must meet
+    the marker upstream again. The snapshot keeps the place as of E, not the live one."""
+    live = PartitionSequencer(CUTOVER)
+    data = appended(live, txn(0))  # [1000, 1003), committed to objects: E = 1003
+    ended(live, marker())  # at 1003, upstream 2000: in the WAL only
+    assert live.marker_position == 2001
+    snapshot = live.snapshot_at(CUTOVER + 3, CUTOVER + 3)
+    assert snapshot is not None
+    kept = read_snapshot(snapshot)
+    assert (kept.marker_position, kept.markers_end) == (None, CUTOVER + 3)
+    # the WAL lost: the follower meets the marker upstream again and appends it (its
+    # producer, whose batches all lie below the trim, is kept as the live state has it)
+    lost = rebuilt(CUTOVER + 3, CUTOVER + 3, [], snapshot)
+    assert (lost.marker_position, lost.replayed_markers) == (None, ())
+    assert isinstance(lost.append_marker(marker(), NOW), PendingAppend)
+    # the WAL kept: its marker replayed is expected, so the follower does not append it again
+    wal = headers_of(ended(PartitionSequencer(CUTOVER + 3), marker()))
+    kept_wal = rebuilt(CUTOVER + 3, CUTOVER + 4, wal, snapshot)
+    assert kept_wal.replayed_markers == ((A, 0, NOW),) and kept_wal.open_transactions == {}
+    assert data.base_offset == CUTOVER
+
+
+def test_a_transaction_begun_below_the_trim_is_kept_open_from_where_it_began():
+    """Its producer has a batch past the trim, so the replay brings its state back; the
+    snapshot keeps that its transaction began below the trim (the last stable offset
+    Kafka answers: the log start, not the producer's first batch past it)."""
+    live = PartitionSequencer(CUTOVER)
+    appended(live, txn(0))  # [1000, 1003), the transaction's first batch
+    appended(live, idem(0, pid=B))  # [1003, 1006)
+    later = appended(live, txn(3))  # [1006, 1009), the same transaction
+    trim = CUTOVER + 6
+    stub, b = sorted(read_snapshot(live.snapshot_at(trim)).entries, key=lambda e: e.producer_id)
+    assert (stub.producer_id, stub.current_txn_first_offset, stub.batches) == (A, CUTOVER, ())
+    assert b == live.producer_states[B]
+    after = rebuilt(trim, CUTOVER + 9, headers_of(later), live.snapshot_at(trim))
+    assert after.open_transactions == {A: CUTOVER} and after.last_stable_offset == CUTOVER
+    assert after.producer_states[A].batches == live.producer_states[A].batches[-1:]
+    assert after.producer_states[A].producer_epoch == 0
+    before = rebuilt(trim, CUTOVER + 9, headers_of(later), None)
+    assert before.open_transactions == {A: CUTOVER + 6}  # as if it began at its batch past T
+
+
+def test_moves_kept_are_bounded_and_a_place_no_longer_known_writes_no_snapshot(monkeypatch):
+    monkeypatch.setattr("proxy.partition.marker_follow.MAX_MOVES", 3)
+    live = PartitionSequencer(CUTOVER)
+    for n in range(5):  # markers at 1000..1004, each a move
+        ended(live, marker(pid=A + n, at=n))
+    assert live.snapshot_at(CUTOVER, CUTOVER + 1) is None  # the first two moves forgotten
+    place = read_snapshot(live.snapshot_at(CUTOVER + 2, CUTOVER + 2))
+    assert (place.marker_position, place.markers_end) == (2002, CUTOVER + 2)
+    # the moves at or below an end asked for are forgotten: it only grows
+    assert live.snapshot_at(CUTOVER + 1, CUTOVER + 1) is None
+    assert read_snapshot(live.snapshot()).marker_position == 2005
+
+
 def test_the_snapshot_is_version_2_unless_its_markers_need_3():
     live = PartitionSequencer(CUTOVER)
     appended(live, idem(0, pid=A))
@@ -176,8 +233,8 @@ class _Partition:
     def __init__(self, sequencer: PartitionSequencer) -> None:
         self.sequencer, self.log_start_offset = sequencer, CUTOVER
 
-    def snapshot_at(self, offset: int) -> bytes | None:
-        return self.sequencer.snapshot_at(offset)
+    def snapshot_at(self, offset: int, committed_end: int) -> bytes | None:
+        return self.sequencer.snapshot_at(offset, committed_end)
 
 
 class _Service:
