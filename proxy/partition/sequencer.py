@@ -70,7 +70,6 @@ from proxy.partition.marker_follow import MarkerFollow, MarkerIdentity, markers_
 from proxy.partition.producer_snapshot import encode_snapshot, read_snapshot
 from proxy.partition.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
-    NO_PRODUCER_EPOCH,
     NO_TIMESTAMP,
     BatchMetadata,
     ProducerStateEntry,
@@ -411,11 +410,10 @@ class PartitionSequencer:
         until it expires, as Kafka keeps it (KIP-360).
 
         - The committed state of the producers whose batches all lie below `offset`. One
-          with a batch from `offset` on is left out (the replay brings it back from that
-          batch), unless its open transaction began below `offset`: then it is kept as
-          that transaction's first offset and coordinator epoch, its epoch unknown, so
-          that the replay's batches add to it. `offset` may fall inside a batch: that
-          batch's producer is left out, and the rebuild replays the batch whole.
+          with a batch from `offset` on is kept without its batches (the replay brings
+          them back from `offset` on): its epoch, its coordinator epoch, and its open
+          transaction's first offset if that is below `offset`. `offset` may fall inside a
+          batch: the rebuild replays that batch whole.
         - The marker follower's place as of `committed_end` (`MarkerFollow.place_at`),
           with where the replayed markers still to be met upstream begin. None when the
           place there is no longer known (then no snapshot is written). The moves below
@@ -435,15 +433,15 @@ class PartitionSequencer:
             first = entry.current_txn_first_offset
             if not entry.batches or entry.batches[-1].last_offset < offset:
                 entries.append(entry)
-            elif first is not None and first < offset:
+            else:
                 entries.append(
                     ProducerStateEntry(
                         entry.producer_id,
-                        NO_PRODUCER_EPOCH,
+                        entry.producer_epoch,
                         entry.last_timestamp,
                         (),
                         entry.coordinator_epoch,
-                        first,
+                        first if first is not None and first < offset else None,
                     )
                 )
         position, _, replayed = place

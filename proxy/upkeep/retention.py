@@ -200,6 +200,13 @@ class Retention:
         log_start = plan.log_start_offset if end is None else min(plan.log_start_offset, end)
         if log_start <= info.log_start_offset:
             return
+        partitions = self.service.partitions
+        served = partitions is not None and partitions.get(stream) is not None
+        if not served and owner.state.producer_snapshot(stream) is not None:
+            # being started here (a claim's rebuild): a trim now would go without a
+            # snapshot and drop the one there (docs/sequencer.md); the next pass trims
+            log.debug("retention of stream %d: its partition is not started yet", stream)
+            return
         verdict = await write_trim(self.service, owner, info, log_start, now_ms)
         if not verdict.accepted:
             log.warning("retention of stream %d: trim to %d: %s", stream, log_start, verdict.reason)

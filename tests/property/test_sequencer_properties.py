@@ -261,11 +261,12 @@ def test_random_producers_against_the_model(ops, data, start, first):
         again = after.producer_states[pid]
         if not entry.batches or entry.batches[-1].last_offset < trim:
             assert again == entry
-        else:
+        else:  # kept without its batches; the replay's added
             assert (again.producer_epoch, again.batches[-1]) == (
                 entry.producer_epoch,
                 entry.batches[-1],
             )
+            assert again.coordinator_epoch == entry.coordinator_epoch
 
 
 @settings(max_examples=500, deadline=None)
