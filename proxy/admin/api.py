@@ -33,6 +33,7 @@ from proxy.admin.http import (
     parse_head,
     response,
 )
+from proxy.lifecycle import run_connection
 
 log = logging.getLogger("tierproxy.admin")
 
@@ -78,9 +79,9 @@ class AdminServer:
             await self._server.wait_closed()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
-        self._clients.add(task)
-        task.add_done_callback(self._clients.discard)
+        # A plain callback, so close() cancels the connection even before it first runs
+        # (a task cancelled then runs no `finally`: run_connection closes its socket).
+        run_connection(self._clients, writer, self._serve(reader, writer))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -8,7 +8,10 @@ failure of the call) is in. An owner that took the batch by reference (docs/wal.
 owner answering from the notification") answers before it has the bytes: the location
 is released only when that owner says so (`tiered/owners.py`, `HeldLocations`). An object
 whose every append is released is deleted, in batches (DeleteObjects). An append
-cancelled before it got its location is released when its object's PUT ends.
+cancelled before it got its location is released when its object's PUT ends. A delete
+that fails (the store down longer than its own retries) is tried again, backing off to
+RETRY_MAX_S, until it succeeds or the writer closes: the orphan sweep leaves a running
+writer's objects alone, so a delete given up here would keep the object for days.
 
 What a writer that died leaves is deleted by the orphan sweep once older than
 `tiering.s3wal_retention_s` (orphan_plan.py). Like the writer, this has no task of its
@@ -26,6 +29,7 @@ from proxy.objects.store import ObjectStore, ObjectStoreError
 log = logging.getLogger(__name__)
 
 DELETE_BATCH = 1000  # keys per DeleteObjects request (S3's limit)
+RETRY_MAX_S = 30.0  # the longest wait before a failed delete is tried again
 
 
 class S3WalReleases:
@@ -48,6 +52,7 @@ class S3WalReleases:
         self._due: list[str] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._failures = 0  # deletes failed in a row: the next retry's backoff
         self._closed = False  # the store may be closed next: later releases keep nothing
 
     @property
@@ -90,6 +95,15 @@ class S3WalReleases:
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._start)
 
+    def _retry(self, keys: list[str]) -> float:
+        """Queue `keys` again, due after a backoff (or with the next batch); the wait."""
+        self._failures += 1
+        wait = min(self._delay_s * 2**self._failures, RETRY_MAX_S)
+        self._due.extend(keys)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait, self._start)
+        return wait
+
     def _start(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -103,8 +117,16 @@ class S3WalReleases:
     async def _delete(self, keys: list[str]) -> None:
         try:
             await self._store.delete(keys)
-        except ObjectStoreError as exc:  # the orphan sweep deletes them after the retention
-            log.warning("S3-WAL: could not delete %d released objects: %s", len(keys), exc)
+        except ObjectStoreError as exc:
+            if self._closed:  # stopping: the orphan sweep deletes them after the retention
+                log.warning("S3-WAL: could not delete %d released objects: %s", len(keys), exc)
+            else:
+                wait = self._retry(keys)
+                log.warning(
+                    "S3-WAL: could not delete %d released objects, again in %.1f s: %s",
+                    *(len(keys), wait, exc),
+                )
             return
+        self._failures = 0
         if self._on_deleted is not None:
             self._on_deleted(len(keys))

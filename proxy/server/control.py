@@ -81,31 +81,29 @@ class ControlConnection:
         self._ssl = upstream_ssl
 
     async def open(self, host: str, port: int) -> Streams:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for may return a connection
+        # made as the caller is cancelled, its cancellation lost (bpo-42130)
+        async with asyncio.timeout(self.config.connect_timeout_s):
+            reader, writer = await asyncio.open_connection(
                 host,
                 port,
                 ssl=self._ssl,
                 server_hostname=host if self._ssl else None,
                 limit=self._buffer_bytes,
-            ),
-            self.config.connect_timeout_s,
-        )
+            )
         writer.transport.set_write_buffer_limits(high=self._buffer_bytes)
         return reader, writer
 
     async def open_frames(self, host: str, port: int) -> FrameStreams:
         """As `open`, for a client connection's upstream: read into a buffer it owns."""
-        reader, writer = await asyncio.wait_for(
-            open_frames(
+        async with asyncio.timeout(self.config.connect_timeout_s):  # as `open`
+            reader, writer = await open_frames(
                 host,
                 port,
                 self._buffer_bytes,
                 ssl=self._ssl,
                 server_hostname=host if self._ssl else None,
-            ),
-            self.config.connect_timeout_s,
-        )
+            )
         writer.transport.set_write_buffer_limits(high=self._buffer_bytes)
         return reader, writer
 

@@ -1,7 +1,9 @@
 """Prompt deletion of S3-WAL objects by their writer (proxy/handoff/gc.py): an object goes
 once every append in it was released (its owner answered, or the append failed), in one
 batched delete; an object with an append still held stays; an append cancelled before it
-got its location counts as released. On a LocalDirectoryStore in tmp_path."""
+got its location counts as released; a delete that fails is tried again until it succeeds
+(the fault suite's MinIO outage is the real test of that). On a LocalDirectoryStore in
+tmp_path."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import asyncio
 from proxy.handoff.gc import S3WalReleases
 from proxy.handoff.writer import S3WalWriter
 from proxy.objects.local import LocalDirectoryStore
+from proxy.objects.store import ObjectStoreError
 from tests.support.batches import batch_of_size
 from tests.support.waiting import eventually
 
@@ -85,6 +88,49 @@ async def test_releases_batch_their_deletes(tmp_path):
             releases.release(f"wal/k{n}")
         await releases.close()
     assert deletes == [["wal/k0", "wal/k1", "wal/k2"], ["wal/k3"]]
+
+
+async def test_a_failed_delete_is_tried_again_until_it_succeeds(tmp_path):
+    # The store down longer than its own retries (the fault suite's MinIO outage): the
+    # orphan sweep leaves a running writer's objects alone, so the writer must not give up.
+    failures = 2
+    attempts: list[list[str]] = []
+
+    class Down(LocalDirectoryStore):
+        async def delete(self, keys):
+            attempts.append(list(keys))
+            if len(attempts) <= failures:
+                raise ObjectStoreError(None, "delete", "connection refused", retryable=True)
+            await super().delete(keys)
+
+    async with Down(tmp_path) as store:
+        await store.put("wal/k0", b"x")
+        deleted: list[int] = []
+        releases = S3WalReleases(store, delay_s=0.01, on_deleted=deleted.append)
+        releases.hold("wal/k0", appends=1)
+        releases.release("wal/k0")
+        await eventually(lambda: deleted == [1])
+        assert await _gone(store, "wal/k0")
+        assert attempts == [["wal/k0"]] * (failures + 1) and deleted == [1]
+        await releases.close()
+
+
+async def test_a_delete_failing_as_the_writer_closes_is_left_to_the_sweep(tmp_path):
+    attempts: list[list[str]] = []
+
+    class Down(LocalDirectoryStore):
+        async def delete(self, keys):
+            attempts.append(list(keys))
+            raise ObjectStoreError(None, "delete", "connection refused", retryable=True)
+
+    async with Down(tmp_path) as store:
+        releases = S3WalReleases(store, delay_s=10.0)
+        releases.hold("wal/k0", appends=1)
+        releases.release("wal/k0")
+        await releases.close()  # deletes what is due at once, and tries no more
+        assert attempts == [["wal/k0"]]
+        await asyncio.sleep(0.05)
+        assert attempts == [["wal/k0"]]
 
 
 def batch(fill: int, size: int = 200) -> bytes:
