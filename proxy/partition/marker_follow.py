@@ -34,7 +34,7 @@ __all__ = ["MarkerFollow", "MarkerIdentity", "Place", "markers_end"]
 MarkerIdentity = tuple[int, int, int]  # Marker.identity: (producer id, epoch, timestamp)
 
 
-# committed moves kept for a snapshot at the stream's committed end (`state_at`): past it
+# committed moves kept for a snapshot at the stream's committed end (`place_at`): past it
 # the oldest is forgotten, and a snapshot needing the state before it is not taken
 MAX_MOVES = 10_000
 

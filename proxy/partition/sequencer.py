@@ -398,11 +398,13 @@ class PartitionSequencer:
     def snapshot(self) -> bytes:
         """The committed producer state, the offset it covers and the marker position
         (docs/sequencer.md)."""
-        snapshot = self.snapshot_at(self._state_end)
+        snapshot = self.snapshot_at(self._state_end, forget=False)
         assert snapshot is not None  # the live place is always known
         return snapshot
 
-    def snapshot_at(self, offset: int, committed_end: int | None = None) -> bytes | None:
+    def snapshot_at(
+        self, offset: int, committed_end: int | None = None, *, forget: bool = True
+    ) -> bytes | None:
         """A snapshot at `offset` (at most `committed_end`, the stream's end in objects,
         by default `producer_state_end`) for a rebuild that replays the batches from
         `offset` on. Written with a trim to `offset` (docs/sequencer.md, "Producer state
@@ -416,8 +418,10 @@ class PartitionSequencer:
           batch: the rebuild replays that batch whole.
         - The marker follower's place as of `committed_end` (`MarkerFollow.place_at`),
           with where the replayed markers still to be met upstream begin. None when the
-          place there is no longer known (then no snapshot is written). The moves below
-          `committed_end` are forgotten: it only grows."""
+          place there is no longer known (then no snapshot is written). With `forget`
+          (a trim's snapshot), the moves below `committed_end` are forgotten: it only
+          grows. `snapshot()` forgets none, so it may be taken at the live end at any
+          time without keeping a later trim's snapshot from its committed end."""
         end = self._state_end if committed_end is None else committed_end
         if not 0 <= offset <= end <= self._state_end:
             raise ValueError(
@@ -427,7 +431,8 @@ class PartitionSequencer:
         place = self._markers.place_at(end)
         if place is None:
             return None
-        self._markers.forget_below(end)
+        if forget:
+            self._markers.forget_below(end)
         entries = []
         for entry in self._producers.values():
             first = entry.current_txn_first_offset
@@ -467,7 +472,8 @@ class PartitionSequencer:
         `snapshot_at()`. Replay the batches from the snapshot's offset
         (`producer_state_end`) on before appending; `replay_from`: from there instead,
         below the snapshot's offset, to replay whole a batch the snapshot's offset falls
-        inside (its producer is not in the snapshot). Raises CorruptSnapshotError for bad
+        inside (the snapshot keeps its producer without its batches: the replay adds
+        them back). Raises CorruptSnapshotError for bad
         bytes, ValueError for a snapshot past the log."""
         snapshot = read_snapshot(data)
         offset, entries = snapshot.offset, snapshot.entries

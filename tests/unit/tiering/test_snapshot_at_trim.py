@@ -190,6 +190,17 @@ def test_moves_kept_are_bounded_and_a_place_no_longer_known_writes_no_snapshot(m
     assert read_snapshot(live.snapshot()).marker_position == 2005
 
 
+def test_the_full_snapshot_forgets_no_move():
+    """`snapshot()` is at the live end: taking it keeps a later trim's snapshot as of a
+    committed end below it possible (only a trim's snapshot forgets the moves)."""
+    live = PartitionSequencer(CUTOVER)
+    for n in range(3):  # markers at 1000..1002, each a move
+        ended(live, marker(pid=A + n, at=n))
+    assert read_snapshot(live.snapshot()).marker_position == 2003
+    place = read_snapshot(live.snapshot_at(CUTOVER + 1, CUTOVER + 1))
+    assert (place.marker_position, place.markers_end) == (2001, CUTOVER + 1)
+
+
 def test_the_snapshot_is_version_2_unless_its_markers_need_3():
     live = PartitionSequencer(CUTOVER)
     appended(live, idem(0, pid=A))
