@@ -45,6 +45,24 @@ class Resume:
             self.expected.popleft()
         return False
 
+    def resync(self, surviving: Identity | None) -> int:
+        """Kafka's log no longer holds where the follow was (`reset_position`): retention
+        dropped markers not read yet, or an unclean election cut the log. The expected
+        markers Kafka dropped will never come, and the head of the list would wait for
+        one of them for ever, every later marker skipped. `surviving`: the first marker
+        of Kafka's log from where the follow goes on that is in the list (None if none
+        is). Those before it are dropped (all of them without one); the rule then holds
+        for the rest as before. How many were dropped."""
+        dropped = 0
+        if surviving is not None and surviving in self.expected:
+            while self.expected[0] != surviving:
+                self.expected.popleft()
+                dropped += 1
+        else:
+            dropped = len(self.expected)
+            self.expected.clear()
+        return dropped
+
 
 def control_batches(
     records: bytes | bytearray | memoryview, position: int

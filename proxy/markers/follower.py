@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from proxy.clock import now_ms
 from proxy.markers.follow import (
+    Identity,
     Resume,
     Step,
     control_batches,
@@ -277,17 +278,24 @@ class MarkerFollower:
         self._wake.set()
 
     async def _fetch(
-        self, node: int, group: list[_Followed], max_wait_ms: int, connection: Any
+        self,
+        node: int,
+        group: list[_Followed],
+        max_wait_ms: int,
+        connection: Any,
+        at: int | None = None,
     ) -> dict[tuple[str, int], tuple[int, int, bytes]]:
         """One raw Fetch to `node` for `group` at their positions: (topic, partition) ->
         (error code, high watermark, records). Answered by the leader only (a follower
         answers NOT_LEADER_OR_FOLLOWER: `LeaderFetchRequest`), so the high watermark is
-        the leader's and a catch-up up to it sees every marker written before it asked."""
+        the leader's and a catch-up up to it sees every marker written before it asked.
+        `at`: read there instead of at the position (one partition's scan: `_surviving`)."""
         client = self._client
         assert client is not None
         by_topic: dict[str, list[tuple[int, int, int]]] = {}
         for f in group:
-            by_topic.setdefault(f.topic, []).append((f.partition, f.position, PARTITION_MAX_BYTES))
+            position = f.position if at is None else at
+            by_topic.setdefault(f.topic, []).append((f.partition, position, PARTITION_MAX_BYTES))
         request = LeaderFetchRequest(
             max_wait_ms, 1, MAX_BYTES, READ_UNCOMMITTED, list(by_topic.items())
         )
@@ -351,10 +359,49 @@ class MarkerFollower:
             position = reset_position(f.position, log_start, log_end)
             log.warning(
                 "marker follower: %s-%d: offset %d is out of Kafka's log [%d, %d): reading from"
-                " %d (markers between are lost to the stream)",
+                " %d (markers between not in the stream yet are lost to it)",
                 f.topic, f.partition, f.position, log_start, log_end, position,
             )  # fmt: skip
+            if f.resume.expected and position != f.position:
+                # a log cut below the position holds none of them (they lie past it)
+                surviving = await self._surviving(f, position) if position > f.position else None
+                dropped = f.resume.resync(surviving)
+                if dropped:
+                    log.warning(
+                        "marker follower: %s-%d: %d markers the stream holds are no longer in"
+                        " Kafka's log: not waited for",
+                        f.topic, f.partition, dropped,
+                    )  # fmt: skip
             f.position = position
+
+    async def _surviving(self, f: _Followed, start: int) -> Identity | None:
+        """The first marker of Kafka's log from `start` to its high watermark that the
+        resume rule expects (`Resume.resync`), None if there is none: read there without
+        moving the position (the follow then reads it all again, in order)."""
+        assert f.leader is not None
+        wanted = set(f.resume.expected)
+        at = start
+        while True:
+            answers = await self._fetch(f.leader, [f], 0, ConnectionGroup.COORDINATION, at=at)
+            error_code, high_watermark, records = answers.get(f.key, (-1, -1, b""))
+            if error_code != 0:
+                raise KafkaError(f"reading Kafka's log from {at}: error {error_code}")
+            try:
+                found, after = control_batches(records, at)
+            except CorruptBatchError as exc:
+                raise KafkaError(f"corrupt batches from Kafka: {exc}") from None
+            for _, batch in found:
+                try:
+                    identity = read_marker(batch).identity
+                except ValueError:
+                    continue  # passed over by the follow too
+                if identity in wanted:
+                    return identity
+            if after >= high_watermark:
+                return None
+            if after <= at:
+                raise KafkaError(f"reading Kafka's log from {at}: no batch below {high_watermark}")
+            at = after
 
     async def _list_offset(self, f: _Followed, timestamp: int) -> int:
         assert self._client is not None and f.leader is not None

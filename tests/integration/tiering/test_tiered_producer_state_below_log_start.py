@@ -105,10 +105,8 @@ def _read_committed(bootstrap: str, topic: str, count: int) -> list[tuple[int, b
     return read
 
 
-def test_a_restart_keeps_the_producers_and_markers_the_log_start_passed(
-    kafka_cluster, s3_server, tmp_path
-):
-    fleet = TieredFleet(
+def _fleet(kafka_cluster, s3_server, tmp_path) -> TieredFleet:
+    return TieredFleet(
         kafka_cluster.bootstrap,
         s3_server,
         tmp_path,
@@ -116,14 +114,26 @@ def test_a_restart_keeps_the_producers_and_markers_the_log_start_passed(
         shard_count=2,
         tiering={"upload_interval_s": 0.5},
     )
+
+
+def _tiered_and_twin(fleet: TieredFleet, kafka_cluster, prefix: str) -> tuple[str, str]:
+    """Two one-partition topics, the first tiered (cutover 0), the second passthrough."""
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    tiered, twin = f"{prefix}-{fleet.suffix}", f"{prefix}-{fleet.suffix}-plain"
+    for name in (tiered, twin):
+        admin.create_topics([NewTopic(name, 1, 3)])[name].result(30)
+    topic_id = wait_for(lambda: topic_id_of(admin, tiered), bool, "topic known")
+    fleet.tier(tiered)
+    assert fleet.wait_for_cutover(topic_id, 1) == {0: 0}
+    return tiered, twin
+
+
+def test_a_restart_keeps_the_producers_and_markers_the_log_start_passed(
+    kafka_cluster, s3_server, tmp_path
+):
+    fleet = _fleet(kafka_cluster, s3_server, tmp_path)
     with fleet:
-        admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
-        tiered, twin = f"below-{fleet.suffix}", f"below-{fleet.suffix}-plain"
-        for name in (tiered, twin):
-            admin.create_topics([NewTopic(name, 1, 3)])[name].result(30)
-        topic_id = wait_for(lambda: topic_id_of(admin, tiered), bool, "topic known")
-        fleet.tier(tiered)
-        assert fleet.wait_for_cutover(topic_id, 1) == {0: 0}
+        tiered, twin = _tiered_and_twin(fleet, kafka_cluster, "below")
         both = [tiered, twin]
         bootstrap = fleet.bootstrap()
         txn_id = f"below-{uuid.uuid4().hex}"
@@ -161,3 +171,52 @@ def test_a_restart_keeps_the_producers_and_markers_the_log_start_passed(
         reads = {name: _read_committed(bootstrap, name, 4) for name in both}
         assert reads[tiered] == reads[twin]
         assert [v for _, v in reads[twin]] == [b"idem-3", b"idem-4", b"idem-5", b"txn-2"]
+
+
+@pytest.mark.parametrize("kafka_log_start", [1, 2], ids=["one-dropped", "both-dropped"])
+def test_markers_kafka_dropped_while_the_owner_was_away_stop_no_later_transaction(
+    kafka_cluster, s3_server, tmp_path, kafka_log_start
+):
+    """Kafka's own log of a tiered partition holds only its markers, and Kafka's retention
+    deletes them as any other records (DeleteRecords on Kafka stands for it here: the same
+    move of Kafka's log start). A restart rebuilds the stream with the markers it holds
+    past the follower's committed place (none here: no trim wrote a snapshot) and expects
+    to meet them upstream first (the resume rule); Kafka no longer has them. Before, the
+    follower waited for them for ever and skipped every later marker: the next
+    transaction never ended in the stream (its record never read committed, the high
+    watermark one short of Kafka's). Now the expected markers Kafka dropped are dropped
+    from the list (`Resume.resync`: the first one Kafka still holds found by reading
+    its log from its new start, or none), and the twin's answers are the tiered topic's.
+    Kafka's log start moved past the first marker, or past both."""
+    fleet = _fleet(kafka_cluster, s3_server, tmp_path)
+    with fleet:
+        tiered, twin = _tiered_and_twin(fleet, kafka_cluster, "dropped")
+        both = [tiered, twin]
+        bootstrap = fleet.bootstrap()
+        txn_id = f"dropped-{uuid.uuid4().hex}"
+        for n, end in ((1, 2), (2, 4)):
+            offsets = _commit_one(bootstrap, txn_id, both, b"txn-%d" % n)
+            assert offsets[tiered] == offsets[twin] == end - 2
+            _wait_for_markers(bootstrap, both, end)
+        # Kafka's log of the tiered partition: the two markers, nothing else
+        assert watermarks(kafka_cluster.bootstrap, tiered) == (0, 2)
+
+        fleet.stop()
+        dropped = {(tiered, 0): kafka_log_start}
+        assert delete_records(kafka_cluster.bootstrap, dropped) == dropped
+        fleet.start()
+        fleet.wait_until_owned()
+        bootstrap = fleet.bootstrap()
+
+        third = _commit_one(bootstrap, txn_id, both, b"txn-3")
+        assert third[tiered] == third[twin] == 4, third
+        _wait_for_markers(bootstrap, [twin], 6)
+        wait_for(
+            lambda: watermarks(bootstrap, tiered)[1],
+            lambda end: end >= 6,
+            "the third transaction's marker in the stream",
+            30,
+        )
+        assert watermarks(bootstrap, tiered) == watermarks(bootstrap, twin) == (0, 6)
+        reads = {name: _read_committed(bootstrap, name, 3) for name in both}
+        assert reads[tiered] == reads[twin] == [(0, b"txn-1"), (2, b"txn-2"), (4, b"txn-3")]

@@ -52,6 +52,27 @@ def test_resume_never_takes_a_marker_before_the_expected_list_is_done() -> None:
     assert list(resume.expected) == [(1, 0, 100)]
 
 
+def test_resync_drops_the_expected_markers_kafka_no_longer_holds() -> None:
+    # the stream holds a, c, e past the committed position; Kafka's retention dropped a
+    # and b (refused before) while the follower was away: c is the first still in Kafka
+    a, b, c, d, e, f = ((n, 0, 100 + n) for n in range(6))
+    resume = Resume([a, c, e])
+    assert resume.resync(c) == 1 and list(resume.expected) == [c, e]
+    # from Kafka's new log start: c, d (refused before, between two expected), e, then f
+    assert [resume.is_new(m) for m in (c, d, e, f)] == [False, False, False, True]
+
+
+def test_resync_without_a_surviving_marker_expects_none() -> None:
+    # every expected marker dropped from Kafka (or a cut log, where they all lay past the
+    # position): what comes next is new, where the head would have waited for ever
+    stuck = Resume([(1, 0, 100), (2, 0, 101)])
+    assert not stuck.is_new((3, 0, 102))  # without resync: skipped, and every later one
+    resume = Resume([(1, 0, 100), (2, 0, 101)])
+    assert resume.resync(None) == 2 and not resume.expected
+    assert resume.is_new((3, 0, 102))
+    assert Resume([(1, 0, 100)]).resync((9, 9, 9)) == 1  # not in the list: as None
+
+
 def test_control_batches_of_an_answer_and_the_next_position() -> None:
     records = log_of(
         (control_batch(5, 0, COMMIT), 40),
