@@ -412,10 +412,12 @@ class PartitionSequencer:
         until it expires, as Kafka keeps it (KIP-360).
 
         - The committed state of the producers whose batches all lie below `offset`. One
-          with a batch from `offset` on is kept without its batches (the replay brings
-          them back from `offset` on): its epoch, its coordinator epoch, and its open
-          transaction's first offset if that is below `offset`. `offset` may fall inside a
-          batch: the rebuild replays that batch whole.
+          with a batch from `offset` on is kept with its batches that end below `offset`
+          only (the replay brings the others back, after them, as they came): its epoch,
+          its coordinator epoch, and its open transaction's first offset if that is below
+          `offset`. So a retry of any of its last five batches is a duplicate, as Kafka
+          keeps them (KIP-360). `offset` may fall inside a batch: the rebuild replays that
+          batch whole.
         - The marker follower's place as of `committed_end` (`MarkerFollow.place_at`),
           with where the replayed markers still to be met upstream begin. None when the
           place there is no longer known (then no snapshot is written). With `forget`
@@ -444,7 +446,7 @@ class PartitionSequencer:
                         entry.producer_id,
                         entry.producer_epoch,
                         entry.last_timestamp,
-                        (),
+                        tuple(b for b in entry.batches if b.last_offset < offset),
                         entry.coordinator_epoch,
                         first if first is not None and first < offset else None,
                     )
@@ -472,9 +474,9 @@ class PartitionSequencer:
         `snapshot_at()`. Replay the batches from the snapshot's offset
         (`producer_state_end`) on before appending; `replay_from`: from there instead,
         below the snapshot's offset, to replay whole a batch the snapshot's offset falls
-        inside (the snapshot keeps its producer without its batches: the replay adds
-        them back). Raises CorruptSnapshotError for bad
-        bytes, ValueError for a snapshot past the log."""
+        inside (the snapshot keeps its producer's batches that end below its offset
+        only: the replay adds that one and the later ones back). Raises
+        CorruptSnapshotError for bad bytes, ValueError for a snapshot past the log."""
         snapshot = read_snapshot(data)
         offset, entries = snapshot.offset, snapshot.entries
         if offset > log_end_offset:

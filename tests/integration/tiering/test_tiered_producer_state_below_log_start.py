@@ -24,6 +24,10 @@ consumer reads from the earliest offset are the same. Before: the rebuild starte
 empty at the log start, so the retry was written a second time, the gap was accepted,
 and the marker follower, starting again at the cutover with no marker expected,
 appended the old COMMIT marker again (one offset more than Kafka's log).
+
+Beside it, against the same twin: a producer with batches on both sides of the log start
+keeps them all, and markers Kafka's own retention dropped while the owner was away do not
+stop the marker follower (each test says what it did before).
 """
 
 from __future__ import annotations
@@ -220,3 +224,35 @@ def test_markers_kafka_dropped_while_the_owner_was_away_stop_no_later_transactio
         assert watermarks(bootstrap, tiered) == watermarks(bootstrap, twin) == (0, 6)
         reads = {name: _read_committed(bootstrap, name, 3) for name in both}
         assert reads[tiered] == reads[twin] == [(0, b"txn-1"), (2, b"txn-2"), (4, b"txn-3")]
+
+
+def test_a_producer_with_batches_on_both_sides_of_the_log_start_keeps_them_all(
+    kafka_cluster, s3_server, tmp_path
+):
+    """Kafka keeps a producer's last five batches whatever its log start (KIP-360): after
+    DeleteRecords between two batches of one idempotent producer and a restart, a retry
+    of the first (in flight across both) is a duplicate with its first offset, on the
+    tiered topic as on the twin. Before, the trim's snapshot kept the producer without
+    its batches and the replay from the log start gave back only the second: the retry
+    was answered OUT_OF_ORDER_SEQUENCE_NUMBER."""
+    fleet = _fleet(kafka_cluster, s3_server, tmp_path)
+    with fleet:
+        tiered, twin = _tiered_and_twin(fleet, kafka_cluster, "sides")
+        both = [tiered, twin]
+        bootstrap = fleet.bootstrap()
+        pid, epoch = init_producer_id(leader_address(bootstrap, tiered))
+        for seq, offset in ((0, 0), (3, 3)):
+            answers = {name: _answer(bootstrap, name, pid, epoch, seq) for name in both}
+            assert answers[tiered] == answers[twin] == ("none", offset)
+        trim = {(name, 0): 3 for name in both}
+        assert delete_records(bootstrap, trim) == trim
+
+        fleet.stop()
+        fleet.start()
+        fleet.wait_until_owned()
+        bootstrap = fleet.bootstrap()
+        for seq, kafkas in ((0, ("none", 0)), (3, ("none", 3)), (6, ("none", 6))):
+            got = {name: _answer(bootstrap, name, pid, epoch, seq) for name in both}
+            assert got[twin] == kafkas, (seq, got)  # what the test expects of Kafka holds
+            assert got[tiered] == got[twin], (seq, got)
+        assert watermarks(bootstrap, tiered) == watermarks(bootstrap, twin) == (3, 9)

@@ -71,6 +71,23 @@ def test_a_producer_whose_batches_the_log_start_passed_is_kept_and_answers_as_ka
     assert a.base_offset == CUTOVER
 
 
+def test_a_producer_with_batches_on_both_sides_of_the_trim_keeps_them_all():
+    """Kafka keeps a producer's last five batches whatever the log start (KIP-360): a
+    retry of one below it, in flight across the trim and a restart, is a duplicate. The
+    snapshot keeps the batches below the trim, the replay adds the others after them."""
+    live = PartitionSequencer(CUTOVER)
+    appended(live, idem(0, 10, pid=B))  # [1000, 1010)
+    later = appended(live, idem(10, 10, pid=B))  # [1010, 1020)
+    trim = CUTOVER + 10
+    [kept] = read_snapshot(live.snapshot_at(trim)).entries
+    assert kept.batches == live.producer_states[B].batches[:1]
+    after = rebuilt(trim, CUTOVER + 20, headers_of(later), live.snapshot_at(trim))
+    assert after.producer_states[B] == live.producer_states[B]
+    assert after.append(idem(0, 10, pid=B), NOW) == Duplicate(CUTOVER, CUTOVER + 9, -1, None)
+    assert after.append(idem(10, 10, pid=B), NOW) == Duplicate(CUTOVER + 10, CUTOVER + 19, -1, None)
+    assert appended(after, idem(20, 3, pid=B)).base_offset == CUTOVER + 20
+
+
 def test_a_snapshot_at_a_batch_boundary_and_at_the_end():
     live = PartitionSequencer(CUTOVER)
     appended(live, idem(0, 10, pid=A))
@@ -167,11 +184,12 @@ def test_a_transaction_begun_below_the_trim_is_kept_open_from_where_it_began():
     later = appended(live, txn(3))  # [1006, 1009), the same transaction
     trim = CUTOVER + 6
     stub, b = sorted(read_snapshot(live.snapshot_at(trim)).entries, key=lambda e: e.producer_id)
-    assert (stub.producer_id, stub.current_txn_first_offset, stub.batches) == (A, CUTOVER, ())
+    assert (stub.producer_id, stub.current_txn_first_offset) == (A, CUTOVER)
+    assert stub.batches == live.producer_states[A].batches[:1]  # the one below the trim
     assert b == live.producer_states[B]
     after = rebuilt(trim, CUTOVER + 9, headers_of(later), live.snapshot_at(trim))
     assert after.open_transactions == {A: CUTOVER} and after.last_stable_offset == CUTOVER
-    assert after.producer_states[A].batches == live.producer_states[A].batches[-1:]
+    assert after.producer_states[A].batches == live.producer_states[A].batches
     assert after.producer_states[A].producer_epoch == 0
     before = rebuilt(trim, CUTOVER + 9, headers_of(later), None)
     assert before.open_transactions == {A: CUTOVER + 6}  # as if it began at its batch past T
