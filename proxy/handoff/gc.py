@@ -11,7 +11,9 @@ whose every append is released is deleted, in batches (DeleteObjects). An append
 cancelled before it got its location is released when its object's PUT ends. A delete
 that fails (the store down longer than its own retries) is tried again, backing off to
 RETRY_MAX_S, until it succeeds or the writer closes: the orphan sweep leaves a running
-writer's objects alone, so a delete given up here would keep the object for days.
+writer's objects alone, so a delete given up here would keep the object for days. New
+releases wait for that retry too, and at most MAX_RETRYING keys wait (a store that
+refuses deletes for good, its permissions wrong, costs bounded memory).
 
 What a writer that died leaves is deleted by the orphan sweep once older than
 `tiering.s3wal_retention_s` (orphan_plan.py). Like the writer, this has no task of its
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DELETE_BATCH = 1000  # keys per DeleteObjects request (S3's limit)
 RETRY_MAX_S = 30.0  # the longest wait before a failed delete is tried again
+MAX_RETRYING = 100_000  # keys kept waiting for a failed delete's retry
 
 
 class S3WalReleases:
@@ -90,18 +93,29 @@ class S3WalReleases:
 
     def _queue(self, key: str) -> None:
         self._due.append(key)
-        if len(self._due) >= self._batch:
+        if not self._failures and len(self._due) >= self._batch:
             self._start()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._delay_s, self._start)
+        elif self._timer is None:  # while deletes fail, with the next retry
+            wait = self._backoff() if self._failures else self._delay_s
+            self._timer = asyncio.get_running_loop().call_later(wait, self._start)
+
+    def _backoff(self) -> float:
+        return min(self._delay_s * 2 ** min(self._failures, 30), RETRY_MAX_S)
 
     def _retry(self, keys: list[str]) -> float:
-        """Queue `keys` again, due after a backoff (or with the next batch); the wait."""
+        """Queue `keys` again, due after a backoff; the wait. At most MAX_RETRYING keys
+        wait (a store refusing deletes for good, its permissions wrong): the oldest past
+        that are given up, left in the bucket."""
         self._failures += 1
-        wait = min(self._delay_s * 2**self._failures, RETRY_MAX_S)
-        self._due.extend(keys)
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(wait, self._start)
+        wait = self._backoff()
+        self._due[:0] = keys
+        if len(self._due) > MAX_RETRYING:
+            dropped = len(self._due) - MAX_RETRYING
+            del self._due[:dropped]
+            log.error("S3-WAL: %d released objects no longer retried: left in the bucket", dropped)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(wait, self._start)
         return wait
 
     def _start(self) -> None:

@@ -354,8 +354,11 @@ class MarkerFollower:
     async def _reset(self, f: _Followed) -> None:
         """OFFSET_OUT_OF_RANGE: move to Kafka's log (follow.reset_position)."""
         async with f.lock:
-            log_start = await self._list_offset(f, EARLIEST)
-            log_end = await self._list_offset(f, LATEST)
+            leader = f.leader  # one broker throughout: a catch-up may forget it meanwhile
+            if leader is None:
+                raise KafkaError(f"{f.topic}-{f.partition}: its leader is not known")
+            log_start = await self._list_offset(f, leader, EARLIEST)
+            log_end = await self._list_offset(f, leader, LATEST)
             position = reset_position(f.position, log_start, log_end)
             log.warning(
                 "marker follower: %s-%d: offset %d is out of Kafka's log [%d, %d): reading from"
@@ -364,7 +367,9 @@ class MarkerFollower:
             )  # fmt: skip
             if f.resume.expected and position != f.position:
                 # a log cut below the position holds none of them (they lie past it)
-                surviving = await self._surviving(f, position) if position > f.position else None
+                surviving = None
+                if position > f.position:
+                    surviving = await self._surviving(f, leader, position, log_end)
                 dropped = f.resume.resync(surviving)
                 if dropped:
                     log.warning(
@@ -374,15 +379,17 @@ class MarkerFollower:
                     )  # fmt: skip
             f.position = position
 
-    async def _surviving(self, f: _Followed, start: int) -> Identity | None:
-        """The first marker of Kafka's log from `start` to its high watermark that the
-        resume rule expects (`Resume.resync`), None if there is none: read there without
-        moving the position (the follow then reads it all again, in order)."""
-        assert f.leader is not None
+    async def _surviving(self, f: _Followed, leader: int, start: int, end: int) -> Identity | None:
+        """The first marker of Kafka's log in [start, end) that the resume rule expects
+        (`Resume.resync`), None if there is none: read there without moving the position
+        (the follow then reads it all again, in order). `end` is the log end ListOffsets
+        answered, not a Fetch's high watermark, which a leader just elected may answer
+        short (its markers above it would be missed, and appended a second time): a
+        read that cannot reach `end` is a KafkaError, the reset tried again later."""
         wanted = set(f.resume.expected)
         at = start
-        while True:
-            answers = await self._fetch(f.leader, [f], 0, ConnectionGroup.COORDINATION, at=at)
+        while at < end:
+            answers = await self._fetch(leader, [f], 0, ConnectionGroup.COORDINATION, at=at)
             error_code, high_watermark, records = answers.get(f.key, (-1, -1, b""))
             if error_code != 0:
                 raise KafkaError(f"reading Kafka's log from {at}: error {error_code}")
@@ -397,15 +404,17 @@ class MarkerFollower:
                     continue  # passed over by the follow too
                 if identity in wanted:
                     return identity
-            if after >= high_watermark:
-                return None
             if after <= at:
-                raise KafkaError(f"reading Kafka's log from {at}: no batch below {high_watermark}")
+                raise KafkaError(
+                    f"reading Kafka's log from {at}: nothing below {end} (high watermark "
+                    f"{high_watermark})"
+                )
             at = after
+        return None
 
-    async def _list_offset(self, f: _Followed, timestamp: int) -> int:
-        assert self._client is not None and f.leader is not None
-        return await list_offset(self._client, f.leader, f.topic, f.partition, timestamp)
+    async def _list_offset(self, f: _Followed, leader: int, timestamp: int) -> int:
+        assert self._client is not None
+        return await list_offset(self._client, leader, f.topic, f.partition, timestamp)
 
     # -- catch-up --------------------------------------------------------------------------
 

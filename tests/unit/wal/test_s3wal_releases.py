@@ -133,5 +133,28 @@ async def test_a_delete_failing_as_the_writer_closes_is_left_to_the_sweep(tmp_pa
         assert attempts == [["wal/k0"]]
 
 
+async def test_deletes_failing_for_long_are_retried_on_and_bounded(tmp_path, monkeypatch):
+    # a store refusing deletes for good (permissions): retried past a thousand failures
+    # (the backoff's exponent bounded), and at most MAX_RETRYING keys kept, the newest
+    monkeypatch.setattr("proxy.handoff.gc.RETRY_MAX_S", 0.0005)
+    monkeypatch.setattr("proxy.handoff.gc.MAX_RETRYING", 2)
+    attempts: list[list[str]] = []
+
+    class Refusing(LocalDirectoryStore):
+        async def delete(self, keys):
+            attempts.append(list(keys))
+            raise ObjectStoreError(None, "delete", "AccessDenied")
+
+    async with Refusing(tmp_path) as store:
+        releases = S3WalReleases(store, delay_s=0.0001)
+        for n in range(3):
+            releases.hold(f"wal/k{n}", appends=1)
+            releases.release(f"wal/k{n}")
+        await eventually(lambda: len(attempts) > 1100, timeout_s=30)
+        assert attempts[0] == ["wal/k0", "wal/k1", "wal/k2"]
+        assert attempts[-1] == ["wal/k1", "wal/k2"]
+        await releases.close()
+
+
 def batch(fill: int, size: int = 200) -> bytes:
     return batch_of_size(size, fill)
