@@ -26,10 +26,10 @@ has three sources for a stream:
 to the high watermark, in the middle of a batch too (Kafka Streams purges its
 repartition topics after every commit). Kafka keeps such a batch whole in its segment,
 and with it its producer's last sequence. So with S = L above the cutover (no snapshot,
-or the one written with the trim to L, which keeps that batch's producer without its
-batches), the first batch from S on may begin below S: it is replayed whole and the
-rebuild goes on from its end. The cutover is a batch boundary, so a batch straddling it is still a
-RecoveryError.
+or the one written with the trim to L, which keeps that batch's producer with its
+batches that end below L only), the first batch from S on may begin below S: it is
+replayed whole and the rebuild goes on from its end. The cutover is a batch boundary, so
+a batch straddling it is still a RecoveryError.
 
 **Holes a log cleaner left** (docs/tiering.md, "Compacted topics"). The objects of a
 compacted stream hold offsets with no batch, where a cleaner dropped batches. The
